@@ -1,0 +1,374 @@
+//! The boxd CLI dialect, in one adapter: which argument lists we emit (the noun-verb
+//! generation, `boxd machine …`), how we read its JSON through the CLI's noise, and how
+//! its failures become our error codes. No tool builds a boxd argument list itself.
+
+use alloc::format;
+use alloc::string::{String, ToString};
+use alloc::vec::Vec;
+use serde_json::Value;
+
+use crate::caps::{Programs, RunOutput, RunRequest, SpawnError};
+use crate::errors::{Code, ToolError};
+
+/// Why a boxd call did not give us an answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Failure {
+    /// No boxd CLI on this laptop (or only the in-VM one).
+    Missing(String),
+    SignedOut(String),
+    /// Network or API unreachable; the CLI's own reason.
+    Unreachable(String),
+    /// The CLI says the machine does not exist.
+    NotFound(String),
+    Timeout(String),
+    /// Anything else; the CLI's own message.
+    Other(String),
+}
+
+impl Failure {
+    pub fn into_error(self) -> ToolError {
+        match self {
+            Failure::Missing(m) => ToolError::new(Code::BoxdMissing, m),
+            Failure::SignedOut(m) => ToolError::with_next(
+                Code::BoxdFailed,
+                format!("the boxd CLI is not signed in: {m}"),
+                "Run 'boxd auth login' on this laptop, then boxd_status.",
+            ),
+            Failure::Unreachable(m) => ToolError::new(Code::BoxdFailed, format!("boxd is not reachable: {m}")),
+            Failure::NotFound(m) => ToolError::new(Code::MachineGone, m),
+            Failure::Timeout(m) => ToolError::new(Code::Timeout, m),
+            Failure::Other(m) => ToolError::new(Code::BoxdFailed, m),
+        }
+    }
+}
+
+/// One row of `boxd machine list --json` (the listing has no id).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Machine {
+    pub name: String,
+    pub status: String,
+    pub sharing: String,
+}
+
+/// The state words we act on, from boxd's status strings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum State {
+    Running,
+    Standby,
+    Asleep,
+    Starting,
+    Stopped,
+    Failed,
+    Gone,
+}
+
+impl State {
+    pub fn from_status(s: &str) -> State {
+        match s {
+            "running" => State::Running,
+            "standby" | "suspended" | "paused" | "suspending" => State::Standby,
+            "hibernated" | "hibernating" => State::Asleep,
+            "pending" | "starting" | "booting" | "migrating" => State::Starting,
+            "stopped" | "stopping" => State::Stopped,
+            "failed" => State::Failed,
+            _ => State::Gone, // destroying, destroyed, unknown
+        }
+    }
+}
+
+/// `boxd machine get --json`: every value is a string.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MachineInfo {
+    pub name: String,
+    pub id: String,
+    pub status: String,
+    pub sharing: String,
+    pub isolated: bool,
+    pub source: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Snapshot {
+    pub name: String,
+    pub version: String,
+    pub status: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Created {
+    pub id: Option<String>,
+    /// boxd answered `"boot":"timeout"`: the machine may still come up later.
+    pub boot_timeout: bool,
+}
+
+/// Quote one argument for the guest's `sh -c`: boxd joins exec arguments into one
+/// command line, so every argument we pass is single-quoted.
+pub fn sh_quote(arg: &str) -> String {
+    if !arg.is_empty() && arg.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_./=:@%+,".contains(&b)) {
+        return arg.to_string();
+    }
+    let mut out = String::with_capacity(arg.len() + 2);
+    out.push('\'');
+    for c in arg.chars() {
+        if c == '\'' { out.push_str("'\\''") } else { out.push(c) }
+    }
+    out.push('\'');
+    out
+}
+
+/// The first JSON document in `stdout`, skipping lines the CLI prints before it.
+pub fn first_json(stdout: &[u8]) -> Option<Value> {
+    let text = core::str::from_utf8(stdout).ok()?;
+    let mut offset = 0;
+    for line in text.split_inclusive('\n') {
+        let trimmed = line.trim_start();
+        if trimmed.starts_with('{') || trimmed.starts_with('[') {
+            let start = offset + (line.len() - trimmed.len());
+            let mut it = serde_json::Deserializer::from_str(&text[start..]).into_iter::<Value>();
+            if let Some(Ok(v)) = it.next() {
+                return Some(v);
+            }
+        }
+        offset += line.len();
+    }
+    None
+}
+
+/// The `error: …` line of stderr, or its last non-empty line.
+fn cli_message(out: &RunOutput) -> String {
+    let err = String::from_utf8_lossy(&out.stderr);
+    let line = err
+        .lines()
+        .map(str::trim)
+        .find(|l| l.to_ascii_lowercase().starts_with("error"))
+        .or_else(|| err.lines().map(str::trim).filter(|l| !l.is_empty()).last())
+        .unwrap_or("");
+    if line.is_empty() { format!("boxd exited with code {:?} and no message", out.exit_code) } else { line.to_string() }
+}
+
+fn classify(out: &RunOutput, what: &str) -> Failure {
+    let msg = cli_message(out);
+    let lower = msg.to_ascii_lowercase();
+    if out.exit_code == Some(124) {
+        Failure::Timeout(format!("boxd {what} timed out: {msg}"))
+    } else if lower.contains("not logged in") || lower.contains("unauthenticated") || lower.contains("auth login") {
+        Failure::SignedOut(msg)
+    } else if lower.contains("cannot connect") || lower.contains("dns error") || lower.contains("http2 error") || lower.contains("connection refused") || lower.contains("lost the connection") {
+        Failure::Unreachable(msg)
+    } else if lower.contains("not found") && (lower.contains("vm") || lower.contains("machine")) {
+        Failure::NotFound(msg)
+    } else if lower.contains("--vm") {
+        Failure::Missing(format!("this is the boxd CLI that runs inside a machine ({msg}); the plugin drives the laptop CLI"))
+    } else {
+        Failure::Other(format!("boxd {what} failed: {msg}"))
+    }
+}
+
+/// Drives the boxd CLI through the `Programs` capability.
+pub struct Boxd<'a, P: Programs> {
+    programs: &'a mut P,
+    timeout_ms: u32,
+    /// How many boxd calls this adapter made (for tests and the audit).
+    pub calls: u32,
+}
+
+impl<'a, P: Programs> Boxd<'a, P> {
+    pub fn new(programs: &'a mut P, timeout_seconds: u32) -> Self {
+        Self { programs, timeout_ms: timeout_seconds.saturating_mul(1000), calls: 0 }
+    }
+
+    /// Run `boxd ARGS…`; a non-zero exit becomes a classified failure.
+    fn run(&mut self, args: Vec<String>, stdin: Option<Vec<u8>>, timeout_ms: u32) -> Result<RunOutput, Failure> {
+        let what = args.iter().take(2).cloned().collect::<Vec<_>>().join(" ");
+        let request = RunRequest { program: "boxd".into(), args, stdin, env: Vec::new(), cwd: None, timeout_ms };
+        self.calls += 1;
+        let out = match self.programs.run(&request) {
+            Ok(out) => out,
+            Err(SpawnError::NotAllowed(n)) | Err(SpawnError::NotFound(n)) => {
+                return Err(Failure::Missing(format!("no boxd CLI is available to this host ({n})")));
+            }
+            Err(SpawnError::TimedOut) => {
+                return Err(Failure::Timeout(format!("boxd {what} did not answer within {} s", timeout_ms / 1000)));
+            }
+            Err(SpawnError::Failed(m)) => return Err(Failure::Other(format!("could not run boxd {what}: {m}"))),
+        };
+        if out.exit_code == Some(0) { Ok(out) } else { Err(classify(&out, &what)) }
+    }
+
+    fn run_json(&mut self, args: Vec<String>) -> Result<Value, Failure> {
+        let what = args.iter().take(2).cloned().collect::<Vec<_>>().join(" ");
+        let out = self.run(args, None, self.timeout_ms)?;
+        first_json(&out.stdout).ok_or_else(|| Failure::Other(format!("boxd {what} printed no JSON")))
+    }
+
+    pub fn list(&mut self) -> Result<Vec<Machine>, Failure> {
+        let v = self.run_json(argv(&["machine", "list", "--json"]))?;
+        let rows = v.as_array().ok_or_else(|| Failure::Other("boxd machine list printed no JSON array".into()))?;
+        Ok(rows
+            .iter()
+            .filter_map(|r| {
+                Some(Machine {
+                    name: r.get("name")?.as_str()?.to_string(),
+                    status: str_field(r, "status"),
+                    sharing: str_field(r, "sharing"),
+                })
+            })
+            .collect())
+    }
+
+    /// `None` when boxd says the machine does not exist.
+    pub fn get(&mut self, name: &str) -> Result<Option<MachineInfo>, Failure> {
+        match self.run_json(argv(&["machine", "get", name, "--json"])) {
+            Ok(v) => Ok(Some(MachineInfo {
+                name: str_field(&v, "name"),
+                id: str_field(&v, "id"),
+                status: str_field(&v, "status"),
+                sharing: str_field(&v, "sharing"),
+                isolated: matches!(str_field(&v, "isolated").as_str(), "yes" | "true"),
+                source: str_field(&v, "source"),
+            })),
+            Err(Failure::NotFound(_)) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    pub fn snapshots(&mut self) -> Result<Vec<Snapshot>, Failure> {
+        let v = self.run_json(argv(&["snapshots", "list", "--json"]))?;
+        let rows = v.as_array().ok_or_else(|| Failure::Other("boxd snapshots list printed no JSON array".into()))?;
+        Ok(rows
+            .iter()
+            .filter_map(|r| {
+                Some(Snapshot {
+                    name: r.get("name")?.as_str()?.to_string(),
+                    version: str_field(r, "version"),
+                    status: str_field(r, "status"),
+                })
+            })
+            .collect())
+    }
+
+    pub fn create(&mut self, name: &str, snapshot: &str, idle_seconds: u32) -> Result<Created, Failure> {
+        let idle = idle_seconds.to_string();
+        let v = self.run_json(argv(&[
+            "machine", "new", name, "--from-snapshot", snapshot, "--auto-hibernate-timeout", &idle, "--json",
+        ]))?;
+        Ok(Created {
+            id: v.get("id").and_then(Value::as_str).map(String::from),
+            boot_timeout: v.get("boot").and_then(Value::as_str) == Some("timeout"),
+        })
+    }
+
+    pub fn set_idle(&mut self, name: &str, idle_seconds: u32) -> Result<(), Failure> {
+        let idle = idle_seconds.to_string();
+        self.run(argv(&["machine", "config", "set", name, "auto-hibernate.timeout", &idle]), None, self.timeout_ms)
+            .map(drop)
+    }
+
+    pub fn hibernate(&mut self, name: &str) -> Result<(), Failure> {
+        self.run(argv(&["machine", "hibernate", name, "--json"]), None, self.timeout_ms).map(drop)
+    }
+
+    pub fn wake(&mut self, name: &str) -> Result<(), Failure> {
+        self.run(argv(&["machine", "wake", name, "--json"]), None, self.timeout_ms).map(drop)
+    }
+
+    pub fn resume(&mut self, name: &str) -> Result<(), Failure> {
+        self.run(argv(&["machine", "resume", name, "--json"]), None, self.timeout_ms).map(drop)
+    }
+
+    pub fn start(&mut self, name: &str) -> Result<(), Failure> {
+        self.run(argv(&["machine", "start", name, "--json"]), None, self.timeout_ms).map(drop)
+    }
+
+    pub fn remove(&mut self, name: &str) -> Result<(), Failure> {
+        self.run(argv(&["machine", "remove", name, "-y", "--json"]), None, self.timeout_ms).map(drop)
+    }
+
+    pub fn snapshot_save(&mut self, machine: &str, snapshot: &str) -> Result<(), Failure> {
+        // Saving blocks until the capture lands; give it the long timeout.
+        self.run(argv(&["snapshots", "save", machine, snapshot]), None, self.timeout_ms.saturating_mul(5)).map(drop)
+    }
+
+    /// Run a guest command line (each word quoted for the guest's `sh -c`). The remote exit
+    /// code is returned, not treated as a failure: guest scripts speak through it.
+    pub fn exec(&mut self, name: &str, words: &[&str], stdin: Option<Vec<u8>>, timeout_seconds: u32) -> Result<RunOutput, Failure> {
+        let mut args = argv(&["machine", "exec", name, "--timeout", &timeout_seconds.to_string(), "--"]);
+        args.extend(words.iter().map(|w| sh_quote(w)));
+        // Our own deadline sits past boxd's, so boxd reports the remote timeout (124) first.
+        let deadline = timeout_seconds.saturating_add(30).saturating_mul(1000);
+        let request_what = "machine exec";
+        self.calls += 1;
+        let request = RunRequest { program: "boxd".into(), args, stdin, env: Vec::new(), cwd: None, timeout_ms: deadline };
+        let out = match self.programs.run(&request) {
+            Ok(out) => out,
+            Err(SpawnError::NotAllowed(n)) | Err(SpawnError::NotFound(n)) => {
+                return Err(Failure::Missing(format!("no boxd CLI is available to this host ({n})")));
+            }
+            Err(SpawnError::TimedOut) => return Err(Failure::Timeout(format!("boxd {request_what} did not answer"))),
+            Err(SpawnError::Failed(m)) => return Err(Failure::Other(format!("could not run boxd {request_what}: {m}"))),
+        };
+        // Exit 1 with an `error:` line is the CLI failing, not the remote command.
+        let err = String::from_utf8_lossy(&out.stderr);
+        if out.exit_code == Some(1) && err.lines().any(|l| l.trim_start().to_ascii_lowercase().starts_with("error:")) {
+            return Err(classify(&out, request_what));
+        }
+        if out.exit_code == Some(124) {
+            return Err(Failure::Timeout(format!("the guest command did not finish within {timeout_seconds} s")));
+        }
+        Ok(out)
+    }
+}
+
+fn argv(words: &[&str]) -> Vec<String> {
+    words.iter().map(|w| w.to_string()).collect()
+}
+
+fn str_field(v: &Value, key: &str) -> String {
+    v.get(key).and_then(Value::as_str).unwrap_or("").to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::Scripted;
+
+    #[test]
+    fn json_is_found_past_the_cli_noise() {
+        let out = b"(restarted client-utilities daemon)\n[{\"name\":\"oc-a\",\"status\":\"running\",\"sharing\":\"private\"}]\n";
+        let v = first_json(out).unwrap();
+        assert_eq!(v[0]["name"], "oc-a");
+        assert_eq!(first_json(b"garbage\nmore garbage"), None);
+    }
+
+    #[test]
+    fn quoting_survives_the_guest_shell() {
+        assert_eq!(sh_quote("plain-word"), "plain-word");
+        assert_eq!(sh_quote("it's $HOME; rm -rf /"), "'it'\\''s $HOME; rm -rf /'");
+        assert_eq!(sh_quote(""), "''");
+    }
+
+    #[test]
+    fn failures_are_classified() {
+        let mut p = Scripted::default();
+        p.push_fail(1, "error: not logged in");
+        p.push_fail(1, "error: cannot connect to https://boxd.sh:9443: dns error: not found");
+        p.push_fail(1, "error: VM 'oc-x' not found");
+        p.push_fail(1, "error: quota exceeded");
+        let mut b = Boxd::new(&mut p, 10);
+        assert!(matches!(b.list(), Err(Failure::SignedOut(_))));
+        assert!(matches!(b.list(), Err(Failure::Unreachable(_))));
+        assert_eq!(b.get("oc-x").unwrap(), None);
+        let e = b.list().unwrap_err().into_error();
+        assert_eq!(e.code, Code::BoxdFailed);
+        assert!(e.message.contains("quota exceeded"), "{}", e.message);
+        assert_eq!(b.calls, 4);
+    }
+
+    #[test]
+    fn a_missing_cli_is_boxd_missing() {
+        let mut p = Scripted::default();
+        p.push_spawn_error(SpawnError::NotFound("boxd".into()));
+        let mut b = Boxd::new(&mut p, 10);
+        assert_eq!(b.list().unwrap_err().into_error().code, Code::BoxdMissing);
+    }
+}

@@ -1,0 +1,80 @@
+//! The two capabilities the component is given, as traits.
+//!
+//! Every rule in the component is written against these traits, so it runs natively in
+//! unit tests (with the fakes in `testing`) and, on wasm32, over the WIT imports (`wasm`).
+//! Nothing here does I/O itself.
+
+use alloc::string::String;
+use alloc::vec::Vec;
+
+/// One program run: a *name* the host maps to a binary, and an argument list (no shell).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RunRequest {
+    pub program: String,
+    pub args: Vec<String>,
+    pub stdin: Option<Vec<u8>>,
+    pub env: Vec<(String, String)>,
+    pub cwd: Option<String>,
+    pub timeout_ms: u32,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RunOutput {
+    /// None when the child was killed by a signal.
+    pub exit_code: Option<i32>,
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SpawnError {
+    NotAllowed(String),
+    NotFound(String),
+    TimedOut,
+    Failed(String),
+}
+
+/// Run a named program the host granted.
+pub trait Programs {
+    fn run(&mut self, request: &RunRequest) -> Result<RunOutput, SpawnError>;
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    File,
+    Dir,
+    Symlink,
+    Other,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Meta {
+    pub kind: Kind,
+    pub size: u64,
+}
+
+/// A file-system failure, already reduced to what the component acts on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FsError {
+    /// The path is outside every preopened root (or escapes one).
+    Refused(String),
+    Io(String),
+}
+
+/// Files under the host's preopened roots. Paths are absolute laptop paths; an
+/// implementation resolves them against the preopen that contains them and never
+/// follows a symlink in the last component.
+pub trait Files {
+    /// The file's bytes, or None when it does not exist.
+    fn read(&mut self, path: &str) -> Result<Option<Vec<u8>>, FsError>;
+    /// Write through a temporary sibling, sync it, then rename over `path`.
+    fn write_atomic(&mut self, path: &str, bytes: &[u8]) -> Result<(), FsError>;
+    /// Create `path` and any missing parents.
+    fn create_dir_all(&mut self, path: &str) -> Result<(), FsError>;
+    /// Entry names in a directory (empty when it does not exist).
+    fn list(&mut self, dir: &str) -> Result<Vec<String>, FsError>;
+    /// Metadata without following a symlink; None when absent.
+    fn stat(&mut self, path: &str) -> Result<Option<Meta>, FsError>;
+    /// Remove a file; absent is fine.
+    fn remove_file(&mut self, path: &str) -> Result<(), FsError>;
+}

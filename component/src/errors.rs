@@ -1,0 +1,112 @@
+//! The one error type every tool returns: a documented code, what happened, and the one
+//! next step. Each code's next step lives here, beside the code, so no tool invents its
+//! own wording; docs/configuration.md lists the same table and a test keeps them equal.
+
+use alloc::string::{String, ToString};
+
+macro_rules! codes {
+    ($($variant:ident = $code:literal => $next:literal;)*) => {
+        /// Every error code the component can return.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        pub enum Code { $($variant,)* }
+
+        impl Code {
+            pub const ALL: &'static [Code] = &[$(Code::$variant,)*];
+
+            pub fn as_str(self) -> &'static str {
+                match self { $(Code::$variant => $code,)* }
+            }
+
+            /// The default next step; a tool may give a more specific one.
+            pub fn next(self) -> &'static str {
+                match self { $(Code::$variant => $next,)* }
+            }
+        }
+    };
+}
+
+codes! {
+    HostUntested = "HOST_UNTESTED" => "Run an OpenCode version inside the tested range that boxd_status shows, or set \"allowUntestedHost\": true in the plugin options.";
+    OptionsInvalid = "OPTIONS_INVALID" => "Fix the named field in the plugin options, then restart the host.";
+    StatusUnavailable = "STATUS_UNAVAILABLE" => "Restart the host, then run boxd_status again.";
+    SkillsInvalid = "SKILLS_INVALID" => "Reinstall the plugin so skills/boxd/SKILL.md is present, then restart OpenCode.";
+    NameInvalid = "NAME_INVALID" => "Use a short lowercase work id ([a-z0-9-], starting with a letter), a relative path inside the work tree with no '..', and a lowercase snapshot name.";
+    NotOurs = "NOT_OURS" => "Call boxd_ensure for this work id, and act only on the machine the ledger records for it.";
+    MachineGone = "MACHINE_GONE" => "Call boxd_resume for this work: it rebuilds the machine from the golden image and the proven transcript.";
+    MachineStarting = "MACHINE_STARTING" => "Call boxd_status in a later turn; do not wait inside a call.";
+    MachineShared = "MACHINE_SHARED" => "Recreate the machine without --shared: sharing deletes the guest's OpenCode sign-in.";
+    MachineIsolated = "MACHINE_ISOLATED" => "Recreate the machine without --isolated, which drops git credentials and the in-VM boxd CLI.";
+    SessionBusy = "SESSION_BUSY" => "Call boxd_job in a later turn until it reports idle, then harvest.";
+    GuestVersion = "GUEST_VERSION" => "Boot the work from a golden image whose OpenCode is the same version as this laptop's (boxd-host golden).";
+    PathRefused = "PATH_REFUSED" => "Use a regular file inside the project or a folder named in allowedRoots (no symlinks); to allow a folder, add it to allowedRoots and allow it with the external_directory rule.";
+    FileTooLarge = "FILE_TOO_LARGE" => "Send files of at most 8 MiB each and 32 MiB per call; split the data or compress it.";
+    FileConflict = "FILE_CONFLICT" => "The laptop copy changed since the last harvest: move it aside or harvest to another folder with 'to', then harvest again.";
+    GuestWorkspace = "GUEST_WORKSPACE" => "Boot the work from an image whose /home/boxd the boxd user can write, then call boxd_ensure again.";
+    GuestRunFailed = "GUEST_RUN_FAILED" => "Read the transcript (boxd_harvest imports it), then boxd_submit again.";
+    RunInterrupted = "RUN_INTERRUPTED" => "Harvest what exists with boxd_harvest, then boxd_submit the prompt again.";
+    GuestAuthFailed = "GUEST_AUTH_FAILED" => "Fix the guest's model credential (boxd env, as docs/golden-image.md describes), then boxd_submit again.";
+    GuestFailed = "GUEST_FAILED" => "Call boxd_status; if the guest keeps failing, rebuild the machine with boxd_resume.";
+    GuestUnresponsive = "GUEST_UNRESPONSIVE" => "Tell the user: the machine is short of memory or overloaded (the message names the largest processes); waiting a turn will not help.";
+    GuestServerDown = "GUEST_SERVER_DOWN" => "Call boxd_job in a later turn: it starts the guest's OpenCode server again.";
+    BoxdFailed = "BOXD_FAILED" => "Read the boxd CLI's own message above, then run boxd_status before trying again.";
+    BoxdMissing = "BOXD_MISSING" => "Install the boxd CLI on this laptop, sign in with 'boxd auth login', and restart the host so it is on the PATH.";
+    Timeout = "TIMEOUT" => "Call boxd_status in a later turn instead; do not retry inside the same call.";
+    NotProven = "NOT_PROVEN" => "Call boxd_harvest for this work first: it imports and proves the transcript on this laptop.";
+    Dirty = "DIRTY" => "Call boxd_harvest, which stores the uncommitted changes as a patch in the ledger, then drop.";
+    ExportInvalid = "EXPORT_INVALID" => "Call boxd_harvest again once boxd_job reports idle; never substitute a transcript.";
+    ParentMissing = "PARENT_MISSING" => "Call boxd_harvest again: it imports the whole session tree, parents first.";
+    SnapshotExists = "SNAPSHOT_EXISTS" => "Pick a new snapshot name: snapshots are immutable.";
+    SnapshotMissing = "SNAPSHOT_MISSING" => "Build the golden image (boxd-host golden, see docs/golden-image.md), then set the snapshot option to its name.";
+    LedgerFailed = "LEDGER_FAILED" => "Check that the ledger folder is writable, then restart the host.";
+    RulesNotAdded = "RULES_NOT_ADDED" => "Restart OpenCode, then run /boxd-status: a machine change may otherwise run without asking.";
+    Untracked = "UNTRACKED" => "Commit or delete the named paths on the machine (or harvest them with files), harvest again, then drop; or boxd_sleep, which keeps the disk.";
+    GitUnknown = "GIT_UNKNOWN" => "Make the work tree a git repository on the machine and commit, harvest again, then drop; or boxd_sleep, which keeps the disk.";
+    CreateUncertain = "CREATE_UNCERTAIN" => "Call boxd_status in a later turn: if the machine appears, boxd_ensure adopts it; if not, call boxd_ensure again.";
+    ToolUnknown = "TOOL_UNKNOWN" => "Call one of the tools boxd_status lists (describe shows them all).";
+    ArgsInvalid = "ARGS_INVALID" => "Fix the named argument to match the tool's JSON Schema, then call again.";
+    AccessDenied = "ACCESS_DENIED" => "This plugin is set to access \"read-only\": set access to \"ask-changes\" or \"all\" in the plugin options to allow machine changes.";
+    ApprovalRequired = "APPROVAL_REQUIRED" => "The plugin is set to access \"ask-changes\": the host must ask the user and pass the approval before this change runs.";
+    WorkUnknown = "WORK_UNKNOWN" => "Call boxd_ensure with this work id first (boxd_status lists the works the ledger knows).";
+}
+
+/// A tool failure as every host shows it: `{error, message, next}`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ToolError {
+    pub code: Code,
+    pub message: String,
+    pub next: String,
+}
+
+impl ToolError {
+    /// A failure with the code's own next step.
+    pub fn new(code: Code, message: impl Into<String>) -> Self {
+        Self { code, message: message.into(), next: code.next().to_string() }
+    }
+
+    /// A failure whose next step is more specific than the code's default.
+    pub fn with_next(code: Code, message: impl Into<String>, next: impl Into<String>) -> Self {
+        Self { code, message: message.into(), next: next.into() }
+    }
+
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({ "error": self.code.as_str(), "message": self.message, "next": self.next })
+    }
+}
+
+pub type ToolResult<T> = Result<T, ToolError>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_are_unique_upper_snake_and_every_next_is_an_action() {
+        let mut seen = alloc::collections::BTreeSet::new();
+        for code in Code::ALL {
+            let s = code.as_str();
+            assert!(seen.insert(s), "duplicate code {s}");
+            assert!(s.chars().all(|c| c.is_ascii_uppercase() || c == '_'), "{s}");
+            assert!(code.next().len() > 20 && code.next().ends_with('.'), "{s}: {}", code.next());
+        }
+    }
+}

@@ -1,0 +1,143 @@
+//! Native stand-ins for the two capabilities, for unit tests only: a scripted program
+//! runner that records every request, and an in-memory file tree with symlinks.
+
+use alloc::collections::{BTreeMap, BTreeSet, VecDeque};
+use alloc::string::{String, ToString};
+use alloc::vec::Vec;
+
+use crate::caps::{Files, FsError, Kind, Meta, Programs, RunOutput, RunRequest, SpawnError};
+use crate::paths;
+
+/// Answers program runs from a queue, in order, and records what was asked.
+#[derive(Default)]
+pub struct Scripted {
+    pub answers: VecDeque<Result<RunOutput, SpawnError>>,
+    pub requests: Vec<RunRequest>,
+}
+
+impl Scripted {
+    pub fn push_ok(&mut self, stdout: &str) {
+        self.answers.push_back(Ok(RunOutput { exit_code: Some(0), stdout: stdout.as_bytes().to_vec(), stderr: Vec::new() }));
+    }
+    pub fn push_exit(&mut self, code: i32, stdout: &str, stderr: &str) {
+        self.answers.push_back(Ok(RunOutput {
+            exit_code: Some(code),
+            stdout: stdout.as_bytes().to_vec(),
+            stderr: stderr.as_bytes().to_vec(),
+        }));
+    }
+    pub fn push_fail(&mut self, code: i32, stderr: &str) {
+        self.push_exit(code, "", stderr);
+    }
+    pub fn push_spawn_error(&mut self, e: SpawnError) {
+        self.answers.push_back(Err(e));
+    }
+    /// The argument lists of every run, joined with spaces (for readable assertions).
+    pub fn commands(&self) -> Vec<String> {
+        self.requests.iter().map(|r| r.args.join(" ")).collect()
+    }
+}
+
+impl Programs for Scripted {
+    fn run(&mut self, request: &RunRequest) -> Result<RunOutput, SpawnError> {
+        self.requests.push(request.clone());
+        self.answers
+            .pop_front()
+            .unwrap_or_else(|| panic!("unscripted run: {} {}", request.program, request.args.join(" ")))
+    }
+}
+
+/// An in-memory tree confined to `roots`, like the host's preopens.
+pub struct MemFiles {
+    pub roots: Vec<String>,
+    pub files: BTreeMap<String, Vec<u8>>,
+    pub dirs: BTreeSet<String>,
+    pub symlinks: BTreeSet<String>,
+    /// Paths whose writes fail, to test LEDGER_FAILED paths.
+    pub broken: BTreeSet<String>,
+}
+
+impl MemFiles {
+    pub fn new(roots: &[&str]) -> Self {
+        let roots: Vec<String> = roots.iter().map(|r| r.to_string()).collect();
+        Self { dirs: roots.iter().cloned().collect(), roots, files: BTreeMap::new(), symlinks: BTreeSet::new(), broken: BTreeSet::new() }
+    }
+    fn check(&self, path: &str) -> Result<String, FsError> {
+        let clean = paths::clean_absolute(path).ok_or_else(|| FsError::Refused(path.to_string()))?;
+        if self.roots.iter().any(|r| paths::is_within(&clean, r)) { Ok(clean) } else { Err(FsError::Refused(path.to_string())) }
+    }
+    pub fn put(&mut self, path: &str, bytes: &[u8]) {
+        let mut d = paths::parent(path).to_string();
+        while !d.is_empty() && d != "/" {
+            self.dirs.insert(d.clone());
+            d = paths::parent(&d).to_string();
+        }
+        self.files.insert(path.to_string(), bytes.to_vec());
+    }
+    pub fn text(&self, path: &str) -> Option<String> {
+        self.files.get(path).map(|b| String::from_utf8_lossy(b).into_owned())
+    }
+}
+
+impl Files for MemFiles {
+    fn read(&mut self, path: &str) -> Result<Option<Vec<u8>>, FsError> {
+        let p = self.check(path)?;
+        if self.symlinks.contains(&p) {
+            return Err(FsError::Refused(p));
+        }
+        Ok(self.files.get(&p).cloned())
+    }
+    fn write_atomic(&mut self, path: &str, bytes: &[u8]) -> Result<(), FsError> {
+        let p = self.check(path)?;
+        if self.broken.iter().any(|b| paths::is_within(&p, b)) {
+            return Err(FsError::Io("read-only file system".into()));
+        }
+        if !self.dirs.contains(paths::parent(&p)) {
+            return Err(FsError::Io("no such directory".into()));
+        }
+        self.files.insert(p, bytes.to_vec());
+        Ok(())
+    }
+    fn create_dir_all(&mut self, path: &str) -> Result<(), FsError> {
+        let p = self.check(path)?;
+        if self.broken.iter().any(|b| paths::is_within(&p, b)) {
+            return Err(FsError::Io("read-only file system".into()));
+        }
+        let mut d = p;
+        while !d.is_empty() && d != "/" {
+            self.dirs.insert(d.clone());
+            d = paths::parent(&d).to_string();
+        }
+        Ok(())
+    }
+    fn list(&mut self, dir: &str) -> Result<Vec<String>, FsError> {
+        let d = self.check(dir)?;
+        let prefix = if d == "/" { d.clone() } else { alloc::format!("{d}/") };
+        let mut names = BTreeSet::new();
+        for p in self.files.keys().chain(self.dirs.iter()) {
+            if let Some(rest) = p.strip_prefix(&prefix) {
+                if let Some(first) = rest.split('/').next().filter(|s| !s.is_empty()) {
+                    names.insert(first.to_string());
+                }
+            }
+        }
+        Ok(names.into_iter().collect())
+    }
+    fn stat(&mut self, path: &str) -> Result<Option<Meta>, FsError> {
+        let p = self.check(path)?;
+        Ok(if self.symlinks.contains(&p) {
+            Some(Meta { kind: Kind::Symlink, size: 0 })
+        } else if let Some(b) = self.files.get(&p) {
+            Some(Meta { kind: Kind::File, size: b.len() as u64 })
+        } else if self.dirs.contains(&p) {
+            Some(Meta { kind: Kind::Dir, size: 0 })
+        } else {
+            None
+        })
+    }
+    fn remove_file(&mut self, path: &str) -> Result<(), FsError> {
+        let p = self.check(path)?;
+        self.files.remove(&p);
+        Ok(())
+    }
+}

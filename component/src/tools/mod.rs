@@ -1,0 +1,111 @@
+//! Tool dispatch: the checks every call passes in the same order (tool known, arguments
+//! match the schema, options valid, host version tested, access allows), then one module
+//! per tool. Tools receive their capabilities as parameters and never reach for a global.
+
+use alloc::format;
+use alloc::string::String;
+use serde_json::Value;
+
+use crate::caps::{Files, Programs};
+use crate::errors::{Code, ToolError, ToolResult};
+use crate::manifest::{self, Access as ToolAccess};
+use crate::options::{self, Access, Context};
+
+pub mod status;
+pub mod lifecycle;
+
+/// What a tool gets: the two capabilities and the call's context.
+pub struct Env<'a, P: Programs, F: Files> {
+    pub programs: &'a mut P,
+    pub files: &'a mut F,
+    pub ctx: &'a Context,
+}
+
+impl<P: Programs, F: Files> Env<'_, P, F> {
+    pub fn now(&self) -> String {
+        crate::ledger::iso8601(self.ctx.now_ms)
+    }
+}
+
+/// The raw context as a host passes it, before the options are validated.
+pub struct RawContext {
+    pub host_name: String,
+    pub host_version: String,
+    pub options_json: String,
+    pub project: String,
+    pub ledger: String,
+    pub session_id: Option<String>,
+    pub now_ms: u64,
+    pub host_facts_json: String,
+}
+
+/// One tool call, as every host makes it.
+pub fn call<P: Programs, F: Files>(programs: &mut P, files: &mut F, tool: &str, args_json: &str, raw: RawContext) -> ToolResult<Value> {
+    let spec = manifest::find(tool).ok_or_else(|| {
+        let names: alloc::vec::Vec<&str> = manifest::TOOLS.iter().map(|t| t.name).collect();
+        ToolError::new(Code::ToolUnknown, format!("there is no tool '{tool}'; the tools are {}", names.join(", ")))
+    })?;
+    let args: Value = if args_json.trim().is_empty() {
+        Value::Object(Default::default())
+    } else {
+        serde_json::from_str(args_json)
+            .map_err(|e| ToolError::new(Code::ArgsInvalid, format!("the arguments are not valid JSON: {e}")))?
+    };
+    manifest::check(&(spec.schema)(), &args)?;
+    let ctx = Context {
+        options: options::Options::parse(&raw.options_json)?,
+        facts: options::HostFacts::parse(&raw.host_facts_json),
+        host_name: raw.host_name,
+        host_version: raw.host_version,
+        project: raw.project,
+        ledger: raw.ledger,
+        session_id: raw.session_id,
+        now_ms: raw.now_ms,
+    };
+    // boxd_status still answers on an untested host: it is how the user finds out.
+    if spec.name != "boxd_status" {
+        host_gate(&ctx)?;
+    }
+    if spec.access == ToolAccess::Change {
+        match ctx.options.access {
+            Access::All => {}
+            Access::ReadOnly => {
+                return Err(ToolError::new(Code::AccessDenied, format!("{} changes a machine, and the plugin's access is \"read-only\"", spec.name)));
+            }
+            Access::AskChanges if !ctx.facts.approved => {
+                return Err(ToolError::new(Code::ApprovalRequired, format!("{} changes a machine and needs the user's approval first", spec.name)));
+            }
+            Access::AskChanges => {}
+        }
+    }
+    let mut env = Env { programs, files, ctx: &ctx };
+    match spec.name {
+        "boxd_status" => status::run(&mut env),
+        "boxd_ensure" => lifecycle::ensure(&mut env, &args),
+        "boxd_sleep" => lifecycle::sleep(&mut env, &args),
+        "boxd_resume" => lifecycle::resume(&mut env, &args),
+        "boxd_image" => lifecycle::image(&mut env, &args),
+        "boxd_drop" => lifecycle::drop(&mut env, &args),
+        other => unreachable!("tool {other} is in the manifest but has no module"),
+    }
+}
+
+/// HOST_UNTESTED: OpenCode outside the range our own tests run.
+pub fn host_gate(ctx: &Context) -> ToolResult<()> {
+    if ctx.host_name == "opencode" && !ctx.options.allow_untested_host && !options::in_tested_range(&ctx.host_version) {
+        let (lo, hi) = options::TESTED_OPENCODE;
+        return Err(ToolError::with_next(
+            Code::HostUntested,
+            format!("OpenCode {} is outside the tested range >={lo} <{hi}", ctx.host_version),
+            format!("Use OpenCode >={lo} <{hi}, or set \"allowUntestedHost\": true in the plugin options."),
+        ));
+    }
+    Ok(())
+}
+
+/// The `work` argument, checked; returns (work id, machine name).
+pub fn work_arg(args: &Value) -> ToolResult<(String, String)> {
+    let work = args.get("work").and_then(Value::as_str).unwrap_or_default();
+    let machine = crate::paths::work_id(work)?;
+    Ok((work.into(), machine))
+}

@@ -1,0 +1,132 @@
+//! boxd_status: one read of everything, starting nothing. One `machine list` for any
+//! number of works and one `snapshots list`; the ledger gives the works.
+
+use alloc::collections::BTreeMap;
+use alloc::format;
+use alloc::string::{String, ToString};
+use alloc::vec::Vec;
+use serde_json::{json, Value};
+
+use super::Env;
+use crate::boxd::{Boxd, Failure, State};
+use crate::caps::{Files, Programs};
+use crate::errors::{Code, ToolError, ToolResult};
+use crate::ledger::Ledger;
+use crate::manifest::{self, Access as ToolAccess};
+use crate::options::{self, Access};
+
+pub fn run<P: Programs, F: Files>(env: &mut Env<P, F>) -> ToolResult<Value> {
+    let ctx = env.ctx;
+    let opts = &ctx.options;
+    let mut boxd = Boxd::new(env.programs, opts.boxd_timeout_seconds);
+
+    // The sign-in row is the machine listing: it is what every tool needs to work.
+    let listing = boxd.list();
+    let (cli, cli_reason, connection, mut next): (&str, String, &str, Option<String>) = match &listing {
+        Ok(_) => ("signed in", String::new(), "ok", None),
+        Err(Failure::Missing(m)) => ("not reachable", m.clone(), "no CLI", Some(Code::BoxdMissing.next().into())),
+        Err(Failure::SignedOut(m)) => ("not signed in", m.clone(), "ok", Some("Run 'boxd auth login' on this laptop, then boxd_status again.".into())),
+        Err(Failure::Unreachable(m)) => ("not reachable", m.clone(), "unreachable", Some("Check this laptop's network (a network failure looks like a sign-in failure from here), then 'boxd auth login' if it persists.".into())),
+        Err(Failure::Timeout(m)) => ("not reachable", m.clone(), "timed out", Some(Code::Timeout.next().into())),
+        Err(Failure::NotFound(m)) | Err(Failure::Other(m)) => ("not reachable", m.clone(), "error", Some(Code::BoxdFailed.next().into())),
+    };
+    let states: BTreeMap<String, String> = listing
+        .as_ref()
+        .map(|ms| ms.iter().map(|m| (m.name.clone(), m.status.clone())).collect())
+        .unwrap_or_default();
+
+    let snapshot = if listing.is_ok() {
+        match boxd.snapshots() {
+            Ok(list) => match list.iter().find(|s| s.name == opts.snapshot) {
+                Some(s) => json!({ "name": opts.snapshot, "present": true, "version": s.version, "status": s.status }),
+                None => {
+                    next.get_or_insert_with(|| Code::SnapshotMissing.next().into());
+                    json!({ "name": opts.snapshot, "present": false })
+                }
+            },
+            Err(e) => json!({ "name": opts.snapshot, "present": Value::Null, "reason": e.into_error().message }),
+        }
+    } else {
+        json!({ "name": opts.snapshot, "present": Value::Null, "reason": "the boxd CLI did not answer" })
+    };
+
+    let mut ledger = Ledger::new(env.files, &ctx.ledger);
+    let ids = ledger.ids().map_err(|e| ToolError::new(Code::StatusUnavailable, format!("the ledger could not be read: {}", e.message)))?;
+    let mut works = Vec::new();
+    for id in ids {
+        let Some(w) = ledger.read(&id).map_err(|e| ToolError::new(Code::StatusUnavailable, e.message))? else { continue };
+        if w.is_closed() {
+            continue;
+        }
+        let state = match (&listing, states.get(&w.machine)) {
+            (Err(_), _) => "unknown".to_string(),
+            (Ok(_), None) => "gone".to_string(),
+            (Ok(_), Some(s)) => job_state(State::from_status(s)).to_string(),
+        };
+        let mut warnings = w.warnings.clone();
+        if !w.prompts.is_empty() && !w.proven() {
+            warnings.push("the newest prompt is not yet harvested to this laptop".into());
+        }
+        if !warnings.is_empty() {
+            next.get_or_insert_with(|| format!("Call boxd_harvest for work '{}' to bring its transcript home.", w.work));
+        }
+        works.push(json!({
+            "work": w.work, "machine": w.machine, "state": state, "directory": w.directory,
+            "prompts": w.prompts.len(), "proven": w.proven(), "warnings": warnings,
+        }));
+    }
+
+    let tools: Vec<Value> = manifest::TOOLS
+        .iter()
+        .map(|t| {
+            let runs = match (t.access, opts.access) {
+                (ToolAccess::Read, _) | (_, Access::All) => "runs",
+                (_, Access::AskChanges) => "asks",
+                (_, Access::ReadOnly) => "denied",
+            };
+            json!({ "name": t.name, "access": if t.access == ToolAccess::Read { "read" } else { "change" }, "runs": runs })
+        })
+        .collect();
+
+    let laptop_opencode = ctx.facts.opencode_version.clone().or_else(|| (ctx.host_name == "opencode").then(|| ctx.host_version.clone()));
+    let (lo, hi) = options::TESTED_OPENCODE;
+    let host_ok = ctx.host_name != "opencode" || options::in_tested_range(&ctx.host_version);
+    if !host_ok && !opts.allow_untested_host {
+        next = Some(format!("Use OpenCode >={lo} <{hi}, or set \"allowUntestedHost\": true in the plugin options."));
+    }
+    if ctx.facts.rules_not_added {
+        next = Some(Code::RulesNotAdded.next().into());
+    }
+    let next = next.unwrap_or_else(|| match works.first() {
+        None => "Call boxd_ensure with a short work id to start a work.".into(),
+        Some(w) => format!("Call boxd_job for work '{}' to see how its run is going.", w["work"].as_str().unwrap_or("")),
+    });
+
+    Ok(json!({
+        "boxd": { "cli": cli, "reason": cli_reason, "connection": connection, "calls": boxd.calls },
+        "access": opts.access.as_str(),
+        "snapshot": snapshot,
+        "guest": match &laptop_opencode {
+            Some(v) => json!({ "opencode": v, "note": "machines must boot an image whose OpenCode is this version" }),
+            None => json!({ "opencode": Value::Null, "note": "the laptop's OpenCode version is not known to this host" }),
+        },
+        "works": works,
+        "tools": tools,
+        "agentsWithoutRules": ctx.facts.agents_without_rules,
+        "rulesAdded": !ctx.facts.rules_not_added,
+        "host": { "name": ctx.host_name, "version": ctx.host_version, "testedOpenCode": format!(">={lo} <{hi}"), "tested": host_ok },
+        "next": next,
+    }))
+}
+
+/// The word boxd_job and boxd_status use for a machine state.
+pub fn job_state(s: State) -> &'static str {
+    match s {
+        State::Running | State::Standby => "running",
+        State::Asleep => "asleep",
+        State::Starting => "starting",
+        State::Stopped => "stopped",
+        State::Failed => "failed",
+        State::Gone => "gone",
+    }
+}

@@ -1,0 +1,260 @@
+//! The only file that knows the WIT bindings: it exports `tools`, and implements the two
+//! capability traits over the `spawn` import and wasi:filesystem preopens. No tool
+//! logic here. Also the no_std runtime pieces a wasm32 cdylib needs (allocator, panic
+//! handler, `cabi_realloc`, `memcmp`/`bcmp`).
+
+use alloc::string::{String, ToString};
+use alloc::vec::Vec;
+
+use crate::caps::{Files, FsError, Kind, Meta, Programs, RunOutput, RunRequest, SpawnError};
+
+wit_bindgen::generate!({ world: "plugin", path: "../wit", generate_all });
+
+use boxd::plugin::spawn;
+use exports::boxd::plugin::tools::{Context, Guest, ToolError};
+use wasi::filesystem::preopens::get_directories;
+use wasi::filesystem::types::{Descriptor, DescriptorFlags, DescriptorType, ErrorCode, OpenFlags, PathFlags};
+
+struct Component;
+
+impl Guest for Component {
+    fn describe() -> String {
+        crate::describe()
+    }
+
+    fn call(tool: String, args_json: String, context: Context) -> Result<String, ToolError> {
+        let raw = crate::RawContext {
+            host_name: context.host_name,
+            host_version: context.host_version,
+            options_json: context.options_json,
+            project: context.project,
+            ledger: context.ledger,
+            session_id: context.session_id,
+            now_ms: context.now_ms,
+            host_facts_json: context.host_facts_json,
+        };
+        crate::call(&mut WitPrograms, &mut WitFiles::open(), &tool, &args_json, raw)
+            .map(|v| serde_json::to_string(&v).expect("a result serialises"))
+            .map_err(|e| ToolError { code: e.code.as_str().to_string(), message: e.message, next: e.next })
+    }
+}
+
+export!(Component);
+
+struct WitPrograms;
+
+impl Programs for WitPrograms {
+    fn run(&mut self, r: &RunRequest) -> Result<RunOutput, SpawnError> {
+        let req = spawn::Request {
+            program: r.program.clone(),
+            args: r.args.clone(),
+            stdin: r.stdin.clone(),
+            env: r.env.clone(),
+            cwd: r.cwd.clone(),
+            timeout_ms: r.timeout_ms,
+        };
+        match spawn::run(&req) {
+            Ok(o) => Ok(RunOutput { exit_code: o.exit_code, stdout: o.stdout, stderr: o.stderr }),
+            Err(spawn::Error::NotAllowed(n)) => Err(SpawnError::NotAllowed(n)),
+            Err(spawn::Error::NotFound(n)) => Err(SpawnError::NotFound(n)),
+            Err(spawn::Error::TimedOut) => Err(SpawnError::TimedOut),
+            Err(spawn::Error::Failed(m)) => Err(SpawnError::Failed(m)),
+        }
+    }
+}
+
+/// Files under the preopens. Guest paths of preopens equal the laptop paths, so a path
+/// resolves against the preopen with the longest matching prefix.
+struct WitFiles {
+    roots: Vec<(Descriptor, String)>,
+}
+
+fn io(e: ErrorCode) -> FsError {
+    match e {
+        ErrorCode::NotPermitted | ErrorCode::Access | ErrorCode::Loop => FsError::Refused(alloc::format!("{e:?}")),
+        other => FsError::Io(alloc::format!("{other:?}")),
+    }
+}
+
+impl WitFiles {
+    fn open() -> Self {
+        Self { roots: get_directories() }
+    }
+
+    /// The preopen holding `path`, and the path relative to it ("" for the root itself).
+    fn resolve<'a>(&self, path: &'a str) -> Result<(&Descriptor, &'a str), FsError> {
+        let clean_ok = crate::paths::clean_absolute(path).is_some_and(|c| c == path.trim_end_matches('/') || c == path);
+        if !clean_ok {
+            return Err(FsError::Refused(path.to_string()));
+        }
+        self.roots
+            .iter()
+            .filter(|(_, root)| crate::paths::is_within(path, root.trim_end_matches('/')))
+            .max_by_key(|(_, root)| root.len())
+            .map(|(d, root)| (d, path[root.trim_end_matches('/').len()..].trim_start_matches('/')))
+            .ok_or_else(|| FsError::Refused(path.to_string()))
+    }
+}
+
+impl Files for WitFiles {
+    fn read(&mut self, path: &str) -> Result<Option<Vec<u8>>, FsError> {
+        match self.stat(path)? {
+            None => return Ok(None),
+            Some(m) if m.kind == Kind::Symlink => return Err(FsError::Refused(path.to_string())),
+            Some(_) => {}
+        }
+        let (dir, rel) = self.resolve(path)?;
+        let fd = dir.open_at(PathFlags::empty(), rel, OpenFlags::empty(), DescriptorFlags::READ).map_err(io)?;
+        let mut out = Vec::new();
+        loop {
+            let (chunk, eof) = fd.read(1 << 20, out.len() as u64).map_err(io)?;
+            out.extend_from_slice(&chunk);
+            if eof || chunk.is_empty() {
+                return Ok(Some(out));
+            }
+        }
+    }
+
+    fn write_atomic(&mut self, path: &str, bytes: &[u8]) -> Result<(), FsError> {
+        let (dir, rel) = self.resolve(path)?;
+        if rel.is_empty() {
+            return Err(FsError::Refused(path.to_string()));
+        }
+        let tmp = alloc::format!("{rel}.boxd-tmp");
+        let fd = dir
+            .open_at(PathFlags::empty(), &tmp, OpenFlags::CREATE | OpenFlags::TRUNCATE, DescriptorFlags::WRITE)
+            .map_err(io)?;
+        let mut off = 0usize;
+        while off < bytes.len() {
+            let n = fd.write(&bytes[off..], off as u64).map_err(io)? as usize;
+            off += n;
+        }
+        fd.sync_data().map_err(io)?;
+        drop(fd);
+        dir.rename_at(&tmp, dir, rel).map_err(io)
+    }
+
+    fn create_dir_all(&mut self, path: &str) -> Result<(), FsError> {
+        let (dir, rel) = self.resolve(path)?;
+        let mut so_far = String::new();
+        for seg in rel.split('/').filter(|s| !s.is_empty()) {
+            if !so_far.is_empty() {
+                so_far.push('/');
+            }
+            so_far.push_str(seg);
+            match dir.create_directory_at(&so_far) {
+                Ok(()) | Err(ErrorCode::Exist) => {}
+                Err(e) => return Err(io(e)),
+            }
+        }
+        Ok(())
+    }
+
+    fn list(&mut self, path: &str) -> Result<Vec<String>, FsError> {
+        let (dir, rel) = self.resolve(path)?;
+        let opened;
+        let d = if rel.is_empty() {
+            dir
+        } else {
+            match dir.open_at(PathFlags::empty(), rel, OpenFlags::DIRECTORY, DescriptorFlags::READ) {
+                Ok(fd) => {
+                    opened = fd;
+                    &opened
+                }
+                Err(ErrorCode::NoEntry) => return Ok(Vec::new()),
+                Err(e) => return Err(io(e)),
+            }
+        };
+        let stream = d.read_directory().map_err(io)?;
+        let mut names = Vec::new();
+        while let Some(entry) = stream.read_directory_entry().map_err(io)? {
+            names.push(entry.name);
+        }
+        names.sort();
+        Ok(names)
+    }
+
+    // Not `stat`: its record carries timestamps, which would import wasi:clocks. Opening
+    // without following symlinks tells the kind, and a read tells the size.
+    fn stat(&mut self, path: &str) -> Result<Option<Meta>, FsError> {
+        let (dir, rel) = self.resolve(path)?;
+        let fd = if rel.is_empty() {
+            None
+        } else {
+            match dir.open_at(PathFlags::empty(), rel, OpenFlags::empty(), DescriptorFlags::READ) {
+                Ok(fd) => Some(fd),
+                Err(ErrorCode::NoEntry) => return Ok(None),
+                Err(ErrorCode::Loop) | Err(ErrorCode::NotPermitted) => return Ok(Some(Meta { kind: Kind::Symlink, size: 0 })),
+                Err(e) => return Err(io(e)),
+            }
+        };
+        let d = fd.as_ref().unwrap_or(dir);
+        let kind = match d.get_type().map_err(io)? {
+            DescriptorType::RegularFile => Kind::File,
+            DescriptorType::Directory => Kind::Dir,
+            DescriptorType::SymbolicLink => Kind::Symlink,
+            _ => Kind::Other,
+        };
+        let mut size = 0u64;
+        if kind == Kind::File {
+            loop {
+                let (chunk, eof) = d.read(1 << 20, size).map_err(io)?;
+                size += chunk.len() as u64;
+                if eof || chunk.is_empty() {
+                    break;
+                }
+            }
+        }
+        Ok(Some(Meta { kind, size }))
+    }
+
+    fn remove_file(&mut self, path: &str) -> Result<(), FsError> {
+        let (dir, rel) = self.resolve(path)?;
+        match dir.unlink_file_at(rel) {
+            Ok(()) | Err(ErrorCode::NoEntry) => Ok(()),
+            Err(e) => Err(io(e)),
+        }
+    }
+}
+
+// --- no_std runtime for a wasm32 cdylib -------------------------------------------------
+
+#[global_allocator]
+static ALLOC: dlmalloc::GlobalDlmalloc = dlmalloc::GlobalDlmalloc;
+
+#[panic_handler]
+fn panic(_: &core::panic::PanicInfo) -> ! {
+    core::arch::wasm32::unreachable()
+}
+
+/// The canonical ABI's allocator hook; std would export it, a no_std crate must.
+#[unsafe(no_mangle)]
+unsafe extern "C" fn cabi_realloc(old: *mut u8, old_len: usize, align: usize, new_len: usize) -> *mut u8 {
+    use alloc::alloc::{alloc, realloc, Layout};
+    if new_len == 0 {
+        return align as *mut u8;
+    }
+    unsafe {
+        if old_len == 0 {
+            alloc(Layout::from_size_align_unchecked(new_len, align))
+        } else {
+            realloc(old, Layout::from_size_align_unchecked(old_len, align), new_len)
+        }
+    }
+}
+
+#[unsafe(no_mangle)]
+unsafe extern "C" fn memcmp(a: *const u8, b: *const u8, n: usize) -> i32 {
+    for i in 0..n {
+        let (x, y) = unsafe { (*a.add(i), *b.add(i)) };
+        if x != y {
+            return x as i32 - y as i32;
+        }
+    }
+    0
+}
+
+#[unsafe(no_mangle)]
+unsafe extern "C" fn bcmp(a: *const u8, b: *const u8, n: usize) -> i32 {
+    unsafe { memcmp(a, b, n) }
+}

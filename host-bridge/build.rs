@@ -1,0 +1,38 @@
+//! Builds the component (and the test-only probe) for wasm32-wasip2 with a nested cargo,
+//! so `cargo test --workspace` and `cargo build -p boxd-host` need no other step.
+//! `BOXD_COMPONENT_WASM` / `BOXD_PROBE_WASM` skip the build and use prebuilt files.
+
+use std::env;
+use std::path::PathBuf;
+use std::process::Command;
+
+fn main() {
+    let ws = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap()).parent().unwrap().to_owned();
+    for p in ["component/src", "component/Cargo.toml", "tests/probe/src", "tests/probe/Cargo.toml", "wit", "Cargo.lock"] {
+        println!("cargo:rerun-if-changed={}", ws.join(p).display());
+    }
+    println!("cargo:rerun-if-env-changed=BOXD_COMPONENT_WASM");
+    println!("cargo:rerun-if-env-changed=BOXD_PROBE_WASM");
+    if let (Ok(c), Ok(p)) = (env::var("BOXD_COMPONENT_WASM"), env::var("BOXD_PROBE_WASM")) {
+        println!("cargo:rustc-env=COMPONENT_WASM={c}");
+        println!("cargo:rustc-env=PROBE_WASM={p}");
+        return;
+    }
+    // One shared target dir for every profile and command (not OUT_DIR, which differs
+    // per profile), and not the outer one, which the outer cargo holds locked.
+    let target_dir = env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| ws.join("target")).join("wasm-component");
+    let status = Command::new(env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .current_dir(&ws)
+        .args(["build", "-p", "boxd-component", "-p", "boxd-probe", "--target", "wasm32-wasip2", "--profile", "wasm", "--target-dir"])
+        .arg(&target_dir)
+        .env_remove("CARGO_ENCODED_RUSTFLAGS")
+        .env_remove("RUSTFLAGS")
+        .env_remove("CARGO_BUILD_TARGET")
+        .env_remove("CARGO_MAKEFLAGS")
+        .status()
+        .expect("run cargo for the wasm32-wasip2 component");
+    assert!(status.success(), "building the component failed; is the target installed? run: rustup target add wasm32-wasip2");
+    let out = target_dir.join("wasm32-wasip2/wasm");
+    println!("cargo:rustc-env=COMPONENT_WASM={}", out.join("boxd_component.wasm").display());
+    println!("cargo:rustc-env=PROBE_WASM={}", out.join("boxd_probe.wasm").display());
+}

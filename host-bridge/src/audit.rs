@@ -1,0 +1,245 @@
+//! What the plugin can touch, read from the real component, and what each call did touch.
+//!
+//! `reach` lists the component's imports and exports (from its own type, not a
+//! hard-coded list) beside the policy's programs and folders. The trace records every
+//! spawn (arguments with secrets masked, never stdin) and every path opened with its mode;
+//! `AuditLog` appends one JSON line per tool call.
+
+use std::fs::OpenOptions;
+use std::io::Write;
+use std::path::Path;
+
+use anyhow::Result;
+use serde::Serialize;
+use serde_json::{json, Value};
+use wasmtime::component::types::ComponentItem;
+use wasmtime::component::{Linker, Resource};
+use wasmtime::StoreContextMut;
+use wasmtime_wasi::p2::bindings::sync::filesystem::types::{self as fs, HostDescriptor};
+
+use crate::runtime::{HostState, Runtime};
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct SpawnRecord {
+    pub program: String,
+    pub args: Vec<String>,
+    pub exit_code: Option<i32>,
+    /// exited, not-allowed, not-found, timed-out or failed.
+    pub outcome: String,
+    pub duration_ms: u64,
+}
+
+#[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
+pub struct PathRecord {
+    pub path: String,
+    /// read, write, create, dir, mkdir, rename, unlink.
+    pub mode: String,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Trace {
+    pub spawns: Vec<SpawnRecord>,
+    pub paths: Vec<PathRecord>,
+}
+
+/// Mask values that look like credentials; the component never puts secrets in argv,
+/// and this keeps a mistake out of the log all the same.
+pub fn mask_args(args: &[String]) -> Vec<String> {
+    let secret_key = |k: &str| {
+        let k = k.to_ascii_uppercase();
+        ["TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD"].iter().any(|s| k.contains(s))
+    };
+    let mut out = Vec::with_capacity(args.len());
+    let mut mask_next = false;
+    for a in args {
+        if mask_next {
+            out.push("***".to_string());
+            mask_next = false;
+            continue;
+        }
+        if a == "--token" || a == "--password" {
+            mask_next = true;
+            out.push(a.clone());
+        } else if a.starts_with("bxd_") || a.starts_with("bxds_") {
+            out.push("***".into());
+        } else if let Some((k, _)) = a.split_once('=').filter(|(k, _)| secret_key(k)) {
+            out.push(format!("{k}=***"));
+        } else {
+            out.push(a.clone());
+        }
+    }
+    out
+}
+
+/// Shadow the filesystem functions that reach a path, so each is recorded before
+/// wasmtime-wasi (cap-std) performs or refuses it.
+pub fn trace_filesystem(linker: &mut Linker<HostState>) -> Result<()> {
+    linker.allow_shadowing(true);
+    {
+        let mut pre = linker.instance("wasi:filesystem/preopens@0.2.12")?;
+        pre.func_wrap("get-directories", |mut store: StoreContextMut<'_, HostState>, (): ()| {
+            let dirs = wasmtime_wasi::p2::bindings::filesystem::preopens::Host::get_directories(&mut store.data_mut().fs_view())?;
+            for (d, name) in &dirs {
+                store.data_mut().remember_preopen(d.rep(), name.clone());
+            }
+            Ok((dirs,))
+        })?;
+    }
+    let mut types = linker.instance("wasi:filesystem/types@0.2.12")?;
+    types.func_wrap(
+        "[method]descriptor.open-at",
+        |mut store: StoreContextMut<'_, HostState>, (fd, pf, path, of, df): (Resource<fs::Descriptor>, fs::PathFlags, String, fs::OpenFlags, fs::DescriptorFlags)| {
+            let base = fd.rep();
+            let r = HostDescriptor::open_at(&mut store.data_mut().fs_view(), fd, pf, path.clone(), of, df);
+            let mode = if of.contains(fs::OpenFlags::CREATE) {
+                "create"
+            } else if of.contains(fs::OpenFlags::DIRECTORY) {
+                "dir"
+            } else if df.contains(fs::DescriptorFlags::WRITE) {
+                "write"
+            } else {
+                "read"
+            };
+            let r = split(r)?;
+            match &r {
+                Ok(new) => store.data_mut().record_open(base, Some(new.rep()), &path, mode),
+                Err(e) => store.data_mut().record_open(base, None, &path, &format!("{mode} (refused: {e:?})")),
+            }
+            Ok((r,))
+        },
+    )?;
+    types.func_wrap("[method]descriptor.create-directory-at", |mut store: StoreContextMut<'_, HostState>, (fd, path): (Resource<fs::Descriptor>, String)| {
+        store.data_mut().record_open(fd.rep(), None, &path, "mkdir");
+        let r = HostDescriptor::create_directory_at(&mut store.data_mut().fs_view(), fd, path);
+        Ok((split(r)?,))
+    })?;
+    types.func_wrap("[method]descriptor.unlink-file-at", |mut store: StoreContextMut<'_, HostState>, (fd, path): (Resource<fs::Descriptor>, String)| {
+        store.data_mut().record_open(fd.rep(), None, &path, "unlink");
+        let r = HostDescriptor::unlink_file_at(&mut store.data_mut().fs_view(), fd, path);
+        Ok((split(r)?,))
+    })?;
+    types.func_wrap(
+        "[method]descriptor.rename-at",
+        |mut store: StoreContextMut<'_, HostState>, (fd, old, new_fd, new): (Resource<fs::Descriptor>, String, Resource<fs::Descriptor>, String)| {
+            store.data_mut().record_open(fd.rep(), None, &old, "rename-from");
+            store.data_mut().record_open(new_fd.rep(), None, &new, "rename-to");
+            let r = HostDescriptor::rename_at(&mut store.data_mut().fs_view(), fd, old, new_fd, new);
+            Ok((split(r)?,))
+        },
+    )?;
+    Ok(())
+}
+
+/// A filesystem result as the guest sees it: the error code, or a trap for a host bug.
+fn split<T, E>(r: Result<T, wasmtime_wasi::TrappableError<E>>) -> wasmtime::Result<Result<T, E>>
+where
+    E: std::error::Error + Send + Sync + 'static,
+{
+    match r {
+        Ok(v) => Ok(Ok(v)),
+        Err(e) => Ok(Err(e.downcast()?)),
+    }
+}
+
+/// The component's reach: imports and exports by interface, with their functions.
+pub fn reach(rt: &Runtime) -> Value {
+    let engine = rt.engine();
+    let ty = rt.component().component_type();
+    let list = |items: Vec<(String, ComponentItem)>| -> Vec<Value> {
+        items
+            .into_iter()
+            .map(|(name, item)| {
+                let funcs: Vec<String> = match &item {
+                    ComponentItem::ComponentInstance(inst) => inst
+                        .exports(engine)
+                        .filter(|(_, i)| matches!(i.ty, ComponentItem::ComponentFunc(_)))
+                        .map(|(n, _)| n.to_string())
+                        .collect(),
+                    _ => Vec::new(),
+                };
+                json!({ "name": name, "functions": funcs })
+            })
+            .collect()
+    };
+    let imports = list(ty.imports(engine).map(|(n, i)| (n.to_string(), i.ty)).collect());
+    let exports = list(ty.exports(engine).map(|(n, i)| (n.to_string(), i.ty)).collect());
+    let policy = rt.policy();
+    json!({
+        "component": { "sha256": rt.sha256, "bytes": rt.size },
+        "imports": imports,
+        "exports": exports,
+        "programs": policy.programs().iter().map(|(k, v)| json!({ "name": k, "path": v.display().to_string() })).collect::<Vec<_>>(),
+        "programsRefused": "every other name, and every path",
+        "paths": policy.preopens().iter().map(|p| json!({ "path": p.path.display().to_string(), "why": p.why, "mode": "read-write" })).collect::<Vec<_>>(),
+        "childEnvironment": policy.child_env().iter().map(|(k, _)| k.clone()).collect::<Vec<_>>(),
+        "denied": ["environment variables", "arguments", "stdin/stdout/stderr", "clocks", "random", "sockets and network", "any folder not listed"],
+    })
+}
+
+/// Human-readable form of `reach`.
+pub fn render(reach: &Value) -> String {
+    let mut s = String::new();
+    let c = &reach["component"];
+    s.push_str(&format!("component  sha256 {}  ({} bytes)\n", c["sha256"].as_str().unwrap_or(""), c["bytes"]));
+    for (title, key) in [("imports", "imports"), ("exports", "exports")] {
+        s.push_str(&format!("{title}:\n"));
+        for i in reach[key].as_array().into_iter().flatten() {
+            let funcs: Vec<&str> = i["functions"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+            s.push_str(&format!("  {}\n", i["name"].as_str().unwrap_or("")));
+            if !funcs.is_empty() {
+                s.push_str(&format!("      {}\n", funcs.join(", ")));
+            }
+        }
+    }
+    s.push_str("programs it may run (by name; everything else is refused):\n");
+    for p in reach["programs"].as_array().into_iter().flatten() {
+        s.push_str(&format!("  {:<9} -> {}\n", p["name"].as_str().unwrap_or(""), p["path"].as_str().unwrap_or("")));
+    }
+    s.push_str("folders it may touch (nothing else):\n");
+    for p in reach["paths"].as_array().into_iter().flatten() {
+        s.push_str(&format!("  {:<9} {} ({})\n", p["why"].as_str().unwrap_or(""), p["path"].as_str().unwrap_or(""), p["mode"].as_str().unwrap_or("")));
+    }
+    let env: Vec<&str> = reach["childEnvironment"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+    s.push_str(&format!("child processes get only: {}\n", env.join(" ")));
+    let denied: Vec<&str> = reach["denied"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+    s.push_str(&format!("denied to the component: {}\n", denied.join(", ")));
+    s
+}
+
+/// One JSON line per tool call, appended to `--audit-log FILE`.
+pub struct AuditLog {
+    file: Option<std::fs::File>,
+}
+
+impl AuditLog {
+    pub fn open(path: Option<&Path>) -> Result<AuditLog> {
+        let file = match path {
+            Some(p) => Some(OpenOptions::new().create(true).append(true).open(p)?),
+            None => None,
+        };
+        Ok(AuditLog { file })
+    }
+
+    pub fn record(&mut self, tool: &str, duration_ms: u64, result: &std::result::Result<(), String>, trace: &Trace) {
+        let Some(f) = &mut self.file else { return };
+        let line = json!({
+            "tool": tool,
+            "duration_ms": duration_ms,
+            "result": match result { Ok(()) => json!("ok"), Err(code) => json!({ "error": code }) },
+            "spawns": trace.spawns,
+            "paths": trace.paths,
+        });
+        let _ = writeln!(f, "{line}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secrets_are_masked() {
+        let args: Vec<String> = ["machine", "exec", "-e", "API_KEY=abc", "--token", "t0k", "bxd_123", "plain=1"].iter().map(|s| s.to_string()).collect();
+        assert_eq!(mask_args(&args), ["machine", "exec", "-e", "API_KEY=***", "--token", "***", "***", "plain=1"]);
+    }
+}

@@ -1,0 +1,232 @@
+//! The `boxd-host` command line: flags → policy and context, then one command.
+//! Exit codes: 0 ok, 1 the tool returned an error, 2 usage or host failure.
+
+use std::path::{Path, PathBuf};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{bail, Context as _, Result};
+use serde_json::{json, Value};
+
+use crate::audit::{self, AuditLog};
+use crate::policy::Policy;
+use crate::runtime::{CallContext, Runtime};
+
+pub const USAGE: &str = "\
+boxd-host: run the opencode-boxd component outside OpenCode (unofficial; not affiliated with boxd)
+
+usage: boxd-host [FLAGS] <command>
+
+commands:
+  describe                 the manifest (tools, schemas, read/change), as JSON
+  call TOOL [ARGS_JSON]    one tool call; prints its JSON result; on a tool error prints
+                           {\"error\",\"message\",\"next\"} and exits 1
+  audit [--json]           what the plugin can touch: the component's imports and exports,
+                           the programs it may run and the folders it may open
+
+flags:
+  --component PATH   the component (default: the one built into this binary)
+  --project DIR      the project folder (default: the current directory)
+  --ledger DIR       the ledger folder (default: ~/.local/share/opencode-boxd)
+  --boxd PATH        the boxd CLI (default: boxd on PATH)
+  --opencode PATH    the laptop's opencode (default: opencode on PATH)
+  --allow-root DIR   another folder the plugin may read and write (repeatable)
+  --options JSON     plugin options, as in opencode.json (see docs/configuration.md)
+  --audit-log FILE   append one JSON line per tool call: spawns and paths it touched
+  --no-cache         do not use the compiled-component cache
+  -h, --help         this text;  -V, --version  the version
+
+exit codes: 0 ok, 1 the tool returned an error, 2 usage or host failure
+";
+
+#[derive(Debug, Default)]
+pub struct Flags {
+    pub component: Option<PathBuf>,
+    pub project: Option<PathBuf>,
+    pub ledger: Option<PathBuf>,
+    pub boxd: Option<PathBuf>,
+    pub opencode: Option<PathBuf>,
+    pub allow_roots: Vec<PathBuf>,
+    pub options: Option<String>,
+    pub audit_log: Option<PathBuf>,
+    pub no_cache: bool,
+    pub command: Vec<String>,
+}
+
+pub enum Parsed {
+    Help,
+    Version,
+    Run(Flags),
+}
+
+pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Parsed> {
+    let mut f = Flags::default();
+    let mut it = args.into_iter();
+    while let Some(a) = it.next() {
+        let mut value = |name: &str| it.next().with_context(|| format!("{name} needs a value"));
+        match a.as_str() {
+            "-h" | "--help" if f.command.is_empty() => return Ok(Parsed::Help),
+            "-V" | "--version" if f.command.is_empty() => return Ok(Parsed::Version),
+            "--component" => f.component = Some(value("--component")?.into()),
+            "--project" => f.project = Some(value("--project")?.into()),
+            "--ledger" => f.ledger = Some(value("--ledger")?.into()),
+            "--boxd" => f.boxd = Some(value("--boxd")?.into()),
+            "--opencode" => f.opencode = Some(value("--opencode")?.into()),
+            "--allow-root" => f.allow_roots.push(value("--allow-root")?.into()),
+            "--options" => f.options = Some(value("--options")?),
+            "--audit-log" => f.audit_log = Some(value("--audit-log")?.into()),
+            "--no-cache" => f.no_cache = true,
+            s if s.starts_with("--") && f.command.is_empty() => bail!("unknown flag {s} (boxd-host --help lists them)"),
+            _ => f.command.push(a),
+        }
+    }
+    if f.command.is_empty() {
+        bail!("no command given (boxd-host --help lists them)");
+    }
+    Ok(Parsed::Run(f))
+}
+
+fn home() -> PathBuf {
+    std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/"))
+}
+
+fn data_dir() -> PathBuf {
+    std::env::var_os("XDG_DATA_HOME").map(PathBuf::from).unwrap_or_else(|| home().join(".local/share"))
+}
+
+fn cache_dir() -> PathBuf {
+    std::env::var_os("XDG_CACHE_HOME").map(PathBuf::from).unwrap_or_else(|| home().join(".cache")).join("opencode-boxd")
+}
+
+/// The ledger folder, created owner-only (WASI cannot set file modes, so the host does).
+fn ensure_private_dir(dir: &Path) -> Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    if !dir.exists() {
+        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).with_context(|| format!("cannot create the ledger folder {}", dir.display()))?;
+    }
+    let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700));
+    Ok(())
+}
+
+/// Everything a command needs: the loaded runtime and the call context.
+pub struct Host {
+    pub runtime: Runtime,
+    pub ctx: CallContext,
+    pub audit: AuditLog,
+}
+
+impl Host {
+    pub fn open(f: &Flags) -> Result<Host> {
+        let options: Value = match &f.options {
+            Some(s) => serde_json::from_str(s).context("--options is not valid JSON")?,
+            None => json!({}),
+        };
+        let project = std::fs::canonicalize(f.project.clone().unwrap_or_else(|| std::env::current_dir().unwrap_or_default()))
+            .context("the project folder does not exist")?;
+        let ledger = f
+            .ledger
+            .clone()
+            .or_else(|| options.get("ledgerDir").and_then(Value::as_str).map(PathBuf::from))
+            .unwrap_or_else(|| data_dir().join("opencode-boxd"));
+        ensure_private_dir(&ledger)?;
+        let ledger = std::fs::canonicalize(&ledger)?;
+
+        let path_var = std::env::var("PATH").ok();
+        let mut policy = Policy::new();
+        match &f.boxd {
+            Some(p) => policy.program("boxd", p)?,
+            None => policy.program_from_path("boxd", "boxd", path_var.as_deref())?,
+        };
+        match &f.opencode {
+            Some(p) => policy.program("opencode", p)?,
+            None => policy.program_from_path("opencode", "opencode", path_var.as_deref())?,
+        };
+        policy.preopen(&ledger, "ledger")?.preopen(&project, "project")?;
+        // Allowed roots come from the flags and from the options; both are granted.
+        let mut roots: Vec<PathBuf> = f.allow_roots.clone();
+        roots.extend(options.get("allowedRoots").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str).map(PathBuf::from));
+        let mut root_strings = Vec::new();
+        for r in &roots {
+            policy.preopen(r, "allowed")?;
+            root_strings.push(std::fs::canonicalize(r)?.display().to_string());
+        }
+        policy.child_env_from(std::env::vars());
+        let mut options = options;
+        if !root_strings.is_empty() {
+            options["allowedRoots"] = json!(root_strings);
+        }
+
+        let wasm = match &f.component {
+            Some(p) => std::fs::read(p).with_context(|| format!("cannot read the component {}", p.display()))?,
+            None => crate::COMPONENT.to_vec(),
+        };
+        let cache = (!f.no_cache).then(cache_dir);
+        let runtime = Runtime::load(&wasm, policy, cache.as_deref())?;
+        let ctx = CallContext {
+            host_name: "boxd-host".into(),
+            host_version: env!("CARGO_PKG_VERSION").into(),
+            options_json: options.to_string(),
+            project: project.display().to_string(),
+            ledger: ledger.display().to_string(),
+            session_id: None,
+            now_ms: 0,
+            // The command line is the user's approval of the call it names.
+            host_facts_json: json!({ "approved": true }).to_string(),
+        };
+        Ok(Host { runtime, ctx, audit: AuditLog::open(f.audit_log.as_deref())? })
+    }
+
+    /// One tool call with the audit line written; the tool's JSON or its error object.
+    pub fn call(&mut self, tool: &str, args: &str) -> Result<std::result::Result<Value, Value>> {
+        let mut ctx = self.ctx.clone();
+        ctx.now_ms = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
+        let started = Instant::now();
+        let (result, trace) = self.runtime.call(tool, args, &ctx)?;
+        let ms = started.elapsed().as_millis() as u64;
+        self.audit.record(tool, ms, &result.as_ref().map(drop).map_err(|e| e.code.clone()), &trace);
+        Ok(match result {
+            Ok(s) => Ok(serde_json::from_str(&s).unwrap_or(Value::String(s))),
+            Err(e) => Err(json!({ "error": e.code, "message": e.message, "next": e.next })),
+        })
+    }
+}
+
+/// Run a parsed command; returns the process exit code.
+pub fn run(f: Flags) -> Result<u8> {
+    let cmd = f.command[0].as_str();
+    match cmd {
+        "describe" => {
+            let host = Host::open(&f)?;
+            println!("{}", host.runtime.describe()?);
+            Ok(0)
+        }
+        "call" => {
+            let tool = f.command.get(1).context("call needs a tool name: boxd-host call boxd_status '{}'")?.clone();
+            let args = f.command.get(2).cloned().unwrap_or_else(|| "{}".into());
+            if f.command.len() > 3 {
+                bail!("call takes TOOL and one ARGS_JSON; quote the JSON as one argument");
+            }
+            let mut host = Host::open(&f)?;
+            match host.call(&tool, &args)? {
+                Ok(v) => {
+                    println!("{}", serde_json::to_string_pretty(&v)?);
+                    Ok(0)
+                }
+                Err(e) => {
+                    println!("{}", serde_json::to_string_pretty(&e)?);
+                    Ok(1)
+                }
+            }
+        }
+        "audit" => {
+            let host = Host::open(&f)?;
+            let reach = audit::reach(&host.runtime);
+            if f.command.iter().any(|a| a == "--json") {
+                println!("{}", serde_json::to_string_pretty(&reach)?);
+            } else {
+                print!("{}", audit::render(&reach));
+            }
+            Ok(0)
+        }
+        other => bail!("unknown command '{other}' (boxd-host --help lists them)"),
+    }
+}

@@ -1,0 +1,153 @@
+//! The policy: which programs the component may run (name → absolute binary), which
+//! folders it may touch (the preopens), and what environment a child gets. Built once,
+//! deny by default, shared by every Rust host (and mirrored by the JS bridge). A grant
+//! exists only because a builder call made it; `audit` prints every one.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context as _, Result};
+
+/// The program names the component may ask for. Any other name is refused.
+pub const PROGRAM_NAMES: &[&str] = &["boxd", "opencode"];
+
+/// Variables a child may inherit from the host's environment, and nothing else: what the
+/// boxd CLI and OpenCode need to find their own config and data.
+pub const CHILD_ENV: &[&str] = &[
+    "PATH", "HOME", "USER", "LANG", "LC_ALL", "TMPDIR", "TZ",
+    "XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_CACHE_HOME", "XDG_STATE_HOME",
+    "BOXD_TOKEN", "BOXD_API_KEY", "BOXD_BASE_URL",
+    "BOXD_LOCAL_HOME", "BOXD_LOCAL_FAULTS", "BOXD_LOCAL_NOISE",
+    "OPENCODE_DISABLE_MODELS_FETCH", "OPENCODE_DISABLE_AUTOUPDATE", "OPENCODE_CONFIG", "OPENCODE_DB",
+];
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Preopen {
+    /// Canonical host folder; the component sees it at the same path.
+    pub path: PathBuf,
+    pub why: &'static str,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Policy {
+    programs: BTreeMap<String, PathBuf>,
+    preopens: Vec<Preopen>,
+    child_env: Vec<(String, String)>,
+}
+
+/// Why a spawn was refused, naming the grant that is missing.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Refusal {
+    NotAllowed(String),
+    CwdOutside(String),
+}
+
+impl Policy {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Grant `name` (one of PROGRAM_NAMES) as the binary at `path`.
+    pub fn program(&mut self, name: &str, path: &Path) -> Result<&mut Self> {
+        if !PROGRAM_NAMES.contains(&name) {
+            bail!("'{name}' is not a program the plugin uses (only {})", PROGRAM_NAMES.join(", "));
+        }
+        let abs = std::fs::canonicalize(path).with_context(|| format!("{name}: {} does not exist", path.display()))?;
+        self.programs.insert(name.to_string(), abs);
+        Ok(self)
+    }
+
+    /// Grant `name` as the first executable called `binary` on `path_var`, if there is one.
+    pub fn program_from_path(&mut self, name: &str, binary: &str, path_var: Option<&str>) -> Result<&mut Self> {
+        if let Some(found) = find_on_path(binary, path_var) {
+            self.program(name, &found)?;
+        }
+        Ok(self)
+    }
+
+    /// Preopen a folder read-write at its own canonical path.
+    pub fn preopen(&mut self, dir: &Path, why: &'static str) -> Result<&mut Self> {
+        let abs = std::fs::canonicalize(dir).with_context(|| format!("{why} folder {} does not exist", dir.display()))?;
+        if !abs.is_dir() {
+            bail!("{why} {} is not a folder", abs.display());
+        }
+        if !self.preopens.iter().any(|p| p.path == abs) {
+            self.preopens.push(Preopen { path: abs, why });
+        }
+        Ok(self)
+    }
+
+    /// Pass the allow-listed variables of `vars` to children.
+    pub fn child_env_from(&mut self, vars: impl IntoIterator<Item = (String, String)>) -> &mut Self {
+        self.child_env = vars.into_iter().filter(|(k, _)| CHILD_ENV.contains(&k.as_str())).collect();
+        self.child_env.sort();
+        self
+    }
+
+    pub fn programs(&self) -> &BTreeMap<String, PathBuf> {
+        &self.programs
+    }
+
+    pub fn preopens(&self) -> &[Preopen] {
+        &self.preopens
+    }
+
+    pub fn child_env(&self) -> &[(String, String)] {
+        &self.child_env
+    }
+
+    /// The binary for a program name, or the refusal naming the missing grant.
+    pub fn allows(&self, program: &str) -> Result<&Path, Refusal> {
+        match self.programs.get(program) {
+            Some(p) => Ok(p),
+            None => Err(Refusal::NotAllowed(if PROGRAM_NAMES.contains(&program) {
+                format!("{program}: not found on this host (give --{program} PATH or put it on PATH)")
+            } else {
+                format!("{program}: not in the host's policy (allowed: {})", PROGRAM_NAMES.join(", "))
+            })),
+        }
+    }
+
+    /// A child's working directory must lie inside a preopen.
+    pub fn allows_cwd(&self, cwd: &str) -> Result<PathBuf, Refusal> {
+        let p = std::fs::canonicalize(cwd).map_err(|_| Refusal::CwdOutside(format!("{cwd} does not exist")))?;
+        if self.preopens.iter().any(|o| p.starts_with(&o.path)) {
+            Ok(p)
+        } else {
+            Err(Refusal::CwdOutside(format!("{cwd} is outside the preopened folders")))
+        }
+    }
+}
+
+pub fn find_on_path(binary: &str, path_var: Option<&str>) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    path_var?.split(':').filter(|d| !d.is_empty()).map(|d| Path::new(d).join(binary)).find(|p| {
+        p.metadata().map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn allows_table() {
+        let dir = std::env::temp_dir();
+        let mut p = Policy::new();
+        p.program("boxd", Path::new("/bin/sh")).unwrap().preopen(&dir, "project").unwrap();
+        assert!(p.allows("boxd").is_ok());
+        for name in ["opencode", "sh", "/bin/sh", "boxd ", "BOXD", "../boxd", ""] {
+            assert!(matches!(p.allows(name), Err(Refusal::NotAllowed(_))), "{name:?}");
+        }
+        assert!(p.program("sh", Path::new("/bin/sh")).is_err(), "only the plugin's program names can be granted");
+        assert!(p.allows_cwd(dir.to_str().unwrap()).is_ok());
+        assert!(matches!(p.allows_cwd("/"), Err(Refusal::CwdOutside(_))));
+    }
+
+    #[test]
+    fn child_env_is_an_allow_list() {
+        let mut p = Policy::new();
+        p.child_env_from([("PATH".into(), "/bin".into()), ("AWS_SECRET_ACCESS_KEY".into(), "x".into()), ("HOME".into(), "/h".into())]);
+        assert_eq!(p.child_env(), [("HOME".to_string(), "/h".to_string()), ("PATH".to_string(), "/bin".to_string())]);
+    }
+}

@@ -1,0 +1,239 @@
+//! The runtime: one engine, the component compiled once (and cached on disk, keyed by
+//! the component's sha256 and the engine's compatibility hash), a linker that provides
+//! exactly the granted imports, and a fresh instance per call.
+
+use std::collections::BTreeMap;
+use std::hash::{Hash, Hasher};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result};
+use sha2::{Digest, Sha256};
+use wasmtime::component::{Component, HasSelf, Linker, ResourceTable};
+use wasmtime::{Config, Engine, Store};
+use wasmtime_wasi::filesystem::{WasiFilesystem, WasiFilesystemView};
+use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxView, WasiView};
+
+use crate::audit::{mask_args, PathRecord, SpawnRecord, Trace};
+use crate::policy::{Policy, Refusal};
+use crate::spawn::{self, SpawnFailure};
+
+wasmtime::component::bindgen!({
+    world: "plugin",
+    path: "../wit",
+    with: {
+        "wasi:filesystem/types": wasmtime_wasi::p2::bindings::sync::filesystem::types,
+        "wasi:filesystem/preopens": wasmtime_wasi::p2::bindings::filesystem::preopens,
+        "wasi:io": wasmtime_wasi::p2::bindings::sync::io,
+        "wasi:clocks": wasmtime_wasi::p2::bindings::clocks,
+    },
+});
+
+pub use exports::boxd::plugin::tools::ToolError;
+use boxd::plugin::spawn as wit_spawn;
+
+/// What a host knows about one call; becomes the WIT `context`.
+#[derive(Clone, Debug, Default)]
+pub struct CallContext {
+    pub host_name: String,
+    pub host_version: String,
+    pub options_json: String,
+    pub project: String,
+    pub ledger: String,
+    pub session_id: Option<String>,
+    pub now_ms: u64,
+    pub host_facts_json: String,
+}
+
+pub struct HostState {
+    wasi: WasiCtx,
+    table: ResourceTable,
+    policy: Arc<Policy>,
+    trace: Trace,
+    /// Descriptor handle → the path it names, so opens are logged as absolute paths.
+    fds: BTreeMap<u32, String>,
+}
+
+impl WasiView for HostState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView { ctx: &mut self.wasi, table: &mut self.table }
+    }
+}
+
+impl wit_spawn::Host for HostState {
+    fn run(&mut self, r: wit_spawn::Request) -> std::result::Result<wit_spawn::Output, wit_spawn::Error> {
+        let started = Instant::now();
+        let mut record = SpawnRecord { program: r.program.clone(), args: mask_args(&r.args), exit_code: None, outcome: String::new(), duration_ms: 0 };
+        let result = self.spawn(&r);
+        record.duration_ms = started.elapsed().as_millis() as u64;
+        record.outcome = match &result {
+            Ok(o) => {
+                record.exit_code = o.exit_code;
+                "exited".into()
+            }
+            Err(wit_spawn::Error::NotAllowed(_)) => "not-allowed".into(),
+            Err(wit_spawn::Error::NotFound(_)) => "not-found".into(),
+            Err(wit_spawn::Error::TimedOut) => "timed-out".into(),
+            Err(wit_spawn::Error::Failed(_)) => "failed".into(),
+        };
+        self.trace.spawns.push(record);
+        result
+    }
+}
+
+impl HostState {
+    fn spawn(&mut self, r: &wit_spawn::Request) -> std::result::Result<wit_spawn::Output, wit_spawn::Error> {
+        let refused = |(Refusal::NotAllowed(m) | Refusal::CwdOutside(m))| wit_spawn::Error::NotAllowed(m);
+        let binary = self.policy.allows(&r.program).map_err(refused)?;
+        let cwd = match &r.cwd {
+            Some(c) => Some(self.policy.allows_cwd(c).map_err(refused)?),
+            None => None,
+        };
+        let mut env: Vec<(String, String)> = self.policy.child_env().to_vec();
+        env.extend(r.env.iter().cloned());
+        let out = spawn::run(spawn::Spawn {
+            binary,
+            args: &r.args,
+            env: &env,
+            cwd: cwd.as_deref(),
+            stdin: r.stdin.as_deref(),
+            timeout: Duration::from_millis(r.timeout_ms.max(1).into()),
+        });
+        match out {
+            Ok(o) => Ok(wit_spawn::Output { exit_code: o.exit_code, stdout: o.stdout, stderr: o.stderr }),
+            Err(SpawnFailure::NotFound(m)) => Err(wit_spawn::Error::NotFound(m)),
+            Err(SpawnFailure::TimedOut) => Err(wit_spawn::Error::TimedOut),
+            Err(SpawnFailure::Failed(m)) => Err(wit_spawn::Error::Failed(m)),
+        }
+    }
+}
+
+pub struct Runtime {
+    engine: Engine,
+    component: Component,
+    pre: PluginPre<HostState>,
+    policy: Arc<Policy>,
+    pub sha256: String,
+    pub size: usize,
+    /// Whether this start compiled the component (false: loaded from the cache).
+    pub compiled: bool,
+}
+
+impl Runtime {
+    /// Load `wasm` under `policy`, compiling it or reusing the compiled copy in `cache`.
+    pub fn load(wasm: &[u8], policy: Policy, cache: Option<&Path>) -> Result<Runtime> {
+        let mut config = Config::new();
+        config.wasm_component_model(true);
+        let engine = Engine::new(&config)?;
+        let sha256 = hex(&Sha256::digest(wasm));
+        let (component, compiled) = compile_cached(&engine, wasm, &sha256, cache)?;
+        let mut linker = Linker::<HostState>::new(&engine);
+        // Exactly the granted imports: our spawn, and wasi:filesystem (types, preopens).
+        wit_spawn::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |s| s)?;
+        wasmtime_wasi::p2::bindings::sync::filesystem::types::add_to_linker::<HostState, WasiFilesystem>(&mut linker, <HostState as WasiFilesystemView>::filesystem)?;
+        wasmtime_wasi::p2::bindings::filesystem::preopens::add_to_linker::<HostState, WasiFilesystem>(&mut linker, <HostState as WasiFilesystemView>::filesystem)?;
+        crate::audit::trace_filesystem(&mut linker)?;
+        let pre = linker
+            .instantiate_pre(&component)
+            .map_err(|e| anyhow::anyhow!("the component asks for an import this host does not grant: {e}"))?;
+        let pre = PluginPre::new(pre)?;
+        Ok(Runtime { engine, component, pre, policy: Arc::new(policy), sha256, size: wasm.len(), compiled })
+    }
+
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    pub fn component(&self) -> &Component {
+        &self.component
+    }
+
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    fn store(&self) -> Result<Store<HostState>> {
+        let mut b = WasiCtx::builder();
+        // Deny by default: no env, args, stdio or network; only the policy's folders.
+        b.allow_blocking_current_thread(true);
+        for p in self.policy.preopens() {
+            let guest = p.path.to_str().context("preopen paths must be UTF-8")?;
+            b.preopened_dir(&p.path, guest, FsPerms::ReadWrite)?;
+        }
+        Ok(Store::new(&self.engine, HostState { wasi: b.build(), table: ResourceTable::new(), policy: self.policy.clone(), trace: Trace::default(), fds: BTreeMap::new() }))
+    }
+
+    pub fn describe(&self) -> Result<String> {
+        let mut store = self.store()?;
+        let plugin = self.pre.instantiate(&mut store)?;
+        plugin.boxd_plugin_tools().call_describe(&mut store).map_err(Into::into)
+    }
+
+    /// One tool call in a fresh instance. The outer error is a host failure (a trap); the
+    /// inner one is the tool's own `{code, message, next}`.
+    pub fn call(&self, tool: &str, args: &str, ctx: &CallContext) -> Result<(std::result::Result<String, ToolError>, Trace)> {
+        let mut store = self.store()?;
+        let plugin = self.pre.instantiate(&mut store)?;
+        let wit_ctx = exports::boxd::plugin::tools::Context {
+            host_name: ctx.host_name.clone(),
+            host_version: ctx.host_version.clone(),
+            options_json: ctx.options_json.clone(),
+            project: ctx.project.clone(),
+            ledger: ctx.ledger.clone(),
+            session_id: ctx.session_id.clone(),
+            now_ms: ctx.now_ms,
+            host_facts_json: ctx.host_facts_json.clone(),
+        };
+        let result = plugin.boxd_plugin_tools().call_call(&mut store, tool, args, &wit_ctx)?;
+        Ok((result, std::mem::take(&mut store.data_mut().trace)))
+    }
+}
+
+/// Handle bookkeeping for the filesystem trace (see audit::trace_filesystem).
+impl HostState {
+    pub(crate) fn record_open(&mut self, base: u32, new: Option<u32>, path: &str, mode: &str) {
+        let base_path = self.fds.get(&base).cloned().unwrap_or_else(|| format!("<descriptor {base}>"));
+        let full = if path.is_empty() || path == "." { base_path } else { format!("{}/{}", base_path.trim_end_matches('/'), path) };
+        if let Some(n) = new {
+            self.fds.insert(n, full.clone());
+        }
+        self.trace.paths.push(PathRecord { path: full, mode: mode.to_string() });
+    }
+
+    pub(crate) fn remember_preopen(&mut self, rep: u32, path: String) {
+        self.fds.insert(rep, path);
+    }
+
+    pub(crate) fn fs_view(&mut self) -> wasmtime_wasi::filesystem::WasiFilesystemCtxView<'_> {
+        <Self as WasiFilesystemView>::filesystem(self)
+    }
+}
+
+fn compile_cached(engine: &Engine, wasm: &[u8], sha256: &str, cache: Option<&Path>) -> Result<(Component, bool)> {
+    let Some(dir) = cache else {
+        return Ok((Component::new(engine, wasm)?, true));
+    };
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    engine.precompile_compatibility_hash().hash(&mut h);
+    let file: PathBuf = dir.join(format!("{}-{:016x}.cwasm", &sha256[..16], h.finish()));
+    if file.exists() {
+        // SAFETY: the file was written by `precompile_component` of an engine with the same
+        // compatibility hash (it is in the name) for the wasm with this sha256.
+        if let Ok(c) = unsafe { Component::deserialize_file(engine, &file) } {
+            return Ok((c, false));
+        }
+    }
+    let bytes = engine.precompile_component(wasm)?;
+    std::fs::create_dir_all(dir).ok();
+    let tmp = file.with_extension(format!("tmp{}", std::process::id()));
+    if std::fs::write(&tmp, &bytes).is_ok() {
+        let _ = std::fs::rename(&tmp, &file);
+    }
+    // SAFETY: these bytes were produced just now by this engine.
+    Ok((unsafe { Component::deserialize(engine, &bytes)? }, true))
+}
+
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}

@@ -1,0 +1,112 @@
+//! The probe's tools. `call(tool, arg)` runs one attempt and returns what the host said:
+//!   spawn     arg = program name          → "ok exit=N" | "not-allowed: …" | …
+//!   read      arg = "<preopen>|<path>"    → "ok N bytes" | "err <code>"
+//!   write     arg = "<preopen>|<path>"    → "ok" | "err <code>"
+//!   preopens  → the preopen names, one per line
+
+extern crate alloc;
+
+use alloc::format;
+use alloc::string::{String, ToString};
+use alloc::vec::Vec;
+
+wit_bindgen::generate!({ world: "plugin", path: "../../wit", generate_all });
+
+use boxd::plugin::spawn;
+use exports::boxd::plugin::tools::{Context, Guest, ToolError};
+use wasi::filesystem::preopens::get_directories;
+use wasi::filesystem::types::{DescriptorFlags, OpenFlags, PathFlags};
+
+struct Probe;
+
+fn fail(m: String) -> ToolError {
+    ToolError { code: "PROBE".into(), message: m, next: String::new() }
+}
+
+impl Guest for Probe {
+    fn describe() -> String {
+        "{\"plugin\":\"boxd-probe\",\"tools\":[]}".into()
+    }
+
+    fn call(tool: String, arg: String, _ctx: Context) -> Result<String, ToolError> {
+        match tool.as_str() {
+            "spawn" => {
+                let req = spawn::Request { program: arg, args: Vec::new(), stdin: None, env: Vec::new(), cwd: None, timeout_ms: 5000 };
+                Ok(match spawn::run(&req) {
+                    Ok(o) => format!("ok exit={:?}", o.exit_code),
+                    Err(spawn::Error::NotAllowed(m)) => format!("not-allowed: {m}"),
+                    Err(spawn::Error::NotFound(m)) => format!("not-found: {m}"),
+                    Err(spawn::Error::TimedOut) => "timed-out".into(),
+                    Err(spawn::Error::Failed(m)) => format!("failed: {m}"),
+                })
+            }
+            "preopens" => Ok(get_directories().into_iter().map(|(_, n)| n).collect::<Vec<_>>().join("\n")),
+            "read" | "write" => {
+                let (root, path) = arg.split_once('|').ok_or_else(|| fail("arg is <preopen>|<path>".into()))?;
+                let dirs = get_directories();
+                let Some((dir, _)) = dirs.iter().find(|(_, n)| n == root) else {
+                    return Ok(format!("err no preopen {root}"));
+                };
+                let (oflags, dflags) = if tool == "write" {
+                    (OpenFlags::CREATE | OpenFlags::TRUNCATE, DescriptorFlags::WRITE)
+                } else {
+                    (OpenFlags::empty(), DescriptorFlags::READ)
+                };
+                // Follow symlinks here on purpose: the host must still keep us inside.
+                match dir.open_at(PathFlags::SYMLINK_FOLLOW, path, oflags, dflags) {
+                    Ok(fd) if tool == "write" => match fd.write(b"probe", 0) {
+                        Ok(_) => Ok("ok".to_string()),
+                        Err(e) => Ok(format!("err {e:?}")),
+                    },
+                    Ok(fd) => match fd.read(1 << 16, 0) {
+                        Ok((bytes, _)) => Ok(format!("ok {} bytes", bytes.len())),
+                        Err(e) => Ok(format!("err {e:?}")),
+                    },
+                    Err(e) => Ok(format!("err {e:?}")),
+                }
+            }
+            other => Err(fail(format!("unknown probe {other}"))),
+        }
+    }
+}
+
+export!(Probe);
+
+#[global_allocator]
+static ALLOC: dlmalloc::GlobalDlmalloc = dlmalloc::GlobalDlmalloc;
+
+#[panic_handler]
+fn panic(_: &core::panic::PanicInfo) -> ! {
+    core::arch::wasm32::unreachable()
+}
+
+#[unsafe(no_mangle)]
+unsafe extern "C" fn cabi_realloc(old: *mut u8, old_len: usize, align: usize, new_len: usize) -> *mut u8 {
+    use alloc::alloc::{alloc, realloc, Layout};
+    if new_len == 0 {
+        return align as *mut u8;
+    }
+    unsafe {
+        if old_len == 0 {
+            alloc(Layout::from_size_align_unchecked(new_len, align))
+        } else {
+            realloc(old, Layout::from_size_align_unchecked(old_len, align), new_len)
+        }
+    }
+}
+
+#[unsafe(no_mangle)]
+unsafe extern "C" fn memcmp(a: *const u8, b: *const u8, n: usize) -> i32 {
+    for i in 0..n {
+        let (x, y) = unsafe { (*a.add(i), *b.add(i)) };
+        if x != y {
+            return x as i32 - y as i32;
+        }
+    }
+    0
+}
+
+#[unsafe(no_mangle)]
+unsafe extern "C" fn bcmp(a: *const u8, b: *const u8, n: usize) -> i32 {
+    unsafe { memcmp(a, b, n) }
+}
