@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Install what a fresh machine lacks to build and test opencode-boxd, then stop.
+# Idempotent and quiet when everything is present. Used by the README's commands and by .ci/run.
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+
+say() { printf 'bootstrap: %s\n' "$*" >&2; }
+
+command -v cargo >/dev/null || { say "cargo is missing: install Rust 1.95 with rustup (https://rustup.rs)"; exit 1; }
+if ! rustup target list --installed 2>/dev/null | grep -qx wasm32-wasip2; then
+  say "adding the wasm32-wasip2 target"
+  rustup target add wasm32-wasip2
+fi
+
+command -v node >/dev/null || { say "node (>= 20) is missing: it runs the pinned OpenCode the tests use"; exit 1; }
+command -v python3 >/dev/null || { say "python3 is missing: the guest helper runs on it"; exit 1; }
+command -v git >/dev/null || { say "git is missing"; exit 1; }
+
+# The real OpenCode from npm, pinned in tests/package.json (guest and laptop in the tests).
+want=$(node -e 'console.log(require(process.argv[1]).dependencies["opencode-ai"])' "$here/tests/package.json")
+have=$("$here/tests/node_modules/.bin/opencode" --version 2>/dev/null || true)
+if [ "$have" != "$want" ]; then
+  say "installing opencode-ai@$want into tests/node_modules"
+  (cd "$here/tests" && npm install --no-fund --no-audit --loglevel=error)
+  # npm may skip the package's postinstall, which links the platform binary into place.
+  "$here/tests/node_modules/.bin/opencode" --version >/dev/null 2>&1 \
+    || (cd "$here/tests/node_modules/opencode-ai" && node postinstall.mjs)
+fi

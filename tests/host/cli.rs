@@ -1,0 +1,89 @@
+//! The command line end to end: `boxd-host call` against the boxd-local provider.
+
+use crate::common::*;
+
+#[test]
+fn status_reports_sign_in_zero_works_and_a_next_step() {
+    let laptop = Laptop::new("status");
+    let out = laptop.host(&["call", "boxd_status", "{}"]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let v = stdout_json(&out);
+    assert_eq!(v["boxd"]["cli"], "signed in");
+    assert_eq!(v["works"].as_array().unwrap().len(), 0);
+    assert_eq!(v["snapshot"]["present"], false);
+    assert!(v["next"].as_str().unwrap().contains("golden"), "{}", v["next"]);
+    // One listing and one snapshot listing: nothing else.
+    assert_eq!(laptop.boxd_calls(), [["machine", "list", "--json"], ["snapshots", "list", "--json"]]);
+
+    assert!(laptop.boxd(&["auth", "logout"]).status.success());
+    let v = stdout_json(&laptop.host(&["call", "boxd_status"]));
+    assert_eq!(v["boxd"]["cli"], "not signed in");
+    assert!(v["boxd"]["reason"].as_str().unwrap().contains("not logged in"));
+    assert_eq!(v["next"], "Run 'boxd auth login' on this laptop, then boxd_status again.");
+}
+
+#[test]
+fn a_missing_boxd_cli_is_named_in_status() {
+    let laptop = Laptop::new("nocli");
+    let out = std::process::Command::new(boxd_host())
+        .args(["--project", laptop.project.to_str().unwrap(), "--ledger", laptop.ledger.to_str().unwrap(), "call", "boxd_status"])
+        .env("PATH", "/nonexistent")
+        .env("XDG_CACHE_HOME", cache_dir())
+        .output()
+        .unwrap();
+    let v = stdout_json(&out);
+    assert_eq!(v["boxd"]["cli"], "not reachable");
+    assert!(v["next"].as_str().unwrap().starts_with("Install the boxd CLI"));
+}
+
+#[test]
+fn unknown_tools_and_bad_arguments_are_clear_errors() {
+    let laptop = Laptop::new("badargs");
+    let out = laptop.host(&["call", "boxd_teleport", "{}"]);
+    assert_eq!(out.status.code(), Some(1));
+    let v = stdout_json(&out);
+    assert_eq!(v["error"], "TOOL_UNKNOWN");
+    assert!(v["message"].as_str().unwrap().contains("boxd_status"));
+
+    let v = stdout_json(&laptop.host(&["call", "boxd_ensure", r#"{"work": 42}"#]));
+    assert_eq!(v["error"], "ARGS_INVALID");
+    assert_eq!(v["message"], "argument 'work' must be a string");
+    let v = stdout_json(&laptop.host(&["call", "boxd_ensure", r#"{"wrok": "w1"}"#]));
+    assert_eq!(v["message"], "argument 'work' is required");
+    let v = stdout_json(&laptop.host(&["call", "boxd_ensure", "not json"]));
+    assert_eq!(v["error"], "ARGS_INVALID");
+    let v = stdout_json(&laptop.host(&["--options", r#"{"access":"never"}"#, "call", "boxd_status"]));
+    assert_eq!(v["error"], "OPTIONS_INVALID");
+    assert!(v["message"].as_str().unwrap().contains("'access'"));
+    // Nothing of the above reached boxd.
+    assert!(laptop.boxd_calls().is_empty());
+}
+
+#[test]
+fn usage_errors_exit_2_and_help_exits_0() {
+    let out = std::process::Command::new(boxd_host()).arg("--bogus").output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown flag --bogus"));
+    let out = std::process::Command::new(boxd_host()).arg("--help").output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("audit [--json]"));
+}
+
+#[test]
+fn the_audit_log_records_each_spawn_and_path() {
+    let laptop = Laptop::new("auditlog");
+    let log = laptop.scratch.0.join("audit.jsonl");
+    let out = laptop.host(&["--audit-log", log.to_str().unwrap(), "call", "boxd_status"]);
+    assert!(out.status.success());
+    let line: serde_json::Value = serde_json::from_str(std::fs::read_to_string(&log).unwrap().lines().next().unwrap()).unwrap();
+    assert_eq!(line["tool"], "boxd_status");
+    assert_eq!(line["result"], "ok");
+    let spawns = line["spawns"].as_array().unwrap();
+    assert_eq!(spawns.len(), 2);
+    assert_eq!(spawns[0]["program"], "boxd");
+    assert_eq!(spawns[0]["args"], serde_json::json!(["machine", "list", "--json"]));
+    assert_eq!(spawns[0]["exit_code"], 0);
+    let paths = line["paths"].as_array().unwrap();
+    let works = format!("{}/works", laptop.ledger.display());
+    assert!(paths.iter().any(|p| p["path"] == works.as_str()), "{paths:?}");
+}

@@ -1,0 +1,8 @@
+//! Integration tests of the wasmtime host (`boxd-host`), run against the real component
+//! and the real boxd-local provider. Themes: the import list, confinement through a real
+//! probe guest, and the command line.
+
+mod common;
+mod confinement;
+mod imports;
+mod cli;
