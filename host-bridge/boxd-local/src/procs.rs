@@ -1,0 +1,119 @@
+//! A machine's processes. Every process an exec starts carries `BOXD_LOCAL_MACHINE=<id>`
+//! and hands it on to its children, so scanning `/proc/*/environ` finds them all — including
+//! `setsid`/`nohup` background jobs that outlive the exec, as they do on real boxd. A process
+//! that wipes its own environment (`env -i …`) escapes the scan; this is not isolation.
+//! Linux only: elsewhere the scan finds nothing (documented in docs/boxd-local.md).
+
+use crate::store::Session;
+use std::time::{Duration, Instant};
+
+pub const MARKER: &str = "BOXD_LOCAL_MACHINE";
+
+/// Pids whose initial environment holds this machine's marker (never our own pid).
+#[cfg(target_os = "linux")]
+pub fn pids_of(id: &str) -> Vec<i32> {
+    let needle = format!("{MARKER}={id}").into_bytes();
+    let me = std::process::id() as i32;
+    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
+    let mut pids = Vec::new();
+    for entry in dir.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        if pid == me {
+            continue;
+        }
+        // Other users' processes and zombies read as errors or empty: not ours.
+        let Ok(env) = std::fs::read(format!("/proc/{pid}/environ")) else { continue };
+        if env.split(|b| *b == 0).any(|kv| kv == needle.as_slice()) {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+#[cfg(not(target_os = "linux"))]
+pub fn pids_of(_id: &str) -> Vec<i32> {
+    Vec::new()
+}
+
+/// (state letter, start time in clock ticks) from `/proc/PID/stat`.
+#[cfg(target_os = "linux")]
+fn stat(pid: i32) -> Option<(char, u64)> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name is in parentheses and may hold spaces: parse after the last ')'.
+    let rest = s.get(s.rfind(')')? + 2..)?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let state = fields.first()?.chars().next()?;
+    let start = fields.get(19)?.parse().ok()?;
+    Some((state, start))
+}
+
+#[cfg(not(target_os = "linux"))]
+fn stat(pid: i32) -> Option<(char, u64)> {
+    // SAFETY: signal 0 only checks that the pid exists.
+    (unsafe { libc::kill(pid, 0) } == 0).then_some(('R', 0))
+}
+
+pub fn run_state(pid: i32) -> Option<char> {
+    stat(pid).map(|(s, _)| s)
+}
+
+/// This invocation as an exec/cp session the idle sweep can check for liveness.
+pub fn self_session() -> Session {
+    let pid = std::process::id() as i32;
+    Session { pid, start: stat(pid).map(|(_, t)| t).unwrap_or(0) }
+}
+
+pub fn session_alive(s: &Session) -> bool {
+    matches!(stat(s.pid), Some((state, start)) if start == s.start && state != 'Z')
+}
+
+fn signal(pid: i32, sig: i32) {
+    // SAFETY: plain kill(2); a vanished pid just returns ESRCH.
+    unsafe {
+        libc::kill(pid, sig);
+    }
+}
+
+/// SIGKILL every process of the machine, rescanning until none is left (children forked
+/// between scans are caught by the next one). Stopped processes die too.
+pub fn kill_all(id: &str) {
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        let pids = pids_of(id);
+        if pids.is_empty() || Instant::now() > deadline {
+            return;
+        }
+        for pid in pids {
+            signal(pid, libc::SIGKILL);
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// SIGSTOP every process of the machine until all show state `T` (pause, hibernate).
+pub fn stop_all(id: &str) {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        let running: Vec<i32> = pids_of(id)
+            .into_iter()
+            .filter(|p| !matches!(run_state(*p), Some('T' | 't' | 'Z') | None))
+            .collect();
+        if running.is_empty() || Instant::now() > deadline {
+            return;
+        }
+        for pid in running {
+            signal(pid, libc::SIGSTOP);
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// SIGCONT every process of the machine (resume, wake). Stopped processes cannot fork,
+/// so one pass reaches them all.
+pub fn cont_all(id: &str) {
+    for pid in pids_of(id) {
+        signal(pid, libc::SIGCONT);
+    }
+}
