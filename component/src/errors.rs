@@ -17,6 +17,11 @@ macro_rules! codes {
                 match self { $(Code::$variant => $code,)* }
             }
 
+            /// The code for its documented name (helpers on the guest report by name).
+            pub fn parse(name: &str) -> Option<Code> {
+                match name { $($code => Some(Code::$variant),)* _ => None }
+            }
+
             /// The default next step; a tool may give a more specific one.
             pub fn next(self) -> &'static str {
                 match self { $(Code::$variant => $next,)* }
@@ -66,6 +71,10 @@ codes! {
     ArgsInvalid = "ARGS_INVALID" => "Fix the named argument to match the tool's JSON Schema, then call again.";
     AccessDenied = "ACCESS_DENIED" => "This plugin is set to access \"read-only\": set access to \"ask-changes\" or \"all\" in the plugin options to allow machine changes.";
     ApprovalRequired = "APPROVAL_REQUIRED" => "The plugin is set to access \"ask-changes\": the host must ask the user and pass the approval before this change runs.";
+    OpencodeMissing = "OPENCODE_MISSING" => "Install OpenCode on this laptop (or give the host its path), then call boxd_harvest again.";
+    ImportFailed = "IMPORT_FAILED" => "Read the laptop OpenCode's message above, fix it, then call boxd_harvest again; nothing was marked proven.";
+    ProofFailed = "PROOF_FAILED" => "Call boxd_harvest again: the laptop's copy did not match the guest's, so nothing was marked proven.";
+    MachineAsleep = "MACHINE_ASLEEP" => "Call boxd_resume for this work to wake its machine, then try again.";
     WorkUnknown = "WORK_UNKNOWN" => "Call boxd_ensure with this work id first (boxd_status lists the works the ledger knows).";
 }
 

@@ -47,9 +47,10 @@ pub struct Work {
     /// sha256 of the guest helper uploaded for this work.
     #[serde(default)]
     pub helper_sha256: Option<String>,
-    /// RUN_INTERRUPTED is reported once; this remembers that it was.
+    /// boxd_sleep put the machine down and nothing has seen it awake since: boxd_job
+    /// then says `asleepBy: boxd_sleep` (else the idle bound or the CLI did).
     #[serde(default)]
-    pub interrupted_reported: Vec<String>,
+    pub asleep_by_tool: bool,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -59,6 +60,10 @@ pub struct Prompt {
     pub at: String,
     pub sha256: String,
     pub bytes: u64,
+    /// False until the guest admitted it; recorded before sending, so a prompt whose
+    /// fate is unknown still counts against the proof.
+    #[serde(default)]
+    pub admitted: bool,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -80,6 +85,9 @@ pub struct SessionProof {
     pub parent_id: Option<String>,
     pub messages: u64,
     pub digest: String,
+    /// The stored export (in the work's ledger folder) this proof was made from.
+    #[serde(default)]
+    pub file: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

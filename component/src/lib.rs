@@ -9,6 +9,9 @@
 extern crate alloc;
 
 pub mod boxd;
+pub mod encode;
+pub mod guest;
+pub mod redact;
 pub mod caps;
 pub mod errors;
 pub mod ledger;

@@ -47,12 +47,51 @@ pub const TOOLS: &[ToolSpec] = &[
         schema: || object(json!({}), &[]),
     },
     ToolSpec {
+        name: "boxd_job",
+        access: Access::Read,
+        description: "How a work's run is going: busy, idle, asleep, gone or starting; when idle the last outcome (completed, failed, aborted), the newest assistant text (redacted, at most 300 characters), the last activity time and the prompts waiting. Never wakes a machine.",
+        schema: only_work,
+    },
+    ToolSpec {
         name: "boxd_ensure",
         access: Access::Change,
         description: "Create (or adopt) the private boxd machine oc-<work> for a work, from the golden snapshot, and record it in the ledger. Cheap and idempotent on a healthy work.",
         schema: || object(json!({
             "work": work(),
             "directory": { "type": "string", "description": "The laptop folder the work belongs to; defaults to the project." }
+        }), &["work"]),
+    },
+    ToolSpec {
+        name: "boxd_submit",
+        access: Access::Change,
+        description: "Send a task to a work's guest OpenCode session, optionally copying laptop files into the work tree first. Returns once the guest admitted the prompt (queued: true when a run was busy); call boxd_job in a later turn.",
+        schema: || object(json!({
+            "work": work(),
+            "prompt": { "type": "string", "description": "The task, any text (up to 4 MiB)." },
+            "files": {
+                "type": "array",
+                "maxItems": 1000,
+                "description": "Laptop files to copy in first: from is a file inside the project or an allowed root, to a relative path in the work tree. At most 8 MiB a file and 32 MiB a call.",
+                "items": object(json!({
+                    "from": { "type": "string", "description": "Laptop path (relative to the project, or absolute inside an allowed root)." },
+                    "to": { "type": "string", "description": "Relative path inside the work tree; no '..'." }
+                }), &["from", "to"])
+            }
+        }), &["work", "prompt"]),
+    },
+    ToolSpec {
+        name: "boxd_harvest",
+        access: Access::Change,
+        description: "Bring a work home: export the guest's session tree, import it into this laptop's OpenCode (parents first) and prove it by reading it back, record the guest's git state (storing uncommitted changes as a patch), then copy the named files back.",
+        schema: || object(json!({
+            "work": work(),
+            "files": {
+                "type": "array",
+                "maxItems": 1000,
+                "description": "Paths in the work tree to copy back (e.g. [\"SUMMARY.md\"]).",
+                "items": { "type": "string" }
+            },
+            "to": { "type": "string", "description": "Laptop folder for the files; defaults to the work's directory. Inside the project or an allowed root." }
         }), &["work"]),
     },
     ToolSpec {

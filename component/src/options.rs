@@ -138,6 +138,8 @@ pub struct Context {
     pub ledger: String,
     pub session_id: Option<String>,
     pub now_ms: u64,
+    /// Random bytes from the host (see the WIT context).
+    pub entropy: Vec<u8>,
     pub facts: HostFacts,
 }
 

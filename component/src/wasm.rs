@@ -31,6 +31,7 @@ impl Guest for Component {
             ledger: context.ledger,
             session_id: context.session_id,
             now_ms: context.now_ms,
+            entropy: context.entropy,
             host_facts_json: context.host_facts_json,
         };
         crate::call(&mut WitPrograms, &mut WitFiles::open(), &tool, &args_json, raw)

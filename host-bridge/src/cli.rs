@@ -169,6 +169,7 @@ impl Host {
             ledger: ledger.display().to_string(),
             session_id: None,
             now_ms: 0,
+            entropy: Vec::new(),
             // The command line is the user's approval of the call it names.
             host_facts_json: json!({ "approved": true }).to_string(),
         };
@@ -179,6 +180,7 @@ impl Host {
     pub fn call(&mut self, tool: &str, args: &str) -> Result<std::result::Result<Value, Value>> {
         let mut ctx = self.ctx.clone();
         ctx.now_ms = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
+        ctx.entropy = entropy();
         let started = Instant::now();
         let (result, trace) = self.runtime.call(tool, args, &ctx)?;
         let ms = started.elapsed().as_millis() as u64;
@@ -188,6 +190,14 @@ impl Host {
             Err(e) => Err(json!({ "error": e.code, "message": e.message, "next": e.next })),
         })
     }
+}
+
+/// 32 bytes from the OS's random source, for the secrets the component makes.
+pub fn entropy() -> Vec<u8> {
+    use std::io::Read;
+    let mut buf = vec![0u8; 32];
+    std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut buf)).expect("read /dev/urandom");
+    buf
 }
 
 /// Run a parsed command; returns the process exit code.

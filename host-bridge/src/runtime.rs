@@ -43,6 +43,7 @@ pub struct CallContext {
     pub ledger: String,
     pub session_id: Option<String>,
     pub now_ms: u64,
+    pub entropy: Vec<u8>,
     pub host_facts_json: String,
 }
 
@@ -183,6 +184,7 @@ impl Runtime {
             ledger: ctx.ledger.clone(),
             session_id: ctx.session_id.clone(),
             now_ms: ctx.now_ms,
+            entropy: ctx.entropy.clone(),
             host_facts_json: ctx.host_facts_json.clone(),
         };
         let result = plugin.boxd_plugin_tools().call_call(&mut store, tool, args, &wit_ctx)?;

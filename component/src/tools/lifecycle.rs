@@ -46,6 +46,46 @@ fn check_machine(w: &Work, info: &MachineInfo) -> ToolResult<()> {
     Ok(())
 }
 
+/// The laptop's OpenCode version: what the host told us, else `opencode --version`.
+pub fn laptop_opencode<P: Programs, F: Files>(env: &mut Env<P, F>) -> Option<String> {
+    if let Some(v) = &env.ctx.facts.opencode_version {
+        return Some(v.clone());
+    }
+    if env.ctx.host_name == "opencode" {
+        return Some(env.ctx.host_version.clone());
+    }
+    let req = crate::caps::RunRequest { program: "opencode".into(), args: alloc::vec!["--version".into()], timeout_ms: 60_000, ..Default::default() };
+    let out = env.programs.run(&req).ok().filter(|o| o.exit_code == Some(0))?;
+    let v = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    (!v.is_empty()).then_some(v)
+}
+
+/// Make the guest side ready: the helper in place, the work tree, the OpenCode server
+/// (same version as the laptop's) with the work's password, and the pump. One exec
+/// (two the first time, when the helper is uploaded).
+fn prepare_guest<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F>, w: &mut Work, entropy: &[u8], version: Option<&str>) -> ToolResult<Value> {
+    let password = match ledger.password(&w.work)? {
+        Some(p) if !p.is_empty() => p,
+        _ => {
+            if entropy.len() < 16 {
+                return Err(ToolError::new(Code::StatusUnavailable, "the host gave no random bytes for the server password"));
+            }
+            let p = crate::encode::hex(entropy);
+            ledger.put_blob(&w.work, "password", p.as_bytes())?;
+            p
+        }
+    };
+    let mut flags: Vec<&str> = Vec::new();
+    if let Some(v) = version {
+        flags.extend(["--opencode-version", v]);
+    }
+    let mut stdin = password.into_bytes();
+    stdin.push(b'\n');
+    let answer = crate::guest::Guest::new(boxd, &w.machine, &w.work).call("prepare", &flags, Some(stdin))?;
+    w.helper_sha256 = Some(crate::encode::sha256_hex(crate::guest::HELPER));
+    Ok(answer)
+}
+
 fn work_json(w: &Work, state: &str) -> Value {
     json!({ "work": w.work, "machine": w.machine, "machineId": w.machine_id, "directory": w.directory, "state": state })
 }
@@ -62,6 +102,7 @@ pub fn ensure<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolR
     };
     let idle = idle_seconds(env);
     let snapshot = ctx.options.snapshot.clone();
+    let version = laptop_opencode(env);
     let mut ledger = Ledger::new(env.files, &ctx.ledger);
     let mut record = ledger.read(&work)?;
     if let Some(w) = &record {
@@ -98,8 +139,16 @@ pub fn ensure<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolR
         }
         w.state = "open".into();
         ledger.write(&w)?;
+        let guest = if matches!(st, State::Running | State::Standby) {
+            let g = prepare_guest(&mut boxd, &mut ledger, &mut w, &ctx.entropy, version.as_deref())?;
+            ledger.write(&w)?;
+            g
+        } else {
+            Value::Null
+        };
         let word = super::status::job_state(st);
         let mut out = work_json(&w, word);
+        out["guest"] = guest;
         out["adopted"] = json!(adopted);
         out["created"] = json!(false);
         out["next"] = json!(match st {
@@ -133,7 +182,10 @@ pub fn ensure<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolR
             }
             w.state = "open".into();
             ledger.write(&w)?;
+            let guest = prepare_guest(&mut boxd, &mut ledger, &mut w, &ctx.entropy, version.as_deref())?;
+            ledger.write(&w)?;
             let mut out = work_json(&w, "running");
+            out["guest"] = guest;
             out["adopted"] = json!(false);
             out["created"] = json!(true);
             out["next"] = json!(format!("Call boxd_submit for work '{work}' with the task."));
@@ -172,6 +224,7 @@ pub fn sleep<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolRe
     }
     if !already {
         w.sleeps.push(Sleep { by: "boxd_sleep".into(), at: now.clone() });
+        w.asleep_by_tool = true;
     }
     ledger.write(&w)?;
     let mut out = work_json(&w, "asleep");
@@ -183,10 +236,31 @@ pub fn sleep<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolRe
     Ok(out)
 }
 
+/// Import the proven transcript into a rebuilt guest, parents first (the proof's order).
+fn restore_transcript<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F>, w: &Work) -> ToolResult<usize> {
+    let Some(proof) = w.proofs.last() else { return Ok(0) };
+    let mut sessions = Vec::new();
+    for s in &proof.sessions {
+        let Some(file) = &s.file else { continue };
+        let bytes = ledger.get_blob(&w.work, file)?.ok_or_else(|| {
+            ToolError::new(Code::LedgerFailed, format!("the stored export {file} of session {} is missing from the ledger", s.id))
+        })?;
+        sessions.push(serde_json::from_slice::<Value>(&bytes).map_err(|e| ToolError::new(Code::LedgerFailed, format!("{file}: {e}")))?);
+    }
+    if sessions.is_empty() {
+        return Ok(0);
+    }
+    let n = sessions.len();
+    let payload = serde_json::to_vec(&json!({ "sessions": sessions })).expect("serialises");
+    crate::guest::Guest::new(boxd, &w.machine, &w.work).call("import", &[], Some(payload))?;
+    Ok(n)
+}
+
 pub fn resume<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolResult<Value> {
     let (work, machine) = work_arg(args)?;
-    let ctx = env.ctx;
     let idle = idle_seconds(env);
+    let version = laptop_opencode(env);
+    let ctx = env.ctx;
     let mut ledger = Ledger::new(env.files, &ctx.ledger);
     let mut w = ledger.require(&work)?;
     if w.is_closed() {
@@ -237,9 +311,21 @@ pub fn resume<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolR
         // Waking restores boxd's default bound on some paths; ours is what limits billing.
         boxd.set_idle(&machine, idle).map_err(Failure::into_error)?;
     }
+    w.asleep_by_tool = false;
     ledger.write(&w)?;
+    prepare_guest(&mut boxd, &mut ledger, &mut w, &ctx.entropy, version.as_deref())?;
+    let mut restored = 0;
+    if action == "rebuilt" {
+        restored = restore_transcript(&mut boxd, &mut ledger, &w)?;
+    }
+    ledger.write(&w)?;
+    // A server that died mid-run is reported once, here or by boxd_job.
+    if action != "rebuilt" {
+        crate::guest::Guest::new(&mut boxd, &machine, &work).call("status", &[], None)?;
+    }
     let mut out = work_json(&w, "running");
     out["action"] = json!(action);
+    out["restoredSessions"] = json!(restored);
     out["next"] = json!(format!("Call boxd_job for work '{work}'."));
     Ok(out)
 }

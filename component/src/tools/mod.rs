@@ -11,8 +11,11 @@ use crate::errors::{Code, ToolError, ToolResult};
 use crate::manifest::{self, Access as ToolAccess};
 use crate::options::{self, Access, Context};
 
-pub mod status;
+pub mod harvest;
+pub mod job;
 pub mod lifecycle;
+pub mod status;
+pub mod submit;
 
 /// What a tool gets: the two capabilities and the call's context.
 pub struct Env<'a, P: Programs, F: Files> {
@@ -36,6 +39,7 @@ pub struct RawContext {
     pub ledger: String,
     pub session_id: Option<String>,
     pub now_ms: u64,
+    pub entropy: alloc::vec::Vec<u8>,
     pub host_facts_json: String,
 }
 
@@ -61,6 +65,7 @@ pub fn call<P: Programs, F: Files>(programs: &mut P, files: &mut F, tool: &str, 
         ledger: raw.ledger,
         session_id: raw.session_id,
         now_ms: raw.now_ms,
+        entropy: raw.entropy,
     };
     // boxd_status still answers on an untested host: it is how the user finds out.
     if spec.name != "boxd_status" {
@@ -81,7 +86,10 @@ pub fn call<P: Programs, F: Files>(programs: &mut P, files: &mut F, tool: &str, 
     let mut env = Env { programs, files, ctx: &ctx };
     match spec.name {
         "boxd_status" => status::run(&mut env),
+        "boxd_job" => job::run(&mut env, &args),
         "boxd_ensure" => lifecycle::ensure(&mut env, &args),
+        "boxd_submit" => submit::run(&mut env, &args),
+        "boxd_harvest" => harvest::run(&mut env, &args),
         "boxd_sleep" => lifecycle::sleep(&mut env, &args),
         "boxd_resume" => lifecycle::resume(&mut env, &args),
         "boxd_image" => lifecycle::image(&mut env, &args),
@@ -108,4 +116,33 @@ pub fn work_arg(args: &Value) -> ToolResult<(String, String)> {
     let work = args.get("work").and_then(Value::as_str).unwrap_or_default();
     let machine = crate::paths::work_id(work)?;
     Ok((work.into(), machine))
+}
+
+/// A work that was dropped cannot take prompts or reads until it is ensured again.
+pub fn require_open(w: &crate::ledger::Work) -> ToolResult<()> {
+    if w.is_closed() {
+        return Err(ToolError::with_next(
+            Code::WorkUnknown,
+            format!("work '{}' was dropped", w.work),
+            format!("Call boxd_ensure for work '{}' to start it again.", w.work),
+        ));
+    }
+    Ok(())
+}
+
+/// The machine must be up for an exec: asleep, gone and starting are refused without one.
+pub fn running_state<P: Programs>(boxd: &mut crate::boxd::Boxd<P>, machine: &str, work: &str) -> ToolResult<()> {
+    use crate::boxd::{Failure, State};
+    let list = boxd.list().map_err(Failure::into_error)?;
+    let state = list.iter().find(|m| m.name == machine).map_or(State::Gone, |m| State::from_status(&m.status));
+    match state {
+        State::Running | State::Standby => Ok(()),
+        State::Asleep | State::Stopped => Err(ToolError::with_next(
+            Code::MachineAsleep,
+            format!("{machine} is asleep"),
+            format!("Call boxd_resume for work '{work}', then try again."),
+        )),
+        State::Starting => Err(ToolError::new(Code::MachineStarting, format!("{machine} is still starting"))),
+        State::Gone | State::Failed => Err(ToolError::new(Code::MachineGone, format!("{machine} no longer exists"))),
+    }
 }

@@ -1,0 +1,96 @@
+//! The guest side of a work, seen from the laptop: the helper script we upload, and the
+//! one-exec-per-call protocol we speak with it (docs/guest.md). Every call is
+//! `python3 <helper> <command> --work <id> …` through `boxd machine exec`, payloads on
+//! stdin, one JSON object back.
+
+use alloc::format;
+use alloc::string::{String, ToString};
+use alloc::vec::Vec;
+use serde_json::Value;
+
+use crate::boxd::{first_json, Boxd, Failure};
+use crate::caps::Programs;
+use crate::encode::sha256_hex;
+use crate::errors::{Code, ToolError, ToolResult};
+
+/// The guest helper, embedded so what we upload is exactly what we built.
+pub const HELPER: &[u8] = include_bytes!("../guest/helper.py");
+
+/// Where the helper lives on the guest, relative to its home: named by its sha256, so a
+/// present file is the right file (the upload verifies the digest before the rename).
+pub fn helper_path() -> String {
+    format!(".boxd-helper/helper-{}.py", sha256_hex(HELPER))
+}
+
+/// How long one helper call may take on the guest (prepare waits for the server).
+pub const HELPER_TIMEOUT_S: u32 = 120;
+
+pub struct Guest<'b, 'a, P: Programs> {
+    pub boxd: &'b mut Boxd<'a, P>,
+    pub machine: String,
+    pub work: String,
+}
+
+impl<'b, 'a, P: Programs> Guest<'b, 'a, P> {
+    pub fn new(boxd: &'b mut Boxd<'a, P>, machine: &str, work: &str) -> Self {
+        Self { boxd, machine: machine.to_string(), work: work.to_string() }
+    }
+
+    /// Upload the helper and check its digest on the guest before it is put in place.
+    pub fn upload(&mut self) -> ToolResult<()> {
+        let sha = sha256_hex(HELPER);
+        let script = format!(
+            "mkdir -p .boxd-helper && cat > .boxd-helper/upload.tmp && \
+             [ \"$(sha256sum .boxd-helper/upload.tmp | cut -d' ' -f1)\" = {sha} ] && \
+             mv .boxd-helper/upload.tmp .boxd-helper/helper-{sha}.py"
+        );
+        let out = self.boxd.exec(&self.machine, &["sh", "-c", &script], Some(HELPER.to_vec()), 60).map_err(Failure::into_error)?;
+        if out.exit_code == Some(0) {
+            Ok(())
+        } else {
+            Err(ToolError::new(
+                Code::GuestWorkspace,
+                format!("could not place the guest helper in the machine's home: {}", tail(&out.stderr)),
+            ))
+        }
+    }
+
+    /// One helper command; uploads the helper first when the guest does not have it.
+    pub fn call(&mut self, command: &str, flags: &[&str], stdin: Option<Vec<u8>>) -> ToolResult<Value> {
+        let helper = helper_path();
+        let work = self.work.clone();
+        let mut words: Vec<&str> = alloc::vec!["python3", helper.as_str(), command, "--work", work.as_str()];
+        words.extend_from_slice(flags);
+        let mut out = self.boxd.exec(&self.machine, &words, stdin.clone(), HELPER_TIMEOUT_S).map_err(Failure::into_error)?;
+        if out.exit_code == Some(2) && String::from_utf8_lossy(&out.stderr).contains("can't open file") {
+            self.upload()?;
+            out = self.boxd.exec(&self.machine, &words, stdin, HELPER_TIMEOUT_S).map_err(Failure::into_error)?;
+        }
+        match out.exit_code {
+            Some(0) => first_json(&out.stdout).ok_or_else(|| {
+                ToolError::new(Code::GuestFailed, format!("the guest helper's {command} printed no JSON: {}", tail(&out.stderr)))
+            }),
+            Some(3) => {
+                let v = first_json(&out.stdout).unwrap_or(Value::Null);
+                let kind = v.get("error").and_then(Value::as_str).unwrap_or("GUEST_FAILED");
+                let message = v.get("message").and_then(Value::as_str).unwrap_or("the guest helper failed").to_string();
+                let code = Code::parse(kind).unwrap_or(Code::GuestFailed);
+                Err(ToolError::new(code, format!("{}: {message}", self.machine)))
+            }
+            Some(127) => Err(ToolError::new(Code::GuestFailed, format!("{} has no python3, which the guest helper needs", self.machine))),
+            other => Err(ToolError::new(
+                Code::GuestFailed,
+                format!("the guest helper's {command} exited with {other:?}: {}", tail(&out.stderr)),
+            )),
+        }
+    }
+}
+
+/// The last line or two of a stream, for messages.
+pub fn tail(bytes: &[u8]) -> String {
+    let text = String::from_utf8_lossy(bytes);
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    let start = lines.len().saturating_sub(2);
+    let s = lines[start..].join(" | ");
+    if s.len() > 400 { format!("{}…", &s[..s.char_indices().nth(400).map_or(s.len(), |(i, _)| i)]) } else { s }
+}

@@ -1,0 +1,75 @@
+//! Masking secrets in text that leaves the guest (the newest assistant text): API keys,
+//! tokens, bearer credentials and long opaque strings, before it reaches a model or a log.
+
+use alloc::string::String;
+use alloc::vec::Vec;
+
+const PREFIXES: &[&str] = &["sk-", "sk_", "ghp_", "gho_", "ghs_", "github_pat_", "bxd_", "bxds_", "xoxb-", "xoxp-", "AKIA", "AIza", "glpat-"];
+
+fn opaque(word: &str) -> bool {
+    let w = word.trim_matches(|c: char| !c.is_ascii_alphanumeric());
+    if PREFIXES.iter().any(|p| w.starts_with(p) && w.len() >= p.len() + 8) {
+        return true;
+    }
+    // A long run with letters and digits mixed (a token, a hash-like secret).
+    w.len() >= 32
+        && w.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_+/=".contains(&b))
+        && w.bytes().any(|b| b.is_ascii_digit())
+        && w.bytes().any(|b| b.is_ascii_alphabetic())
+}
+
+/// Mask secrets, then cut to at most `max` characters (with an ellipsis when cut).
+pub fn redact(text: &str, max: usize) -> String {
+    let mut out = String::with_capacity(text.len().min(max * 4));
+    let mut mask_next = false;
+    for (i, piece) in text.split_inclusive(char::is_whitespace).enumerate() {
+        let _ = i;
+        let word = piece.trim_end();
+        let tail = &piece[word.len()..];
+        let lower = word.to_ascii_lowercase();
+        let keyed = ["password=", "token=", "secret=", "api_key=", "apikey="].iter().find(|k| lower.contains(*k));
+        if mask_next {
+            out.push_str("[redacted]");
+            mask_next = false;
+        } else if let Some(k) = keyed {
+            let at = lower.find(k).unwrap_or(0) + k.len();
+            out.push_str(&word[..at]);
+            out.push_str("[redacted]");
+        } else if opaque(word) {
+            out.push_str("[redacted]");
+        } else {
+            out.push_str(word);
+        }
+        if lower == "bearer" || lower == "authorization:" {
+            mask_next = true;
+        }
+        out.push_str(tail);
+    }
+    let chars: Vec<char> = out.chars().collect();
+    if chars.len() <= max {
+        out
+    } else {
+        let mut cut: String = chars[..max.saturating_sub(1)].iter().collect();
+        cut.push('…');
+        cut
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn masks_tokens_and_keeps_prose() {
+        let t = redact("Done. Used key sk-abcdefghijklmnop1234 and Bearer abc.def and token=hunter2 ok", 300);
+        assert_eq!(t, "Done. Used key [redacted] and Bearer [redacted] and token=[redacted] ok");
+        assert_eq!(redact("plain words stay", 300), "plain words stay");
+    }
+
+    #[test]
+    fn cuts_to_the_limit() {
+        let t = redact(&"é".repeat(500), 300);
+        assert_eq!(t.chars().count(), 300);
+        assert!(t.ends_with('…'));
+    }
+}

@@ -1,0 +1,347 @@
+//! boxd_harvest: export → import → verify → git → files. The transcript comes home and
+//! is proven by reading the laptop's copy back; a failure at any step leaves the earlier
+//! steps recorded, and the next harvest resumes. Three boxd calls however many files.
+
+use alloc::collections::{BTreeMap, BTreeSet};
+use alloc::format;
+use alloc::string::{String, ToString};
+use alloc::vec::Vec;
+use serde_json::{json, Value};
+
+use super::{running_state, work_arg, Env};
+use crate::boxd::{first_json, Boxd};
+use crate::caps::{Files, Kind, Programs, RunRequest, SpawnError};
+use crate::encode::{sha256_hex, unbase64};
+use crate::errors::{Code, ToolError, ToolResult};
+use crate::guest::{tail, Guest};
+use crate::ledger::{FileRecord, GitEntry, GitRecord, Ledger, Proof, SessionProof, Work};
+use crate::paths;
+
+const OPENCODE_TIMEOUT_MS: u32 = 180_000;
+
+/// One session as the guest exported it: `{info, messages}`.
+struct Exported {
+    id: String,
+    parent: Option<String>,
+    json: Value,
+    messages: u64,
+    digest: String,
+}
+
+fn invalid(why: String) -> ToolError {
+    ToolError::new(Code::ExportInvalid, format!("the guest's export is not a whole transcript: {why}"))
+}
+
+/// The digest both copies are compared by: message and part ids, roles, part types,
+/// texts and tool states, in id order. Not the project or directory, which import rewrites.
+pub fn canonical_digest(messages: &[Value]) -> String {
+    let mut canon: Vec<Value> = messages
+        .iter()
+        .map(|m| {
+            let info = &m["info"];
+            let mut parts: Vec<Value> = m["parts"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|p| {
+                    json!({
+                        "id": p["id"], "type": p["type"], "text": p.get("text").cloned().unwrap_or(Value::Null),
+                        "tool": p.get("tool").cloned().unwrap_or(Value::Null),
+                        "status": p.get("state").and_then(|s| s.get("status")).cloned().unwrap_or(Value::Null),
+                    })
+                })
+                .collect();
+            parts.sort_by(|a, b| a["id"].as_str().cmp(&b["id"].as_str()));
+            json!({ "id": info["id"], "role": info["role"], "parts": parts })
+        })
+        .collect();
+    canon.sort_by(|a, b| a["id"].as_str().cmp(&b["id"].as_str()));
+    sha256_hex(&serde_json::to_vec(&canon).expect("serialises"))
+}
+
+/// Check the export's shape and order it parents first.
+fn parse_export(v: &Value) -> ToolResult<Vec<Exported>> {
+    let sessions = v.get("sessions").and_then(Value::as_array).ok_or_else(|| invalid("no session list".into()))?;
+    let mut all = Vec::new();
+    for (i, s) in sessions.iter().enumerate() {
+        let id = s["info"]["id"].as_str().filter(|id| !id.is_empty()).ok_or_else(|| invalid(format!("session {i} has no id")))?;
+        let msgs = s["messages"].as_array().ok_or_else(|| invalid(format!("session {id} has no message list")))?;
+        for (j, m) in msgs.iter().enumerate() {
+            if m["info"]["id"].as_str().is_none() || !m["parts"].is_array() {
+                return Err(invalid(format!("message {j} of session {id} is malformed")));
+            }
+        }
+        all.push(Exported {
+            id: id.to_string(),
+            parent: s["info"]["parentID"].as_str().map(String::from),
+            messages: msgs.len() as u64,
+            digest: canonical_digest(msgs),
+            json: json!({ "info": s["info"], "messages": msgs }),
+        });
+    }
+    // Parents first: a session goes once its parent is placed (or it is the root).
+    let ids: BTreeSet<String> = all.iter().map(|s| s.id.clone()).collect();
+    if let Some(orphan) = all.iter().skip(1).find(|s| s.parent.as_ref().is_none_or(|p| !ids.contains(p))) {
+        return Err(ToolError::new(Code::ParentMissing, format!("session {} names a parent that is not in the export", orphan.id)));
+    }
+    let mut placed: BTreeSet<String> = BTreeSet::new();
+    let mut ordered = Vec::new();
+    while !all.is_empty() {
+        let before = all.len();
+        let mut rest = Vec::new();
+        for s in all {
+            if ordered.is_empty() || s.parent.as_ref().is_some_and(|p| placed.contains(p)) {
+                placed.insert(s.id.clone());
+                ordered.push(s);
+            } else {
+                rest.push(s);
+            }
+        }
+        if rest.len() == before {
+            return Err(ToolError::new(Code::ParentMissing, "the export's sessions form no tree".to_string()));
+        }
+        all = rest;
+    }
+    Ok(ordered)
+}
+
+fn opencode<P: Programs>(programs: &mut P, args: &[&str], cwd: &str) -> ToolResult<crate::caps::RunOutput> {
+    let req = RunRequest {
+        program: "opencode".into(),
+        args: args.iter().map(|a| a.to_string()).collect(),
+        stdin: None,
+        env: Vec::new(),
+        cwd: Some(cwd.to_string()),
+        timeout_ms: OPENCODE_TIMEOUT_MS,
+    };
+    match programs.run(&req) {
+        Ok(out) => Ok(out),
+        Err(SpawnError::NotAllowed(m)) | Err(SpawnError::NotFound(m)) => {
+            Err(ToolError::new(Code::OpencodeMissing, format!("the laptop's opencode is not available to this host ({m})")))
+        }
+        Err(SpawnError::TimedOut) => Err(ToolError::new(Code::Timeout, format!("opencode {} did not finish in time", args[0]))),
+        Err(SpawnError::Failed(m)) => Err(ToolError::new(Code::ImportFailed, format!("could not run opencode {}: {m}", args[0]))),
+    }
+}
+
+/// Import the sessions that changed since the last proof, then read each back.
+fn import_and_prove<P: Programs, F: Files>(env: &mut Env<P, F>, w: &mut Work, sessions: &[Exported]) -> ToolResult<Vec<Value>> {
+    let last: BTreeMap<String, (String, Option<String>)> = w
+        .proofs
+        .last()
+        .map(|p| p.sessions.iter().map(|s| (s.id.clone(), (s.digest.clone(), s.file.clone()))).collect())
+        .unwrap_or_default();
+    let mut report = Vec::new();
+    let mut proofs = Vec::new();
+    for s in sessions {
+        let previous = last.get(&s.id).filter(|(d, f)| d == &s.digest && f.is_some());
+        let unchanged = previous.is_some();
+        let mut file_name = previous.and_then(|(_, f)| f.clone());
+        if !unchanged {
+            let bytes = serde_json::to_vec(&s.json).expect("serialises");
+            let name = format!("export-{}.json", &sha256_hex(&bytes)[..16]);
+            file_name = Some(name.clone());
+            let mut ledger = Ledger::new(&mut *env.files, &env.ctx.ledger);
+            ledger.put_blob(&w.work, &name, &bytes)?;
+            let file = format!("{}/{name}", ledger.work_dir(&w.work));
+            let out = opencode(env.programs, &["import", &file], &w.directory)?;
+            if out.exit_code != Some(0) {
+                return Err(ToolError::new(Code::ImportFailed, format!("opencode import of session {} failed: {}", s.id, tail(&out.stderr))));
+            }
+        }
+        // The proof: the laptop's own copy, read back, matches the guest's.
+        let out = opencode(env.programs, &["export", &s.id], &w.directory)?;
+        let back = first_json(&out.stdout).filter(|_| out.exit_code == Some(0)).ok_or_else(|| {
+            ToolError::new(Code::ProofFailed, format!("the laptop has no readable copy of session {}: {}", s.id, tail(&out.stderr)))
+        })?;
+        let msgs = back["messages"].as_array().cloned().unwrap_or_default();
+        let digest = canonical_digest(&msgs);
+        if msgs.len() as u64 != s.messages || digest != s.digest {
+            return Err(ToolError::new(
+                Code::ProofFailed,
+                format!("session {}: the guest has {} messages, the laptop's copy {} (digests {} vs {})", s.id, s.messages, msgs.len(), &s.digest[..12], &digest[..12]),
+            ));
+        }
+        if s.parent.is_some() && back["info"]["parentID"].as_str() != s.parent.as_deref() {
+            return Err(ToolError::new(Code::ProofFailed, format!("session {} lost its parent on import", s.id)));
+        }
+        proofs.push(SessionProof { id: s.id.clone(), parent_id: s.parent.clone(), messages: s.messages, digest: s.digest.clone(), file: file_name });
+        report.push(json!({ "id": s.id, "parentId": s.parent, "messages": s.messages, "digest": s.digest, "imported": !unchanged }));
+    }
+    w.proofs.push(Proof { at: crate::ledger::iso8601(env.ctx.now_ms), prompts: w.prompts.len() as u64, sessions: proofs });
+    Ok(report)
+}
+
+pub fn run<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolResult<Value> {
+    let (work, machine) = work_arg(args)?;
+    let ctx = env.ctx;
+    let wanted: Vec<String> = args
+        .get("files")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .map(|f| paths::guest_relative(f.as_str().unwrap_or_default()))
+        .collect::<ToolResult<_>>()?;
+    if let Some(bad) = wanted.iter().find(|f| f.contains(',')) {
+        return Err(ToolError::new(Code::NameInvalid, format!("'{bad}': harvest file names cannot contain a comma")));
+    }
+    let mut w = Ledger::new(&mut *env.files, &ctx.ledger).require(&work)?;
+    super::require_open(&w)?;
+    let mut roots: Vec<&str> = alloc::vec![ctx.project.as_str()];
+    roots.extend(ctx.options.allowed_roots.iter().map(String::as_str));
+    let dest_dir = match args.get("to").and_then(Value::as_str) {
+        Some(t) => paths::laptop_path(t, &ctx.project, &roots)?,
+        None => w.directory.clone(),
+    };
+    if !roots.iter().any(|r| paths::is_within(&dest_dir, r)) {
+        return Err(ToolError::new(Code::PathRefused, format!("the work's folder {dest_dir} is outside the project and the allowed roots")));
+    }
+
+    // 1. export (one exec)
+    let mut boxd = Boxd::new(&mut *env.programs, ctx.options.boxd_timeout_seconds);
+    running_state(&mut boxd, &machine, &work)?;
+    let export = Guest::new(&mut boxd, &machine, &work).call("export", &[], None)?;
+    let sessions = parse_export(&export)?;
+    let admitted = w.prompts.iter().filter(|p| p.admitted).count();
+    if admitted > 0 && sessions.first().is_none_or(|s| s.messages == 0) {
+        return Err(invalid(format!("{admitted} prompts were admitted but the export holds no messages")));
+    }
+
+    // 2–3. import and verify; the proof is recorded before git and files.
+    let report = if sessions.is_empty() {
+        w.proofs.push(Proof { at: env.now(), prompts: w.prompts.len() as u64, sessions: Vec::new() });
+        Vec::new()
+    } else {
+        import_and_prove(env, &mut w, &sessions)?
+    };
+    Ledger::new(&mut *env.files, &ctx.ledger).write(&w)?;
+
+    // 4. git, with the wanted files in the same exec.
+    let joined = wanted.join(",");
+    let mut flags: Vec<&str> = Vec::new();
+    if !wanted.is_empty() {
+        flags.extend(["--files", joined.as_str()]);
+    }
+    let mut boxd = Boxd::new(&mut *env.programs, ctx.options.boxd_timeout_seconds);
+    let git = Guest::new(&mut boxd, &machine, &work).call("git", &flags, None)?;
+    let now = env.now();
+    let entries = |key: &str| -> Vec<GitEntry> {
+        git[key].as_array().into_iter().flatten().map(|e| GitEntry { path: e["path"].as_str().unwrap_or("").into(), sha256: e["sha256"].as_str().unwrap_or("").into() }).collect()
+    };
+    let repo = git["repo"].as_bool().unwrap_or(false);
+    let mut ledger = Ledger::new(&mut *env.files, &ctx.ledger);
+    if repo {
+        let patch = match git["patch"].as_str().filter(|p| !p.is_empty()) {
+            Some(p) => {
+                let name = format!("patch-{}.diff", &sha256_hex(p.as_bytes())[..16]);
+                ledger.put_blob(&work, &name, p.as_bytes())?;
+                Some(name)
+            }
+            None => None,
+        };
+        w.git = Some(GitRecord {
+            at: now.clone(),
+            head: git["head"].as_str().unwrap_or("").into(),
+            branch: git["branch"].as_str().unwrap_or("").into(),
+            status: git["status"].as_array().into_iter().flatten().filter_map(|s| s.as_str().map(String::from)).collect(),
+            untracked: entries("untracked"),
+            ignored: entries("ignored"),
+            dirty: git["dirty"].as_bool().unwrap_or(false),
+            patch,
+            prompts: w.prompts.len() as u64,
+        });
+    } else {
+        w.git = None;
+    }
+    ledger.write(&w)?;
+
+    // 5. files: every conflict is found before anything is written.
+    let mut incoming = Vec::new();
+    for f in git["files"].as_array().into_iter().flatten() {
+        let rel = paths::guest_relative(f["path"].as_str().unwrap_or_default())?;
+        let bytes = unbase64(f["data"].as_str().unwrap_or_default()).ok_or_else(|| invalid(format!("file {rel} is not base64")))?;
+        let sha = sha256_hex(&bytes);
+        if f["sha256"].as_str() != Some(sha.as_str()) {
+            return Err(invalid(format!("file {rel} arrived damaged (digest mismatch)")));
+        }
+        let dest = paths::laptop_path(&rel, &dest_dir, &roots)?;
+        incoming.push((rel, dest, bytes, sha));
+    }
+    let mut written = Vec::new();
+    for (rel, dest, _, sha) in &incoming {
+        match ledger.files().stat(dest).map_err(|_| ToolError::new(Code::PathRefused, format!("{dest} cannot be checked")))? {
+            None => {}
+            Some(m) if m.kind == Kind::Symlink => return Err(ToolError::new(Code::PathRefused, format!("{dest} is a symlink on the laptop, which is never followed"))),
+            Some(m) if m.kind != Kind::File => return Err(ToolError::new(Code::PathRefused, format!("{dest} exists and is not a file"))),
+            Some(_) => {
+                let current = ledger.files().read(dest).ok().flatten().map(|b| sha256_hex(&b)).unwrap_or_default();
+                let last = w.files_out.iter().rev().find(|r| &r.laptop == dest).map(|r| r.sha256.clone());
+                if &current != sha && last.as_deref() != Some(current.as_str()) {
+                    return Err(ToolError::new(Code::FileConflict, format!("{dest} (from {rel}) was changed on the laptop since the last harvest; it was not overwritten")));
+                }
+            }
+        }
+    }
+    for (rel, dest, bytes, sha) in incoming {
+        let parent = paths::parent(&dest).to_string();
+        ledger.files().create_dir_all(&parent).map_err(|_| ToolError::new(Code::PathRefused, format!("cannot create {parent}")))?;
+        ledger.files().write_atomic(&dest, &bytes).map_err(|_| ToolError::new(Code::PathRefused, format!("cannot write {dest}")))?;
+        w.files_out.push(FileRecord { guest: rel.clone(), laptop: dest.clone(), size: bytes.len() as u64, sha256: sha.clone(), at: now.clone() });
+        written.push(json!({ "path": rel, "laptop": dest, "size": bytes.len(), "sha256": sha }));
+    }
+    ledger.write(&w)?;
+
+    let git_json = match &w.git {
+        Some(g) => json!({ "repo": true, "head": g.head, "branch": g.branch, "dirty": g.dirty, "patch": g.patch,
+            "untracked": g.untracked.iter().map(|e| e.path.clone()).collect::<Vec<_>>(),
+            "ignored": g.ignored.iter().map(|e| e.path.clone()).collect::<Vec<_>>() }),
+        None => json!({ "repo": false, "warning": "GIT_UNKNOWN: the work tree is not a git repository, so boxd_drop will refuse it" }),
+    };
+    Ok(json!({
+        "work": work,
+        "machine": machine,
+        "proven": true,
+        "prompts": w.prompts.len(),
+        "sessions": report,
+        "git": git_json,
+        "files": written,
+        "next": format!("The transcript is on this laptop. boxd_sleep keeps the machine; boxd_drop destroys it once everything is accounted for."),
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn session(id: &str, parent: Option<&str>, n: usize) -> Value {
+        let msgs: Vec<Value> = (0..n).map(|i| json!({ "info": { "id": format!("msg_{id}_{i}"), "role": "user" }, "parts": [{ "id": format!("prt_{i}"), "type": "text", "text": "hi" }] })).collect();
+        json!({ "info": { "id": id, "parentID": parent }, "messages": msgs })
+    }
+
+    #[test]
+    fn export_is_ordered_parents_first() {
+        let v = json!({ "sessions": [session("ses_root", None, 2), session("ses_grandchild", Some("ses_child"), 1), session("ses_child", Some("ses_root"), 3)] });
+        let s = parse_export(&v).unwrap();
+        let ids: Vec<&str> = s.iter().map(|s| s.id.as_str()).collect();
+        assert_eq!(ids, ["ses_root", "ses_child", "ses_grandchild"]);
+        assert_eq!(s[1].messages, 3);
+    }
+
+    #[test]
+    fn orphans_and_malformed_exports_are_refused() {
+        let v = json!({ "sessions": [session("ses_root", None, 1), session("ses_x", Some("ses_missing"), 1)] });
+        assert_eq!(parse_export(&v).err().unwrap().code, Code::ParentMissing);
+        let v = json!({ "sessions": [{ "info": { "id": "ses_a" }, "messages": [{ "info": {} }] }] });
+        assert_eq!(parse_export(&v).err().unwrap().code, Code::ExportInvalid);
+        assert_eq!(parse_export(&json!({ "nope": 1 })).err().unwrap().code, Code::ExportInvalid);
+    }
+
+    #[test]
+    fn digest_ignores_key_order_and_rewritten_paths() {
+        let a = json!([{ "info": { "id": "m1", "role": "user", "directory": "/guest" }, "parts": [{ "id": "p1", "type": "text", "text": "x" }] }]);
+        let b = json!([{ "parts": [{ "text": "x", "type": "text", "id": "p1" }], "info": { "role": "user", "id": "m1", "directory": "/laptop" } }]);
+        assert_eq!(canonical_digest(a.as_array().unwrap()), canonical_digest(b.as_array().unwrap()));
+        let c = json!([{ "info": { "id": "m1", "role": "user" }, "parts": [{ "id": "p1", "type": "text", "text": "y" }] }]);
+        assert_ne!(canonical_digest(a.as_array().unwrap()), canonical_digest(c.as_array().unwrap()));
+    }
+}

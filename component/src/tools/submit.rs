@@ -1,0 +1,125 @@
+//! boxd_submit: files in, then the prompt, in one exec; returns once the guest has
+//! admitted the prompt (queued behind a busy run, or started). Every laptop path and
+//! size is checked before anything is sent.
+
+use alloc::format;
+use alloc::string::{String, ToString};
+use alloc::vec::Vec;
+use serde_json::{json, Value};
+
+use super::{running_state, work_arg, Env};
+use crate::boxd::Boxd;
+use crate::caps::{Files, Kind, Programs};
+use crate::encode::{base64, hex, sha256_hex};
+use crate::errors::{Code, ToolError, ToolResult};
+use crate::guest::Guest;
+use crate::ledger::{FileRecord, Ledger, Prompt};
+use crate::paths;
+
+pub const FILE_CAP: u64 = 8 << 20;
+pub const CALL_CAP: u64 = 32 << 20;
+/// The largest prompt we send; documented in docs/configuration.md.
+pub const PROMPT_CAP: usize = 4 << 20;
+
+struct Incoming {
+    from: String,
+    to: String,
+    bytes: Vec<u8>,
+    sha256: String,
+}
+
+/// Check and read every file before any boxd call: a refusal sends nothing.
+fn read_files<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolResult<Vec<Incoming>> {
+    let ctx = env.ctx;
+    let mut roots: Vec<&str> = alloc::vec![ctx.project.as_str()];
+    roots.extend(ctx.options.allowed_roots.iter().map(String::as_str));
+    let mut out = Vec::new();
+    let mut total = 0u64;
+    for (i, f) in args.get("files").and_then(Value::as_array).into_iter().flatten().enumerate() {
+        let from = f.get("from").and_then(Value::as_str).unwrap_or_default();
+        let to = paths::guest_relative(f.get("to").and_then(Value::as_str).unwrap_or_default())?;
+        let laptop = paths::laptop_path(from, &ctx.project, &roots)?;
+        let meta = env.files.stat(&laptop).map_err(|_| refused(from, "cannot be read"))?;
+        match meta {
+            None => return Err(refused(from, "does not exist")),
+            Some(m) if m.kind == Kind::Symlink => return Err(refused(from, "is a symlink, which is never followed")),
+            Some(m) if m.kind != Kind::File => return Err(refused(from, "is not a regular file")),
+            Some(m) if m.size > FILE_CAP => {
+                return Err(ToolError::new(Code::FileTooLarge, format!("files[{i}] {from} is {} bytes; the cap is 8 MiB a file", m.size)));
+            }
+            Some(m) => {
+                total += m.size;
+                if total > CALL_CAP {
+                    return Err(ToolError::new(Code::FileTooLarge, format!("the files add up to more than 32 MiB (at files[{i}] {from})")));
+                }
+            }
+        }
+        let bytes = env.files.read(&laptop).map_err(|_| refused(from, "cannot be read"))?.ok_or_else(|| refused(from, "vanished"))?;
+        out.push(Incoming { from: laptop, to, sha256: sha256_hex(&bytes), bytes });
+    }
+    Ok(out)
+}
+
+fn refused(path: &str, why: &str) -> ToolError {
+    ToolError::new(Code::PathRefused, format!("laptop file '{path}' {why}"))
+}
+
+pub fn run<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolResult<Value> {
+    let (work, machine) = work_arg(args)?;
+    let prompt = args.get("prompt").and_then(Value::as_str).unwrap_or_default().to_string();
+    if prompt.trim().is_empty() {
+        return Err(ToolError::new(Code::ArgsInvalid, "argument 'prompt' is empty"));
+    }
+    if prompt.len() > PROMPT_CAP {
+        return Err(ToolError::with_next(
+            Code::FileTooLarge,
+            format!("the prompt is {} bytes; the cap is 4 MiB", prompt.len()),
+            "Put the bulk of the text in a file and send it with files, then refer to it in a short prompt.",
+        ));
+    }
+    let files = read_files(env, args)?;
+    let now = env.now();
+    let ctx = env.ctx;
+    let mut ledger = Ledger::new(env.files, &ctx.ledger);
+    let mut w = ledger.require(&work)?;
+    super::require_open(&w)?;
+    let mut boxd = Boxd::new(env.programs, ctx.options.boxd_timeout_seconds);
+    running_state(&mut boxd, &machine, &work)?;
+    if w.asleep_by_tool {
+        w.asleep_by_tool = false;
+    }
+
+    let prompt_sha = sha256_hex(prompt.as_bytes());
+    let id = format!("p{}", &hex(&ctx.entropy)[..12.min(ctx.entropy.len() * 2)]);
+    let id = if id.len() > 1 { id } else { format!("p{}", &prompt_sha[..12]) };
+    // Recorded before sending: a prompt whose fate is unknown still needs a harvest.
+    w.prompts.push(Prompt { id: id.clone(), at: now.clone(), sha256: prompt_sha, bytes: prompt.len() as u64, admitted: false });
+    ledger.write(&w)?;
+
+    let payload = json!({
+        "promptId": id,
+        "prompt": prompt,
+        "files": files.iter().map(|f| json!({ "to": f.to, "data": base64(&f.bytes), "sha256": f.sha256 })).collect::<Vec<_>>(),
+    });
+    let mut guest = Guest::new(&mut boxd, &machine, &work);
+    let answer = guest.call("submit", &[], Some(serde_json::to_vec(&payload).expect("serialises")))?;
+
+    if let Some(p) = w.prompts.last_mut() {
+        p.admitted = answer.get("admitted").and_then(Value::as_bool).unwrap_or(true);
+    }
+    for f in &files {
+        w.files_in.push(FileRecord { guest: f.to.clone(), laptop: f.from.clone(), size: f.bytes.len() as u64, sha256: f.sha256.clone(), at: now.clone() });
+    }
+    ledger.write(&w)?;
+    let queued = answer.get("queued").and_then(Value::as_bool).unwrap_or(false);
+    Ok(json!({
+        "work": work,
+        "machine": machine,
+        "promptId": id,
+        "admitted": true,
+        "queued": queued,
+        "pending": answer.get("pending").cloned().unwrap_or(json!(0)),
+        "files": files.iter().map(|f| json!({ "to": f.to, "size": f.bytes.len(), "sha256": f.sha256 })).collect::<Vec<_>>(),
+        "next": format!("Call boxd_job for work '{work}' in a later turn; do not wait inside this call."),
+    }))
+}
