@@ -22,6 +22,7 @@ commands:
                            {\"error\",\"message\",\"next\"} and exits 1
   audit [--json]           what the plugin can touch: the component's imports and exports,
                            the programs it may run and the folders it may open
+  mcp                      serve every tool over MCP on stdio (for Claude Code, Codex, …)
 
 flags:
   --component PATH   the component (default: the one built into this binary)
@@ -237,6 +238,7 @@ pub fn run(f: Flags) -> Result<u8> {
             }
             Ok(0)
         }
+        "mcp" => crate::mcp::serve(&f),
         other => bail!("unknown command '{other}' (boxd-host --help lists them)"),
     }
 }

@@ -5,6 +5,7 @@
 
 pub mod audit;
 pub mod cli;
+pub mod mcp;
 pub mod policy;
 pub mod runtime;
 pub mod spawn;

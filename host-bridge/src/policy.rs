@@ -8,6 +8,10 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context as _, Result};
 
+/// The policy data every host shares (host-bridge/policy.json; the OpenCode bridge reads
+/// the same file).
+pub const POLICY_JSON: &str = include_str!("../policy.json");
+
 /// The program names the component may ask for. Any other name is refused.
 pub const PROGRAM_NAMES: &[&str] = &["boxd", "opencode"];
 
@@ -142,6 +146,14 @@ mod tests {
         assert!(p.program("sh", Path::new("/bin/sh")).is_err(), "only the plugin's program names can be granted");
         assert!(p.allows_cwd(dir.to_str().unwrap()).is_ok());
         assert!(matches!(p.allows_cwd("/"), Err(Refusal::CwdOutside(_))));
+    }
+
+    #[test]
+    fn the_shared_policy_file_says_the_same() {
+        let v: serde_json::Value = serde_json::from_str(POLICY_JSON).unwrap();
+        let list = |k: &str| -> Vec<String> { v[k].as_array().unwrap().iter().map(|s| s.as_str().unwrap().to_string()).collect() };
+        assert_eq!(list("programs"), PROGRAM_NAMES);
+        assert_eq!(list("childEnv"), CHILD_ENV);
     }
 
     #[test]
