@@ -94,7 +94,11 @@ fn data_dir() -> PathBuf {
     std::env::var_os("XDG_DATA_HOME").map(PathBuf::from).unwrap_or_else(|| home().join(".local/share"))
 }
 
+/// Where compiled components are kept (`BOXD_HOST_CACHE` overrides).
 fn cache_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("BOXD_HOST_CACHE") {
+        return PathBuf::from(dir);
+    }
     std::env::var_os("XDG_CACHE_HOME").map(PathBuf::from).unwrap_or_else(|| home().join(".cache")).join("opencode-boxd")
 }
 

@@ -66,7 +66,7 @@ impl Laptop {
     pub fn host_with(&self, args: &[&str], env: &[(&str, &str)]) -> Output {
         let mut cmd = Command::new(boxd_host());
         cmd.arg("--project").arg(&self.project).arg("--ledger").arg(&self.ledger).arg("--boxd").arg(boxd_local());
-        cmd.args(args).env("BOXD_LOCAL_HOME", &self.boxd_home).env("XDG_CACHE_HOME", cache_dir());
+        cmd.args(args).env("BOXD_LOCAL_HOME", &self.boxd_home).env("BOXD_HOST_CACHE", cache_dir());
         for (k, v) in env {
             cmd.env(k, v);
         }
@@ -98,4 +98,181 @@ pub fn stdout_json(out: &Output) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
         panic!("not JSON ({e}): stdout={} stderr={}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
     })
+}
+
+pub fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+/// The pinned real OpenCode from npm (tests/bootstrap.sh installs it).
+pub fn opencode_bin() -> PathBuf {
+    let p = repo().join("tests/node_modules/.bin/opencode");
+    assert!(p.exists(), "{} is missing: run bash tests/bootstrap.sh", p.display());
+    p
+}
+
+/// The scripted OpenAI-compatible model on loopback; killed when dropped.
+pub struct Model {
+    child: std::process::Child,
+    pub url: String,
+    pub log: PathBuf,
+}
+
+impl Model {
+    pub fn start(dir: &Path) -> Model {
+        use std::io::BufRead;
+        let log = dir.join("model.jsonl");
+        let mut child = Command::new("node")
+            .arg(repo().join("tests/model/scripted-model.mjs"))
+            .env("PORT", "0")
+            .env("MODEL_LOG", &log)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("node runs the scripted model");
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        let url = line.split_whitespace().last().unwrap_or("").to_string();
+        assert!(url.starts_with("http://127.0.0.1:"), "the scripted model did not start: {line:?}");
+        Model { child, url, log }
+    }
+}
+
+impl Drop for Model {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A laptop plus a provider with a golden image whose guests talk to the scripted model.
+pub struct World {
+    pub laptop: Laptop,
+    pub model: Model,
+    pub home: PathBuf,
+}
+
+pub const GUEST_CONFIG: &str = r#"{"$schema":"https://opencode.ai/config.json","provider":{"scripted":{"npm":"@ai-sdk/openai-compatible","name":"Scripted","options":{"baseURL":"{env:SCRIPTED_MODEL_URL}","apiKey":"{env:SCRIPTED_MODEL_KEY}"},"models":{"scripted-model":{"name":"Scripted","tool_call":true}}}},"model":"scripted/scripted-model","small_model":"scripted/scripted-model","autoupdate":false,"share":"disabled"}"#;
+
+impl World {
+    pub fn new(name: &str) -> World {
+        let laptop = Laptop::new(name);
+        let model = Model::start(&laptop.scratch.0);
+        let home = laptop.scratch.path("laptop-home");
+        let w = World { laptop, model, home };
+        w.golden("opencode-golden");
+        for (k, v) in [("SCRIPTED_MODEL_URL", w.model.url.as_str()), ("OPENCODE_DISABLE_MODELS_FETCH", "1"), ("OPENCODE_DISABLE_AUTOUPDATE", "1")] {
+            w.ok(&["env", "set", k, v]);
+        }
+        w.ok(&["env", "set", "SCRIPTED_MODEL_KEY", "test-key", "--secret"]);
+        w.forget_calls();
+        w
+    }
+
+    /// Start the provider's call log afresh, so a test counts only its own round trips.
+    pub fn forget_calls(&self) {
+        let _ = std::fs::remove_file(self.laptop.boxd_home.join("calls.jsonl"));
+    }
+
+    fn ok(&self, args: &[&str]) -> Output {
+        let out = self.laptop.boxd(args);
+        assert!(out.status.success(), "boxd-local {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        out
+    }
+
+    /// A golden image: OpenCode's config written first (the binary comes from PATH here).
+    pub fn golden(&self, name: &str) {
+        self.ok(&["machine", "new", "golden-build", "--json"]);
+        let seed = r#"mkdir -p .config/opencode/node_modules && cat > .config/opencode/opencode.json && printf '{"dependencies":{"@opencode-ai/plugin":"1.18.33"}}' > .config/opencode/package.json && printf '{"lockfileVersion":3,"packages":{"":{"dependencies":{"@opencode-ai/plugin":"1.18.33"}}}}' > .config/opencode/package-lock.json"#;
+        let mut child = Command::new(boxd_local())
+            .args(["machine", "exec", "golden-build", "--", "sh", "-c", &format!("'{}'", seed.replace('\'', "'\\''"))])
+            .env("BOXD_LOCAL_HOME", &self.laptop.boxd_home)
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        use std::io::Write;
+        child.stdin.take().unwrap().write_all(GUEST_CONFIG.as_bytes()).unwrap();
+        assert!(child.wait().unwrap().success());
+        self.ok(&["snapshots", "save", "golden-build", name]);
+        self.ok(&["machine", "remove", "golden-build", "-y"]);
+    }
+
+    /// `boxd-host call TOOL ARGS` as this laptop: its own OpenCode data, the pinned
+    /// opencode, boxd-local. Returns (exit code, JSON).
+    pub fn call(&self, tool: &str, args: &str) -> (i32, serde_json::Value) {
+        self.call_with(&[], tool, args)
+    }
+
+    pub fn call_with(&self, flags: &[&str], tool: &str, args: &str) -> (i32, serde_json::Value) {
+        let oc = opencode_bin();
+        let path = format!("{}:{}", oc.parent().unwrap().display(), std::env::var("PATH").unwrap_or_default());
+        let mut argv: Vec<&str> = vec!["--opencode", oc.to_str().unwrap()];
+        argv.extend_from_slice(flags);
+        argv.extend(["call", tool, args]);
+        let h = self.home.display().to_string();
+        let env = [
+            ("PATH", path.as_str()),
+            ("HOME", h.as_str()),
+            ("XDG_DATA_HOME", &format!("{h}/data")),
+            ("XDG_CONFIG_HOME", &format!("{h}/config")),
+            ("XDG_CACHE_HOME", &format!("{h}/cache")),
+            ("XDG_STATE_HOME", &format!("{h}/state")),
+            ("OPENCODE_DISABLE_MODELS_FETCH", "1"),
+            ("OPENCODE_DISABLE_AUTOUPDATE", "1"),
+        ];
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_ref())).collect();
+        let out = self.laptop.host_with(&argv, &env);
+        let code = out.status.code().unwrap_or(-1);
+        assert!(code == 0 || code == 1, "boxd-host failed ({code}): {}", String::from_utf8_lossy(&out.stderr));
+        (code, stdout_json(&out))
+    }
+
+    /// Call a tool that must succeed.
+    pub fn ok_call(&self, tool: &str, args: &str) -> serde_json::Value {
+        let (code, v) = self.call(tool, args);
+        assert_eq!(code, 0, "{tool} {args}: {v:#}");
+        v
+    }
+
+    /// Call a tool that must fail with `code`; returns the error object.
+    pub fn err_call(&self, tool: &str, args: &str, code: &str) -> serde_json::Value {
+        let (exit, v) = self.call(tool, args);
+        assert_eq!((exit, v["error"].as_str()), (1, Some(code)), "{tool} {args}: {v:#}");
+        assert!(v["next"].as_str().is_some_and(|n| !n.is_empty()), "{v:#}");
+        v
+    }
+
+    /// boxd_job until it is no longer busy (bounded).
+    pub fn job_until_idle(&self, work: &str) -> serde_json::Value {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+        loop {
+            let (_, v) = self.call("boxd_job", &format!(r#"{{"work":"{work}"}}"#));
+            if v["state"] != "busy" || std::time::Instant::now() > deadline {
+                return v;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(500));
+        }
+    }
+
+    /// boxd-local invocations whose argv starts with `prefix`.
+    pub fn calls_starting(&self, prefix: &[&str]) -> usize {
+        self.laptop.boxd_calls().iter().filter(|c| c.len() >= prefix.len() && c[..prefix.len()] == *prefix).count()
+    }
+
+    pub fn faults(&self, json: &str) {
+        std::fs::write(self.laptop.boxd_home.join("faults.json"), json).unwrap();
+    }
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        // Remove every machine, which kills its processes (servers, pumps).
+        let out = self.laptop.boxd(&["machine", "list", "--json"]);
+        if let Ok(serde_json::Value::Array(ms)) = serde_json::from_slice(&out.stdout) {
+            for m in ms {
+                if let Some(name) = m["name"].as_str() {
+                    let _ = self.laptop.boxd(&["machine", "remove", name, "-y"]);
+                }
+            }
+        }
+    }
 }

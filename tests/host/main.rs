@@ -6,3 +6,4 @@ mod common;
 mod confinement;
 mod imports;
 mod cli;
+mod lifecycle;

@@ -146,3 +146,51 @@ pub fn running_state<P: Programs>(boxd: &mut crate::boxd::Boxd<P>, machine: &str
         State::Gone | State::Failed => Err(ToolError::new(Code::MachineGone, format!("{machine} no longer exists"))),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::{MemFiles, Scripted};
+
+    fn raw(options: &str, facts: &str) -> RawContext {
+        RawContext {
+            host_name: "test".into(),
+            host_version: "1".into(),
+            options_json: options.into(),
+            project: "/p".into(),
+            ledger: "/l".into(),
+            session_id: None,
+            now_ms: 0,
+            entropy: alloc::vec![7; 32],
+            host_facts_json: facts.into(),
+        }
+    }
+
+    #[test]
+    fn ask_changes_refuses_a_change_without_approval_before_any_program_runs() {
+        let (mut p, mut f) = (Scripted::default(), MemFiles::new(&["/p", "/l"]));
+        let e = call(&mut p, &mut f, "boxd_drop", r#"{"work":"w1"}"#, raw(r#"{"access":"ask-changes"}"#, "{}")).unwrap_err();
+        assert_eq!(e.code, Code::ApprovalRequired);
+        assert!(p.requests.is_empty());
+        // Reads never need approval.
+        p.push_exit(0, "[]", "");
+        p.push_exit(0, "[]", "");
+        assert!(call(&mut p, &mut f, "boxd_status", "{}", raw(r#"{"access":"ask-changes"}"#, "{}")).is_ok());
+    }
+
+    #[test]
+    fn an_untested_opencode_is_refused_unless_allowed() {
+        let (mut p, mut f) = (Scripted::default(), MemFiles::new(&["/p", "/l"]));
+        let mut r = raw("{}", "{}");
+        r.host_name = "opencode".into();
+        r.host_version = "2.2.3".into();
+        let e = call(&mut p, &mut f, "boxd_job", r#"{"work":"w1"}"#, r).unwrap_err();
+        assert_eq!(e.code, Code::HostUntested);
+        assert!(e.next.contains(">=1.18.0 <1.19.0"), "{}", e.next);
+        let mut r = raw(r#"{"allowUntestedHost":true}"#, "{}");
+        r.host_name = "opencode".into();
+        r.host_version = "2.2.3".into();
+        // Past the gate, the work is simply unknown.
+        assert_eq!(call(&mut p, &mut f, "boxd_job", r#"{"work":"w1"}"#, r).unwrap_err().code, Code::WorkUnknown);
+    }
+}

@@ -1,0 +1,207 @@
+//! The lifecycle of a work against boxd-local with its fault injection: ensure (create,
+//! adopt, refuse), sleep, resume, image and drop guards, access, and ledger recovery.
+
+use serde_json::json;
+
+use crate::common::*;
+
+const W1: &str = r#"{"work":"w1"}"#;
+
+#[test]
+fn read_only_refuses_every_change_before_any_cli_call() {
+    let world = World::new("readonly");
+    let ro = ["--options", r#"{"access":"read-only"}"#];
+    for (tool, args) in [
+        ("boxd_ensure", W1),
+        ("boxd_submit", r#"{"work":"w1","prompt":"hi"}"#),
+        ("boxd_harvest", W1),
+        ("boxd_sleep", W1),
+        ("boxd_resume", W1),
+        ("boxd_image", r#"{"work":"w1","name":"snap"}"#),
+        ("boxd_drop", W1),
+    ] {
+        let (code, v) = world.call_with(&ro, tool, args);
+        assert_eq!((code, v["error"].as_str()), (1, Some("ACCESS_DENIED")), "{tool}: {v:#}");
+        assert!(v["next"].as_str().unwrap().contains("read-only"));
+    }
+    // The reads still run.
+    let (code, v) = world.call_with(&ro, "boxd_status", "{}");
+    assert_eq!(code, 0);
+    assert_eq!(v["access"], "read-only");
+    let before_status = world.laptop.boxd_calls().len();
+    assert_eq!(before_status, 2, "only boxd_status reached boxd: {:?}", world.laptop.boxd_calls());
+}
+
+#[test]
+fn snapshot_missing_creates_nothing() {
+    let world = World::new("nosnap");
+    assert!(world.laptop.boxd(&["snapshots", "remove", "opencode-golden", "-y"]).status.success());
+    world.forget_calls();
+    let v = world.err_call("boxd_ensure", W1, "SNAPSHOT_MISSING");
+    assert!(v["next"].as_str().unwrap().contains("golden"));
+    assert_eq!(world.calls_starting(&["machine", "new"]), 0);
+}
+
+#[test]
+fn a_same_named_machine_made_outside_the_ledger_is_not_ours() {
+    let world = World::new("notours");
+    assert!(world.laptop.boxd(&["machine", "new", "oc-w1", "--json"]).status.success());
+    world.err_call("boxd_ensure", W1, "NOT_OURS");
+    world.err_call("boxd_drop", W1, "WORK_UNKNOWN");
+    assert_eq!(world.calls_starting(&["machine", "remove"]), 0);
+}
+
+#[test]
+fn bad_work_ids_are_name_invalid() {
+    let world = World::new("names");
+    for id in ["W1", "1w", "w_1", "a-", ""] {
+        world.err_call("boxd_ensure", &json!({ "work": id }).to_string(), "NAME_INVALID");
+    }
+    world.err_call("boxd_image", r#"{"work":"w1","name":"Bad Name"}"#, "NAME_INVALID");
+    assert!(world.laptop.boxd_calls().is_empty());
+}
+
+#[test]
+fn create_timeout_then_adoption_makes_exactly_one_machine() {
+    let world = World::new("adopt");
+    // boxd stops answering, but the create lands: the classic uncertain create.
+    world.faults(r#"[{"verb":"machine new","times":1,"action":"hang","ms":20000,"land":true}]"#);
+    let (code, v) = world.call_with(&["--options", r#"{"boxdTimeoutSeconds":5}"#], "boxd_ensure", W1);
+    assert_eq!((code, v["error"].as_str()), (1, Some("CREATE_UNCERTAIN")), "{v:#}");
+    let ledger: serde_json::Value = serde_json::from_slice(&std::fs::read(world.laptop.ledger.join("works/w1/work.json")).unwrap()).unwrap();
+    assert_eq!(ledger["state"], "creating", "the work was recorded before the create ran");
+    let v = world.ok_call("boxd_ensure", W1);
+    assert_eq!(v["adopted"], true);
+    assert_eq!(v["created"], false);
+    assert_eq!(world.calls_starting(&["machine", "new"]), 1, "never a second machine for one work");
+    let v = world.ok_call("boxd_ensure", W1);
+    assert_eq!(v["adopted"], false, "ensure on a healthy work is idempotent");
+    assert_eq!(world.calls_starting(&["machine", "new"]), 1);
+}
+
+#[test]
+fn boot_timeout_is_uncertain_until_the_machine_appears() {
+    let world = World::new("boottimeout");
+    world.faults(r#"[{"verb":"machine new","times":1,"action":"boot_timeout","appear_after_ms":1500}]"#);
+    world.err_call("boxd_ensure", W1, "CREATE_UNCERTAIN");
+    std::thread::sleep(std::time::Duration::from_millis(1800));
+    let v = world.ok_call("boxd_ensure", W1);
+    assert_eq!(v["adopted"], true);
+    assert_eq!(world.calls_starting(&["machine", "new"]), 1);
+}
+
+#[test]
+fn sleep_then_job_is_asleep_by_boxd_sleep_without_an_exec_and_resume_wakes() {
+    let world = World::new("sleep");
+    world.ok_call("boxd_ensure", W1);
+    let v = world.ok_call("boxd_sleep", W1);
+    assert_eq!(v["state"], "asleep");
+    assert!(v["sleptAt"].as_str().is_some());
+    let execs = world.calls_starting(&["machine", "exec"]);
+    let v = world.ok_call("boxd_job", W1);
+    assert_eq!(v["state"], "asleep");
+    assert_eq!(v["asleepBy"], "boxd_sleep");
+    assert!(v["next"].as_str().unwrap().contains("boxd_resume"));
+    assert_eq!(world.calls_starting(&["machine", "exec"]), execs, "boxd_job ran an exec on a sleeping machine");
+    let status = world.ok_call("boxd_status", "{}");
+    assert_eq!(status["works"][0]["state"], "asleep");
+
+    let v = world.ok_call("boxd_resume", W1);
+    assert_eq!(v["action"], "woken");
+    assert_eq!(world.calls_starting(&["machine", "config", "set", "oc-w1", "auto-hibernate.timeout", "1800"]), 1);
+    let v = world.ok_call("boxd_job", W1);
+    assert_eq!(v["state"], "idle");
+
+    // Hibernated by the CLI (or the idle bound), not by us:
+    assert!(world.laptop.boxd(&["machine", "hibernate", "oc-w1"]).status.success());
+    assert_eq!(world.ok_call("boxd_job", W1)["asleepBy"], "idle_or_cli");
+}
+
+#[test]
+fn drop_and_image_refuse_until_a_harvest_proves_the_work() {
+    let world = World::new("guards");
+    world.ok_call("boxd_ensure", W1);
+    world.err_call("boxd_drop", W1, "NOT_PROVEN");
+    world.err_call("boxd_image", r#"{"work":"w1","name":"w1-snap"}"#, "NOT_PROVEN");
+    assert_eq!(world.calls_starting(&["machine", "remove"]), 0);
+    assert_eq!(world.calls_starting(&["snapshots", "save"]), 0);
+}
+
+#[test]
+fn a_gone_machine_is_rebuilt_by_resume() {
+    let world = World::new("gone");
+    world.ok_call("boxd_ensure", W1);
+    assert!(world.laptop.boxd(&["machine", "remove", "oc-w1", "-y"]).status.success());
+    assert_eq!(world.ok_call("boxd_job", W1)["state"], "gone");
+    world.err_call("boxd_ensure", W1, "MACHINE_GONE");
+    let v = world.ok_call("boxd_resume", W1);
+    assert_eq!(v["action"], "rebuilt");
+    assert_eq!(world.ok_call("boxd_job", W1)["state"], "idle");
+}
+
+#[test]
+fn a_shared_or_isolated_machine_is_refused() {
+    let world = World::new("shared");
+    // Our create is uncertain; then a machine of that name shows up shared.
+    world.faults(r#"[{"verb":"machine new","times":1,"action":"fail","message":"internal"}]"#);
+    world.err_call("boxd_ensure", W1, "BOXD_FAILED");
+    assert!(world.laptop.boxd(&["machine", "new", "oc-w1", "--shared", "--json"]).status.success());
+    world.err_call("boxd_ensure", W1, "MACHINE_SHARED");
+    assert!(world.laptop.boxd(&["machine", "remove", "oc-w1", "-y"]).status.success());
+    assert!(world.laptop.boxd(&["machine", "new", "oc-w1", "--isolated", "--json"]).status.success());
+    world.err_call("boxd_ensure", W1, "MACHINE_ISOLATED");
+}
+
+#[test]
+fn boxd_failures_map_to_codes_with_next_steps() {
+    let world = World::new("failures");
+    world.ok_call("boxd_ensure", W1);
+    world.faults(r#"[{"verb":"machine list","times":1,"action":"network"}]"#);
+    let v = world.err_call("boxd_job", W1, "BOXD_FAILED");
+    assert!(v["message"].as_str().unwrap().contains("dns error"), "{v:#}");
+    world.faults(r#"[{"verb":"machine list","times":1,"action":"signed_out"}]"#);
+    let v = world.err_call("boxd_sleep", W1, "BOXD_FAILED");
+    assert!(v["next"].as_str().unwrap().contains("boxd auth login"));
+    assert!(world.laptop.boxd(&["auth", "login"]).status.success());
+    world.faults(r#"[{"verb":"machine list","times":1,"action":"garbage"}]"#);
+    world.err_call("boxd_job", W1, "BOXD_FAILED");
+    world.faults(r#"[{"verb":"machine list","times":1,"action":"hang","ms":20000}]"#);
+    let (code, v) = world.call_with(&["--options", r#"{"boxdTimeoutSeconds":5}"#], "boxd_job", W1);
+    assert_eq!((code, v["error"].as_str()), (1, Some("TIMEOUT")));
+    world.faults(r#"[{"verb":"machine list","times":1,"action":"lose_machine","machine":"oc-w1"}]"#);
+    assert_eq!(world.ok_call("boxd_job", W1)["state"], "gone");
+    world.err_call("boxd_submit", r#"{"work":"w1","prompt":"hi"}"#, "MACHINE_GONE");
+}
+
+#[test]
+fn an_interrupted_host_leaves_a_ledger_that_reads_and_the_next_call_recovers() {
+    let world = World::new("crash");
+    world.faults(r#"[{"verb":"machine new","times":1,"action":"hang","ms":3000}]"#);
+    // Kill the host while boxd hangs inside the create: the record was written first.
+    let oc = opencode_bin();
+    let mut child = std::process::Command::new(boxd_host())
+        .args(["--project", world.laptop.project.to_str().unwrap(), "--ledger", world.laptop.ledger.to_str().unwrap()])
+        .args(["--boxd", boxd_local().to_str().unwrap(), "--opencode", oc.to_str().unwrap(), "call", "boxd_ensure", W1])
+        .env("BOXD_LOCAL_HOME", &world.laptop.boxd_home)
+        .env("BOXD_HOST_CACHE", cache_dir())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let record = world.laptop.ledger.join("works/w1/work.json");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while world.calls_starting(&["machine", "new"]) == 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // A torn temporary file from a write in flight must not matter either.
+    std::fs::write(world.laptop.ledger.join("works/w1/work.json.boxd-tmp"), b"{\"schema\":1,\"wo").unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&record).unwrap()).unwrap();
+    assert_eq!(v["state"], "creating");
+    // The orphaned boxd-local ends its hang by itself.
+    std::thread::sleep(std::time::Duration::from_millis(3500));
+    let status = world.ok_call("boxd_status", "{}");
+    assert_eq!(status["works"][0]["work"], "w1");
+    let v = world.ok_call("boxd_ensure", W1);
+    assert_eq!(v["state"], "running");
+}
