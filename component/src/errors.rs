@@ -119,3 +119,24 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod docs_tests {
+    use super::Code;
+
+    /// docs/configuration.md lists every code with exactly its next step, and no other code.
+    #[test]
+    fn the_documented_table_matches_the_enum() {
+        let doc = include_str!("../../docs/configuration.md");
+        let rows: alloc::vec::Vec<&str> = doc.lines().filter(|l| l.starts_with("| `") && l.matches('|').count() == 4).collect();
+        let documented: alloc::collections::BTreeSet<&str> = rows.iter().filter_map(|r| r.split('`').nth(1)).filter(|c| c.chars().all(|ch| ch.is_ascii_uppercase() || ch == '_')).collect();
+        for code in Code::ALL {
+            let row = rows.iter().find(|r| r.starts_with(&alloc::format!("| `{}` |", code.as_str())));
+            let row = row.unwrap_or_else(|| panic!("{} is not documented in docs/configuration.md", code.as_str()));
+            assert!(row.trim_end().ends_with(&alloc::format!("| {} |", code.next())), "{}: the documented next step differs from the enum", code.as_str());
+        }
+        let known: alloc::collections::BTreeSet<&str> = Code::ALL.iter().map(|c| c.as_str()).collect();
+        let extra: alloc::vec::Vec<_> = documented.difference(&known).collect();
+        assert!(extra.is_empty(), "documented codes the enum lacks: {extra:?}");
+    }
+}

@@ -55,20 +55,28 @@ impl<'b, 'a, P: Programs> Guest<'b, 'a, P> {
         }
     }
 
-    /// One helper command; uploads the helper first when the guest does not have it.
+    /// One helper command. The helper's digest is checked on the guest before every use
+    /// (exit 86 when it is missing or changed), and then it is uploaded and the call retried.
     pub fn call(&mut self, command: &str, flags: &[&str], stdin: Option<Vec<u8>>) -> ToolResult<Value> {
         let helper = helper_path();
-        let work = self.work.clone();
-        let mut words: Vec<&str> = alloc::vec!["python3", helper.as_str(), command, "--work", work.as_str()];
-        words.extend_from_slice(flags);
+        let mut line = alloc::vec![String::from("python3"), helper.clone(), command.to_string(), "--work".into(), self.work.clone()];
+        line.extend(flags.iter().map(|f| f.to_string()));
+        let line: Vec<String> = line.iter().map(|w| crate::boxd::sh_quote(w)).collect();
+        let script = format!(
+            "[ \"$(sha256sum {helper} 2>/dev/null | cut -c1-64)\" = {sha} ] || exit 86; exec {}",
+            line.join(" "),
+            sha = sha256_hex(HELPER),
+        );
+        let words = ["sh", "-c", script.as_str()];
         let mut out = self.boxd.exec(&self.machine, &words, stdin.clone(), HELPER_TIMEOUT_S).map_err(Failure::into_error)?;
-        if out.exit_code == Some(2) && String::from_utf8_lossy(&out.stderr).contains("can't open file") {
+        if out.exit_code == Some(86) {
             self.upload()?;
             out = self.boxd.exec(&self.machine, &words, stdin, HELPER_TIMEOUT_S).map_err(Failure::into_error)?;
         }
         match out.exit_code {
             Some(0) => first_json(&out.stdout).ok_or_else(|| {
-                ToolError::new(Code::GuestFailed, format!("the guest helper's {command} printed no JSON: {}", tail(&out.stderr)))
+                let code = if command == "export" { Code::ExportInvalid } else { Code::GuestFailed };
+                ToolError::new(code, format!("the guest helper's {command} printed no JSON: {}", tail(&out.stderr)))
             }),
             Some(3) => {
                 let v = first_json(&out.stdout).unwrap_or(Value::Null);
@@ -77,6 +85,7 @@ impl<'b, 'a, P: Programs> Guest<'b, 'a, P> {
                 let code = Code::parse(kind).unwrap_or(Code::GuestFailed);
                 Err(ToolError::new(code, format!("{}: {message}", self.machine)))
             }
+            Some(86) => Err(ToolError::new(Code::GuestFailed, format!("{}: the guest helper does not match its digest even after a fresh upload", self.machine))),
             Some(127) => Err(ToolError::new(Code::GuestFailed, format!("{} has no python3, which the guest helper needs", self.machine))),
             other => Err(ToolError::new(
                 Code::GuestFailed,

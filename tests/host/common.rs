@@ -115,7 +115,6 @@ pub fn opencode_bin() -> PathBuf {
 pub struct Model {
     child: std::process::Child,
     pub url: String,
-    pub log: PathBuf,
 }
 
 impl Model {
@@ -133,7 +132,7 @@ impl Model {
         std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
         let url = line.split_whitespace().last().unwrap_or("").to_string();
         assert!(url.starts_with("http://127.0.0.1:"), "the scripted model did not start: {line:?}");
-        Model { child, url, log }
+        Model { child, url }
     }
 }
 

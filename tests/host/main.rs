@@ -6,4 +6,7 @@ mod common;
 mod confinement;
 mod imports;
 mod cli;
+mod guest;
+mod harvest;
 mod lifecycle;
+mod mcp;

@@ -1,0 +1,140 @@
+//! The guest: a real OpenCode server per work inside a boxd-local machine, the inbox,
+//! boxd_submit and boxd_job, driven by the scripted model.
+
+use serde_json::json;
+
+use crate::common::*;
+
+const W1: &str = r#"{"work":"w1"}"#;
+
+fn submit(world: &World, prompt: &str) -> serde_json::Value {
+    world.ok_call("boxd_submit", &json!({ "work": "w1", "prompt": prompt }).to_string())
+}
+
+#[test]
+fn submit_runs_to_completion_and_a_second_prompt_queues_behind_the_first() {
+    let world = World::new("guest-run");
+    world.ok_call("boxd_ensure", W1);
+    let v = submit(&world, "first task @@sleep:3000@@");
+    assert_eq!(v["admitted"], true);
+    assert_eq!(v["queued"], false);
+    let v = submit(&world, "second task");
+    assert_eq!(v["queued"], true, "a prompt that arrives while a run is busy waits: {v:#}");
+    assert_eq!(v["pending"], 1);
+    let busy = world.ok_call("boxd_job", W1);
+    assert_eq!(busy["state"], "busy");
+    let v = world.job_until_idle("w1");
+    assert_eq!(v["state"], "idle", "{v:#}");
+    // Both ran, in order: the newest text is the second prompt's reply.
+    let v = if v["pending"] != 0 { world.job_until_idle("w1") } else { v };
+    assert_eq!(v["outcome"], "completed");
+    assert_eq!(v["lastText"], "MODEL_REPLY: second task");
+    assert_eq!(v["pending"], 0);
+    assert!(v["lastActivityAt"].as_str().is_some());
+    let ledger: serde_json::Value = serde_json::from_slice(&std::fs::read(world.laptop.ledger.join("works/w1/work.json")).unwrap()).unwrap();
+    assert_eq!(ledger["prompts"].as_array().unwrap().len(), 2);
+    assert!(ledger["prompts"][0]["sha256"].as_str().unwrap().len() == 64);
+    assert!(!String::from_utf8_lossy(&std::fs::read(world.laptop.ledger.join("works/w1/work.json")).unwrap()).contains("first task"), "the ledger holds digests, not prompts");
+}
+
+#[test]
+fn failed_auth_failed_and_aborted_runs_are_told_apart() {
+    let world = World::new("guest-fail");
+    world.ok_call("boxd_ensure", W1);
+    submit(&world, "break @@fail:500@@");
+    let v = wait_not_busy(&world);
+    assert_eq!(v["error"], "GUEST_RUN_FAILED", "{v:#}");
+    submit(&world, "bad key @@fail:401@@");
+    let v = wait_not_busy(&world);
+    assert_eq!(v["error"], "GUEST_AUTH_FAILED", "{v:#}");
+}
+
+/// boxd_job until not busy, returning the result or the error object.
+fn wait_not_busy(world: &World) -> serde_json::Value {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    loop {
+        let (_, v) = world.call("boxd_job", W1);
+        if v["state"] != "busy" || std::time::Instant::now() > deadline {
+            return v;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
+}
+
+#[test]
+fn a_killed_server_is_restarted_by_job() {
+    let world = World::new("guest-restart");
+    world.ok_call("boxd_ensure", W1);
+    // Kill the work's OpenCode server inside the machine.
+    let out = world.laptop.boxd(&["machine", "exec", "oc-w1", "--", "sh", "-c", "'kill -9 $(cat work/w1/.boxd/server.pid)'"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let (_, v) = world.call("boxd_job", W1);
+    assert!(v["error"] == "GUEST_SERVER_DOWN" || v["serverRestarted"] == true, "{v:#}");
+    let v = world.ok_call("boxd_job", W1);
+    assert_eq!(v["state"], "idle");
+    submit(&world, "after restart");
+    assert_eq!(world.job_until_idle("w1")["lastText"], "MODEL_REPLY: after restart");
+}
+
+#[test]
+fn a_hibernated_machine_is_asleep_with_zero_execs() {
+    let world = World::new("guest-asleep");
+    world.ok_call("boxd_ensure", W1);
+    assert!(world.laptop.boxd(&["machine", "hibernate", "oc-w1"]).status.success());
+    world.forget_calls();
+    let v = world.ok_call("boxd_job", W1);
+    assert_eq!(v["state"], "asleep");
+    assert_eq!(world.calls_starting(&["machine", "exec"]), 0);
+    assert_eq!(world.laptop.boxd_calls().len(), 1, "one listing, nothing else");
+}
+
+#[test]
+fn prompts_arrive_byte_for_byte_and_large_prompts_are_admitted() {
+    let world = World::new("guest-bytes");
+    world.ok_call("boxd_ensure", W1);
+    let nasty = "it's \"quoted\" $(rm -rf /) `id` ; && || > /tmp/x \\ \n\ttabs and naïve ünïcödé 🚀 %s {} @@echo-bytes@@";
+    submit(&world, nasty);
+    let v = world.job_until_idle("w1");
+    let expect = format!("ECHO_BYTES sha256={} bytes={}", sha256(nasty.as_bytes()), nasty.len());
+    assert_eq!(v["lastText"], expect.as_str());
+    let big = "x".repeat(1 << 20);
+    let v = submit(&world, &big);
+    assert_eq!(v["admitted"], true);
+    world.job_until_idle("w1");
+}
+
+#[test]
+fn files_go_in_with_their_names_and_bad_files_send_nothing() {
+    let world = World::new("guest-files");
+    world.ok_call("boxd_ensure", W1);
+    let dir = world.laptop.project.join("data");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("my bookmarks ü.json"), b"{\"a\":1}").unwrap();
+    let v = world.ok_call(
+        "boxd_submit",
+        &json!({ "work": "w1", "prompt": "read it", "files": [{ "from": "data/my bookmarks ü.json", "to": "in/my bookmarks ü.json" }] }).to_string(),
+    );
+    assert_eq!(v["files"][0]["sha256"], sha256(b"{\"a\":1}").as_str());
+    let out = world.laptop.boxd(&["machine", "exec", "oc-w1", "--", "cat", "'work/w1/in/my bookmarks ü.json'"]);
+    assert_eq!(out.stdout, b"{\"a\":1}");
+
+    std::os::unix::fs::symlink("/etc/passwd", dir.join("link.json")).unwrap();
+    std::fs::write(dir.join("big.bin"), vec![0u8; (8 << 20) + 1]).unwrap();
+    world.forget_calls();
+    for (from, to, code) in [
+        ("data/link.json", "x.json", "PATH_REFUSED"),
+        ("/etc/passwd", "x", "PATH_REFUSED"),
+        ("../outside.txt", "x", "PATH_REFUSED"),
+        ("data/big.bin", "big.bin", "FILE_TOO_LARGE"),
+        ("data/my bookmarks ü.json", "../escape.json", "NAME_INVALID"),
+        ("data/my bookmarks ü.json", "/abs.json", "NAME_INVALID"),
+    ] {
+        world.err_call("boxd_submit", &json!({ "work": "w1", "prompt": "p", "files": [{ "from": from, "to": to }] }).to_string(), code);
+    }
+    assert!(world.laptop.boxd_calls().is_empty(), "a refused file sends nothing: {:?}", world.laptop.boxd_calls());
+}
+
+pub fn sha256(bytes: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+}

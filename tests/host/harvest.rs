@@ -1,0 +1,175 @@
+//! boxd_harvest with a real OpenCode on both sides: the session tree comes home parents
+//! first and is proven, git is recorded (the patch applies on a fresh clone), files come
+//! back in a constant number of boxd calls, and drop is allowed only after.
+
+use serde_json::json;
+
+use crate::common::*;
+use crate::guest::sha256;
+
+const W1: &str = r#"{"work":"w1"}"#;
+
+fn run(world: &World, prompt: &str) -> serde_json::Value {
+    world.ok_call("boxd_submit", &json!({ "work": "w1", "prompt": prompt }).to_string());
+    let v = world.job_until_idle("w1");
+    assert_eq!(v["outcome"], "completed", "{v:#}");
+    v
+}
+
+/// A bash tool call on the guest through the scripted model.
+fn bash(cmd: &str) -> String {
+    format!("@@tool:bash:{}@@", json!({ "command": cmd, "description": "set up" }))
+}
+
+/// The laptop's own copy of a session, read with the laptop's opencode.
+fn laptop_export(world: &World, id: &str) -> serde_json::Value {
+    let h = world.home.display().to_string();
+    let out = std::process::Command::new(opencode_bin())
+        .args(["export", id])
+        .current_dir(&world.laptop.project)
+        .env("HOME", &h)
+        .env("XDG_DATA_HOME", format!("{h}/data"))
+        .env("XDG_CONFIG_HOME", format!("{h}/config"))
+        .env("XDG_CACHE_HOME", format!("{h}/cache"))
+        .env("XDG_STATE_HOME", format!("{h}/state"))
+        .env("OPENCODE_DISABLE_MODELS_FETCH", "1")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(&text[text.find('{').unwrap()..]).unwrap()
+}
+
+#[test]
+fn the_session_tree_comes_home_parents_first_and_a_second_harvest_adds_only_the_new() {
+    let world = World::new("harvest-tree");
+    world.ok_call("boxd_ensure", W1);
+    run(&world, r#"delegate @@task:{"description":"sub job","prompt":"child says hello","subagent_type":"general"}@@"#);
+    let v = world.ok_call("boxd_harvest", W1);
+    let sessions = v["sessions"].as_array().unwrap();
+    assert_eq!(sessions.len(), 2, "{v:#}");
+    let (root, child) = (&sessions[0], &sessions[1]);
+    assert_eq!(child["parentId"], root["id"]);
+    for s in sessions {
+        let copy = laptop_export(&world, s["id"].as_str().unwrap());
+        assert_eq!(copy["messages"].as_array().unwrap().len() as u64, s["messages"].as_u64().unwrap());
+    }
+    assert_eq!(laptop_export(&world, child["id"].as_str().unwrap())["info"]["parentID"], root["id"]);
+
+    run(&world, "one more thing");
+    let v2 = world.ok_call("boxd_harvest", W1);
+    let s2 = v2["sessions"].as_array().unwrap();
+    assert_eq!(s2[0]["messages"].as_u64().unwrap(), root["messages"].as_u64().unwrap() + 2, "exactly the new user and assistant messages");
+    assert_eq!(s2[1]["imported"], false, "the unchanged child is not imported again");
+    assert_eq!(laptop_export(&world, root["id"].as_str().unwrap())["messages"].as_array().unwrap().len() as u64, s2[0]["messages"].as_u64().unwrap());
+}
+
+#[test]
+fn a_corrupted_export_is_refused_and_nothing_is_imported() {
+    let world = World::new("harvest-corrupt");
+    world.ok_call("boxd_ensure", W1);
+    run(&world, "hello");
+    world.faults(r#"[{"verb":"machine exec","times":1,"action":"garbage"}]"#);
+    let log = world.laptop.scratch.0.join("audit.jsonl");
+    let (code, v) = world.call_with(&["--audit-log", log.to_str().unwrap()], "boxd_harvest", W1);
+    assert_eq!((code, v["error"].as_str()), (1, Some("EXPORT_INVALID")), "{v:#}");
+    let line = std::fs::read_to_string(&log).unwrap();
+    assert!(!line.contains("\"program\":\"opencode\""), "nothing may be imported: {line}");
+    world.err_call("boxd_drop", W1, "NOT_PROVEN");
+}
+
+#[test]
+fn git_is_recorded_and_a_dirty_tree_stores_a_patch_that_applies_on_a_fresh_clone() {
+    let world = World::new("harvest-git");
+    world.ok_call("boxd_ensure", W1);
+    let setup = "git init -q && git config user.email t@t && git config user.name t && echo one > a.txt && git add a.txt && git commit -qm init && echo two >> a.txt && echo new > notes.txt";
+    run(&world, &format!("dirty the tree {}", bash(setup)));
+    let v = world.ok_call("boxd_harvest", W1);
+    assert_eq!(v["git"]["repo"], true, "{v:#}");
+    assert_eq!(v["git"]["dirty"], true);
+    assert_eq!(v["git"]["untracked"], json!(["notes.txt"]));
+    let patch = world.laptop.ledger.join("works/w1").join(v["git"]["patch"].as_str().unwrap());
+    // A fresh clone of the guest's repository at HEAD takes the patch cleanly.
+    let machines = world.laptop.boxd_home.join("machines");
+    let guest_repo = std::fs::read_dir(&machines).unwrap().map(|e| e.unwrap().path().join("home/work/w1")).find(|p| p.exists()).unwrap();
+    let clone = world.laptop.scratch.0.join("fresh");
+    assert!(std::process::Command::new("git").args(["clone", "-q"]).arg(&guest_repo).arg(&clone).status().unwrap().success());
+    let applied = std::process::Command::new("git").arg("-C").arg(&clone).arg("apply").arg(&patch).output().unwrap();
+    assert!(applied.status.success(), "{}", String::from_utf8_lossy(&applied.stderr));
+    assert_eq!(std::fs::read_to_string(clone.join("a.txt")).unwrap(), "one\ntwo\n");
+    // notes.txt is untracked and was not harvested: drop refuses.
+    let e = world.err_call("boxd_drop", W1, "UNTRACKED");
+    assert!(e["message"].as_str().unwrap().contains("notes.txt"));
+    world.ok_call("boxd_harvest", r#"{"work":"w1","files":["notes.txt"]}"#);
+    let v = world.ok_call("boxd_drop", W1);
+    assert_eq!(v["dropped"], true);
+    assert_eq!(world.ok_call("boxd_status", "{}")["works"], json!([]));
+    let list = world.laptop.boxd(&["machine", "list", "--json"]);
+    assert!(!String::from_utf8_lossy(&list.stdout).contains("oc-w1"));
+}
+
+#[test]
+fn files_come_back_with_conflicts_and_symlinks_refused() {
+    let world = World::new("harvest-files");
+    world.ok_call("boxd_ensure", W1);
+    run(&world, &format!("write {}", bash("echo summary v1 > SUMMARY.md && ln -s /etc/passwd link.txt")));
+    let v = world.ok_call("boxd_harvest", r#"{"work":"w1","files":["SUMMARY.md"]}"#);
+    let local = world.laptop.project.join("SUMMARY.md");
+    assert_eq!(std::fs::read_to_string(&local).unwrap(), "summary v1\n");
+    assert_eq!(v["files"][0]["sha256"], sha256(b"summary v1\n").as_str());
+    // Harvesting the same content again is fine; a laptop edit is never overwritten.
+    world.ok_call("boxd_harvest", r#"{"work":"w1","files":["SUMMARY.md"]}"#);
+    std::fs::write(&local, "my own edit\n").unwrap();
+    run(&world, &format!("rewrite {}", bash("echo summary v2 > SUMMARY.md")));
+    world.err_call("boxd_harvest", r#"{"work":"w1","files":["SUMMARY.md"]}"#, "FILE_CONFLICT");
+    assert_eq!(std::fs::read_to_string(&local).unwrap(), "my own edit\n");
+    // Into another folder it comes back.
+    std::fs::create_dir_all(world.laptop.project.join("out")).unwrap();
+    world.ok_call("boxd_harvest", r#"{"work":"w1","files":["SUMMARY.md"],"to":"out"}"#);
+    assert_eq!(std::fs::read_to_string(world.laptop.project.join("out/SUMMARY.md")).unwrap(), "summary v2\n");
+    world.err_call("boxd_harvest", r#"{"work":"w1","files":["link.txt"]}"#, "PATH_REFUSED");
+    world.err_call("boxd_harvest", r#"{"work":"w1","files":["../x"]}"#, "NAME_INVALID");
+}
+
+#[test]
+fn two_hundred_files_come_back_in_as_many_boxd_calls_as_one() {
+    let world = World::new("harvest-many");
+    world.ok_call("boxd_ensure", W1);
+    run(&world, &format!("many {}", bash("mkdir -p out && for i in $(seq 1 200); do echo file $i > out/f$i.txt; done")));
+    world.ok_call("boxd_harvest", r#"{"work":"w1","files":["out/f1.txt"]}"#);
+    world.forget_calls();
+    world.ok_call("boxd_harvest", r#"{"work":"w1","files":["out/f1.txt"]}"#);
+    let one = world.laptop.boxd_calls().len();
+    world.forget_calls();
+    let files: Vec<String> = (1..=200).map(|i| format!("out/f{i}.txt")).collect();
+    world.ok_call("boxd_harvest", &json!({ "work": "w1", "files": files }).to_string());
+    assert_eq!(world.laptop.boxd_calls().len(), one, "harvest's boxd round trips must not grow with the file count");
+    assert_eq!(std::fs::read_to_string(world.laptop.project.join("out/f200.txt")).unwrap(), "file 200\n");
+}
+
+#[test]
+fn a_work_with_no_prompt_harvests_git_and_drops_when_clean() {
+    let world = World::new("harvest-empty");
+    world.ok_call("boxd_ensure", W1);
+    let v = world.ok_call("boxd_harvest", W1);
+    assert_eq!(v["sessions"], json!([]));
+    assert_eq!(v["git"]["repo"], false);
+    world.err_call("boxd_drop", W1, "GIT_UNKNOWN");
+    let out = world.laptop.boxd(&["machine", "exec", "oc-w1", "--", "sh", "-c", "'cd work/w1 && git init -q && git -c user.email=t@t -c user.name=t commit -q --allow-empty -m init'"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    world.ok_call("boxd_harvest", W1);
+    assert_eq!(world.ok_call("boxd_drop", W1)["dropped"], true);
+}
+
+#[test]
+fn image_after_a_proof_makes_an_immutable_snapshot() {
+    let world = World::new("harvest-image");
+    world.ok_call("boxd_ensure", W1);
+    run(&world, "hello");
+    world.ok_call("boxd_harvest", W1);
+    let v = world.ok_call("boxd_image", r#"{"work":"w1","name":"w1-snap"}"#);
+    assert_eq!(v["snapshot"], "w1-snap");
+    world.err_call("boxd_image", r#"{"work":"w1","name":"w1-snap"}"#, "SNAPSHOT_EXISTS");
+    run(&world, "more");
+    world.err_call("boxd_image", r#"{"work":"w1","name":"w1-snap2"}"#, "NOT_PROVEN");
+}
