@@ -26,3 +26,15 @@ if [ "$have" != "$want" ]; then
   "$here/tests/node_modules/.bin/opencode" --version >/dev/null 2>&1 \
     || (cd "$here/tests/node_modules/opencode-ai" && node postinstall.mjs)
 fi
+
+# The official MCP Python SDK in tests/.venv, pinned in tests/mcp/requirements.txt: the real
+# client that drives `boxd-host mcp` in tests/host/mcp.rs. A copy of the requirements in the
+# venv marks what it holds.
+req="$here/tests/mcp/requirements.txt"
+venv="$here/tests/.venv"
+if ! cmp -s "$req" "$venv/requirements.txt"; then
+  say "installing $(grep -v '^#' "$req" | tr '\n' ' ')into tests/.venv"
+  [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r "$req"
+  cp "$req" "$venv/requirements.txt"
+fi

@@ -1,9 +1,257 @@
-//! `boxd-host mcp`: the component's tools over MCP on stdio. (Being built.)
+//! `boxd-host mcp`: the component's tools over MCP on stdio, built on the official SDK
+//! (`rmcp`). The same `cli::Host` as `call` (same flags, policy and audit log); the tool
+//! list is the component's `describe()`, and a tool call is one `Host::call`. Nothing of
+//! the tools' behaviour lives here: this file only translates between MCP and the host.
+//!
+//! Results: the tool's JSON as pretty text and as `structuredContent`. Errors are tool
+//! results with `isError: true` (not JSON-RPC errors, which clients show opaquely), whose
+//! text is `{"error","message","next"}` so the model sees the code and the one next step.
+//! boxd_job results carry `mcpTaskState` (see `task_state` and docs/hosts.md).
 
-use anyhow::{bail, Result};
+use std::sync::{Arc, Mutex, PoisonError};
 
-use crate::cli::Flags;
+use anyhow::{Context as _, Result};
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation, JsonObject, ListToolsResult,
+    PaginatedRequestParams, ProgressNotificationParam, ServerCapabilities, ServerConfig, Tool, ToolAnnotations,
+};
+use rmcp::service::{RequestContext, RoleServer};
+use rmcp::{ErrorData, ServerHandler, ServiceExt as _};
+use serde_json::{json, Value};
 
-pub fn serve(_flags: &Flags) -> Result<u8> {
-    bail!("the MCP server is not built yet")
+use crate::cli::{Flags, Host};
+
+/// The host name the component sees for MCP calls (boxd-host's `call` says `boxd-host`).
+pub const HOST_NAME: &str = "boxd-host-mcp";
+
+/// Tools that can take minutes (machine creation, uploads, export/import): the client
+/// gets a progress notification when they start and when they end. The component runs a
+/// call to the end without yielding, so there are no intermediate steps to report.
+pub const LONG_TOOLS: &[&str] = &["boxd_ensure", "boxd_submit", "boxd_harvest", "boxd_resume"];
+
+/// The one tool that destroys something the laptop cannot get back from boxd.
+const DESTRUCTIVE_TOOLS: &[&str] = &["boxd_drop"];
+
+pub const INSTRUCTIONS: &str = "opencode-boxd runs OpenCode sessions on private boxd \
+machines while the transcript comes home to this laptop. The workflow: boxd_status to see \
+sign-in, the golden snapshot and the open works; boxd_ensure to create (or adopt) the \
+machine for a work; boxd_submit to hand it a task, which returns as soon as the guest has \
+admitted the prompt; boxd_job in later turns to see how the run is going (its \
+mcpTaskState says working, completed, failed or cancelled); boxd_harvest when it is idle \
+to bring the transcript and files home; then boxd_sleep to stop billing or boxd_drop to \
+destroy the machine. Never wait or poll inside one call: do other work and check \
+boxd_job in a later turn. Every error names its code and the one next step to take.";
+
+/// Serve MCP on stdin/stdout until the client closes stdin. Flag errors (a missing
+/// project, a boxd that does not exist) fail here, before the handshake, with exit 2.
+pub fn serve(flags: &Flags) -> Result<u8> {
+    let mut host = Host::open(flags)?;
+    host.ctx.host_name = HOST_NAME.into();
+    // `approved` stays true, as in `call`: MCP clients (Claude Code, Codex, Cursor) ask
+    // the user before each tool call they forward, so a call that reaches us was approved.
+    // docs/hosts.md says so, and says to use access "read-only" with a client that does not ask.
+    let manifest: Value = serde_json::from_str(&host.runtime.describe()?).context("the component's manifest is not JSON")?;
+    let tools = tools_from_manifest(&manifest)?;
+    let server = Server { host: Arc::new(Mutex::new(host)), tools: Arc::new(tools) };
+
+    // One thread drives the protocol; tool calls run on tokio's blocking pool.
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("cannot start the async runtime")?;
+    runtime.block_on(async move {
+        let running = server.serve(rmcp::transport::stdio()).await.context("the MCP handshake failed")?;
+        running.waiting().await.context("the MCP session ended with an error")?;
+        anyhow::Ok(())
+    })?;
+    // Dropping the runtime waits for a call still running in the blocking pool: a client
+    // that hangs up mid-call must not leave the ledger or a boxd command half done.
+    drop(runtime);
+    Ok(0)
+}
+
+/// The MCP tool list from the component's manifest: name, description, the JSON Schema
+/// as `inputSchema`, and annotations from the tool's access.
+pub fn tools_from_manifest(manifest: &Value) -> Result<Vec<Tool>> {
+    let list = manifest.get("tools").and_then(Value::as_array).context("the manifest has no tools")?;
+    list.iter()
+        .map(|t| {
+            let name = t.get("name").and_then(Value::as_str).context("a manifest tool has no name")?.to_string();
+            let description = t.get("description").and_then(Value::as_str).unwrap_or_default().to_string();
+            let schema: JsonObject = match t.get("inputSchema") {
+                Some(Value::Object(o)) => o.clone(),
+                _ => anyhow::bail!("tool {name} has no inputSchema object"),
+            };
+            let read_only = t.get("access").and_then(Value::as_str) == Some("read");
+            let annotations = ToolAnnotations::new().read_only(read_only).destructive(DESTRUCTIVE_TOOLS.contains(&name.as_str()));
+            Ok(Tool::new(name, description, Arc::new(schema)).with_annotations(annotations))
+        })
+        .collect()
+}
+
+/// The MCP task state for a boxd_job answer (its result or its error), or null when the
+/// state says nothing about a run: asleep, gone, or idle before any run ended.
+///
+/// busy, starting → working; idle + completed → completed; idle + aborted → cancelled;
+/// a failed run (boxd_job's GUEST_RUN_FAILED / GUEST_AUTH_FAILED) → failed.
+/// input_required is never used: a guest run does not stop to ask.
+pub fn task_state(answer: &std::result::Result<Value, Value>) -> Value {
+    match answer {
+        Ok(v) => match (v.get("state").and_then(Value::as_str), v.get("outcome").and_then(Value::as_str)) {
+            (Some("busy" | "starting"), _) => json!("working"),
+            (Some("idle"), Some("completed")) => json!("completed"),
+            (Some("idle"), Some("failed")) => json!("failed"),
+            (Some("idle"), Some("aborted")) => json!("cancelled"),
+            _ => Value::Null,
+        },
+        Err(e) => match e.get("error").and_then(Value::as_str) {
+            Some("GUEST_RUN_FAILED" | "GUEST_AUTH_FAILED") => json!("failed"),
+            _ => Value::Null,
+        },
+    }
+}
+
+/// Add `mcpTaskState` to a boxd_job answer; other tools' answers pass through.
+fn with_task_state(tool: &str, answer: std::result::Result<Value, Value>) -> std::result::Result<Value, Value> {
+    if tool != "boxd_job" {
+        return answer;
+    }
+    let state = task_state(&answer);
+    // A failed run's error gets the field only when it maps; other errors stay as they are.
+    match answer {
+        Ok(Value::Object(mut o)) => {
+            o.insert("mcpTaskState".into(), state);
+            Ok(Value::Object(o))
+        }
+        Err(Value::Object(mut o)) if !state.is_null() => {
+            o.insert("mcpTaskState".into(), state);
+            Err(Value::Object(o))
+        }
+        other => other,
+    }
+}
+
+/// A host failure (a trap, a policy or runtime error) in the tools' own error shape.
+pub fn host_failed(tool: &str, message: impl std::fmt::Display) -> Value {
+    json!({
+        "error": "HOST_FAILED",
+        "message": format!("boxd-host could not run {tool}: {message}"),
+        "next": "Call boxd_status to see where things stand; if this repeats, restart the MCP server \
+                 and report the message (the plugin's host failed, not boxd).",
+    })
+}
+
+/// The MCP result for one answer: pretty JSON text plus the same value structured.
+pub fn to_result(answer: std::result::Result<Value, Value>) -> CallToolResult {
+    let (value, is_error) = match answer {
+        Ok(v) => (v, false),
+        Err(e) => (e, true),
+    };
+    let text = serde_json::to_string_pretty(&value).unwrap_or_else(|_| value.to_string());
+    let mut result = if is_error { CallToolResult::error(vec![ContentBlock::text(text)]) } else { CallToolResult::success(vec![ContentBlock::text(text)]) };
+    // Only objects go in structuredContent: older protocol versions allow nothing else.
+    if value.is_object() {
+        result.structured_content = Some(value);
+    }
+    result
+}
+
+#[derive(Clone)]
+struct Server {
+    /// Calls run one at a time: the component has no ledger lock, and one agent's calls
+    /// on one work (submit, then drop) must not interleave.
+    host: Arc<Mutex<Host>>,
+    tools: Arc<Vec<Tool>>,
+}
+
+impl Server {
+    async fn progress(&self, ctx: &RequestContext<RoleServer>, tool: &str, done: bool) {
+        if !LONG_TOOLS.contains(&tool) {
+            return;
+        }
+        let Some(token) = ctx.meta.get_progress_token() else { return };
+        let (progress, message) = if done { (1.0, format!("{tool} finished")) } else { (0.0, format!("{tool} started")) };
+        // A client that went away is not our failure: the call's result still matters.
+        let _ = ctx.peer.notify_progress(ProgressNotificationParam::new(token, progress).with_total(1.0).with_message(message)).await;
+    }
+}
+
+impl ServerHandler for Server {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(Implementation::new("opencode-boxd", env!("CARGO_PKG_VERSION")))
+            .with_instructions(INSTRUCTIONS)
+    }
+
+    async fn list_tools(&self, _request: Option<PaginatedRequestParams>, _ctx: RequestContext<RoleServer>) -> Result<ListToolsResult, ErrorData> {
+        Ok(ListToolsResult::with_all_items(self.tools.as_ref().clone()))
+    }
+
+    // `get_tool` stays at its default (None) so rmcp does not check arguments itself: the
+    // component's check gives ARGS_INVALID with a next step, the same as `boxd-host call`.
+
+    async fn call_tool(&self, request: CallToolRequestParams, ctx: RequestContext<RoleServer>) -> Result<CallToolResponse, ErrorData> {
+        let tool = request.name;
+        let args = Value::Object(request.arguments.unwrap_or_default()).to_string();
+        self.progress(&ctx, &tool, false).await;
+        // The wasmtime call is synchronous and may run for minutes: off the protocol thread.
+        let host = self.host.clone();
+        let name = tool.to_string();
+        let joined = tokio::task::spawn_blocking(move || host.lock().unwrap_or_else(PoisonError::into_inner).call(&name, &args)).await;
+        let answer = match joined {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(e)) => Err(host_failed(&tool, format!("{e:#}"))),
+            Err(e) => Err(host_failed(&tool, format!("the call panicked ({e})"))),
+        };
+        self.progress(&ctx, &tool, true).await;
+        Ok(to_result(with_task_state(&tool, answer)).into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn job_states_map_to_task_states() {
+        let ok = |state: &str, outcome: Value| task_state(&Ok(json!({ "state": state, "outcome": outcome })));
+        assert_eq!(ok("busy", Value::Null), "working");
+        assert_eq!(ok("starting", Value::Null), "working");
+        assert_eq!(ok("idle", json!("completed")), "completed");
+        assert_eq!(ok("idle", json!("aborted")), "cancelled");
+        assert_eq!(ok("idle", Value::Null), Value::Null);
+        assert_eq!(ok("asleep", Value::Null), Value::Null);
+        assert_eq!(ok("gone", Value::Null), Value::Null);
+        assert_eq!(task_state(&Err(json!({ "error": "GUEST_RUN_FAILED" }))), "failed");
+        assert_eq!(task_state(&Err(json!({ "error": "WORK_UNKNOWN" }))), Value::Null);
+    }
+
+    #[test]
+    fn only_boxd_job_gets_a_task_state() {
+        let v = with_task_state("boxd_job", Ok(json!({ "state": "busy" }))).unwrap();
+        assert_eq!(v["mcpTaskState"], "working");
+        let v = with_task_state("boxd_status", Ok(json!({ "state": "busy" }))).unwrap();
+        assert!(v.get("mcpTaskState").is_none());
+        let e = with_task_state("boxd_job", Err(json!({ "error": "WORK_UNKNOWN" }))).unwrap_err();
+        assert!(e.get("mcpTaskState").is_none());
+    }
+
+    #[test]
+    fn annotations_follow_access_and_drop_is_destructive() {
+        let manifest = json!({ "tools": [
+            { "name": "boxd_status", "access": "read", "description": "d", "inputSchema": { "type": "object" } },
+            { "name": "boxd_drop", "access": "change", "description": "d", "inputSchema": { "type": "object" } },
+        ]});
+        let tools = tools_from_manifest(&manifest).unwrap();
+        let a = tools[0].annotations.clone().unwrap();
+        assert_eq!((a.read_only_hint, a.destructive_hint), (Some(true), Some(false)));
+        let a = tools[1].annotations.clone().unwrap();
+        assert_eq!((a.read_only_hint, a.destructive_hint), (Some(false), Some(true)));
+    }
+
+    #[test]
+    fn errors_are_tool_results_with_the_error_json() {
+        let r = to_result(Err(host_failed("boxd_status", "trap")));
+        assert_eq!(r.is_error, Some(true));
+        let v = r.structured_content.unwrap();
+        assert_eq!(v["error"], "HOST_FAILED");
+        assert!(v["next"].as_str().unwrap().contains("boxd_status"));
+    }
 }
