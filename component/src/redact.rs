@@ -8,6 +8,11 @@ const PREFIXES: &[&str] = &["sk-", "sk_", "ghp_", "gho_", "ghs_", "github_pat_",
 
 fn opaque(word: &str) -> bool {
     let w = word.trim_matches(|c: char| !c.is_ascii_alphanumeric());
+    // The value of `name=value`; a pure hex run is a digest or a commit, not a credential.
+    let w = w.rsplit(['=', ':']).next().unwrap_or(w);
+    if w.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return false;
+    }
     if PREFIXES.iter().any(|p| w.starts_with(p) && w.len() >= p.len() + 8) {
         return true;
     }
@@ -64,6 +69,9 @@ mod tests {
         let t = redact("Done. Used key sk-abcdefghijklmnop1234 and Bearer abc.def and token=hunter2 ok", 300);
         assert_eq!(t, "Done. Used key [redacted] and Bearer [redacted] and token=[redacted] ok");
         assert_eq!(redact("plain words stay", 300), "plain words stay");
+        let digest = "sha256=0e23942e6f114eb11d7a6cbc5c8d5db9919883f76bba5a0c8d2ad72270b2e19a";
+        assert_eq!(redact(digest, 300), digest, "digests and commits are not secrets");
+        assert_eq!(redact("key=AbCdEfGh1234567890AbCdEfGh1234567890", 300), "[redacted]");
     }
 
     #[test]

@@ -19,7 +19,7 @@ usage: boxd-host [FLAGS] <command>
 commands:
   describe                 the manifest (tools, schemas, read/change), as JSON
   call TOOL [ARGS_JSON]    one tool call; prints its JSON result; on a tool error prints
-                           {\"error\",\"message\",\"next\"} and exits 1
+                           {\"error\",\"message\",\"next\"} and exits 1; ARGS_JSON '-' reads stdin
   audit [--json]           what the plugin can touch: the component's imports and exports,
                            the programs it may run and the folders it may open
   mcp                      serve every tool over MCP on stdio (for Claude Code, Codex, …)
@@ -216,7 +216,12 @@ pub fn run(f: Flags) -> Result<u8> {
         }
         "call" => {
             let tool = f.command.get(1).context("call needs a tool name: boxd-host call boxd_status '{}'")?.clone();
-            let args = f.command.get(2).cloned().unwrap_or_else(|| "{}".into());
+            let mut args = f.command.get(2).cloned().unwrap_or_else(|| "{}".into());
+            if args == "-" {
+                // Large arguments (a long prompt) do not fit in argv: read them from stdin.
+                args.clear();
+                std::io::Read::read_to_string(&mut std::io::stdin(), &mut args).context("reading ARGS_JSON from stdin")?;
+            }
             if f.command.len() > 3 {
                 bail!("call takes TOOL and one ARGS_JSON; quote the JSON as one argument");
             }

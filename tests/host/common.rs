@@ -64,13 +64,26 @@ impl Laptop {
     }
 
     pub fn host_with(&self, args: &[&str], env: &[(&str, &str)]) -> Output {
+        self.host_stdin(args, env, None)
+    }
+
+    /// boxd-host with `stdin` fed (for `call TOOL -` with large arguments).
+    pub fn host_stdin(&self, args: &[&str], env: &[(&str, &str)], stdin: Option<&[u8]>) -> Output {
         let mut cmd = Command::new(boxd_host());
         cmd.arg("--project").arg(&self.project).arg("--ledger").arg(&self.ledger).arg("--boxd").arg(boxd_local());
         cmd.args(args).env("BOXD_LOCAL_HOME", &self.boxd_home).env("BOXD_HOST_CACHE", cache_dir());
         for (k, v) in env {
             cmd.env(k, v);
         }
-        cmd.output().unwrap()
+        let Some(input) = stdin else { return cmd.output().unwrap() };
+        cmd.stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+        let mut child = cmd.spawn().unwrap();
+        let mut pipe = child.stdin.take().unwrap();
+        let bytes = input.to_vec();
+        let writer = std::thread::spawn(move || std::io::Write::write_all(&mut pipe, &bytes));
+        let out = child.wait_with_output().unwrap();
+        writer.join().unwrap().unwrap();
+        out
     }
 
     /// Run boxd-local directly against this laptop's provider state.
@@ -206,7 +219,8 @@ impl World {
         let path = format!("{}:{}", oc.parent().unwrap().display(), std::env::var("PATH").unwrap_or_default());
         let mut argv: Vec<&str> = vec!["--opencode", oc.to_str().unwrap()];
         argv.extend_from_slice(flags);
-        argv.extend(["call", tool, args]);
+        let big = args.len() > 64 * 1024;
+        argv.extend(["call", tool, if big { "-" } else { args }]);
         let h = self.home.display().to_string();
         let env = [
             ("PATH", path.as_str()),
@@ -219,7 +233,7 @@ impl World {
             ("OPENCODE_DISABLE_AUTOUPDATE", "1"),
         ];
         let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_ref())).collect();
-        let out = self.laptop.host_with(&argv, &env);
+        let out = self.laptop.host_stdin(&argv, &env, big.then_some(args.as_bytes()));
         let code = out.status.code().unwrap_or(-1);
         assert!(code == 0 || code == 1, "boxd-host failed ({code}): {}", String::from_utf8_lossy(&out.stderr));
         (code, stdout_json(&out))

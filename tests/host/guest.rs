@@ -66,7 +66,8 @@ fn a_killed_server_is_restarted_by_job() {
     let world = World::new("guest-restart");
     world.ok_call("boxd_ensure", W1);
     // Kill the work's OpenCode server inside the machine.
-    let out = world.laptop.boxd(&["machine", "exec", "oc-w1", "--", "sh", "-c", "'kill -9 $(cat work/w1/.boxd/server.pid)'"]);
+    let kill = r#"'kill -9 $(python3 -c "import json; print(json.load(open(\"work/w1/.boxd/server.json\"))[\"pid\"])")'"#;
+    let out = world.laptop.boxd(&["machine", "exec", "oc-w1", "--", "sh", "-c", kill]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let (_, v) = world.call("boxd_job", W1);
     assert!(v["error"] == "GUEST_SERVER_DOWN" || v["serverRestarted"] == true, "{v:#}");
