@@ -23,6 +23,11 @@ commands:
   audit [--json]           what the plugin can touch: the component's imports and exports,
                            the programs it may run and the folders it may open
   mcp                      serve every tool over MCP on stdio (for Claude Code, Codex, …)
+  tour [--keep DIR]        the whole product on boxd-local with a scripted model: golden
+                           image, ensure, submit (with a file), job, harvest, drop, audit
+  golden [--name N] [--opencode-version V] [--config FILE] [--model P/M] [--key-env NAME]
+         [--url TEMPLATE] [--attempts N] [--retry-delay S]
+                           build the golden image: a machine with this laptop's OpenCode
 
 flags:
   --component PATH   the component (default: the one built into this binary)
@@ -121,6 +126,12 @@ pub struct Host {
 
 impl Host {
     pub fn open(f: &Flags) -> Result<Host> {
+        Self::open_env(f, std::env::vars().collect())
+    }
+
+    /// Open with an explicit environment: children inherit the policy's share of `vars`.
+    pub fn open_env(f: &Flags, vars: Vec<(String, String)>) -> Result<Host> {
+        let var = |k: &str| vars.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
         let options: Value = match &f.options {
             Some(s) => serde_json::from_str(s).context("--options is not valid JSON")?,
             None => json!({}),
@@ -135,7 +146,7 @@ impl Host {
         ensure_private_dir(&ledger)?;
         let ledger = std::fs::canonicalize(&ledger)?;
 
-        let path_var = std::env::var("PATH").ok();
+        let path_var = var("PATH");
         let mut policy = Policy::new();
         match &f.boxd {
             Some(p) => policy.program("boxd", p)?,
@@ -154,7 +165,7 @@ impl Host {
             policy.preopen(r, "allowed")?;
             root_strings.push(std::fs::canonicalize(r)?.display().to_string());
         }
-        policy.child_env_from(std::env::vars());
+        policy.child_env_from(vars.clone());
         let mut options = options;
         if !root_strings.is_empty() {
             options["allowedRoots"] = json!(root_strings);
@@ -248,6 +259,8 @@ pub fn run(f: Flags) -> Result<u8> {
             Ok(0)
         }
         "mcp" => crate::mcp::serve(&f),
+        "tour" => crate::tour::run(&f),
+        "golden" => crate::golden::command(&f),
         other => bail!("unknown command '{other}' (boxd-host --help lists them)"),
     }
 }

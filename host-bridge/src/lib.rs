@@ -5,10 +5,12 @@
 
 pub mod audit;
 pub mod cli;
+pub mod golden;
 pub mod mcp;
 pub mod policy;
 pub mod runtime;
 pub mod spawn;
+pub mod tour;
 
 /// The component this host was built with.
 pub const COMPONENT: &[u8] = include_bytes!(env!("COMPONENT_WASM"));

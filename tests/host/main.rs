@@ -9,4 +9,5 @@ mod cli;
 mod guest;
 mod harvest;
 mod lifecycle;
+mod tour;
 mod mcp;

@@ -1,0 +1,281 @@
+//! `boxd-host tour`: the whole product on this machine, no account needed. boxd-local is
+//! the provider and a scripted model answers on loopback; the tour builds a golden image,
+//! then runs ensure → submit (with a file) → job until idle → harvest (SUMMARY.md comes
+//! back) → drop through the real component, prints each step, the audit, and one JSON
+//! summary line last.
+
+use std::io::{Read, Write};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _, Result};
+use serde_json::{json, Value};
+
+use crate::cli::{Flags, Host};
+use crate::golden;
+
+const MODEL_JS: &str = include_str!("../../tests/model/scripted-model.mjs");
+
+/// The guest's OpenCode config: the scripted provider, its URL and key from boxd env.
+pub const GUEST_CONFIG: &str = r#"{"$schema":"https://opencode.ai/config.json","provider":{"scripted":{"npm":"@ai-sdk/openai-compatible","name":"Scripted","options":{"baseURL":"{env:SCRIPTED_MODEL_URL}","apiKey":"{env:SCRIPTED_MODEL_KEY}"},"models":{"scripted-model":{"name":"Scripted","tool_call":true}}}},"model":"scripted/scripted-model","small_model":"scripted/scripted-model","autoupdate":false,"share":"disabled"}"#;
+
+pub const BOOKMARKS: &str = r#"[
+  {"title": "boxd", "url": "https://boxd.sh"},
+  {"title": "OpenCode", "url": "https://opencode.ai"},
+  {"title": "WASI", "url": "https://wasi.dev"}
+]
+"#;
+
+/// What the guest's agent runs (through the scripted model's bash tool call).
+const SUMMARISE: &str = "python3 -c \"import json; b = json.load(open('bookmarks.json')); print('# Bookmarks'); print(); [print('- ' + x['title'] + ' <' + x['url'] + '>') for x in b]\" > SUMMARY.md && git init -q && git add -A && git -c user.name=tour -c user.email=tour@localhost commit -qm 'tour: summary'";
+
+/// The SUMMARY.md the guest writes for BOOKMARKS.
+pub fn expected_summary() -> String {
+    "# Bookmarks\n\n- boxd <https://boxd.sh>\n- OpenCode <https://opencode.ai>\n- WASI <https://wasi.dev>\n".into()
+}
+
+struct Killed(Child);
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn need(cmd: &str, why: &str) -> Result<()> {
+    if crate::policy::find_on_path(cmd, std::env::var("PATH").ok().as_deref()).is_none() {
+        bail!("the tour needs {cmd} ({why}); install it and run the tour again");
+    }
+    Ok(())
+}
+
+/// Serve one file over loopback HTTP for the golden build's download; returns its URL.
+fn serve_archive(file: PathBuf) -> Result<String> {
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    let port = listener.local_addr()?.port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let mut s = stream;
+            let mut buf = [0u8; 4096];
+            let _ = s.read(&mut buf);
+            let body = std::fs::read(&file).unwrap_or_default();
+            let _ = write!(s, "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n", body.len());
+            let _ = s.write_all(&body);
+        }
+    });
+    Ok(format!("http://127.0.0.1:{port}/opencode-{{target}}.tar.gz"))
+}
+
+/// A stand-in release archive: an `opencode` that runs this laptop's OpenCode.
+fn make_archive(dir: &Path, opencode: &Path) -> Result<PathBuf> {
+    let stage = dir.join("release");
+    std::fs::create_dir_all(&stage)?;
+    let bin = stage.join("opencode");
+    std::fs::write(&bin, format!("#!/bin/sh\nexec '{}' \"$@\"\n", opencode.display()))?;
+    std::fs::set_permissions(&bin, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
+    let archive = dir.join("opencode.tar.gz");
+    let ok = Command::new("tar").arg("-czf").arg(&archive).arg("-C").arg(&stage).arg("opencode").status()?.success();
+    if !ok {
+        bail!("tar could not build the stand-in release archive");
+    }
+    Ok(archive)
+}
+
+fn start_model(dir: &Path) -> Result<(Killed, String)> {
+    use std::io::BufRead;
+    let js = dir.join("scripted-model.mjs");
+    std::fs::write(&js, MODEL_JS)?;
+    let mut child = Command::new("node").arg(&js).env("PORT", "0").env("MODEL_LOG", dir.join("model.jsonl")).stdout(Stdio::piped()).spawn().context("node runs the scripted model")?;
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().expect("piped")).read_line(&mut line)?;
+    let url = line.split_whitespace().last().unwrap_or("").to_string();
+    if !url.starts_with("http://127.0.0.1:") {
+        bail!("the scripted model did not start: {line}");
+    }
+    Ok((Killed(child), url))
+}
+
+pub fn run(f: &Flags) -> Result<u8> {
+    let keep = match f.command.get(1).map(String::as_str) {
+        Some("--keep") => Some(PathBuf::from(f.command.get(2).context("--keep needs a folder")?)),
+        Some(other) => bail!("tour: unknown argument {other}"),
+        None => None,
+    };
+    let exe_dir = std::env::current_exe()?.parent().context("no exe folder")?.to_path_buf();
+    let boxd_local = f.boxd.clone().unwrap_or_else(|| exe_dir.join("boxd-local"));
+    if !boxd_local.exists() {
+        bail!("boxd-local is not next to boxd-host ({}); build it: cargo build -p boxd-local", boxd_local.display());
+    }
+    let path_var = std::env::var("PATH").ok();
+    let opencode = match &f.opencode {
+        Some(p) => p.clone(),
+        None => crate::policy::find_on_path("opencode", path_var.as_deref()).context(
+            "the tour needs OpenCode: run `bash tests/bootstrap.sh` (installs the pinned opencode-ai into tests/node_modules) and pass --opencode tests/node_modules/.bin/opencode, or `npm install -g opencode-ai@1.18.33`",
+        )?,
+    };
+    let opencode = std::fs::canonicalize(&opencode).with_context(|| format!("{} does not exist", opencode.display()))?;
+    for (cmd, why) in [("node", "it runs the scripted model"), ("python3", "the guest helper runs on it"), ("git", "the work tree is a repository"), ("curl", "the golden build downloads OpenCode"), ("tar", "the golden build unpacks OpenCode")] {
+        need(cmd, why)?;
+    }
+    let dir = match &keep {
+        Some(d) => {
+            std::fs::create_dir_all(d)?;
+            std::fs::canonicalize(d)?
+        }
+        None => {
+            let d = std::env::temp_dir().join(format!("boxd-tour-{}", std::process::id()));
+            std::fs::create_dir_all(&d)?;
+            d
+        }
+    };
+    let result = tour(f, &dir, &boxd_local, &opencode);
+    if keep.is_none() {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    result
+}
+
+fn tour(f: &Flags, dir: &Path, boxd_local: &Path, opencode: &Path) -> Result<u8> {
+    let sub = |n: &str| -> Result<PathBuf> {
+        let p = dir.join(n);
+        std::fs::create_dir_all(&p)?;
+        Ok(p)
+    };
+    let (boxd_home, ledger, project, laptop) = (sub("boxd-local")?, sub("ledger")?, sub("project")?, sub("laptop")?);
+    let audit_log = dir.join("audit.jsonl");
+    let oc_version = String::from_utf8_lossy(&Command::new(opencode).arg("--version").output()?.stdout).trim().to_string();
+    println!("tour: OpenCode {oc_version} · boxd-local (not a VM: machines are folders and processes on this computer) · scripted model");
+
+    // The laptop: its own OpenCode data; boxd-local's state; the guests find OpenCode on PATH.
+    let mut vars: Vec<(String, String)> = std::env::vars().filter(|(k, _)| !k.starts_with("XDG_") && k != "HOME").collect();
+    let l = laptop.display().to_string();
+    for (k, v) in [("HOME", l.clone()), ("XDG_DATA_HOME", format!("{l}/data")), ("XDG_CONFIG_HOME", format!("{l}/config")), ("XDG_CACHE_HOME", format!("{l}/cache")), ("XDG_STATE_HOME", format!("{l}/state"))] {
+        vars.push((k.into(), v));
+    }
+    vars.push(("BOXD_LOCAL_HOME".into(), boxd_home.display().to_string()));
+    vars.push(("OPENCODE_DISABLE_MODELS_FETCH".into(), "1".into()));
+    vars.push(("OPENCODE_DISABLE_AUTOUPDATE".into(), "1".into()));
+    let mut policy = crate::policy::Policy::new();
+    policy.child_env_from(vars.clone());
+    let cli = golden::Cli { boxd: boxd_local, env: policy.child_env() };
+
+    let (_model, model_url) = start_model(dir)?;
+    for (k, v) in [("SCRIPTED_MODEL_URL", model_url.as_str()), ("OPENCODE_DISABLE_MODELS_FETCH", "1"), ("OPENCODE_DISABLE_AUTOUPDATE", "1")] {
+        cli.run(&["env", "set", k, v], None)?;
+    }
+    cli.run(&["env", "set", "SCRIPTED_MODEL_KEY", "tour-key", "--secret"], None)?;
+
+    let mut steps: Vec<Value> = Vec::new();
+    let started = Instant::now();
+    println!("\n1. golden image");
+    let archive = make_archive(dir, opencode)?;
+    let spec = golden::Spec {
+        snapshot: "opencode-golden".into(),
+        opencode_version: oc_version.clone(),
+        config: GUEST_CONFIG.into(),
+        url: serve_archive(archive)?,
+        attempts: 3,
+        retry_delay_s: 1,
+        key_env: vec!["SCRIPTED_MODEL_KEY".into()],
+    };
+    match golden::build(&cli, &spec, &mut |s| println!("   {s}")) {
+        Ok(r) => steps.push(json!({ "step": "golden", "ok": true, "snapshot": r["snapshot"] })),
+        Err(e) => {
+            steps.push(json!({ "step": "golden", "ok": false, "error": e.to_string() }));
+            return finish(&steps, "tour", &[], started, 1);
+        }
+    }
+
+    std::fs::write(project.join("bookmarks.json"), BOOKMARKS)?;
+    let flags = Flags {
+        project: Some(project.clone()),
+        ledger: Some(ledger.clone()),
+        boxd: Some(boxd_local.to_path_buf()),
+        opencode: Some(opencode.to_path_buf()),
+        audit_log: Some(audit_log.clone()),
+        no_cache: f.no_cache,
+        ..Flags::default()
+    };
+    let mut host = Host::open_env(&flags, vars.clone())?;
+    let prompt = format!(
+        "Summarise bookmarks.json into SUMMARY.md and commit the work. @@tool:bash:{}@@",
+        json!({ "command": SUMMARISE, "description": "summarise the bookmarks" })
+    );
+    let mut harvested: Vec<Value> = Vec::new();
+    let plan: Vec<(&str, String)> = vec![
+        ("boxd_status", "{}".into()),
+        ("boxd_ensure", json!({ "work": "tour" }).to_string()),
+        ("boxd_submit", json!({ "work": "tour", "prompt": prompt, "files": [{ "from": "bookmarks.json", "to": "bookmarks.json" }] }).to_string()),
+        ("boxd_job", json!({ "work": "tour" }).to_string()),
+        ("boxd_harvest", json!({ "work": "tour", "files": ["SUMMARY.md"] }).to_string()),
+        ("boxd_drop", json!({ "work": "tour" }).to_string()),
+    ];
+    for (i, (tool, args)) in plan.iter().enumerate() {
+        println!("\n{}. {tool}", i + 2);
+        let t0 = Instant::now();
+        let mut result = host.call(tool, args)?;
+        // boxd_job: ask again in later "turns" until the run is over (bounded).
+        while *tool == "boxd_job" && result.as_ref().is_ok_and(|v| v["state"] == "busy") && t0.elapsed() < Duration::from_secs(180) {
+            println!("   busy… asking again");
+            std::thread::sleep(Duration::from_millis(700));
+            result = host.call(tool, args)?;
+        }
+        let ms = t0.elapsed().as_millis();
+        match result {
+            Ok(v) => {
+                println!("   ok ({ms} ms): {}", summary_line(tool, &v));
+                if *tool == "boxd_harvest" {
+                    harvested = v["files"].as_array().cloned().unwrap_or_default();
+                }
+                steps.push(json!({ "step": tool, "ok": true }));
+            }
+            Err(e) => {
+                println!("   {} ({ms} ms): {}\n   next: {}", e["error"].as_str().unwrap_or(""), e["message"].as_str().unwrap_or(""), e["next"].as_str().unwrap_or(""));
+                steps.push(json!({ "step": tool, "ok": false, "error": e["error"] }));
+                break;
+            }
+        }
+    }
+    println!("\n{}. audit: what the plugin could touch", plan.len() + 2);
+    for line in crate::audit::render(&crate::audit::reach(&host.runtime)).lines() {
+        println!("   {line}");
+    }
+    let calls = std::fs::read_to_string(boxd_home.join("calls.jsonl")).map(|t| t.lines().count()).unwrap_or(0);
+    println!("\n   boxd calls made: {calls} (boxd-local's call log); audit log: {}", audit_log.display());
+    if f.command.get(1).map(String::as_str) == Some("--keep") {
+        println!("\nkept in {}. To go on there:", dir.display());
+        println!("   export BOXD_LOCAL_HOME={} HOME={l} XDG_DATA_HOME={l}/data XDG_CONFIG_HOME={l}/config XDG_CACHE_HOME={l}/cache XDG_STATE_HOME={l}/state", boxd_home.display());
+        println!("   boxd-host --project {} --ledger {} --boxd {} --opencode {} call boxd_status", project.display(), ledger.display(), boxd_local.display(), opencode.display());
+        println!("   (the scripted model has stopped; start it again with: node {}/scripted-model.mjs)", dir.display());
+    }
+    let code = if steps.iter().all(|s| s["ok"] == true) { 0 } else { 1 };
+    finish(&steps, "tour", &harvested, started, code)
+}
+
+fn summary_line(tool: &str, v: &Value) -> String {
+    match tool {
+        "boxd_status" => format!("boxd CLI {}, snapshot {} present: {}", v["boxd"]["cli"], v["snapshot"]["name"], v["snapshot"]["present"]),
+        "boxd_ensure" => format!("machine {} is {} (created: {})", v["machine"], v["state"], v["created"]),
+        "boxd_submit" => format!("prompt {} admitted, queued: {}, files: {}", v["promptId"], v["queued"], v["files"].as_array().map_or(0, Vec::len)),
+        "boxd_job" => format!("{} · outcome {} · lastText {}", v["state"], v["outcome"], v["lastText"]),
+        "boxd_harvest" => format!(
+            "{} session(s) proven, git dirty: {}, files: {}",
+            v["sessions"].as_array().map_or(0, Vec::len),
+            v["git"]["dirty"],
+            v["files"].as_array().map(|f| f.iter().map(|x| format!("{} sha256 {}", x["path"].as_str().unwrap_or(""), x["sha256"].as_str().unwrap_or(""))).collect::<Vec<_>>().join(", ")).unwrap_or_default()
+        ),
+        "boxd_drop" => format!("dropped: {} · {}", v["dropped"], v["next"].as_str().unwrap_or("")),
+        _ => v.to_string(),
+    }
+}
+
+fn finish(steps: &[Value], work: &str, harvested: &[Value], started: Instant, code: u8) -> Result<u8> {
+    let files: Vec<Value> = harvested.iter().map(|f| json!({ "path": f["path"], "sha256": f["sha256"] })).collect();
+    println!(
+        "{}",
+        json!({ "tour": if code == 0 { "ok" } else { "failed" }, "work": work, "machine": format!("oc-{work}"), "steps": steps, "files": files, "seconds": started.elapsed().as_secs() })
+    );
+    Ok(code)
+}
