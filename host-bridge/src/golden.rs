@@ -96,7 +96,8 @@ done
 tar -xzf "$archive" -C "$HOME/.opencode/bin"
 rm -f "$archive"
 chmod +x "$HOME/.opencode/bin/opencode"
-ln -sf "$HOME/.opencode/bin/opencode" "$HOME/.local/bin/opencode"
+# Relative, so the link still points home in a machine restored from the snapshot.
+ln -sf ../../.opencode/bin/opencode "$HOME/.local/bin/opencode"
 v=$("$HOME/.local/bin/opencode" --version)
 [ "$v" = {version} ] || {{ echo "golden: installed OpenCode $v, wanted {version_plain}" >&2; exit 1; }}
 echo "golden: OpenCode $v installed after $n attempt(s)"
