@@ -139,3 +139,50 @@ pub fn sha256(bytes: &[u8]) -> String {
     use sha2::{Digest, Sha256};
     Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
 }
+
+/// Run a shell line inside the work's machine (as a test's hand on the guest).
+fn on_guest(world: &World, line: &str) -> String {
+    let quoted = format!("'{}'", line.replace('\'', "'\\''"));
+    let out = world.laptop.boxd(&["machine", "exec", "oc-w1", "--", "sh", "-c", &quoted]);
+    assert!(out.status.success(), "{line}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+const SERVER: &str = r#"python3 -c 'import json; s = json.load(open("work/w1/.boxd/server.json")); print(s["pid"], s["port"])'"#;
+
+#[test]
+fn an_aborted_run_is_reported_as_aborted() {
+    let world = World::new("guest-abort");
+    world.ok_call("boxd_ensure", W1);
+    submit(&world, "long one @@sleep:20000@@");
+    assert_eq!(world.ok_call("boxd_job", W1)["state"], "busy");
+    // Abort through the guest's own server API, as a user at the machine would.
+    let line = on_guest(&world, SERVER);
+    let port = line.split_whitespace().nth(1).unwrap().to_string();
+    let session = on_guest(&world, "cat work/w1/.boxd/session").trim().to_string();
+    on_guest(&world, &format!("curl -sf -m 10 -u opencode:$(cat work/w1/.boxd/password) -X POST http://127.0.0.1:{port}/session/{session}/abort"));
+    let v = world.job_until_idle("w1");
+    assert_eq!(v["outcome"], "aborted", "{v:#}");
+}
+
+#[test]
+fn a_server_that_dies_mid_run_is_reported_once_as_run_interrupted() {
+    let world = World::new("guest-interrupted");
+    world.ok_call("boxd_ensure", W1);
+    submit(&world, "long one @@sleep:20000@@");
+    assert_eq!(world.ok_call("boxd_job", W1)["state"], "busy");
+    let pid = on_guest(&world, SERVER).split_whitespace().next().unwrap().to_string();
+    on_guest(&world, &format!("kill -9 {pid}"));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let first = loop {
+        let (_, v) = world.call("boxd_job", W1);
+        if v["state"] != "busy" || std::time::Instant::now() > deadline {
+            break v;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    };
+    assert_eq!(first["error"], "RUN_INTERRUPTED", "{first:#}");
+    assert!(first["next"].as_str().unwrap().contains("boxd_harvest"));
+    let v = world.ok_call("boxd_job", W1);
+    assert_eq!((v["state"].as_str(), v["outcome"].as_str()), (Some("idle"), Some("aborted")), "reported once, then aborted: {v:#}");
+}
