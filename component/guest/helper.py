@@ -278,7 +278,16 @@ def free_port():
 
 
 def machine_health():
-    """(unwell: bool, description) from /proc: memory below 10 % or 1-min load above 4x CPUs."""
+    """(short_of_memory, overloaded, description) from /proc: MemAvailable below 10 % of
+    MemTotal; 1-minute load above 4x the CPUs. BOXD_HELPER_MACHINE=well|short-of-memory|overloaded
+    replaces the measurement (tests use it so a busy test machine cannot change their results)."""
+    forced = os.environ.get("BOXD_HELPER_MACHINE")
+    if forced == "well":
+        return False, False, ""
+    if forced == "short-of-memory":
+        return True, False, "short of memory (BOXD_HELPER_MACHINE)"
+    if forced == "overloaded":
+        return False, True, "overloaded (BOXD_HELPER_MACHINE)"
     mem = {}
     try:
         with open("/proc/meminfo") as f:
@@ -294,12 +303,13 @@ def machine_health():
         load1 = 0.0
     cpus = os.cpu_count() or 1
     total, avail = mem.get("MemTotal", 0), mem.get("MemAvailable", 0)
+    short, over = bool(total and avail < total * 0.10), load1 > 4 * cpus
     reasons = []
-    if total and avail < total * 0.10:
+    if short:
         reasons.append("short of memory (%d MiB available of %d MiB)" % (avail // 1024, total // 1024))
-    if load1 > 4 * cpus:
+    if over:
         reasons.append("overloaded (1-minute load %.1f on %d CPUs)" % (load1, cpus))
-    return bool(reasons), "; ".join(reasons)
+    return short, over, " and ".join(reasons)
 
 
 def largest_processes(n=3):
@@ -684,14 +694,16 @@ def ensure_server(work, password, want_version=None):
                 write_json(work.p("server.json"), info)
             return "up", info
         if how == "hung":
-            unwell, why = machine_health()
-            if unwell:
+            short, over, why = machine_health()
+            if short or over:
                 raise Fail("GUEST_UNRESPONSIVE", "%s; the machine is %s; largest processes: %s" % (
                     detail, why, ", ".join(largest_processes())))
             raise Fail("GUEST_FAILED", detail)
         if how == "dead":
-            unwell, why = machine_health()
-            if unwell:
+            # a dead server is restarted on a busy machine (load passes, the start is cheap), but
+            # not when memory is short: that is most likely what killed it
+            short, _, why = machine_health()
+            if short:
                 raise Fail("GUEST_UNRESPONSIVE", "%s and the machine is %s, so it was not restarted; largest processes: %s" % (
                     detail, why, ", ".join(largest_processes())))
         st = work.state()
@@ -1015,7 +1027,11 @@ def cmd_prepare(args):
 
 def safe_rel(rel):
     """Split a relative path into components, or None when it is absolute / escapes / names .boxd."""
-    if not isinstance(rel, str) or not rel or "\0" in rel or rel.startswith("/"):
+    if not isinstance(rel, str) or not rel or "\0" in rel or rel.startswith("/") or rel.endswith("/"):
+        return None
+    try:
+        rel.encode("utf-8")
+    except UnicodeEncodeError:
         return None
     parts = [c for c in rel.split("/") if c not in ("", ".")]
     if not parts or any(c == ".." for c in parts) or parts[0] == ".boxd":
@@ -1057,7 +1073,11 @@ def cmd_submit(args):
         raise Fail("NAME_INVALID", "promptId %r is not valid: use [A-Za-z0-9._-], at most 80 characters" % (prompt_id,))
     if not isinstance(prompt, str) or not prompt:
         raise Fail("ARGS_INVALID", "prompt must be a non-empty string")
-    if len(prompt.encode("utf-8", "surrogatepass")) > PROMPT_MAX:
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError:
+        raise Fail("ARGS_INVALID", "prompt is not valid Unicode (it holds a lone surrogate)")
+    if len(prompt.encode("utf-8")) > PROMPT_MAX:
         raise Fail("ARGS_INVALID", "prompt is larger than %d MiB" % (PROMPT_MAX >> 20))
     if not isinstance(files, list):
         raise Fail("ARGS_INVALID", "files must be a list")
@@ -1388,12 +1408,15 @@ def digest_entry(work, rel_bytes):
     return entry
 
 
-def list_paths(work, argv):
-    r = git(work, argv)
-    out, truncated = [], False
-    for rel in r.stdout.split(b"\0"):
-        if not rel:
+def list_paths(work, *argvs):
+    names = []
+    for argv in argvs:
+        names += git(work, argv).stdout.split(b"\0")
+    out, truncated, seen = [], False, set()
+    for rel in sorted(set(names)):
+        if not rel or rel in seen:
             continue
+        seen.add(rel)
         if is_boxd_path(rel.decode("utf-8", "replace")):
             continue
         if len(out) >= LIST_MAX:
@@ -1474,7 +1497,11 @@ def cmd_git(args):
         lines.append(line)
     out["status"] = lines
     out["dirty"] = any(not line.startswith("??") for line in lines)
-    out["untracked"], tu = list_paths(work, ["ls-files", "-z", "--others", "--exclude-standard"])
+    others = ["ls-files", "-z", "--others", "--exclude-standard"]
+    if out["head"]:
+        out["untracked"], tu = list_paths(work, others)
+    else:  # nothing is committed yet: every file, staged or not, is untracked as far as history goes
+        out["untracked"], tu = list_paths(work, others, ["ls-files", "-z", "--cached"])
     out["ignored"], ti = list_paths(work, ["ls-files", "-z", "--others", "--ignored", "--exclude-standard", "--directory"])
     if tu:
         out["untrackedTruncated"] = True

@@ -231,10 +231,16 @@ pub fn run<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolResu
     let repo = git["repo"].as_bool().unwrap_or(false);
     let mut ledger = Ledger::new(&mut *env.files, &ctx.ledger);
     if repo {
-        let patch = match git["patch"].as_str().filter(|p| !p.is_empty()) {
-            Some(p) => {
-                let name = format!("patch-{}.diff", &sha256_hex(p.as_bytes())[..16]);
-                ledger.put_blob(&work, &name, p.as_bytes())?;
+        // A diff that is not UTF-8 travels as base64 (the helper says so).
+        let patch_bytes = match (git["patch"].as_str().filter(|p| !p.is_empty()), git["patchEncoding"].as_str()) {
+            (Some(p), Some("base64")) => Some(unbase64(p).ok_or_else(|| invalid("the stored patch is not base64".into()))?),
+            (Some(p), _) => Some(p.as_bytes().to_vec()),
+            (None, _) => None,
+        };
+        let patch = match patch_bytes {
+            Some(bytes) => {
+                let name = format!("patch-{}.diff", &sha256_hex(&bytes)[..16]);
+                ledger.put_blob(&work, &name, &bytes)?;
                 Some(name)
             }
             None => None,

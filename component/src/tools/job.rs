@@ -64,7 +64,6 @@ pub fn run<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolResu
         let code = if failure.get("kind").and_then(Value::as_str) == Some("auth") { Code::GuestAuthFailed } else { Code::GuestRunFailed };
         return Err(ToolError::new(code, format!("work '{work}': the last run failed: {}", redact(&detail, LAST_TEXT_MAX))));
     }
-    let restarted = s.get("server").and_then(Value::as_str) == Some("restarted");
     Ok(json!({
         "work": work,
         "machine": machine,
@@ -73,7 +72,6 @@ pub fn run<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolResu
         "lastText": last_text,
         "lastActivityAt": s.get("lastActivityAt").cloned().unwrap_or(Value::Null),
         "pending": pending,
-        "serverRestarted": restarted,
         "next": if busy {
             format!("Call boxd_job for work '{work}' again in a later turn.")
         } else {
