@@ -38,3 +38,10 @@ if ! cmp -s "$req" "$venv/requirements.txt"; then
   "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r "$req"
   cp "$req" "$venv/requirements.txt"
 fi
+
+# The OpenCode bridge's build tools (jco, esbuild) and its pinned preview2-shim, exactly as
+# host-bridge/opencode/package-lock.json has them; `npm run build` there makes its dist/.
+if [ ! -d "$here/host-bridge/opencode/node_modules/@bytecodealliance/jco" ]; then
+  say "installing the OpenCode bridge's build tools into host-bridge/opencode/node_modules"
+  (cd "$here/host-bridge/opencode" && npm ci --no-fund --no-audit --loglevel=error)
+fi

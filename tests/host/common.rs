@@ -289,3 +289,43 @@ impl Drop for World {
         }
     }
 }
+
+fn modified(p: &Path) -> Option<std::time::SystemTime> {
+    p.metadata().and_then(|m| m.modified()).ok()
+}
+
+/// Whether dist/ was built from this component and from the current inputs.
+fn dist_is_current(bridge: &Path, wasm: &[u8]) -> bool {
+    let Ok(text) = std::fs::read_to_string(bridge.join("dist/build.json")) else { return false };
+    let Ok(info) = serde_json::from_str::<serde_json::Value>(&text) else { return false };
+    if info["component"]["sha256"].as_str() != Some(crate::guest::sha256(wasm).as_str()) || !bridge.join("dist/worker.js").exists() {
+        return false;
+    }
+    let built = modified(&bridge.join("dist/build.json"));
+    let inputs = ["worker.js", "scripts/build.mjs", "package-lock.json", "../policy.json", "../../skills/boxd/SKILL.md"];
+    inputs.iter().all(|i| modified(&bridge.join(i)) <= built)
+}
+
+/// Build the OpenCode bridge's dist/ when it is missing or stale (serialised: two tests
+/// may want it at once).
+pub fn build_bridge() {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let bridge = repo().join("host-bridge/opencode");
+    let wasm_path = env!("COMPONENT_WASM");
+    let wasm = std::fs::read(wasm_path).expect("build.rs builds the component");
+    assert!(
+        bridge.join("node_modules/@bytecodealliance/jco").exists(),
+        "host-bridge/opencode/node_modules is missing: run bash tests/bootstrap.sh (it runs npm ci there)"
+    );
+    opencode_bin();
+    if !dist_is_current(&bridge, &wasm) {
+        let out = Command::new("npm")
+            .args(["run", "--silent", "build"])
+            .current_dir(&bridge)
+            .env("BOXD_COMPONENT_WASM", wasm_path)
+            .output()
+            .expect("npm runs the bridge build");
+        assert!(out.status.success(), "npm run build failed:\n{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    }
+}

@@ -1,0 +1,153 @@
+// opencode-boxd for OpenCode: the v1 plugin module. All tool logic lives in the WASI
+// component (dist/); this file only maps OpenCode's hooks to the component's describe()
+// and call() and back. The grants (lib/policy.js) and the worker pool (lib/pool.js) mirror
+// the Rust host (host-bridge/src). Only the default export: OpenCode treats every export
+// of a plugin file as a plugin, and a non-function one fails the whole file.
+import { randomBytes } from "node:crypto";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+import { HostProblem, resolveGrants } from "./lib/policy.js";
+import { Pool } from "./lib/pool.js";
+import { addDefaultRules } from "./lib/rules.js";
+import { checkSkill } from "./lib/skill.js";
+import { opencodeVersion } from "./lib/version.js";
+
+const SKILLS = fileURLToPath(new URL("./dist/skills", import.meta.url));
+
+// Tools that can take minutes: a progress title at the start and the end.
+const PROGRESS = {
+  boxd_ensure: (a) => `ensuring machine oc-${a.work}…`,
+  boxd_submit: (a) => (Array.isArray(a.files) && a.files.length ? `copying ${a.files.length} file(s) to oc-${a.work} and submitting…` : undefined),
+  boxd_harvest: (a) => `harvesting work ${a.work}…`,
+};
+
+const STATUS_COMMAND = {
+  description: "boxd status: sign-in, golden snapshot, every work and its machine, the tools, the next step",
+  template:
+    "Call the boxd_status tool now, with no arguments, and show the user every row of its result as it is: " +
+    "the boxd CLI sign-in, the access setting, the golden snapshot, each work with its machine state and warnings, " +
+    "every tool and whether it runs, asks or is denied, the agents without the default rules, and the one next step. " +
+    "Call no other tool. $ARGUMENTS",
+};
+
+const pretty = (v) => JSON.stringify(v, null, 2);
+
+async function server(input, options) {
+  options = options ?? {};
+  let problem;
+  let grants;
+  try {
+    grants = resolveGrants({ options, directory: input.directory, insideOpencode: Boolean(process.env.OPENCODE) });
+  } catch (e) {
+    if (!(e instanceof HostProblem)) throw e;
+    // The tools still register (describe needs no grants), and every call reports this.
+    problem = e;
+    grants = { programs: {}, preopens: [], childEnv: {}, componentOptions: {}, project: input.directory, ledger: "" };
+  }
+  const pool = new Pool(grants);
+  const described = await pool.describe();
+  if (described.ok === undefined) {
+    pool.close();
+    throw new Error(`opencode-boxd: the component did not describe itself (${described.trap ?? "no answer"}); rebuild the plugin with npm run build`);
+  }
+  const manifest = JSON.parse(described.ok);
+  const specs = new Map(manifest.tools.map((t) => [t.name, t]));
+  const access = options.access ?? "all"; // an invalid value reaches the component: OPTIONS_INVALID
+  const state = { agentsWithoutRules: [], rulesNotAdded: false, skillsInvalid: checkSkill(path.join(SKILLS, "boxd", "SKILL.md")) };
+  let version;
+
+  const errorResult = (tool, e, extra) => ({
+    title: `${tool}: ${e.code}`,
+    output: pretty({ error: e.code, message: e.message, next: e.next }),
+    metadata: { error: e.code, ...extra },
+  });
+
+  async function execute(spec, rawArgs, ctx) {
+    const tool = spec.name;
+    const args = rawArgs ?? {};
+    const extra = state.skillsInvalid ? { skillsInvalid: state.skillsInvalid } : {};
+    if (problem) return errorResult(tool, problem, extra);
+    let approved = access === "all";
+    if (spec.access === "change" && access === "ask-changes") {
+      const target = typeof args.work === "string" && args.work ? args.work : "*";
+      // Throws when the user rejects: OpenCode reports the rejection, and the component
+      // (and with it every boxd CLI call) never runs.
+      await ctx.ask({ permission: tool, patterns: [target], always: [target], metadata: { tool, work: args.work ?? null } });
+      approved = true;
+    }
+    const progress = PROGRESS[tool]?.(args);
+    if (progress) ctx.metadata?.({ title: progress, metadata: { step: "start" } });
+    // Asked once; an "unknown" (the server did not answer) is asked again next call.
+    version ??= opencodeVersion(input);
+    const hostVersion = await version;
+    if (hostVersion === "unknown") version = undefined;
+    const facts = {
+      approved,
+      opencodeVersion: hostVersion,
+      agentsWithoutRules: state.agentsWithoutRules,
+      rulesNotAdded: state.rulesNotAdded,
+      ...(state.skillsInvalid ? { skillsInvalid: state.skillsInvalid } : {}),
+    };
+    const r = await pool.call(tool, JSON.stringify(args), {
+      hostName: "opencode",
+      hostVersion,
+      optionsJson: JSON.stringify(grants.componentOptions),
+      project: grants.project,
+      ledger: grants.ledger,
+      sessionId: typeof ctx.sessionID === "string" ? ctx.sessionID : undefined,
+      nowMs: Date.now(),
+      entropy: new Uint8Array(randomBytes(32)),
+      hostFactsJson: JSON.stringify(facts),
+    }, ctx.abort);
+    if (progress) ctx.metadata?.({ title: progress.replace(/…$/, ": done"), metadata: { step: "done" } });
+    if (r.aborted) throw new Error(`${tool} was aborted`);
+    if (r.toolError) return errorResult(tool, r.toolError, extra);
+    if (r.trap !== undefined) {
+      // boxd_status is how the user finds out what is wrong: it gets its own code.
+      const e = tool === "boxd_status"
+        ? { code: "STATUS_UNAVAILABLE", message: `the component could not compute the status: ${r.trap}`, next: "Restart OpenCode, then run /boxd-status again." }
+        : { code: "HOST_FAILED", message: `the component stopped: ${r.trap}`, next: "Restart OpenCode; if it repeats, report it with the message." };
+      return errorResult(tool, e, extra);
+    }
+    let value;
+    try {
+      value = JSON.parse(r.ok);
+    } catch {
+      value = r.ok;
+    }
+    return {
+      title: typeof args.work === "string" ? `${tool} ${args.work}` : tool,
+      output: typeof value === "string" ? value : pretty(value),
+      metadata: { ...(typeof args.work === "string" ? { work: args.work } : {}), ...(progress ? { step: "done" } : {}), ...extra },
+    };
+  }
+
+  return {
+    // Plain JSON-Schema properties (no zod): OpenCode sends them to the model as given and
+    // validates nothing; the component checks the arguments against its own schema.
+    tool: Object.fromEntries(manifest.tools.map((t) => [t.name, {
+      description: t.description,
+      args: t.inputSchema?.properties ?? {},
+      execute: (args, ctx) => execute(t, args, ctx),
+    }])),
+    // OpenCode marks every plain property required; give the model the real schema instead.
+    "tool.definition": async ({ toolID }, out) => {
+      const t = specs.get(toolID);
+      if (t?.inputSchema) out.jsonSchema = structuredClone(t.inputSchema);
+    },
+    config: async (cfg) => {
+      if (cfg.command === undefined || cfg.command === null) cfg.command = {};
+      cfg.command["boxd-status"] ??= STATUS_COMMAND;
+      if (!state.skillsInvalid) {
+        if (cfg.skills === undefined || cfg.skills === null) cfg.skills = {};
+        cfg.skills.paths = [...(Array.isArray(cfg.skills.paths) ? cfg.skills.paths : []), SKILLS];
+      }
+      const r = addDefaultRules(cfg, manifest.tools, access);
+      state.agentsWithoutRules = r.agentsWithoutRules;
+      state.rulesNotAdded = r.rulesNotAdded;
+    },
+    dispose: async () => pool.close(),
+  };
+}
+
+export default { id: "opencode-boxd", server };

@@ -1,0 +1,147 @@
+// A small pool of component workers (dist/worker.js). Each worker serves one call at a
+// time, because a call blocks its worker while the component waits on a child; with up to
+// `max` workers a second call never waits behind a slow one. Workers start on demand and
+// stay for the next call (compiling the core module again costs ~50 ms; a fresh instance
+// per call costs ~20 ms and is made inside the worker either way).
+//
+// The children the component asks for are started here, on the plugin's thread, with the
+// async child_process API (lib/policy.js runChild), and the reply is handed to the waiting
+// worker through its port and an Atomics flag.
+import { Worker } from "node:worker_threads";
+import { runChild } from "./policy.js";
+
+export class Pool {
+  #grants;
+  #max;
+  #workers = [];
+  #queue = [];
+  #next = 1;
+  #closed = false;
+
+  constructor(grants, { max = 3 } = {}) {
+    this.#grants = grants;
+    this.#max = max;
+  }
+
+  /** The manifest JSON string. */
+  describe() {
+    return this.#run({ type: "describe" });
+  }
+
+  /**
+   * One tool call. Resolves to {ok: json} | {toolError: {code, message, next}} |
+   * {trap: message} | {aborted: true}; never rejects.
+   */
+  call(tool, args, ctx, signal) {
+    return this.#run({ type: "call", tool, args, ctx }, signal);
+  }
+
+  /** A write through a worker's patched filesystem shim into preopen `dir` (tests). */
+  probe(dir) {
+    return this.#run({ type: "probe", dir });
+  }
+
+  get size() {
+    return this.#workers.length;
+  }
+
+  close() {
+    this.#closed = true;
+    const jobs = [...this.#workers.map((s) => s.job).filter(Boolean), ...this.#queue.splice(0)];
+    for (const s of this.#workers) {
+      s.job = null;
+      s.worker.terminate();
+    }
+    this.#workers = [];
+    for (const job of jobs) {
+      for (const kill of job.kills) kill(); // no child outlives the plugin
+      job.resolve({ trap: "the plugin is shutting down" });
+    }
+  }
+
+  #run(msg, signal) {
+    return new Promise((resolve) => {
+      const job = { msg: { ...msg, id: this.#next++ }, resolve, kills: new Set(), aborted: false };
+      if (signal) {
+        if (signal.aborted) return resolve({ aborted: true });
+        // Abort kills the children this call is running; the component then sees them
+        // die, and any further spawn of the call is refused.
+        signal.addEventListener("abort", () => {
+          job.aborted = true;
+          for (const kill of job.kills) kill();
+        }, { once: true });
+      }
+      this.#queue.push(job);
+      this.#pump();
+    });
+  }
+
+  #pump() {
+    while (this.#queue.length && !this.#closed) {
+      let slot = this.#workers.find((s) => !s.job);
+      if (!slot) {
+        if (this.#workers.length >= this.#max) return;
+        slot = this.#start();
+      }
+      const job = this.#queue.shift();
+      if (job.aborted) {
+        job.resolve({ aborted: true });
+        continue;
+      }
+      slot.job = job;
+      slot.worker.ref();
+      slot.ready.then(() => slot.job === job && slot.worker.postMessage(job.msg));
+    }
+  }
+
+  #start() {
+    const worker = new Worker(new URL("../dist/worker.js", import.meta.url), { workerData: { preopens: this.#grants.preopens } });
+    worker.unref();
+    const slot = { worker, job: null, flag: null, port: null };
+    slot.ready = new Promise((resolve) => (slot.onReady = resolve));
+    worker.on("message", (m) => {
+      if (m.type === "ready") {
+        slot.flag = new Int32Array(m.flag);
+        slot.port = m.port;
+        slot.onReady();
+      } else if (m.type === "spawn") {
+        this.#spawn(slot, m);
+      } else if (m.type === "done" && slot.job?.msg.id === m.id) {
+        const job = slot.job;
+        slot.job = null;
+        worker.unref();
+        const { type, id, ...result } = m;
+        job.resolve(result);
+        this.#pump();
+      }
+    });
+    const lost = (why) => {
+      if (!this.#workers.includes(slot)) return;
+      this.#workers = this.#workers.filter((s) => s !== slot);
+      if (slot.job) slot.job.resolve({ trap: `the component worker stopped: ${why}` });
+      slot.job = null;
+      this.#pump();
+    };
+    worker.on("error", (e) => lost(e?.message ?? String(e)));
+    worker.on("exit", (code) => lost(`exit code ${code}`));
+    this.#workers.push(slot);
+    return slot;
+  }
+
+  async #spawn(slot, m) {
+    const job = slot.job;
+    let reply;
+    if (!job || job.aborted) {
+      reply = { tag: "err", val: { tag: "failed", val: "the user aborted this tool call" } };
+    } else {
+      reply = await runChild(m.req, this.#grants, (kill) => {
+        job.kills.add(kill);
+        return () => job.kills.delete(kill);
+      });
+    }
+    const transfer = reply.tag === "ok" ? [reply.val.stdout.buffer, reply.val.stderr.buffer] : [];
+    slot.port.postMessage(reply, transfer);
+    Atomics.store(slot.flag, 0, 1);
+    Atomics.notify(slot.flag, 0);
+  }
+}

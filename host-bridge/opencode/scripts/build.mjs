@@ -1,0 +1,85 @@
+// npm run build: turn the WASI component into what the plugin loads at run time, in dist/.
+//
+//   dist/boxd_component*.wasm   core modules, from `jco transpile --instantiation async`
+//   dist/worker.js              worker.js + the jco glue + preview2-shim, one esbuild bundle
+//   dist/worker-thread.bundle.js the shim's own I/O thread (it starts it by URL next to itself)
+//   dist/policy.json            host-bridge/policy.json, the grants every host applies
+//   dist/skills/boxd/SKILL.md   the skill, from the repo's skills/ folder
+//   dist/build.json             what went in (component sha256, tool versions)
+//
+// After this the plugin folder needs no node_modules: the shipped plugin does no npm
+// install and no build step. Component path: $BOXD_COMPONENT_WASM, else the one
+// `cargo build -p boxd-host` leaves in target/wasm-component.
+import { execFileSync } from "node:child_process";
+import { createHash } from "node:crypto";
+import fs from "node:fs";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+
+const here = path.dirname(path.dirname(fileURLToPath(import.meta.url)));
+const repo = path.resolve(here, "../..");
+const dist = path.join(here, "dist");
+const wasm = process.env.BOXD_COMPONENT_WASM ?? path.join(repo, "target/wasm-component/wasm32-wasip2/wasm/boxd_component.wasm");
+
+function fail(msg) {
+  console.error(`build: ${msg}`);
+  process.exit(1);
+}
+
+if (!fs.existsSync(wasm)) fail(`${wasm} is missing: run \`cargo build -p boxd-host\` first (it builds the component)`);
+const version = (name) => JSON.parse(fs.readFileSync(path.join(here, "node_modules", name, "package.json"), "utf8")).version;
+const pkg = JSON.parse(fs.readFileSync(path.join(here, "package.json"), "utf8"));
+// The shim patch in worker.js depends on the shim's internals: build only with the pinned one.
+const shimWanted = pkg.dependencies["@bytecodealliance/preview2-shim"];
+if (version("@bytecodealliance/preview2-shim") !== shimWanted) {
+  fail(`node_modules has preview2-shim ${version("@bytecodealliance/preview2-shim")}, package.json pins ${shimWanted}: run npm ci`);
+}
+
+// Build into a sibling folder and swap it in, so a failed build never leaves half a dist/.
+const tmp = `${dist}.tmp-${process.pid}`;
+fs.rmSync(tmp, { recursive: true, force: true });
+fs.mkdirSync(tmp, { recursive: true });
+
+const jco = path.join(path.dirname(fileURLToPath(import.meta.resolve("@bytecodealliance/jco"))), "jco.js");
+execFileSync(process.execPath, [jco, "transpile", wasm, "-o", tmp, "--name", "boxd_component", "--instantiation", "async", "--quiet"], {
+  stdio: ["ignore", "inherit", "inherit"],
+});
+
+const esbuild = await import("esbuild");
+await esbuild.build({
+  entryPoints: [path.join(here, "worker.js")],
+  outfile: path.join(tmp, "worker.js"),
+  bundle: true,
+  platform: "node",
+  format: "esm",
+  target: "node20",
+  // The glue was written to tmp/ above; worker.js names it ./dist/…, so point that there.
+  plugins: [{
+    name: "dist-glue",
+    setup(b) {
+      b.onResolve({ filter: /^\.\/dist\/boxd_component\.js$/ }, () => ({ path: path.join(tmp, "boxd_component.js") }));
+    },
+  }],
+  legalComments: "none",
+  logLevel: "warning",
+});
+// Inlined into worker.js; the type declarations are for TypeScript users of the glue.
+for (const f of ["boxd_component.js", "boxd_component.d.ts", "interfaces"]) fs.rmSync(path.join(tmp, f), { recursive: true, force: true });
+
+const shimDir = path.dirname(path.dirname(fileURLToPath(import.meta.resolve("@bytecodealliance/preview2-shim/instantiation"))));
+fs.copyFileSync(path.join(shimDir, "io/worker-thread.bundle.js"), path.join(tmp, "worker-thread.bundle.js"));
+fs.copyFileSync(path.join(repo, "host-bridge/policy.json"), path.join(tmp, "policy.json"));
+fs.cpSync(path.join(repo, "skills/boxd"), path.join(tmp, "skills/boxd"), { recursive: true });
+
+const bytes = fs.readFileSync(wasm);
+fs.writeFileSync(path.join(tmp, "build.json"), JSON.stringify({
+  component: { path: path.relative(repo, wasm), sha256: createHash("sha256").update(bytes).digest("hex"), bytes: bytes.length },
+  jco: version("@bytecodealliance/jco"),
+  preview2Shim: version("@bytecodealliance/preview2-shim"),
+  esbuild: version("esbuild"),
+}, null, 2) + "\n");
+
+fs.rmSync(dist, { recursive: true, force: true });
+fs.renameSync(tmp, dist);
+const size = fs.readdirSync(dist).reduce((n, f) => n + (fs.statSync(path.join(dist, f)).isFile() ? fs.statSync(path.join(dist, f)).size : 0), 0);
+console.log(`build: dist/ ready (${Math.round(size / 1024)} KiB) from ${path.relative(repo, wasm)}`);

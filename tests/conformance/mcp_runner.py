@@ -1,0 +1,44 @@
+#!/usr/bin/env python3
+"""Run tests/conformance/scenario.json through `boxd-host mcp` with the official MCP
+Python SDK and write each step's raw result (the tool's JSON, or its error object) to
+--out as a JSON array. The comparison with the other hosts is in tests/host/conformance.rs.
+
+    mcp_runner.py --host BOXD_HOST --out FILE -- <boxd-host flags…>
+"""
+
+import argparse
+import json
+import os
+import sys
+
+import anyio
+from mcp import ClientSession, StdioServerParameters, stdio_client
+
+
+async def main(a, flags):
+    scenario = json.load(open(os.path.join(os.path.dirname(__file__), "scenario.json")))
+    params = StdioServerParameters(command=a.host, args=flags + ["mcp"], env=dict(os.environ))
+    results = []
+    async with stdio_client(params) as (read, write):
+        async with ClientSession(read, write) as s:
+            await s.initialize()
+            for step in scenario["steps"]:
+                for _ in range(240):
+                    r = await s.call_tool(step["tool"], step["args"])
+                    value = json.loads(r.content[0].text)
+                    until = step.get("until", {})
+                    if not r.is_error and until and all(value.get(k) == v for k, v in until.items()):
+                        await anyio.sleep(0.5)
+                        continue
+                    break
+                results.append({"tool": step["tool"], "isError": bool(r.is_error), "value": value})
+    json.dump(results, open(a.out, "w"), indent=1)
+
+
+if __name__ == "__main__":
+    argv = sys.argv[1:]
+    split = argv.index("--") if "--" in argv else len(argv)
+    p = argparse.ArgumentParser()
+    p.add_argument("--host", required=True)
+    p.add_argument("--out", required=True)
+    anyio.run(main, p.parse_args(argv[:split]), argv[split + 1:])

@@ -1,0 +1,137 @@
+//! One conformance suite for every host: tests/conformance/scenario.json runs through
+//! `boxd-host call`, the MCP server (official Python client) and the OpenCode bridge (a
+//! real opencode with the scripted model), each against its own boxd-local, and the
+//! normalised results must be equal.
+
+use serde_json::{json, Value};
+
+use crate::common::*;
+
+fn scenario() -> Value {
+    serde_json::from_str(include_str!("../conformance/scenario.json")).unwrap()
+}
+
+/// What must match across hosts: the error code, or the fields that carry meaning
+/// (never timings, ids or paths, which differ per run).
+fn normalise(tool: &str, value: &Value) -> Value {
+    if let Some(code) = value.get("error").and_then(Value::as_str) {
+        return json!({ "tool": tool, "error": code, "hasNext": value["next"].as_str().is_some_and(|n| !n.is_empty()) });
+    }
+    let pick = |keys: &[&str]| -> Value {
+        let mut m = serde_json::Map::new();
+        m.insert("tool".into(), json!(tool));
+        for k in keys {
+            m.insert((*k).into(), value.get(*k).cloned().unwrap_or(Value::Null));
+        }
+        Value::Object(m)
+    };
+    match tool {
+        "boxd_status" => json!({ "tool": tool, "cli": value["boxd"]["cli"], "snapshot": value["snapshot"]["present"], "works": value["works"].as_array().map(Vec::len) }),
+        "boxd_ensure" => pick(&["machine", "state", "created", "adopted"]),
+        "boxd_submit" => json!({ "tool": tool, "admitted": value["admitted"], "queued": value["queued"], "files": value["files"] }),
+        "boxd_job" => pick(&["state", "outcome", "lastText", "pending", "asleepBy"]),
+        "boxd_harvest" => json!({
+            "tool": tool, "proven": value["proven"], "sessions": value["sessions"].as_array().map(Vec::len),
+            "git": value["git"]["repo"], "files": value["files"].as_array().map(|f| f.iter().map(|x| json!([x["path"], x["sha256"]])).collect::<Vec<_>>()),
+        }),
+        "boxd_sleep" => pick(&["state", "asleepBy", "alreadyAsleep"]),
+        "boxd_resume" => pick(&["state", "action"]),
+        _ => pick(&["state"]),
+    }
+}
+
+/// Lay out the scenario's laptop files in a world's project.
+fn prepare(world: &World) {
+    for (name, content) in scenario()["files"].as_object().unwrap() {
+        std::fs::write(world.laptop.project.join(name), content.as_str().unwrap()).unwrap();
+    }
+    std::fs::create_dir_all(world.laptop.project.join("out")).unwrap();
+}
+
+fn via_cli() -> Vec<Value> {
+    let world = World::new("conf-cli");
+    prepare(&world);
+    let mut out = Vec::new();
+    for step in scenario()["steps"].as_array().unwrap() {
+        let (tool, args) = (step["tool"].as_str().unwrap(), step["args"].to_string());
+        let mut v = world.call(tool, &args).1;
+        let until = step.get("until").and_then(Value::as_object);
+        let mut tries = 0;
+        while until.is_some_and(|u| u.iter().all(|(k, x)| &v[k] == x)) && tries < 240 {
+            std::thread::sleep(std::time::Duration::from_millis(500));
+            v = world.call(tool, &args).1;
+            tries += 1;
+        }
+        out.push(normalise(tool, &v));
+    }
+    out
+}
+
+fn via_mcp() -> Vec<Value> {
+    let world = World::new("conf-mcp");
+    prepare(&world);
+    let venv = repo().join("tests/.venv/bin/python");
+    assert!(venv.exists(), "run bash tests/bootstrap.sh (it creates tests/.venv with the mcp package)");
+    let results = world.laptop.scratch.0.join("mcp-results.json");
+    let oc = opencode_bin();
+    let h = world.home.display().to_string();
+    let path = format!("{}:{}", oc.parent().unwrap().display(), std::env::var("PATH").unwrap_or_default());
+    let status = std::process::Command::new(venv)
+        .arg(repo().join("tests/conformance/mcp_runner.py"))
+        .args(["--host", boxd_host().to_str().unwrap(), "--out", results.to_str().unwrap(), "--"])
+        .args(["--project", world.laptop.project.to_str().unwrap(), "--ledger", world.laptop.ledger.to_str().unwrap()])
+        .args(["--boxd", boxd_local().to_str().unwrap(), "--opencode", oc.to_str().unwrap()])
+        .env("BOXD_LOCAL_HOME", &world.laptop.boxd_home)
+        .env("BOXD_HOST_CACHE", cache_dir())
+        .env("PATH", path)
+        .env("HOME", &h)
+        .env("XDG_DATA_HOME", format!("{h}/data"))
+        .env("XDG_CONFIG_HOME", format!("{h}/config"))
+        .env("XDG_CACHE_HOME", format!("{h}/cache"))
+        .env("XDG_STATE_HOME", format!("{h}/state"))
+        .env("OPENCODE_DISABLE_MODELS_FETCH", "1")
+        .status()
+        .unwrap();
+    assert!(status.success(), "the MCP runner failed");
+    let raw: Vec<Value> = serde_json::from_slice(&std::fs::read(results).unwrap()).unwrap();
+    raw.iter().map(|r| normalise(r["tool"].as_str().unwrap(), &r["value"])).collect()
+}
+
+#[test]
+fn every_host_gives_the_same_results() {
+    let cli = std::thread::spawn(via_cli);
+    let opencode = std::thread::spawn(via_opencode);
+    let mcp = via_mcp();
+    let cli = cli.join().unwrap();
+    // The scenario itself: what a user must see, whichever host.
+    assert_eq!(cli[0]["cli"], "signed in");
+    assert_eq!(cli[1]["created"], true);
+    assert_eq!(cli[2]["created"], false, "the second ensure is idempotent");
+    assert_eq!(cli[4]["outcome"], "completed");
+    assert_eq!(cli[5]["files"][0][1], crate::guest::sha256(b"conformance input\ndone\n").as_str());
+    assert_eq!(cli[7]["asleepBy"], "boxd_sleep");
+    assert_eq!(cli[8]["error"], "GIT_UNKNOWN");
+    assert_eq!(cli[9]["action"], "woken");
+    let codes: Vec<&str> = cli[10..].iter().map(|v| v["error"].as_str().unwrap_or("-")).collect();
+    assert_eq!(codes, ["NAME_INVALID", "WORK_UNKNOWN", "ARGS_INVALID", "PATH_REFUSED"]);
+    assert_eq!(mcp, cli, "the MCP server differs from boxd-host call");
+    let oc = opencode.join().unwrap();
+    assert_eq!(oc, cli, "the OpenCode bridge differs from boxd-host call");
+}
+
+/// The same scenario in a real opencode with the bridge loaded; tests/opencode's
+/// conformance.test.js writes each tool part's result to target/conformance-opencode.json.
+fn via_opencode() -> Vec<Value> {
+    build_bridge();
+    let results = repo().join("target/conformance-opencode.json");
+    let out = std::process::Command::new("node")
+        .args(["--test", "tests/opencode/conformance.test.js"])
+        .current_dir(repo())
+        .env("BOXD_LOCAL_BIN", boxd_local())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && stdout.contains("# fail 0") && !stdout.contains("# skipped 1"), "{}", crate::opencode::tail(&stdout));
+    let raw: Vec<Value> = serde_json::from_slice(&std::fs::read(&results).unwrap()).unwrap();
+    raw.iter().map(|r| normalise(r["tool"].as_str().unwrap(), &r["value"])).collect()
+}

@@ -1,0 +1,34 @@
+//! The OpenCode bridge (host-bridge/opencode) is tested by its own Node suite,
+//! tests/opencode/, against the real opencode, this component and boxd-local. This test
+//! runs that suite so `cargo test --workspace` covers it, building the bridge first when
+//! its dist/ is missing or stale (another component, or a changed input of the build).
+
+use std::process::Command;
+
+use crate::common::*;
+
+#[test]
+fn the_opencode_bridge_suite_passes_against_the_real_opencode() {
+    let repo = repo();
+    build_bridge();
+    // conformance.test.js runs from tests/host/conformance.rs, which compares its results.
+    let out = Command::new("node")
+        .args(["--test", "tests/opencode/bridge.test.js", "tests/opencode/opencode.test.js"])
+        .current_dir(&repo)
+        .env("BOXD_LOCAL_BIN", boxd_local())
+        .output()
+        .expect("node runs the bridge suite");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "node --test tests/opencode/ failed:\n{}\n{}", tail(&stdout), tail(&stderr));
+    assert!(stdout.contains("# fail 0"), "{}", tail(&stdout));
+}
+
+/// The last 30 KB of a long report.
+pub fn tail(s: &str) -> &str {
+    let mut i = s.len().saturating_sub(30_000);
+    while !s.is_char_boundary(i) {
+        i += 1;
+    }
+    &s[i..]
+}
