@@ -75,6 +75,7 @@ codes! {
     ImportFailed = "IMPORT_FAILED" => "Read the laptop OpenCode's message above, fix it, then call boxd_harvest again; nothing was marked proven.";
     ProofFailed = "PROOF_FAILED" => "Call boxd_harvest again: the laptop's copy did not match the guest's, so nothing was marked proven.";
     MachineAsleep = "MACHINE_ASLEEP" => "Call boxd_resume for this work to wake its machine, then try again.";
+    HostFailed = "HOST_FAILED" => "Restart the host; if it happens again, report it with the message.";
     WorkUnknown = "WORK_UNKNOWN" => "Call boxd_ensure with this work id first (boxd_status lists the works the ledger knows).";
 }
 

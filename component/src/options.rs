@@ -154,6 +154,8 @@ pub struct HostFacts {
     pub rules_not_added: bool,
     /// The laptop's OpenCode version, when the host knows it.
     pub opencode_version: Option<String>,
+    /// Why the host's copy of the plugin's skill is unusable (SKILLS_INVALID).
+    pub skills_invalid: Option<String>,
 }
 
 impl HostFacts {
@@ -170,6 +172,7 @@ impl HostFacts {
             agents_without_rules: strings("agentsWithoutRules"),
             rules_not_added: v.get("rulesNotAdded").and_then(Value::as_bool).unwrap_or(false),
             opencode_version: v.get("opencodeVersion").and_then(Value::as_str).map(String::from),
+            skills_invalid: v.get("skillsInvalid").and_then(Value::as_str).map(String::from),
         }
     }
 }

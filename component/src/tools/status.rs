@@ -97,6 +97,9 @@ pub fn run<P: Programs, F: Files>(env: &mut Env<P, F>) -> ToolResult<Value> {
     if ctx.facts.rules_not_added {
         next = Some(Code::RulesNotAdded.next().into());
     }
+    if ctx.facts.skills_invalid.is_some() {
+        next = Some(Code::SkillsInvalid.next().into());
+    }
     let next = next.unwrap_or_else(|| match works.first() {
         None => "Call boxd_ensure with a short work id to start a work.".into(),
         Some(w) => format!("Call boxd_job for work '{}' to see how its run is going.", w["work"].as_str().unwrap_or("")),
@@ -114,6 +117,10 @@ pub fn run<P: Programs, F: Files>(env: &mut Env<P, F>) -> ToolResult<Value> {
         "tools": tools,
         "agentsWithoutRules": ctx.facts.agents_without_rules,
         "rulesAdded": !ctx.facts.rules_not_added,
+        "skills": match &ctx.facts.skills_invalid {
+            Some(why) => json!({ "ok": false, "error": Code::SkillsInvalid.as_str(), "reason": why }),
+            None => json!({ "ok": true }),
+        },
         "host": { "name": ctx.host_name, "version": ctx.host_version, "testedOpenCode": format!(">={lo} <{hi}"), "tested": host_ok },
         "next": next,
     }))
