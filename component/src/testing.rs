@@ -16,9 +16,6 @@ pub struct Scripted {
 }
 
 impl Scripted {
-    pub fn push_ok(&mut self, stdout: &str) {
-        self.answers.push_back(Ok(RunOutput { exit_code: Some(0), stdout: stdout.as_bytes().to_vec(), stderr: Vec::new() }));
-    }
     pub fn push_exit(&mut self, code: i32, stdout: &str, stderr: &str) {
         self.answers.push_back(Ok(RunOutput {
             exit_code: Some(code),

@@ -221,22 +221,25 @@ impl World {
         argv.extend_from_slice(flags);
         let big = args.len() > 64 * 1024;
         argv.extend(["call", tool, if big { "-" } else { args }]);
-        let h = self.home.display().to_string();
-        let env = [
-            ("PATH", path.as_str()),
-            ("HOME", h.as_str()),
-            ("XDG_DATA_HOME", &format!("{h}/data")),
-            ("XDG_CONFIG_HOME", &format!("{h}/config")),
-            ("XDG_CACHE_HOME", &format!("{h}/cache")),
-            ("XDG_STATE_HOME", &format!("{h}/state")),
-            ("OPENCODE_DISABLE_MODELS_FETCH", "1"),
-            ("OPENCODE_DISABLE_AUTOUPDATE", "1"),
-        ];
-        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_ref())).collect();
+        let mut env = self.laptop_env();
+        env.push(("PATH".into(), path));
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
         let out = self.laptop.host_stdin(&argv, &env, big.then_some(args.as_bytes()));
         let code = out.status.code().unwrap_or(-1);
         assert!(code == 0 || code == 1, "boxd-host failed ({code}): {}", String::from_utf8_lossy(&out.stderr));
         (code, stdout_json(&out))
+    }
+
+    /// The laptop's own OpenCode data (HOME and the XDG folders under `home`).
+    pub fn laptop_env(&self) -> Vec<(String, String)> {
+        let h = self.home.display().to_string();
+        let mut env = vec![("HOME".to_string(), h.clone())];
+        for (k, sub) in [("XDG_DATA_HOME", "data"), ("XDG_CONFIG_HOME", "config"), ("XDG_CACHE_HOME", "cache"), ("XDG_STATE_HOME", "state")] {
+            env.push((k.into(), format!("{h}/{sub}")));
+        }
+        env.push(("OPENCODE_DISABLE_MODELS_FETCH".into(), "1".into()));
+        env.push(("OPENCODE_DISABLE_AUTOUPDATE".into(), "1".into()));
+        env
     }
 
     /// Call a tool that must succeed.
@@ -254,7 +257,7 @@ impl World {
         v
     }
 
-    /// boxd_job until it is no longer busy (bounded).
+    /// boxd_job until it is no longer busy (bounded): the result, or the error object.
     pub fn job_until_idle(&self, work: &str) -> serde_json::Value {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
         loop {

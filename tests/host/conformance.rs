@@ -74,7 +74,6 @@ fn via_mcp() -> Vec<Value> {
     assert!(venv.exists(), "run bash tests/bootstrap.sh (it creates tests/.venv with the mcp package)");
     let results = world.laptop.scratch.0.join("mcp-results.json");
     let oc = opencode_bin();
-    let h = world.home.display().to_string();
     let path = format!("{}:{}", oc.parent().unwrap().display(), std::env::var("PATH").unwrap_or_default());
     let status = std::process::Command::new(venv)
         .arg(repo().join("tests/conformance/mcp_runner.py"))
@@ -84,12 +83,7 @@ fn via_mcp() -> Vec<Value> {
         .env("BOXD_LOCAL_HOME", &world.laptop.boxd_home)
         .env("BOXD_HOST_CACHE", cache_dir())
         .env("PATH", path)
-        .env("HOME", &h)
-        .env("XDG_DATA_HOME", format!("{h}/data"))
-        .env("XDG_CONFIG_HOME", format!("{h}/config"))
-        .env("XDG_CACHE_HOME", format!("{h}/cache"))
-        .env("XDG_STATE_HOME", format!("{h}/state"))
-        .env("OPENCODE_DISABLE_MODELS_FETCH", "1")
+        .envs(world.laptop_env())
         .status()
         .unwrap();
     assert!(status.success(), "the MCP runner failed");

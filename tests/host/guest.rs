@@ -42,23 +42,11 @@ fn failed_auth_failed_and_aborted_runs_are_told_apart() {
     let world = World::new("guest-fail");
     world.ok_call("boxd_ensure", W1);
     submit(&world, "break @@fail:500@@");
-    let v = wait_not_busy(&world);
+    let v = world.job_until_idle("w1");
     assert_eq!(v["error"], "GUEST_RUN_FAILED", "{v:#}");
     submit(&world, "bad key @@fail:401@@");
-    let v = wait_not_busy(&world);
+    let v = world.job_until_idle("w1");
     assert_eq!(v["error"], "GUEST_AUTH_FAILED", "{v:#}");
-}
-
-/// boxd_job until not busy, returning the result or the error object.
-fn wait_not_busy(world: &World) -> serde_json::Value {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
-    loop {
-        let (_, v) = world.call("boxd_job", W1);
-        if v["state"] != "busy" || std::time::Instant::now() > deadline {
-            return v;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(500));
-    }
 }
 
 #[test]
@@ -174,14 +162,7 @@ fn a_server_that_dies_mid_run_is_reported_once_as_run_interrupted() {
     assert_eq!(world.ok_call("boxd_job", W1)["state"], "busy");
     let pid = on_guest(&world, SERVER).split_whitespace().next().unwrap().to_string();
     on_guest(&world, &format!("kill -9 {pid}"));
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    let first = loop {
-        let (_, v) = world.call("boxd_job", W1);
-        if v["state"] != "busy" || std::time::Instant::now() > deadline {
-            break v;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(500));
-    };
+    let first = world.job_until_idle("w1");
     assert_eq!(first["error"], "RUN_INTERRUPTED", "{first:#}");
     assert!(first["next"].as_str().unwrap().contains("boxd_harvest"));
     let v = world.ok_call("boxd_job", W1);

@@ -23,16 +23,10 @@ fn bash(cmd: &str) -> String {
 
 /// The laptop's own copy of a session, read with the laptop's opencode.
 fn laptop_export(world: &World, id: &str) -> serde_json::Value {
-    let h = world.home.display().to_string();
     let out = std::process::Command::new(opencode_bin())
         .args(["export", id])
         .current_dir(&world.laptop.project)
-        .env("HOME", &h)
-        .env("XDG_DATA_HOME", format!("{h}/data"))
-        .env("XDG_CONFIG_HOME", format!("{h}/config"))
-        .env("XDG_CACHE_HOME", format!("{h}/cache"))
-        .env("XDG_STATE_HOME", format!("{h}/state"))
-        .env("OPENCODE_DISABLE_MODELS_FETCH", "1")
+        .envs(world.laptop_env())
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));

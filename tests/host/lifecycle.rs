@@ -205,3 +205,42 @@ fn an_interrupted_host_leaves_a_ledger_that_reads_and_the_next_call_recovers() {
     let v = world.ok_call("boxd_ensure", W1);
     assert_eq!(v["state"], "running");
 }
+
+#[test]
+fn a_machine_still_starting_is_machine_starting_then_adopted() {
+    let world = World::new("starting");
+    world.faults(r#"[{"verb":"machine new","times":1,"action":"boot_timeout","appear_after_ms":0,"starting_ms":4000}]"#);
+    world.err_call("boxd_ensure", W1, "CREATE_UNCERTAIN");
+    let v = world.err_call("boxd_ensure", W1, "MACHINE_STARTING");
+    assert!(v["next"].as_str().unwrap().contains("later turn"));
+    std::thread::sleep(std::time::Duration::from_millis(4200));
+    assert_eq!(world.ok_call("boxd_ensure", W1)["adopted"], true);
+    assert_eq!(world.calls_starting(&["machine", "new"]), 1);
+}
+
+#[test]
+fn no_boxd_cli_is_boxd_missing_for_a_change() {
+    let laptop = Laptop::new("missing-cli");
+    let out = std::process::Command::new(boxd_host())
+        .args(["--project", laptop.project.to_str().unwrap(), "--ledger", laptop.ledger.to_str().unwrap(), "call", "boxd_ensure", W1])
+        .env("PATH", "/nonexistent")
+        .env("BOXD_HOST_CACHE", cache_dir())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let v = stdout_json(&out);
+    assert_eq!(v["error"], "BOXD_MISSING");
+    assert!(v["next"].as_str().unwrap().contains("boxd auth login"));
+}
+
+#[test]
+fn a_guest_whose_opencode_differs_from_the_laptops_is_refused() {
+    let world = World::new("version");
+    // The laptop says it runs another OpenCode than the golden image carries.
+    let fake = world.laptop.scratch.0.join("opencode-other");
+    std::fs::write(&fake, format!("#!/bin/sh\n[ \"$1\" = --version ] && {{ echo 1.18.99; exit 0; }}\nexec '{}' \"$@\"\n", opencode_bin().display())).unwrap();
+    std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let (code, v) = world.call_with(&["--opencode", fake.to_str().unwrap()], "boxd_ensure", W1);
+    assert_eq!((code, v["error"].as_str()), (1, Some("GUEST_VERSION")), "{v:#}");
+    assert!(v["message"].as_str().unwrap().contains("1.18.99"), "{v:#}");
+}

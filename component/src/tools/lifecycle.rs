@@ -434,3 +434,61 @@ pub fn drop<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolRes
     out["next"] = json!("Done: the machine is destroyed and the work is closed in the ledger.");
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ledger::{GitRecord, Proof};
+    use crate::testing::{MemFiles, Scripted};
+    use crate::tools::{call, RawContext};
+
+    fn raw() -> RawContext {
+        RawContext {
+            host_name: "test".into(),
+            host_version: "1".into(),
+            options_json: "{}".into(),
+            project: "/p".into(),
+            ledger: "/l".into(),
+            session_id: None,
+            now_ms: 0,
+            entropy: alloc::vec![1; 32],
+            host_facts_json: "{}".into(),
+        }
+    }
+
+    /// A proven work whose git record is as given.
+    fn work_with(git: Option<GitRecord>) -> MemFiles {
+        let mut fs = MemFiles::new(&["/p", "/l"]);
+        let mut w = Work::new("w1", "/p", "t");
+        w.state = "open".into();
+        w.machine_id = Some("vm_1".into());
+        w.proofs.push(Proof { prompts: 0, ..Default::default() });
+        w.git = git;
+        Ledger::new(&mut fs, "/l").write(&w).unwrap();
+        fs
+    }
+
+    #[test]
+    fn drop_refuses_a_dirty_tree_without_a_stored_patch_before_any_boxd_call() {
+        let mut fs = work_with(Some(GitRecord { dirty: true, patch: None, ..Default::default() }));
+        let mut p = Scripted::default();
+        let e = call(&mut p, &mut fs, "boxd_drop", r#"{"work":"w1"}"#, raw()).unwrap_err();
+        assert_eq!(e.code, Code::Dirty);
+        assert!(p.requests.is_empty());
+    }
+
+    #[test]
+    fn drop_removes_only_the_machine_the_ledger_recorded() {
+        let mut fs = work_with(Some(GitRecord::default()));
+        let mut p = Scripted::default();
+        p.push_exit(0, r#"{"name":"oc-w1","id":"vm_other","status":"running","sharing":"private","isolated":"no"}"#, "");
+        let e = call(&mut p, &mut fs, "boxd_drop", r#"{"work":"w1"}"#, raw()).unwrap_err();
+        assert_eq!(e.code, Code::NotOurs);
+        assert_eq!(p.commands(), ["machine get oc-w1 --json"], "nothing was removed");
+        p.push_exit(0, r#"{"name":"oc-w1","id":"vm_1","status":"running","sharing":"private","isolated":"no"}"#, "");
+        p.push_exit(0, r#"{"name":"oc-w1","status":"destroyed"}"#, "");
+        let v = call(&mut p, &mut fs, "boxd_drop", r#"{"work":"w1"}"#, raw()).unwrap();
+        assert_eq!(v["dropped"], true);
+        assert_eq!(p.commands().last().unwrap(), "machine remove oc-w1 -y --json");
+    }
+}
