@@ -93,10 +93,10 @@ fn via_mcp() -> Vec<Value> {
 
 #[test]
 fn every_host_gives_the_same_results() {
-    let cli = std::thread::spawn(via_cli);
-    let opencode = std::thread::spawn(via_opencode);
-    let mcp = via_mcp();
-    let cli = cli.join().unwrap();
+    // Every runner finishes (and cleans up its machines) before anything is asserted.
+    let (cli, opencode, mcp) = (std::thread::spawn(via_cli), std::thread::spawn(via_opencode), std::thread::spawn(via_mcp));
+    let (cli, opencode, mcp) = (cli.join(), opencode.join(), mcp.join());
+    let (cli, mcp) = (cli.expect("the boxd-host call runner failed"), mcp.expect("the MCP runner failed"));
     // The scenario itself: what a user must see, whichever host.
     assert_eq!(cli[0]["cli"], "signed in");
     assert_eq!(cli[1]["created"], true);
@@ -109,7 +109,7 @@ fn every_host_gives_the_same_results() {
     let codes: Vec<&str> = cli[10..].iter().map(|v| v["error"].as_str().unwrap_or("-")).collect();
     assert_eq!(codes, ["NAME_INVALID", "WORK_UNKNOWN", "ARGS_INVALID", "PATH_REFUSED"]);
     assert_eq!(mcp, cli, "the MCP server differs from boxd-host call");
-    let oc = opencode.join().unwrap();
+    let oc = opencode.expect("the OpenCode runner failed");
     assert_eq!(oc, cli, "the OpenCode bridge differs from boxd-host call");
 }
 
