@@ -106,7 +106,9 @@ fn git_is_recorded_and_a_dirty_tree_stores_a_patch_that_applies_on_a_fresh_clone
 fn files_come_back_with_conflicts_and_symlinks_refused() {
     let world = World::new("harvest-files");
     world.ok_call("boxd_ensure", W1);
-    run(&world, &format!("write {}", bash("echo summary v1 > SUMMARY.md && ln -s /etc/passwd link.txt")));
+    run(&world, &format!("write {}", bash("echo summary v1 > SUMMARY.md && ln -s /etc/passwd link.txt && echo odd > 'a, b ü.txt'")));
+    let v = world.ok_call("boxd_harvest", &json!({ "work": "w1", "files": ["a, b ü.txt"] }).to_string());
+    assert_eq!(v["files"][0]["sha256"], sha256(b"odd\n").as_str(), "any file name comes back");
     let v = world.ok_call("boxd_harvest", r#"{"work":"w1","files":["SUMMARY.md"]}"#);
     let local = world.laptop.project.join("SUMMARY.md");
     assert_eq!(std::fs::read_to_string(&local).unwrap(), "summary v1\n");

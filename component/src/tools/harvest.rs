@@ -182,9 +182,6 @@ pub fn run<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolResu
         .flatten()
         .map(|f| paths::guest_relative(f.as_str().unwrap_or_default()))
         .collect::<ToolResult<_>>()?;
-    if let Some(bad) = wanted.iter().find(|f| f.contains(',')) {
-        return Err(ToolError::new(Code::NameInvalid, format!("'{bad}': harvest file names cannot contain a comma")));
-    }
     let mut w = Ledger::new(&mut *env.files, &ctx.ledger).require(&work)?;
     super::require_open(&w)?;
     let mut roots: Vec<&str> = alloc::vec![ctx.project.as_str()];
@@ -216,14 +213,14 @@ pub fn run<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolResu
     };
     Ledger::new(&mut *env.files, &ctx.ledger).write(&w)?;
 
-    // 4. git, with the wanted files in the same exec.
-    let joined = wanted.join(",");
-    let mut flags: Vec<&str> = Vec::new();
-    if !wanted.is_empty() {
-        flags.extend(["--files", joined.as_str()]);
-    }
+    // 4. git, with the wanted files in the same exec (their names on stdin: any name).
+    let (flags, stdin): (&[&str], _) = if wanted.is_empty() {
+        (&[], None)
+    } else {
+        (&["--files-stdin"], Some(serde_json::to_vec(&json!({ "files": wanted })).expect("serialises")))
+    };
     let mut boxd = Boxd::new(&mut *env.programs, ctx.options.boxd_timeout_seconds);
-    let git = Guest::new(&mut boxd, &machine, &work).call("git", &flags, None)?;
+    let git = Guest::new(&mut boxd, &machine, &work).call("git", flags, stdin)?;
     let now = env.now();
     let entries = |key: &str| -> Vec<GitEntry> {
         git[key].as_array().into_iter().flatten().map(|e| GitEntry { path: e["path"].as_str().unwrap_or("").into(), sha256: e["sha256"].as_str().unwrap_or("").into() }).collect()
