@@ -1203,7 +1203,9 @@ def status_fields(work, st, server, smap=None):
     return out
 
 
-def cmd_status(args):
+def ready_work(args):
+    """The common start of status and export: the work, its server and pump running, and
+    one pump step taken. Returns (work, password, how the server was found, server info)."""
     work = Work(args.work)
     work.require()
     ensure_git_exclude(work)
@@ -1214,6 +1216,11 @@ def cmd_status(args):
         tick(work, lock_timeout=10.0)
     except Exception as e:  # report what the state files say; the pump keeps trying
         work.log("helper.log", "%s: pump step failed: %s: %s" % (args.command, type(e).__name__, e))
+    return work, password, how, info
+
+
+def cmd_status(args):
+    work, password, how, info = ready_work(args)
     api, smap = Api(info["port"], password), None
     try:
         smap = api.get("/session/status", timeout=10)
@@ -1246,16 +1253,7 @@ def cmd_status(args):
 
 
 def cmd_export(args):
-    work = Work(args.work)
-    work.require()
-    ensure_git_exclude(work)
-    password = work.password()
-    how, info = ensure_server(work, password)
-    ensure_pump(work)
-    try:
-        tick(work, lock_timeout=10.0)
-    except Exception as e:  # report what the state files say; the pump keeps trying
-        work.log("helper.log", "%s: pump step failed: %s: %s" % (args.command, type(e).__name__, e))
+    work, password, how, info = ready_work(args)
     api = Api(info["port"], password)
     st = work.state()
     sid = work.session_id()
