@@ -21,7 +21,8 @@ want=$(node -e 'console.log(require(process.argv[1]).dependencies["opencode-ai"]
 have=$("$here/tests/node_modules/.bin/opencode" --version 2>/dev/null || true)
 if [ "$have" != "$want" ]; then
   say "installing opencode-ai@$want into tests/node_modules"
-  (cd "$here/tests" && npm ci --no-fund --no-audit --loglevel=error)
+  # npm install, not ci: the lock lists only this platform of opencode-ai's optional binaries.
+  (cd "$here/tests" && npm install --no-fund --no-audit --loglevel=error)
   # npm may skip the package's postinstall, which links the platform binary into place.
   "$here/tests/node_modules/.bin/opencode" --version >/dev/null 2>&1 \
     || (cd "$here/tests/node_modules/opencode-ai" && node postinstall.mjs)
