@@ -9,21 +9,39 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context as _, Result};
 
 /// The policy data every host shares (host-bridge/policy.json; the OpenCode bridge reads
-/// the same file).
+/// the same file), so the program names and the child-environment allow-list have one source.
 pub const POLICY_JSON: &str = include_str!("../policy.json");
 
+struct Shared {
+    programs: Vec<String>,
+    child_env: Vec<String>,
+}
+
+fn shared() -> &'static Shared {
+    static SHARED: std::sync::OnceLock<Shared> = std::sync::OnceLock::new();
+    SHARED.get_or_init(|| {
+        let v: serde_json::Value = serde_json::from_str(POLICY_JSON).expect("policy.json is JSON");
+        let list = |k: &str| -> Vec<String> {
+            v[k].as_array().expect("policy.json lists it").iter().map(|s| s.as_str().expect("a string").to_string()).collect()
+        };
+        Shared { programs: list("programs"), child_env: list("childEnv") }
+    })
+}
+
 /// The program names the component may ask for. Any other name is refused.
-pub const PROGRAM_NAMES: &[&str] = &["boxd", "opencode"];
+pub fn program_names() -> &'static [String] {
+    &shared().programs
+}
 
 /// Variables a child may inherit from the host's environment, and nothing else: what the
 /// boxd CLI and OpenCode need to find their own config and data.
-pub const CHILD_ENV: &[&str] = &[
-    "PATH", "HOME", "USER", "LANG", "LC_ALL", "TMPDIR", "TZ",
-    "XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_CACHE_HOME", "XDG_STATE_HOME",
-    "BOXD_TOKEN", "BOXD_API_KEY", "BOXD_BASE_URL",
-    "BOXD_LOCAL_HOME", "BOXD_LOCAL_FAULTS", "BOXD_LOCAL_NOISE",
-    "OPENCODE_DISABLE_MODELS_FETCH", "OPENCODE_DISABLE_AUTOUPDATE", "OPENCODE_CONFIG", "OPENCODE_DB",
-];
+pub fn child_env_names() -> &'static [String] {
+    &shared().child_env
+}
+
+fn is_program_name(name: &str) -> bool {
+    program_names().iter().any(|p| p == name)
+}
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Preopen {
@@ -51,10 +69,10 @@ impl Policy {
         Self::default()
     }
 
-    /// Grant `name` (one of PROGRAM_NAMES) as the binary at `path`.
+    /// Grant `name` (one of the policy's program names) as the binary at `path`.
     pub fn program(&mut self, name: &str, path: &Path) -> Result<&mut Self> {
-        if !PROGRAM_NAMES.contains(&name) {
-            bail!("'{name}' is not a program the plugin uses (only {})", PROGRAM_NAMES.join(", "));
+        if !is_program_name(name) {
+            bail!("'{name}' is not a program the plugin uses (only {})", program_names().join(", "));
         }
         let abs = std::fs::canonicalize(path).with_context(|| format!("{name}: {} does not exist", path.display()))?;
         self.programs.insert(name.to_string(), abs);
@@ -83,7 +101,7 @@ impl Policy {
 
     /// Pass the allow-listed variables of `vars` to children.
     pub fn child_env_from(&mut self, vars: impl IntoIterator<Item = (String, String)>) -> &mut Self {
-        self.child_env = vars.into_iter().filter(|(k, _)| CHILD_ENV.contains(&k.as_str())).collect();
+        self.child_env = vars.into_iter().filter(|(k, _)| child_env_names().iter().any(|n| n == k)).collect();
         self.child_env.sort();
         self
     }
@@ -104,10 +122,10 @@ impl Policy {
     pub fn allows(&self, program: &str) -> Result<&Path, Refusal> {
         match self.programs.get(program) {
             Some(p) => Ok(p),
-            None => Err(Refusal::NotAllowed(if PROGRAM_NAMES.contains(&program) {
+            None => Err(Refusal::NotAllowed(if is_program_name(program) {
                 format!("{program}: not found on this host (give --{program} PATH or put it on PATH)")
             } else {
-                format!("{program}: not in the host's policy (allowed: {})", PROGRAM_NAMES.join(", "))
+                format!("{program}: not in the host's policy (allowed: {})", program_names().join(", "))
             })),
         }
     }
@@ -149,11 +167,12 @@ mod tests {
     }
 
     #[test]
-    fn the_shared_policy_file_says_the_same() {
-        let v: serde_json::Value = serde_json::from_str(POLICY_JSON).unwrap();
-        let list = |k: &str| -> Vec<String> { v[k].as_array().unwrap().iter().map(|s| s.as_str().unwrap().to_string()).collect() };
-        assert_eq!(list("programs"), PROGRAM_NAMES);
-        assert_eq!(list("childEnv"), CHILD_ENV);
+    fn the_shared_policy_file_names_the_programs_and_variables() {
+        assert_eq!(program_names(), ["boxd", "opencode"]);
+        for must in ["PATH", "HOME", "XDG_DATA_HOME", "BOXD_TOKEN"] {
+            assert!(child_env_names().iter().any(|n| n == must), "{must}");
+        }
+        assert!(!child_env_names().iter().any(|n| n.contains("SECRET") || n == "AWS_SECRET_ACCESS_KEY"));
     }
 
     #[test]

@@ -69,7 +69,7 @@ fn serve_archive(file: PathBuf) -> Result<String> {
 }
 
 /// A stand-in release archive: an `opencode` that runs this laptop's OpenCode.
-fn make_archive(dir: &Path, opencode: &Path) -> Result<PathBuf> {
+pub fn make_archive(dir: &Path, opencode: &Path) -> Result<PathBuf> {
     let stage = dir.join("release");
     std::fs::create_dir_all(&stage)?;
     let bin = stage.join("opencode");

@@ -485,14 +485,15 @@ class T1Commands(unittest.TestCase):
         self.assertEqual((r.rc, r.json["error"]), (3, "FILE_TOO_LARGE"), r)
 
 
-class T2Lifecycle(unittest.TestCase):
-    """One guest, one work, one server: the whole prompt lifecycle."""
+class OneWork(unittest.TestCase):
+    """A suite on one guest with one prepared work (W), shared by its tests in order."""
 
-    W = "alpha"
+    W = None
+    GUEST = None
 
     @classmethod
     def setUpClass(cls):
-        cls.g = Guest("life")
+        cls.g = Guest(cls.GUEST)
         cls.first = cls.g.prepare(cls.W)
 
     @classmethod
@@ -502,6 +503,13 @@ class T2Lifecycle(unittest.TestCase):
     def setUp(self):
         if self.first.rc != 0:
             self.fail("prepare failed: %r" % (self.first,))
+
+
+class T2Lifecycle(OneWork):
+    """One guest, one work, one server: the whole prompt lifecycle."""
+
+    W = "alpha"
+    GUEST = "life"
 
     def run_prompt(self, prompt, **kw):
         r = self.g.submit(self.W, prompt, **kw)
@@ -770,23 +778,11 @@ class T2Lifecycle(unittest.TestCase):
             fresh.close()
 
 
-class T3ServerLoss(unittest.TestCase):
+class T3ServerLoss(OneWork):
     """The server dies or hangs: restart, interruption reported once, hung detection."""
 
     W = "beta"
-
-    @classmethod
-    def setUpClass(cls):
-        cls.g = Guest("loss")
-        cls.first = cls.g.prepare(cls.W)
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.g.close()
-
-    def setUp(self):
-        if self.first.rc != 0:
-            self.fail("prepare failed: %r" % (self.first,))
+    GUEST = "loss"
 
     def test_1_server_killed_while_idle_is_restarted(self):
         g = self.g

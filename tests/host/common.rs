@@ -163,7 +163,8 @@ pub struct World {
     pub home: PathBuf,
 }
 
-pub const GUEST_CONFIG: &str = r#"{"$schema":"https://opencode.ai/config.json","provider":{"scripted":{"npm":"@ai-sdk/openai-compatible","name":"Scripted","options":{"baseURL":"{env:SCRIPTED_MODEL_URL}","apiKey":"{env:SCRIPTED_MODEL_KEY}"},"models":{"scripted-model":{"name":"Scripted","tool_call":true}}}},"model":"scripted/scripted-model","small_model":"scripted/scripted-model","autoupdate":false,"share":"disabled"}"#;
+/// The guests' OpenCode config: the tour's (the scripted provider, its URL and key from boxd env).
+pub use boxd_host::tour::GUEST_CONFIG;
 
 impl World {
     pub fn new(name: &str) -> World {

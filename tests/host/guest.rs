@@ -54,9 +54,8 @@ fn a_killed_server_is_restarted_by_job() {
     let world = World::new("guest-restart");
     world.ok_call("boxd_ensure", W1);
     // Kill the work's OpenCode server inside the machine.
-    let kill = r#"'kill -9 $(python3 -c "import json; print(json.load(open(\"work/w1/.boxd/server.json\"))[\"pid\"])")'"#;
-    let out = world.laptop.boxd(&["machine", "exec", "oc-w1", "--", "sh", "-c", kill]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let pid = on_guest(&world, SERVER).split_whitespace().next().unwrap().to_string();
+    on_guest(&world, &format!("kill -9 {pid}"));
     let (_, v) = world.call("boxd_job", W1);
     assert_eq!(v["error"], "GUEST_SERVER_DOWN", "{v:#}");
     assert!(v["message"].as_str().unwrap().contains("restart"), "{v:#}");

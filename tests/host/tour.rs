@@ -62,14 +62,10 @@ fn flaky_server(failures: u32, body: Vec<u8>) -> (String, Arc<AtomicU32>) {
     (format!("http://127.0.0.1:{port}/v{{version}}/opencode-{{target}}.tar.gz"), hits)
 }
 
+/// The tour's stand-in release archive: an `opencode` that runs the pinned one.
 fn archive(dir: &std::path::Path) -> Vec<u8> {
-    let stage = dir.join("stage");
-    std::fs::create_dir_all(&stage).unwrap();
-    std::fs::write(stage.join("opencode"), format!("#!/bin/sh\nexec '{}' \"$@\"\n", std::fs::canonicalize(opencode_bin()).unwrap().display())).unwrap();
-    std::fs::set_permissions(stage.join("opencode"), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    let tgz = dir.join("oc.tgz");
-    assert!(std::process::Command::new("tar").arg("-czf").arg(&tgz).arg("-C").arg(&stage).arg("opencode").status().unwrap().success());
-    std::fs::read(tgz).unwrap()
+    let oc = std::fs::canonicalize(opencode_bin()).unwrap();
+    std::fs::read(boxd_host::tour::make_archive(dir, &oc).unwrap()).unwrap()
 }
 
 fn spec(url: String) -> golden::Spec {

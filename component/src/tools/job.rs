@@ -7,7 +7,7 @@ use alloc::string::{String, ToString};
 use serde_json::{json, Value};
 
 use super::{work_arg, Env};
-use crate::boxd::{Boxd, Failure, State};
+use crate::boxd::{Boxd, State};
 use crate::caps::{Files, Programs};
 use crate::errors::{Code, ToolError, ToolResult};
 use crate::guest::Guest;
@@ -23,9 +23,7 @@ pub fn run<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolResu
     let mut w = ledger.require(&work)?;
     super::require_open(&w)?;
     let mut boxd = Boxd::new(env.programs, ctx.options.boxd_timeout_seconds);
-    let list = boxd.list().map_err(Failure::into_error)?;
-    let state = list.iter().find(|m| m.name == machine).map_or(State::Gone, |m| State::from_status(&m.status));
-    match state {
+    match super::listed_state(&mut boxd, &machine)? {
         State::Asleep | State::Stopped => {
             let (by, at): (&str, Value) = if w.asleep_by_tool {
                 ("boxd_sleep", json!(w.sleeps.last().map(|s| s.at.clone())))

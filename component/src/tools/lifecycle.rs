@@ -7,7 +7,7 @@ use alloc::string::{String, ToString};
 use alloc::vec::Vec;
 use serde_json::{json, Value};
 
-use super::{work_arg, Env};
+use super::{listed_state, work_arg, Env};
 use crate::boxd::{Boxd, Failure, MachineInfo, State};
 use crate::caps::{Files, Programs};
 use crate::errors::{Code, ToolError, ToolResult};
@@ -16,15 +16,6 @@ use crate::paths;
 
 fn idle_seconds<P: Programs, F: Files>(env: &Env<P, F>) -> u32 {
     env.ctx.options.idle_minutes * 60
-}
-
-/// The state of `machine` in one listing, or Gone.
-fn listed_state<P: Programs>(boxd: &mut Boxd<P>, machine: &str) -> ToolResult<(State, String)> {
-    let list = boxd.list().map_err(Failure::into_error)?;
-    Ok(match list.iter().find(|m| m.name == machine) {
-        Some(m) => (State::from_status(&m.status), m.sharing.clone()),
-        None => (State::Gone, String::new()),
-    })
 }
 
 /// Refuse a machine we must not drive: shared, isolated, or not the one we created.
@@ -114,7 +105,7 @@ pub fn ensure<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolR
         }
     }
     let mut boxd = Boxd::new(env.programs, ctx.options.boxd_timeout_seconds);
-    let (state, _) = listed_state(&mut boxd, &machine)?;
+    let state = listed_state(&mut boxd, &machine)?;
 
     if state != State::Gone {
         let Some(mut w) = record else {
@@ -206,7 +197,7 @@ pub fn sleep<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolRe
     let mut ledger = Ledger::new(env.files, &ctx.ledger);
     let mut w = ledger.require(&work)?;
     let mut boxd = Boxd::new(env.programs, ctx.options.boxd_timeout_seconds);
-    let (state, _) = listed_state(&mut boxd, &machine)?;
+    let state = listed_state(&mut boxd, &machine)?;
     let already = match state {
         State::Asleep => true,
         State::Gone => return Err(ToolError::new(Code::MachineGone, format!("{machine} no longer exists"))),
@@ -267,7 +258,7 @@ pub fn resume<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolR
         return Err(ToolError::with_next(Code::MachineGone, format!("work '{work}' was dropped"), format!("Call boxd_ensure for work '{work}' to start it again.")));
     }
     let mut boxd = Boxd::new(env.programs, ctx.options.boxd_timeout_seconds);
-    let (state, _) = listed_state(&mut boxd, &machine)?;
+    let state = listed_state(&mut boxd, &machine)?;
     let action = match state {
         State::Asleep => {
             boxd.wake(&machine).map_err(Failure::into_error)?;
@@ -344,7 +335,7 @@ pub fn image<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolRe
     if boxd.snapshots().map_err(Failure::into_error)?.iter().any(|s| s.name == name) {
         return Err(ToolError::new(Code::SnapshotExists, format!("a snapshot named '{name}' already exists")));
     }
-    let (state, _) = listed_state(&mut boxd, &machine)?;
+    let state = listed_state(&mut boxd, &machine)?;
     match state {
         State::Running => {}
         State::Gone => return Err(ToolError::new(Code::MachineGone, format!("{machine} no longer exists"))),

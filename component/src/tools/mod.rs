@@ -130,12 +130,17 @@ pub fn require_open(w: &crate::ledger::Work) -> ToolResult<()> {
     Ok(())
 }
 
-/// The machine must be up for an exec: asleep, gone and starting are refused without one.
-pub fn running_state<P: Programs>(boxd: &mut crate::boxd::Boxd<P>, machine: &str, work: &str) -> ToolResult<()> {
+/// The state of `machine` in one `boxd machine list` (Gone when it is not listed).
+pub fn listed_state<P: Programs>(boxd: &mut crate::boxd::Boxd<P>, machine: &str) -> ToolResult<crate::boxd::State> {
     use crate::boxd::{Failure, State};
     let list = boxd.list().map_err(Failure::into_error)?;
-    let state = list.iter().find(|m| m.name == machine).map_or(State::Gone, |m| State::from_status(&m.status));
-    match state {
+    Ok(list.iter().find(|m| m.name == machine).map_or(State::Gone, |m| State::from_status(&m.status)))
+}
+
+/// The machine must be up for an exec: asleep, gone and starting are refused without one.
+pub fn running_state<P: Programs>(boxd: &mut crate::boxd::Boxd<P>, machine: &str, work: &str) -> ToolResult<()> {
+    use crate::boxd::State;
+    match listed_state(boxd, machine)? {
         State::Running | State::Standby => Ok(()),
         State::Asleep | State::Stopped => Err(ToolError::with_next(
             Code::MachineAsleep,
