@@ -22,6 +22,7 @@ pub mod tools;
 
 #[cfg(test)]
 mod testing;
+#[cfg(test)] mod proptests;
 
 #[cfg(target_arch = "wasm32")]
 mod wasm;

@@ -85,6 +85,10 @@ pub fn guest_relative(p: &str) -> ToolResult<String> {
     if parts.is_empty() {
         return Err(bad("names the work tree itself"));
     }
+    // "./~/x" must not become "~/x", which a guest shell or `boxd machine cp` expands.
+    if parts[0].starts_with('~') {
+        return Err(bad("is absolute"));
+    }
     Ok(parts.join("/"))
 }
 
@@ -140,7 +144,7 @@ mod tests {
         assert_eq!(guest_relative("data/in.json").unwrap(), "data/in.json");
         assert_eq!(guest_relative("./a//b").unwrap(), "a/b");
         assert_eq!(guest_relative("naïve file.txt").unwrap(), "naïve file.txt");
-        for bad in ["/etc/passwd", "../x", "a/../../b", "", ".", "~/x", "a\nb"] {
+        for bad in ["/etc/passwd", "../x", "a/../../b", "", ".", "~/x", "./~/x", ".//~", "a\nb"] {
             assert_eq!(guest_relative(bad).unwrap_err().code, Code::NameInvalid, "{bad:?}");
         }
     }
