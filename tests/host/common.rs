@@ -333,3 +333,24 @@ pub fn build_bridge() {
         assert!(out.status.success(), "npm run build failed:\n{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     }
 }
+
+impl World {
+    /// `boxd-host [FLAGS] call TOOL ARGS` as this laptop (as `call_with`), without judging
+    /// the outcome: the raw exit status, stdout and stderr, for tests that check them.
+    pub fn call_output(&self, flags: &[&str], tool: &str, args: &str) -> Output {
+        let oc = opencode_bin();
+        let path = format!("{}:{}", oc.parent().unwrap().display(), std::env::var("PATH").unwrap_or_default());
+        let mut argv: Vec<&str> = vec!["--opencode", oc.to_str().unwrap()];
+        argv.extend_from_slice(flags);
+        argv.extend(["call", tool, args]);
+        let mut env = self.laptop_env();
+        env.push(("PATH".into(), path));
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        self.laptop.host_stdin(&argv, &env, None)
+    }
+
+    /// Run a shell command line in a machine's home through boxd-local (no plugin involved).
+    pub fn on_machine(&self, machine: &str, script: &str) -> Output {
+        self.laptop.boxd(&["machine", "exec", machine, "--", "sh", "-c", &format!("'{}'", script.replace('\'', "'\\''"))])
+    }
+}

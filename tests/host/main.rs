@@ -4,12 +4,15 @@
 
 mod common;
 mod confinement;
+mod bounds;
 mod imports;
 mod cli;
 mod conformance;
 mod guest;
 mod harvest;
 mod lifecycle;
+mod nothing_lost;
 mod tour;
 mod mcp;
 mod opencode;
+mod faults_matrix;
