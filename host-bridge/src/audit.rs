@@ -90,6 +90,16 @@ pub fn trace_filesystem(linker: &mut Linker<HostState>) -> Result<()> {
         "[method]descriptor.open-at",
         |mut store: StoreContextMut<'_, HostState>, (fd, pf, path, of, df): (Resource<fs::Descriptor>, fs::PathFlags, String, fs::OpenFlags, fs::DescriptorFlags)| {
             let base = fd.rep();
+            // Only regular files and folders are opened: opening a FIFO blocks until a
+            // writer comes, a device may never end, a socket cannot be opened. Look first
+            // (without opening, confined like the open) and refuse with `access`.
+            let look = HostDescriptor::stat_at(&mut store.data_mut().fs_view(), Resource::new_borrow(base), pf, path.clone());
+            if let Ok(st) = look {
+                if !matches!(st.type_, fs::DescriptorType::RegularFile | fs::DescriptorType::Directory | fs::DescriptorType::SymbolicLink) {
+                    store.data_mut().record_open(base, None, &path, &format!("open (refused: {:?} is not a regular file or a folder)", st.type_));
+                    return Ok((Err(wasmtime_wasi::p2::bindings::filesystem::types::ErrorCode::Access),));
+                }
+            }
             let r = HostDescriptor::open_at(&mut store.data_mut().fs_view(), fd, pf, path.clone(), of, df);
             let mode = if of.contains(fs::OpenFlags::CREATE) {
                 "create"
@@ -104,6 +114,15 @@ pub fn trace_filesystem(linker: &mut Linker<HostState>) -> Result<()> {
             match &r {
                 Ok(new) => store.data_mut().record_open(base, Some(new.rep()), &path, mode),
                 Err(e) => store.data_mut().record_open(base, None, &path, &format!("{mode} (refused: {e:?})")),
+            }
+            // A file created in the ledger is owner-only (it may be a work's server password):
+            // WASI cannot set modes, so the host does, on the open descriptor, before the
+            // component has written a byte to it. Files created elsewhere (a harvest into the
+            // project) keep the usual mode.
+            if let Ok(new) = &r {
+                if of.contains(fs::OpenFlags::CREATE) {
+                    owner_only_in_ledger(store.data_mut(), new.rep());
+                }
             }
             Ok((r,))
         },
@@ -123,11 +142,26 @@ pub fn trace_filesystem(linker: &mut Linker<HostState>) -> Result<()> {
         |mut store: StoreContextMut<'_, HostState>, (fd, old, new_fd, new): (Resource<fs::Descriptor>, String, Resource<fs::Descriptor>, String)| {
             store.data_mut().record_open(fd.rep(), None, &old, "rename-from");
             store.data_mut().record_open(new_fd.rep(), None, &new, "rename-to");
+            let n = store.data_mut().next_rename();
+            store.data().kill_point(true, false, n);
             let r = HostDescriptor::rename_at(&mut store.data_mut().fs_view(), fd, old, new_fd, new);
+            store.data().kill_point(false, false, n);
             Ok((split(r)?,))
         },
     )?;
     Ok(())
+}
+
+/// fchmod 0600 a file just created through descriptor `rep`, when it lies in the ledger.
+fn owner_only_in_ledger(state: &mut HostState, rep: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    let in_ledger = state.path_of(rep).is_some_and(|p| state.in_ledger(p));
+    if !in_ledger {
+        return;
+    }
+    if let Ok(wasmtime_wasi::filesystem::Descriptor::File(f)) = state.table().get(&Resource::<fs::Descriptor>::new_borrow(rep)) {
+        let _ = f.file.set_permissions(std::fs::Permissions::from_mode(0o600));
+    }
 }
 
 /// A filesystem result as the guest sees it: the error code, or a trap for a host bug.

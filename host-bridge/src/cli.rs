@@ -192,20 +192,35 @@ impl Host {
         Ok(Host { runtime, ctx, audit: AuditLog::open(f.audit_log.as_deref())? })
     }
 
-    /// One tool call with the audit line written; the tool's JSON or its error object.
+    /// One tool call with the audit line written; the tool's JSON or its error object. A
+    /// trap in the component (a panic, an out-of-memory) is answered as HOST_FAILED with
+    /// the one next step every host gives (policy.json `hostFailed`), never as a backtrace.
     pub fn call(&mut self, tool: &str, args: &str) -> Result<std::result::Result<Value, Value>> {
         let mut ctx = self.ctx.clone();
         ctx.now_ms = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
         ctx.entropy = entropy();
         let started = Instant::now();
-        let (result, trace) = self.runtime.call(tool, args, &ctx)?;
+        let (result, trace) = self.runtime.call_traced(tool, args, &ctx);
         let ms = started.elapsed().as_millis() as u64;
-        self.audit.record(tool, ms, &result.as_ref().map(drop).map_err(|e| e.code.clone()), &trace);
-        Ok(match result {
-            Ok(s) => Ok(serde_json::from_str(&s).unwrap_or(Value::String(s))),
-            Err(e) => Err(json!({ "error": e.code, "message": e.message, "next": e.next })),
-        })
+        let answer = match result {
+            Ok(Ok(s)) => Ok(serde_json::from_str(&s).unwrap_or(Value::String(s))),
+            Ok(Err(e)) => Err(json!({ "error": e.code, "message": e.message, "next": e.next })),
+            Err(trap) => Err(crate::policy::host_failed(tool, trap_message(&trap))),
+        };
+        let code = answer.as_ref().map(drop).map_err(|e| e["error"].as_str().unwrap_or_default().to_string());
+        self.audit.record(tool, ms, &code, &trace);
+        Ok(answer)
     }
+}
+
+/// A trap in one line: wasmtime's own words ("wasm trap: wasm `unreachable` instruction
+/// executed") without the wasm backtrace that follows them.
+pub fn trap_message(e: &anyhow::Error) -> String {
+    let trap = e.downcast_ref::<wasmtime::Trap>().map(|t| t.to_string());
+    let first = format!("{e}");
+    let text = trap.unwrap_or(first);
+    let line = text.lines().next().unwrap_or("").trim();
+    if line.is_empty() { "the component failed".to_string() } else { line.to_string() }
 }
 
 /// 32 bytes from the OS's random source, for the secrets the component makes.

@@ -128,14 +128,10 @@ fn with_task_state(tool: &str, answer: std::result::Result<Value, Value>) -> std
     }
 }
 
-/// A host failure (a trap, a policy or runtime error) in the tools' own error shape.
+/// A host failure (a trap, a policy or runtime error) in the tools' own error shape, with
+/// the next step every host gives (policy.json `hostFailed`).
 pub fn host_failed(tool: &str, message: impl std::fmt::Display) -> Value {
-    json!({
-        "error": "HOST_FAILED",
-        "message": format!("boxd-host could not run {tool}: {message}"),
-        "next": "Call boxd_status to see where things stand; if this repeats, restart the MCP server \
-                 and report the message (the plugin's host failed, not boxd).",
-    })
+    crate::policy::host_failed(tool, message)
 }
 
 /// The MCP result for one answer: pretty JSON text plus the same value structured.
@@ -252,6 +248,6 @@ mod tests {
         assert_eq!(r.is_error, Some(true));
         let v = r.structured_content.unwrap();
         assert_eq!(v["error"], "HOST_FAILED");
-        assert!(v["next"].as_str().unwrap().contains("boxd_status"));
+        assert_eq!(v["next"], crate::policy::host_failed_next());
     }
 }

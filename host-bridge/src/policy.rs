@@ -15,6 +15,8 @@ pub const POLICY_JSON: &str = include_str!("../policy.json");
 struct Shared {
     programs: Vec<String>,
     child_env: Vec<String>,
+    bounds: crate::spawn::Bounds,
+    host_failed_next: String,
 }
 
 fn shared() -> &'static Shared {
@@ -24,7 +26,35 @@ fn shared() -> &'static Shared {
         let list = |k: &str| -> Vec<String> {
             v[k].as_array().expect("policy.json lists it").iter().map(|s| s.as_str().expect("a string").to_string()).collect()
         };
-        Shared { programs: list("programs"), child_env: list("childEnv") }
+        let bytes = |k: &str| v["outputCaps"][k].as_u64().expect("policy.json outputCaps has it") as usize;
+        let bounds = crate::spawn::Bounds {
+            stdout_cap: bytes("stdout"),
+            stderr_cap: bytes("stderr"),
+            after_exit: std::time::Duration::from_millis(v["afterExit"]["graceMs"].as_u64().expect("policy.json afterExit.graceMs")),
+        };
+        let host_failed_next = v["hostFailed"]["next"].as_str().expect("policy.json hostFailed.next").to_string();
+        Shared { programs: list("programs"), child_env: list("childEnv"), bounds, host_failed_next }
+    })
+}
+
+/// The caps on a child's output and the grace after it exits, from policy.json.
+pub fn bounds() -> crate::spawn::Bounds {
+    shared().bounds
+}
+
+/// HOST_FAILED's one next step (policy.json `hostFailed.next`, equal to the component's
+/// errors.rs): what every host answers when the component traps.
+pub fn host_failed_next() -> &'static str {
+    &shared().host_failed_next
+}
+
+/// A host failure (a trap, a runtime error) in the tools' own error shape; every Rust
+/// host (`call`, MCP) answers with this, and the OpenCode bridge with the same text.
+pub fn host_failed(tool: &str, message: impl std::fmt::Display) -> serde_json::Value {
+    serde_json::json!({
+        "error": "HOST_FAILED",
+        "message": format!("the component stopped while running {tool}: {message}"),
+        "next": host_failed_next(),
     })
 }
 
@@ -173,6 +203,17 @@ mod tests {
             assert!(child_env_names().iter().any(|n| n == must), "{must}");
         }
         assert!(!child_env_names().iter().any(|n| n.contains("SECRET") || n == "AWS_SECRET_ACCESS_KEY"));
+    }
+
+    #[test]
+    fn the_shared_policy_file_bounds_output_and_words_host_failed_as_the_component_does() {
+        let b = bounds();
+        assert_eq!((b.stdout_cap, b.stderr_cap), (64 << 20, 1 << 20));
+        assert!(b.after_exit >= std::time::Duration::from_millis(50) && b.after_exit <= std::time::Duration::from_secs(1));
+        // The component's own table (errors.rs) is the source of the text.
+        let errors = include_str!("../../component/src/errors.rs");
+        let line = errors.lines().find(|l| l.trim_start().starts_with("HostFailed = \"HOST_FAILED\"")).expect("errors.rs lists HOST_FAILED");
+        assert!(line.contains(&format!("=> \"{}\";", host_failed_next())), "policy.json hostFailed.next differs from errors.rs: {line}");
     }
 
     #[test]

@@ -54,6 +54,49 @@ pub struct HostState {
     trace: Trace,
     /// Descriptor handle → the path it names, so opens are logged as absolute paths.
     fds: BTreeMap<u32, String>,
+    /// Test-only kill points (BOXD_HOST_KILL_AT) and the counts they are checked against.
+    kill_at: Option<KillAt>,
+    spawns: u32,
+    renames: u32,
+}
+
+/// A test-only kill point: `BOXD_HOST_KILL_AT=before-spawn:N`, `after-spawn:N`,
+/// `before-rename:N` or `after-rename:N` (N counts from 1 within one tool call) makes the
+/// host SIGKILL itself at that point, as `kill -9` would. Never set it outside tests
+/// (docs/architecture.md, "Kill points").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KillAt {
+    pub before: bool,
+    pub spawn: bool,
+    pub n: u32,
+}
+
+impl KillAt {
+    pub const VAR: &'static str = "BOXD_HOST_KILL_AT";
+
+    pub fn parse(s: &str) -> Option<KillAt> {
+        let (point, n) = s.trim().split_once(':')?;
+        let n: u32 = n.parse().ok().filter(|n| *n >= 1)?;
+        let (before, spawn) = match point {
+            "before-spawn" => (true, true),
+            "after-spawn" => (false, true),
+            "before-rename" => (true, false),
+            "after-rename" => (false, false),
+            _ => return None,
+        };
+        Some(KillAt { before, spawn, n })
+    }
+
+    fn from_env() -> Option<KillAt> {
+        let v = std::env::var(Self::VAR).ok()?;
+        match Self::parse(&v) {
+            Some(k) => Some(k),
+            None => {
+                eprintln!("boxd-host: ignoring {}={v:?} (before-spawn:N, after-spawn:N, before-rename:N or after-rename:N)", Self::VAR);
+                None
+            }
+        }
+    }
 }
 
 impl WasiView for HostState {
@@ -66,7 +109,10 @@ impl wit_spawn::Host for HostState {
     fn run(&mut self, r: wit_spawn::Request) -> std::result::Result<wit_spawn::Output, wit_spawn::Error> {
         let started = Instant::now();
         let mut record = SpawnRecord { program: r.program.clone(), args: mask_args(&r.args), exit_code: None, outcome: String::new(), duration_ms: 0 };
+        self.spawns += 1;
+        self.kill_point(true, true, self.spawns);
         let result = self.spawn(&r);
+        self.kill_point(false, true, self.spawns);
         record.duration_ms = started.elapsed().as_millis() as u64;
         record.outcome = match &result {
             Ok(o) => {
@@ -94,12 +140,14 @@ impl HostState {
         let mut env: Vec<(String, String)> = self.policy.child_env().to_vec();
         env.extend(r.env.iter().cloned());
         let out = spawn::run(spawn::Spawn {
+            name: &r.program,
             binary,
             args: &r.args,
             env: &env,
             cwd: cwd.as_deref(),
             stdin: r.stdin.as_deref(),
             timeout: Duration::from_millis(r.timeout_ms.max(1).into()),
+            bounds: spawn::Bounds::default(),
         });
         match out {
             Ok(o) => Ok(wit_spawn::Output { exit_code: o.exit_code, stdout: o.stdout, stderr: o.stderr }),
@@ -162,7 +210,19 @@ impl Runtime {
             let guest = p.path.to_str().context("preopen paths must be UTF-8")?;
             b.preopened_dir(&p.path, guest, FsPerms::ReadWrite)?;
         }
-        Ok(Store::new(&self.engine, HostState { wasi: b.build(), table: ResourceTable::new(), policy: self.policy.clone(), trace: Trace::default(), fds: BTreeMap::new() }))
+        Ok(Store::new(
+            &self.engine,
+            HostState {
+                wasi: b.build(),
+                table: ResourceTable::new(),
+                policy: self.policy.clone(),
+                trace: Trace::default(),
+                fds: BTreeMap::new(),
+                kill_at: KillAt::from_env(),
+                spawns: 0,
+                renames: 0,
+            },
+        ))
     }
 
     pub fn describe(&self) -> Result<String> {
@@ -174,8 +234,23 @@ impl Runtime {
     /// One tool call in a fresh instance. The outer error is a host failure (a trap); the
     /// inner one is the tool's own `{code, message, next}`.
     pub fn call(&self, tool: &str, args: &str, ctx: &CallContext) -> Result<(std::result::Result<String, ToolError>, Trace)> {
-        let mut store = self.store()?;
-        let plugin = self.pre.instantiate(&mut store)?;
+        let (r, trace) = self.call_traced(tool, args, ctx);
+        Ok((r?, trace))
+    }
+
+    /// As `call`, but the trace (spawns, paths) is kept when the call traps, so the audit
+    /// log still shows what a failed call touched.
+    pub fn call_traced(&self, tool: &str, args: &str, ctx: &CallContext) -> (Result<std::result::Result<String, ToolError>>, Trace) {
+        let mut store = match self.store() {
+            Ok(s) => s,
+            Err(e) => return (Err(e), Trace::default()),
+        };
+        let r = self.call_in(&mut store, tool, args, ctx);
+        (r, std::mem::take(&mut store.data_mut().trace))
+    }
+
+    fn call_in(&self, store: &mut Store<HostState>, tool: &str, args: &str, ctx: &CallContext) -> Result<std::result::Result<String, ToolError>> {
+        let plugin = self.pre.instantiate(&mut *store)?;
         let wit_ctx = exports::boxd::plugin::tools::Context {
             host_name: ctx.host_name.clone(),
             host_version: ctx.host_version.clone(),
@@ -187,13 +262,40 @@ impl Runtime {
             entropy: ctx.entropy.clone(),
             host_facts_json: ctx.host_facts_json.clone(),
         };
-        let result = plugin.boxd_plugin_tools().call_call(&mut store, tool, args, &wit_ctx)?;
-        Ok((result, std::mem::take(&mut store.data_mut().trace)))
+        Ok(plugin.boxd_plugin_tools().call_call(&mut *store, tool, args, &wit_ctx)?)
     }
 }
 
 /// Handle bookkeeping for the filesystem trace (see audit::trace_filesystem).
 impl HostState {
+    /// SIGKILL this host if BOXD_HOST_KILL_AT names this point (test-only).
+    pub(crate) fn kill_point(&self, before: bool, spawn: bool, n: u32) {
+        if self.kill_at == Some(KillAt { before, spawn, n }) {
+            crate::spawn::kill_self();
+        }
+    }
+
+    /// Count one rename-at (the commit of an atomic write) and return its number.
+    pub(crate) fn next_rename(&mut self) -> u32 {
+        self.renames += 1;
+        self.renames
+    }
+
+    /// The laptop path a descriptor names, when it is known.
+    pub(crate) fn path_of(&self, rep: u32) -> Option<&str> {
+        self.fds.get(&rep).map(String::as_str)
+    }
+
+    /// Whether `path` lies in the ledger preopen (and in no longer preopen inside it).
+    pub(crate) fn in_ledger(&self, path: &str) -> bool {
+        let p = Path::new(path);
+        self.policy.preopens().iter().filter(|o| p.starts_with(&o.path)).max_by_key(|o| o.path.as_os_str().len()).is_some_and(|o| o.why == "ledger")
+    }
+
+    pub(crate) fn table(&mut self) -> &mut ResourceTable {
+        &mut self.table
+    }
+
     pub(crate) fn record_open(&mut self, base: u32, new: Option<u32>, path: &str, mode: &str) {
         let base_path = self.fds.get(&base).cloned().unwrap_or_else(|| format!("<descriptor {base}>"));
         let full = if path.is_empty() || path == "." { base_path } else { format!("{}/{}", base_path.trim_end_matches('/'), path) };

@@ -1,11 +1,24 @@
-//! Running one granted program: argument list (no shell), a clean environment, stdin
-//! written by a thread, stdout/stderr read by threads, and on timeout the whole process
-//! group killed (killing only the child would leave grandchildren holding the pipes).
+//! Running one granted program: argument list (no shell), a clean environment, its own
+//! process group, stdin written by a thread, stdout/stderr read by threads up to the caps
+//! of host-bridge/policy.json, and the child reaped by a thread blocked in wait(2) (no
+//! polling). One place decides how the run ends, from the first of these events:
+//!
+//! - a stream passes its cap: the whole process group is killed, and the spawn fails
+//!   naming the stream and the cap (the component answers e.g. BOXD_FAILED);
+//! - the deadline passes: the group is killed, and the spawn times out;
+//! - the child exits: both pipes are read to their end; a background process that keeps
+//!   a pipe open (a daemon the child started) gets `afterExit.graceMs`, then the group is
+//!   killed and the answer is what the child printed.
+//!
+//! On Linux each child also gets PR_SET_PDEATHSIG(SIGKILL): if the host itself is killed,
+//! the child dies with it rather than running on as an orphan.
 
 use std::io::{Read, Write};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::{Command, ExitStatus, Stdio};
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -15,19 +28,88 @@ pub struct Output {
     pub stderr: Vec<u8>,
 }
 
+#[derive(Debug, PartialEq, Eq)]
 pub enum SpawnFailure {
     NotFound(String),
     TimedOut,
     Failed(String),
 }
 
+/// The bounds every spawn runs under (host-bridge/policy.json).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Bounds {
+    pub stdout_cap: usize,
+    pub stderr_cap: usize,
+    /// How long the pipes are still read once the direct child has exited.
+    pub after_exit: Duration,
+}
+
+impl Default for Bounds {
+    fn default() -> Self {
+        crate::policy::bounds()
+    }
+}
+
 pub struct Spawn<'a> {
+    /// The program's policy name ("boxd"), for messages.
+    pub name: &'a str,
     pub binary: &'a Path,
     pub args: &'a [String],
     pub env: &'a [(String, String)],
     pub cwd: Option<&'a Path>,
     pub stdin: Option<&'a [u8]>,
     pub timeout: Duration,
+    pub bounds: Bounds,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stream {
+    Stdout,
+    Stderr,
+}
+
+enum Event {
+    Exited(std::io::Result<ExitStatus>),
+    Eof,
+    OverCap(Stream),
+}
+
+/// "64 MiB", "1 MiB", "1536 bytes".
+pub fn human(bytes: usize) -> String {
+    if bytes >= 1 << 20 && bytes % (1 << 20) == 0 {
+        format!("{} MiB", bytes >> 20)
+    } else if bytes >= 1 << 10 && bytes % (1 << 10) == 0 {
+        format!("{} KiB", bytes >> 10)
+    } else {
+        format!("{bytes} bytes")
+    }
+}
+
+/// Read `r` into `buf` until EOF or until more than `cap` bytes arrive.
+fn reader(mut r: impl Read + Send + 'static, buf: Arc<Mutex<Vec<u8>>>, cap: usize, which: Stream, tx: mpsc::Sender<Event>) {
+    thread::spawn(move || {
+        let mut chunk = vec![0u8; 64 * 1024];
+        loop {
+            match r.read(&mut chunk) {
+                Ok(0) => break,
+                Ok(n) => {
+                    let mut b = buf.lock().unwrap_or_else(|e| e.into_inner());
+                    if b.len() + n > cap {
+                        let room = cap - b.len();
+                        b.extend_from_slice(&chunk[..room]);
+                        drop(b);
+                        let _ = tx.send(Event::OverCap(which));
+                        // Stop reading: the child blocks on a full pipe until it is killed.
+                        return;
+                    }
+                    b.extend_from_slice(&chunk[..n]);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(_) => break,
+            }
+        }
+        let _ = tx.send(Event::Eof);
+    });
 }
 
 pub fn run(s: Spawn<'_>) -> Result<Output, SpawnFailure> {
@@ -38,65 +120,190 @@ pub fn run(s: Spawn<'_>) -> Result<Output, SpawnFailure> {
     if let Some(cwd) = s.cwd {
         cmd.current_dir(cwd);
     }
+    die_with_host(&mut cmd);
     let mut child = cmd.spawn().map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => SpawnFailure::NotFound(s.binary.display().to_string()),
         _ => SpawnFailure::Failed(format!("{}: {e}", s.binary.display())),
     })?;
+    let started = Instant::now();
     let pgid = child.id() as i32;
-    let writer = s.stdin.map(|bytes| {
+    let (tx, rx) = mpsc::channel();
+    if let Some(bytes) = s.stdin {
         let mut pipe = child.stdin.take().expect("stdin is piped");
         let bytes = bytes.to_vec();
-        // A child that exits without reading gives EPIPE; that is not our failure.
-        thread::spawn(move || drop(pipe.write_all(&bytes)))
-    });
-    let read_all = |mut r: Box<dyn Read + Send>| {
-        let (tx, rx) = std::sync::mpsc::channel();
+        // A child that exits without reading gives EPIPE; that is not our failure. A
+        // writer blocked by a child that never reads ends when the group is killed.
+        thread::spawn(move || drop(pipe.write_all(&bytes)));
+    }
+    let out = Arc::new(Mutex::new(Vec::new()));
+    let err = Arc::new(Mutex::new(Vec::new()));
+    reader(child.stdout.take().expect("stdout is piped"), out.clone(), s.bounds.stdout_cap, Stream::Stdout, tx.clone());
+    reader(child.stderr.take().expect("stderr is piped"), err.clone(), s.bounds.stderr_cap, Stream::Stderr, tx.clone());
+    // The reaper blocks in wait(2); the child's pid stays ours (unreaped) until it returns.
+    let reaper = {
+        let tx = tx.clone();
         thread::spawn(move || {
-            let mut buf = Vec::new();
-            let _ = r.read_to_end(&mut buf);
-            let _ = tx.send(buf);
-        });
-        rx
+            let _ = tx.send(Event::Exited(child.wait()));
+        })
     };
-    let out = read_all(Box::new(child.stdout.take().expect("stdout is piped")));
-    let err = read_all(Box::new(child.stderr.take().expect("stderr is piped")));
+    drop(tx);
 
-    let start = Instant::now();
-    let mut pause = Duration::from_micros(50);
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(status)) => break Some(status),
-            Ok(None) if start.elapsed() >= s.timeout => break None,
-            Ok(None) => {
-                thread::sleep(pause);
-                pause = (pause * 2).min(Duration::from_millis(5));
-            }
-            Err(e) => return Err(SpawnFailure::Failed(e.to_string())),
+    let deadline = started + s.timeout;
+    let mut status: Option<ExitStatus> = None;
+    let mut grace_until = None;
+    let mut eofs = 0;
+    let take = |b: &Arc<Mutex<Vec<u8>>>| std::mem::take(&mut *b.lock().unwrap_or_else(|e| e.into_inner()));
+    loop {
+        if status.is_some() && eofs == 2 {
+            break;
         }
-    };
-    let Some(status) = status else {
-        // SAFETY: kill(2) on our own child's process group; no memory is involved.
-        unsafe { kill_group(pgid) };
-        let _ = child.kill();
-        let _ = child.wait();
-        return Err(SpawnFailure::TimedOut);
-    };
-    // A detached grandchild that kept our pipes would block the readers forever: give
-    // them a short grace period after the child exits, then go on without them.
-    let grace = Duration::from_secs(2);
-    let stdout = out.recv_timeout(grace).unwrap_or_default();
-    let stderr = err.recv_timeout(grace).unwrap_or_default();
-    drop(writer);
-    Ok(Output { exit_code: status.code(), stdout, stderr })
+        let until = grace_until.unwrap_or(deadline);
+        match rx.recv_timeout(until.saturating_duration_since(Instant::now())) {
+            Ok(Event::Exited(Ok(st))) => {
+                status = Some(st);
+                grace_until = Some(Instant::now() + s.bounds.after_exit);
+            }
+            Ok(Event::Exited(Err(e))) => {
+                kill_group(pgid);
+                return Err(SpawnFailure::Failed(format!("{}: waiting for it failed: {e}", s.name)));
+            }
+            Ok(Event::Eof) => eofs += 1,
+            Ok(Event::OverCap(which)) => {
+                kill_group(pgid);
+                let _ = reaper.join();
+                let (stream, cap, key) = match which {
+                    Stream::Stdout => ("stdout", s.bounds.stdout_cap, "stdout"),
+                    Stream::Stderr => ("stderr", s.bounds.stderr_cap, "stderr"),
+                };
+                return Err(SpawnFailure::Failed(format!(
+                    "{} printed more than {} on {stream}; the cap is {} (host-bridge/policy.json outputCaps.{key}), so the host killed it",
+                    s.name,
+                    human(cap),
+                    human(cap)
+                )));
+            }
+            Err(RecvTimeoutError::Timeout) if status.is_none() => {
+                kill_group(pgid);
+                let _ = reaper.join();
+                return Err(SpawnFailure::TimedOut);
+            }
+            // The child exited and the grace is over: something it started still holds a
+            // pipe. Kill the group and answer with what was read.
+            Err(RecvTimeoutError::Timeout) => {
+                kill_group(pgid);
+                break;
+            }
+            Err(RecvTimeoutError::Disconnected) => break,
+        }
+    }
+    // The child has been reaped (its status is here), so its pid may be reused from now
+    // on: the group kill above happens only while the group still has a member, whose
+    // presence keeps the group id from being reused.
+    let _ = reaper.join();
+    let status = status.expect("the loop ends with a status");
+    Ok(Output { exit_code: status.code(), stdout: take(&out), stderr: take(&err) })
 }
 
 unsafe extern "C" {
     fn kill(pid: i32, sig: i32) -> i32;
+    #[cfg(target_os = "linux")]
+    fn prctl(option: i32, ...) -> i32;
+    #[cfg(target_os = "linux")]
+    fn getppid() -> i32;
+    #[cfg(target_os = "linux")]
+    fn getpid() -> i32;
 }
 
-unsafe fn kill_group(pgid: i32) {
-    const SIGKILL: i32 = 9;
+const SIGKILL: i32 = 9;
+
+/// SIGKILL the child's process group (the child and everything it started that did not
+/// leave the group).
+pub fn kill_group(pgid: i32) {
+    // SAFETY: kill(2) on a process group we created; no memory is involved.
     unsafe {
         kill(-pgid, SIGKILL);
+    }
+}
+
+/// Kill this host at once, as `kill -9` would (the test-only kill points).
+pub fn kill_self() -> ! {
+    // SAFETY: kill(2) on our own pid.
+    #[cfg(target_os = "linux")]
+    unsafe {
+        kill(getpid(), SIGKILL);
+    }
+    std::process::abort()
+}
+
+/// The child gets SIGKILL when the host dies (Linux: PR_SET_PDEATHSIG). macOS has no
+/// equivalent; there an orphan runs on until it ends by itself.
+fn die_with_host(cmd: &mut Command) {
+    #[cfg(target_os = "linux")]
+    {
+        const PR_SET_PDEATHSIG: i32 = 1;
+        let parent = std::process::id() as i32;
+        // SAFETY: the closure runs between fork and exec and calls only async-signal-safe
+        // functions (prctl, getppid); it allocates only on its error paths.
+        unsafe {
+            cmd.pre_exec(move || {
+                if prctl(PR_SET_PDEATHSIG, SIGKILL as std::ffi::c_ulong) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // The host died between fork and prctl: do not run as an orphan.
+                if getppid() != parent {
+                    return Err(std::io::Error::other("the host exited before the child started"));
+                }
+                Ok(())
+            });
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = cmd;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sh(script: &str, timeout: Duration, bounds: Bounds) -> (Result<Output, SpawnFailure>, Duration) {
+        let args = vec!["-c".to_string(), script.to_string()];
+        let started = Instant::now();
+        let r = run(Spawn { name: "sh", binary: Path::new("/bin/sh"), args: &args, env: &[], cwd: None, stdin: None, timeout, bounds });
+        (r, started.elapsed())
+    }
+
+    const SMALL: Bounds = Bounds { stdout_cap: 1 << 20, stderr_cap: 64 << 10, after_exit: Duration::from_millis(150) };
+
+    #[test]
+    fn output_and_exit_code() {
+        let (r, _) = sh("echo hi; echo oops >&2; exit 3", Duration::from_secs(10), SMALL);
+        let o = r.unwrap();
+        assert_eq!((o.exit_code, o.stdout.as_slice(), o.stderr.as_slice()), (Some(3), &b"hi\n"[..], &b"oops\n"[..]));
+    }
+
+    #[test]
+    fn a_flood_past_the_cap_is_killed_and_named() {
+        let (r, took) = sh("yes flood", Duration::from_secs(60), SMALL);
+        let Err(SpawnFailure::Failed(m)) = r else { panic!("expected a failure") };
+        assert!(m.contains("more than 1 MiB on stdout") && m.contains("outputCaps.stdout"), "{m}");
+        assert!(took < Duration::from_secs(20), "{took:?}");
+        let (r, _) = sh("yes flood >&2", Duration::from_secs(60), SMALL);
+        let Err(SpawnFailure::Failed(m)) = r else { panic!("expected a failure") };
+        assert!(m.contains("more than 64 KiB on stderr"), "{m}");
+    }
+
+    #[test]
+    fn a_background_process_holding_the_pipe_does_not_lose_the_answer() {
+        let (r, took) = sh("sleep 60 & echo '{\"ok\":true}'; exit 0", Duration::from_secs(30), SMALL);
+        let o = r.unwrap();
+        assert_eq!((o.exit_code, o.stdout.as_slice()), (Some(0), &b"{\"ok\":true}\n"[..]));
+        assert!(took < Duration::from_secs(10), "{took:?}");
+    }
+
+    #[test]
+    fn a_timeout_kills_the_group() {
+        let (r, took) = sh("sleep 60 & sleep 60", Duration::from_millis(300), SMALL);
+        assert!(matches!(r, Err(SpawnFailure::TimedOut)));
+        assert!(took < Duration::from_secs(10), "{took:?}");
     }
 }

@@ -85,12 +85,14 @@ fn spawn_timeout_kills_the_whole_process_group() {
     std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let started = std::time::Instant::now();
     let out = boxd_host::spawn::run(boxd_host::spawn::Spawn {
+        name: "slow.sh",
         binary: &script,
         args: &[],
         env: &[],
         cwd: None,
         stdin: None,
         timeout: std::time::Duration::from_millis(300),
+        bounds: boxd_host::spawn::Bounds::default(),
     });
     assert!(matches!(out, Err(boxd_host::spawn::SpawnFailure::TimedOut)));
     assert!(started.elapsed() < std::time::Duration::from_secs(2));

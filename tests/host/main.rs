@@ -5,6 +5,7 @@
 mod common;
 mod confinement;
 mod bounds;
+mod bounds;
 mod imports;
 mod cli;
 mod conformance;

@@ -3,6 +3,8 @@
 //!   read      arg = "<preopen>|<path>"    → "ok N bytes" | "err <code>"
 //!   write     arg = "<preopen>|<path>"    → "ok" | "err <code>"
 //!   preopens  → the preopen names, one per line
+//!   trap      → traps (the panic handler's `unreachable`), as a bug in a component would
+//!   oom       → allocates until memory runs out (a trap), as hostile input might make it
 
 extern crate alloc;
 
@@ -63,6 +65,13 @@ impl Guest for Probe {
                         Err(e) => Ok(format!("err {e:?}")),
                     },
                     Err(e) => Ok(format!("err {e:?}")),
+                }
+            }
+            "trap" => panic!("the probe traps on purpose"),
+            "oom" => {
+                let mut hoard: Vec<Vec<u8>> = Vec::new();
+                loop {
+                    hoard.push(core::hint::black_box(Vec::with_capacity(64 << 20)));
                 }
             }
             other => Err(fail(format!("unknown probe {other}"))),

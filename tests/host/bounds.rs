@@ -1,0 +1,251 @@
+//! Bounded I/O, no hangs and no traps, through the real `boxd-host` binary: output floods
+//! past the caps of host-bridge/policy.json, a daemon that keeps the pipe open, FIFOs where
+//! a file should be, a component that traps, owner-only ledger files, and the test-only
+//! kill points (BOXD_HOST_KILL_AT).
+
+use std::io::Read;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use boxd_host::policy::Policy;
+use boxd_host::runtime::{CallContext, Runtime};
+use serde_json::Value;
+
+use crate::common::*;
+
+/// A fake `boxd`: a shell script in the laptop's scratch folder.
+fn fake_boxd(laptop: &Laptop, name: &str, body: &str) -> PathBuf {
+    let p = laptop.scratch.0.join(name);
+    std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    p
+}
+
+/// What one boxd-host run did: its exit, stdout, stderr, peak RSS (KiB) and duration.
+struct Run {
+    code: Option<i32>,
+    signal: Option<i32>,
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+    max_rss_kib: i64,
+    took: Duration,
+}
+
+impl Run {
+    fn json(&self) -> Value {
+        serde_json::from_slice(&self.stdout).unwrap_or_else(|e| {
+            panic!("not JSON ({e}): stdout={} stderr={}", String::from_utf8_lossy(&self.stdout), String::from_utf8_lossy(&self.stderr))
+        })
+    }
+}
+
+#[repr(C)]
+struct Rusage {
+    utime: [i64; 2],
+    stime: [i64; 2],
+    maxrss: i64,
+    rest: [i64; 13],
+}
+
+unsafe extern "C" {
+    fn wait4(pid: i32, status: *mut i32, options: i32, rusage: *mut Rusage) -> i32;
+}
+
+/// boxd-host with the laptop's folders and `boxd`, waited with wait4 for its own peak RSS.
+fn host(laptop: &Laptop, boxd: &Path, args: &[&str], env: &[(&str, &str)]) -> Run {
+    let mut cmd = Command::new(boxd_host());
+    cmd.arg("--project").arg(&laptop.project).arg("--ledger").arg(&laptop.ledger).arg("--boxd").arg(boxd);
+    cmd.args(args).env("BOXD_LOCAL_HOME", &laptop.boxd_home).env("BOXD_HOST_CACHE", cache_dir());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let started = Instant::now();
+    let mut child = cmd.spawn().unwrap();
+    let drain = |mut r: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut b = Vec::new();
+            let _ = r.read_to_end(&mut b);
+            b
+        })
+    };
+    let out = drain(Box::new(child.stdout.take().unwrap()));
+    let err = drain(Box::new(child.stderr.take().unwrap()));
+    let mut status = 0i32;
+    let mut usage = Rusage { utime: [0; 2], stime: [0; 2], maxrss: 0, rest: [0; 13] };
+    // SAFETY: wait4 on our own child, with valid out-pointers.
+    let r = unsafe { wait4(child.id() as i32, &mut status, 0, &mut usage) };
+    assert_eq!(r, child.id() as i32, "wait4 failed");
+    let took = started.elapsed();
+    let st = std::process::ExitStatus::from_raw(status);
+    Run { code: st.code(), signal: st.signal(), stdout: out.join().unwrap(), stderr: err.join().unwrap(), max_rss_kib: usage.maxrss, took }
+}
+
+fn no_trap(run: &Run) {
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert!(!err.contains("wasm trap") && !err.contains("backtrace"), "a trap reached the user: {err}");
+}
+
+#[test]
+fn two_gigabytes_on_stdout_is_boxd_failed_naming_the_cap_with_bounded_memory() {
+    let laptop = Laptop::new("flood-out");
+    let boxd = fake_boxd(&laptop, "boxd", "head -c 2000000000 /dev/zero");
+    let run = host(&laptop, &boxd, &["call", "boxd_ensure", r#"{"work":"w1"}"#], &[]);
+    no_trap(&run);
+    let v = run.json();
+    assert_eq!((run.code, v["error"].as_str()), (Some(1), Some("BOXD_FAILED")), "{v:#}");
+    let m = v["message"].as_str().unwrap();
+    assert!(m.contains("more than 64 MiB on stdout") && m.contains("outputCaps"), "{m}");
+    assert!(run.max_rss_kib < 1 << 20, "boxd-host peaked at {} MiB", run.max_rss_kib >> 10);
+    assert!(run.took < Duration::from_secs(60), "{:?}", run.took);
+}
+
+#[test]
+fn two_gigabytes_on_stderr_with_exit_1_is_a_json_error_not_a_trap() {
+    let laptop = Laptop::new("flood-err");
+    let boxd = fake_boxd(&laptop, "boxd", "head -c 2000000000 /dev/zero >&2\nexit 1");
+    let run = host(&laptop, &boxd, &["call", "boxd_ensure", r#"{"work":"w1"}"#], &[]);
+    no_trap(&run);
+    let v = run.json();
+    assert_eq!(run.code, Some(1), "{v:#}");
+    assert!(v["next"].as_str().is_some_and(|n| !n.is_empty()), "{v:#}");
+    assert!(v["message"].as_str().unwrap().contains("more than 1 MiB on stderr"), "{v:#}");
+    assert!(run.max_rss_kib < 1 << 20, "boxd-host peaked at {} MiB", run.max_rss_kib >> 10);
+}
+
+/// Whether a process is gone (or a zombie nobody has reaped yet).
+fn gone(pid: &str) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(s) => s.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+    }
+}
+
+#[test]
+fn a_daemon_holding_the_pipe_does_not_lose_the_answer_and_is_killed() {
+    let laptop = Laptop::new("daemon");
+    let pids = laptop.scratch.0.join("daemons");
+    // Every boxd call leaves a background process holding stdout and stderr open, then
+    // answers through boxd-local and exits 0.
+    let boxd = fake_boxd(&laptop, "boxd", &format!("sleep 300 &\necho $! >> {}\nexec {} \"$@\"", pids.display(), boxd_local().display()));
+    let plain = laptop.host(&["call", "boxd_status", "{}"]);
+    let run = host(&laptop, &boxd, &["call", "boxd_status", "{}"], &[]);
+    no_trap(&run);
+    assert_eq!(run.code, Some(0), "{}", String::from_utf8_lossy(&run.stdout));
+    let (a, b) = (run.json(), stdout_json(&plain));
+    assert_eq!(a["boxd"], b["boxd"], "the answer is what boxd printed");
+    assert_eq!(a["snapshot"], b["snapshot"]);
+    assert!(run.took < Duration::from_secs(60), "{:?}", run.took);
+    let started = std::fs::read_to_string(&pids).unwrap();
+    assert!(!started.trim().is_empty(), "the fake boxd ran");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for pid in started.lines() {
+        while !gone(pid) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert!(gone(pid), "background process {pid} survived: the group was not killed");
+    }
+}
+
+fn mkfifo(p: &Path) {
+    let st = Command::new("mkfifo").arg(p).status().expect("mkfifo runs");
+    assert!(st.success());
+}
+
+#[test]
+fn a_fifo_given_as_a_submit_file_is_path_refused_at_once() {
+    let laptop = Laptop::new("fifo-submit");
+    mkfifo(&laptop.project.join("pipe"));
+    let run = host(&laptop, &boxd_local(), &["call", "boxd_submit", r#"{"work":"w1","prompt":"hi","files":[{"from":"pipe","to":"pipe"}]}"#], &[]);
+    let v = run.json();
+    assert_eq!((run.code, v["error"].as_str()), (Some(1), Some("PATH_REFUSED")), "{v:#}");
+    assert!(run.took < Duration::from_secs(30), "{:?}", run.took);
+    assert!(laptop.boxd_calls().is_empty(), "nothing was sent");
+}
+
+fn probe(policy: Policy) -> Runtime {
+    let wasm = std::fs::read(env!("PROBE_WASM")).expect("the probe component is built by build.rs");
+    Runtime::load(&wasm, policy, Some(cache_dir())).unwrap()
+}
+
+fn ask(rt: &Runtime, tool: &str, arg: &str) -> String {
+    let (result, _) = rt.call(tool, arg, &CallContext::default()).unwrap();
+    result.unwrap_or_else(|e| panic!("probe error {}: {}", e.code, e.message))
+}
+
+#[test]
+fn the_host_refuses_to_open_fifos_and_devices_before_any_blocking_open() {
+    let s = Scratch::new("probe-fifo");
+    let root = s.path("root");
+    mkfifo(&root.join("pipe"));
+    std::fs::write(root.join("file"), "fine").unwrap();
+    let mut policy = Policy::new();
+    policy.preopen(&root, "project").unwrap();
+    let dev = Path::new("/dev");
+    policy.preopen(dev, "allowed").unwrap();
+    let rt = probe(policy);
+    let r = root.display().to_string();
+    let started = Instant::now();
+    let refused = |what: &str, answer: String| assert!(answer.starts_with("err") && answer.contains("\"access\""), "{what}: {answer}");
+    // Reading a FIFO (a harvest's check of its destination) and writing one (a write over it).
+    refused("read a FIFO", ask(&rt, "read", &format!("{r}|pipe")));
+    refused("write a FIFO", ask(&rt, "write", &format!("{r}|pipe")));
+    // A device that never ends, and one that is not a file.
+    refused("read /dev/zero", ask(&rt, "read", "/dev|zero"));
+    refused("read /dev/null", ask(&rt, "read", "/dev|null"));
+    assert!(started.elapsed() < Duration::from_secs(10));
+    assert_eq!(ask(&rt, "read", &format!("{r}|file")), "ok 4 bytes", "regular files still open");
+}
+
+#[test]
+fn files_created_in_the_ledger_are_owner_only_and_project_files_are_not() {
+    let s = Scratch::new("probe-modes");
+    let ledger = s.path("ledger");
+    let project = s.path("project");
+    let mut policy = Policy::new();
+    policy.preopen(&ledger, "ledger").unwrap().preopen(&project, "project").unwrap();
+    let rt = probe(policy);
+    assert_eq!(ask(&rt, "write", &format!("{}|password", ledger.display())), "ok");
+    assert_eq!(ask(&rt, "write", &format!("{}|harvested.txt", project.display())), "ok");
+    let mode = |p: PathBuf| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(ledger.join("password")), 0o600);
+    assert_ne!(mode(project.join("harvested.txt")), 0o600, "a harvested project file keeps the usual mode");
+}
+
+#[test]
+fn a_trap_is_host_failed_json_with_the_components_next_step() {
+    let laptop = Laptop::new("trap");
+    let next = boxd_host::policy::host_failed_next();
+    for tool in ["trap", "oom"] {
+        let run = host(&laptop, &boxd_local(), &["--component", env!("PROBE_WASM"), "call", tool, "x"], &[]);
+        no_trap(&run);
+        let v = run.json();
+        assert_eq!((run.code, v["error"].as_str(), v["next"].as_str()), (Some(1), Some("HOST_FAILED"), Some(next)), "{tool}: {v:#}");
+        assert!(v["message"].as_str().unwrap().contains(tool), "the message names the call: {v:#}");
+    }
+    // The component's table says the same (errors.rs; docs/configuration.md keeps it).
+    let docs = std::fs::read_to_string(repo().join("docs/configuration.md")).unwrap();
+    assert!(docs.lines().any(|l| l.starts_with("| `HOST_FAILED`") && l.contains(next)), "docs/configuration.md words HOST_FAILED's next step differently");
+}
+
+#[test]
+fn kill_points_kill_the_host_exactly_before_or_after_the_nth_spawn() {
+    let laptop = Laptop::new("killat");
+    let run = host(&laptop, &boxd_local(), &["call", "boxd_status", "{}"], &[("BOXD_HOST_KILL_AT", "before-spawn:1")]);
+    assert_eq!(run.signal, Some(9), "killed by SIGKILL: {}", String::from_utf8_lossy(&run.stderr));
+    assert!(run.stdout.is_empty());
+    assert_eq!(laptop.boxd_calls().len(), 0, "no boxd call ran: {:?}", laptop.boxd_calls());
+
+    let run = host(&laptop, &boxd_local(), &["call", "boxd_status", "{}"], &[("BOXD_HOST_KILL_AT", "after-spawn:1")]);
+    assert_eq!(run.signal, Some(9));
+    assert_eq!(laptop.boxd_calls().len(), 1, "exactly one boxd call ran: {:?}", laptop.boxd_calls());
+
+    // Without the variable the same call runs to the end.
+    let _ = std::fs::remove_file(laptop.boxd_home.join("calls.jsonl"));
+    let run = host(&laptop, &boxd_local(), &["call", "boxd_status", "{}"], &[]);
+    assert_eq!(run.code, Some(0));
+    assert!(laptop.boxd_calls().len() > 1, "boxd_status makes more than one boxd call");
+}
