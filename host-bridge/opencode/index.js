@@ -6,7 +6,7 @@
 import { randomBytes } from "node:crypto";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
-import { HostProblem, resolveGrants } from "./lib/policy.js";
+import { HostProblem, hostFailed, resolveGrants } from "./lib/policy.js";
 import { Pool } from "./lib/pool.js";
 import { addDefaultRules } from "./lib/rules.js";
 import { checkSkill } from "./lib/skill.js";
@@ -102,13 +102,9 @@ async function server(input, options) {
     if (progress) ctx.metadata?.({ title: progress.replace(/…$/, ": done"), metadata: { step: "done" } });
     if (r.aborted) throw new Error(`${tool} was aborted`);
     if (r.toolError) return errorResult(tool, r.toolError, extra);
-    if (r.trap !== undefined) {
-      // boxd_status is how the user finds out what is wrong: it gets its own code.
-      const e = tool === "boxd_status"
-        ? { code: "STATUS_UNAVAILABLE", message: `the component could not compute the status: ${r.trap}`, next: "Restart OpenCode, then run /boxd-status again." }
-        : { code: "HOST_FAILED", message: `the component stopped: ${r.trap}`, next: "Restart OpenCode; if it repeats, report it with the message." };
-      return errorResult(tool, e, extra);
-    }
+    // A trap (a panic, an out-of-memory, any failure inside the component) is HOST_FAILED
+    // with the one next step every host gives (policy.json hostFailed).
+    if (r.trap !== undefined) return errorResult(tool, hostFailed(tool, r.trap), extra);
     let value;
     try {
       value = JSON.parse(r.ok);

@@ -22,11 +22,41 @@ import { instantiate } from "./dist/boxd_component.js";
 // component opens through wasi:filesystem itself and does not send the flag today; strip
 // it anyway so a future guest built differently still writes its ledger. This depends on
 // the shim's internals: the build refuses any shim but the pinned one.
+//
+// Two more rules live in the same patch, as in the Rust host (host-bridge/src/audit.rs):
+// - Only regular files and folders are opened. Opening a FIFO blocks until a writer comes
+//   (in the shim's I/O thread, so the call would never return), a device may never end, a
+//   socket cannot be opened: the patch looks first (statAt, confined like the open) and
+//   refuses with `access`.
+// - A file created in the ledger is owner-only (it may be a work's server password): WASI
+//   cannot set modes, so the host chmods it to 0600 before the component has written a
+//   byte. Files created elsewhere (a harvest into the project) keep the usual mode.
 const P = shimTypes.Descriptor.prototype;
+// Descriptor → the laptop path it names (preopens and what was opened from them).
+const hostPaths = new WeakMap();
+const ledgerRoot = workerData.ledger || null;
+const inLedger = (p) => {
+  if (!ledgerRoot) return false;
+  const holders = workerData.preopens.filter((o) => p === o || p.startsWith(o.endsWith("/") ? o : `${o}/`));
+  const longest = holders.sort((a, b) => b.length - a.length)[0];
+  return longest === ledgerRoot;
+};
 if (!P.__boxdPatched) {
   const openAt = P.openAt;
   P.openAt = function (pathFlags, path, openFlags, descriptorFlags) {
-    return openAt.call(this, pathFlags, path, openFlags, { ...descriptorFlags, mutateDirectory: false });
+    let type;
+    try {
+      type = this.statAt(pathFlags, path).type;
+    } catch {}
+    if (type !== undefined && !["regular-file", "directory", "symbolic-link"].includes(type)) throw "access";
+    const fd = openAt.call(this, pathFlags, path, openFlags, { ...descriptorFlags, mutateDirectory: false });
+    const base = hostPaths.get(this);
+    if (base !== undefined) {
+      const full = path === "" || path === "." ? base : `${base.replace(/\/+$/, "")}/${path}`;
+      hostPaths.set(fd, full);
+      if (openFlags?.create && inLedger(full)) fs.chmodSync(full, 0o600);
+    }
+    return fd;
   };
   Object.defineProperty(P, "__boxdPatched", { value: true });
 }
@@ -67,7 +97,18 @@ function run(req) {
 
 /** The shim's interfaces for one instance: the preopens, no env, args or network. */
 function sandbox() {
-  return new WASIShim({ sandbox: { preopens, env: {}, args: [], enableNetwork: false } }).getImportObject();
+  const offered = new WASIShim({ sandbox: { preopens, env: {}, args: [], enableNetwork: false } }).getImportObject();
+  const pre = offered["wasi:filesystem/preopens"];
+  const getDirectories = pre.getDirectories.bind(pre);
+  offered["wasi:filesystem/preopens"] = {
+    ...pre,
+    getDirectories() {
+      const dirs = getDirectories();
+      for (const [fd, guest] of dirs) hostPaths.set(fd, guest);
+      return dirs;
+    },
+  };
+  return offered;
 }
 
 /** A fresh instance that can reach only the granted imports. */
@@ -84,7 +125,8 @@ async function fresh() {
 }
 
 // A write through this worker's patched shim with the flag the shim refuses, on a preopen
-// of `dir`: the test of the workaround (tests/opencode/bridge.test.js).
+// of `dir`: the test of the workaround (tests/opencode/bridge.test.js), and of the mode a
+// created file gets there (0600 in the ledger only: tests/opencode/bounds.test.js).
 function probeWrite(shimFs, dir) {
   const [root] = shimFs["wasi:filesystem/preopens"].getDirectories().find(([, guest]) => guest === dir) ?? [];
   if (!root) throw new Error(`${dir} is not a preopen`);
@@ -94,15 +136,19 @@ function probeWrite(shimFs, dir) {
   fd.write(bytes, 0n);
   fd.syncData();
   const back = fs.readFileSync(`${dir}/${name}`, "utf8");
+  const mode = fs.statSync(`${dir}/${name}`).mode & 0o777;
   root.unlinkFileAt(name);
-  return back;
+  return { back, mode };
 }
 
 parentPort.on("message", async (m) => {
   currentCall = m.id;
   const done = (r) => parentPort.postMessage({ type: "done", id: m.id, ...r });
   try {
-    if (m.type === "probe") return done({ ok: probeWrite(sandbox(), m.dir) });
+    if (m.type === "probe") {
+      const { back, mode } = probeWrite(sandbox(), m.dir);
+      return done({ ok: back, mode });
+    }
     const tools = await fresh();
     if (m.type === "describe") return done({ ok: tools.describe() });
     const ctx = { ...m.ctx, nowMs: BigInt(m.ctx.nowMs), entropy: new Uint8Array(m.ctx.entropy) };

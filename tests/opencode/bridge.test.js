@@ -238,7 +238,7 @@ describe("the worker pool with the real component", { skip: missingPrerequisite(
 
   test("the shim write workaround: a write with mutateDirectory succeeds in the worker", async () => {
     const { pool, g } = setup("probe");
-    assert.deepEqual(await pool.probe(g.ledger), { ok: "probe" });
+    assert.equal((await pool.probe(g.ledger)).ok, "probe");
   });
 
   test("a second call does not wait behind a 5-second one", async () => {

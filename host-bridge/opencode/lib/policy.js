@@ -19,6 +19,30 @@ function readPolicy() {
 
 export const POLICY = readPolicy();
 
+const MiB = 1 << 20;
+const human = (n) => (n >= MiB && n % MiB === 0 ? `${n / MiB} MiB` : n >= 1024 && n % 1024 === 0 ? `${n / 1024} KiB` : `${n} bytes`);
+
+/** The caps on a child's output and the grace after it exits (policy.json, as spawn.rs). */
+export const BOUNDS = {
+  stdout: POLICY.outputCaps.stdout,
+  stderr: POLICY.outputCaps.stderr,
+  afterExitMs: POLICY.afterExit.graceMs,
+};
+
+/** What every host answers when the component traps: HOST_FAILED with errors.rs's next step. */
+export function hostFailed(tool, message) {
+  return { code: POLICY.hostFailed.code, message: `the component stopped while running ${tool}: ${message}`, next: POLICY.hostFailed.next };
+}
+
+// Children still running, so they can be killed when this process exits. Node has no
+// PR_SET_PDEATHSIG: a plugin host that exits (normally, or by a signal OpenCode handles)
+// kills them here; one killed outright with SIGKILL cannot, and its children run on until
+// they end (docs/architecture.md).
+const live = new Set();
+process.once("exit", () => {
+  for (const kill of live) kill();
+});
+
 /** Plugin options only the host reads (binary grants); the component refuses unknown keys. */
 export const HOST_ONLY_OPTIONS = ["boxd", "opencode"];
 
@@ -173,6 +197,7 @@ export function runChild(req, grants, track = () => () => {}) {
     }
     const out = [];
     const errs = [];
+    const sizes = { stdout: 0, stderr: 0 };
     let settled = false;
     let timedOut = false;
     let grace;
@@ -182,12 +207,14 @@ export function runChild(req, grants, track = () => () => {}) {
       } catch {}
     };
     const untrack = track(killGroup);
+    live.add(killGroup);
     const finish = (result) => {
       if (settled) return;
       settled = true;
       clearTimeout(timer);
       clearTimeout(grace);
       untrack();
+      live.delete(killGroup);
       child.stdout?.destroy();
       child.stderr?.destroy();
       resolve(result);
@@ -199,8 +226,20 @@ export function runChild(req, grants, track = () => () => {}) {
     child.on("error", (e) => {
       finish(e.code === "ENOENT" ? err("not-found", binary) : err("failed", `${binary}: ${e.message}`));
     });
-    child.stdout.on("data", (c) => out.push(c));
-    child.stderr.on("data", (c) => errs.push(c));
+    // Past a cap the group is killed and the spawn fails naming the stream and the cap.
+    const collect = (stream, chunks) => (c) => {
+      if (settled) return;
+      const cap = BOUNDS[stream];
+      if (sizes[stream] + c.length > cap) {
+        killGroup();
+        finish(err("failed", `${req.program} printed more than ${human(cap)} on ${stream}; the cap is ${human(cap)} (host-bridge/policy.json outputCaps.${stream}), so the host killed it`));
+        return;
+      }
+      sizes[stream] += c.length;
+      chunks.push(c);
+    };
+    child.stdout.on("data", collect("stdout", out));
+    child.stderr.on("data", collect("stderr", errs));
     if (req.stdin) {
       // A child that exits without reading gives EPIPE; that is not our failure.
       child.stdin.on("error", () => {});
@@ -209,9 +248,13 @@ export function runChild(req, grants, track = () => () => {}) {
     const result = (code) => ({ tag: "ok", val: { exitCode: code ?? undefined, stdout: new Uint8Array(Buffer.concat(out)), stderr: new Uint8Array(Buffer.concat(errs)) } });
     child.on("exit", (code) => {
       if (timedOut) return finish(err("timed-out"));
-      // A detached grandchild that kept our pipes would hold `close` forever: give the
-      // readers a short grace period after the child exits, then go on without them.
-      grace = setTimeout(() => finish(result(code)), 2000);
+      // A background process the child started may keep our pipes open, which would hold
+      // `close` forever: read on for a short grace after the child exits, then kill the
+      // group and answer with what the child printed.
+      grace = setTimeout(() => {
+        killGroup();
+        finish(result(code));
+      }, BOUNDS.afterExitMs);
     });
     child.on("close", (code) => finish(timedOut ? err("timed-out") : result(code)));
   });

@@ -36,7 +36,7 @@ export class Pool {
     return this.#run({ type: "call", tool, args, ctx }, signal);
   }
 
-  /** A write through a worker's patched filesystem shim into preopen `dir` (tests). */
+  /** A write through a worker's patched filesystem shim into preopen `dir` (tests): {ok, mode}. */
   probe(dir) {
     return this.#run({ type: "probe", dir });
   }
@@ -95,7 +95,7 @@ export class Pool {
   }
 
   #start() {
-    const worker = new Worker(new URL("../dist/worker.js", import.meta.url), { workerData: { preopens: this.#grants.preopens } });
+    const worker = new Worker(new URL("../dist/worker.js", import.meta.url), { workerData: { preopens: this.#grants.preopens, ledger: this.#grants.ledger } });
     worker.unref();
     const slot = { worker, job: null, flag: null, port: null };
     slot.ready = new Promise((resolve) => (slot.onReady = resolve));

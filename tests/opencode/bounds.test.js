@@ -1,0 +1,153 @@
+// Bounded I/O, no hangs and no traps in the OpenCode bridge, as tests/host/bounds.rs checks
+// them in boxd-host: output floods past the caps of host-bridge/policy.json, a daemon that
+// keeps the pipe open, a FIFO where a file should be, owner-only ledger files, children
+// killed when the plugin's process exits, and HOST_FAILED's one next step.
+import { test, describe, after } from "node:test";
+import assert from "node:assert/strict";
+import { execFileSync } from "node:child_process";
+import fs from "node:fs";
+import os from "node:os";
+import path from "node:path";
+import { BOXD_LOCAL, PLUGIN, REPO, missingPrerequisite } from "./harness.mjs";
+
+const built = fs.existsSync(path.join(PLUGIN, "dist/worker.js"));
+const skip = built ? false : "host-bridge/opencode/dist is missing: run npm run build there";
+const policy = built ? await import(path.join(PLUGIN, "lib/policy.js")) : {};
+const poolLib = built ? await import(path.join(PLUGIN, "lib/pool.js")) : {};
+
+const cleanup = [];
+after(() => {
+  for (const f of cleanup.reverse()) f();
+});
+
+function scratch(name) {
+  const dir = fs.realpathSync(fs.mkdtempSync(path.join(os.tmpdir(), `boxd-bounds-${name}-`)));
+  cleanup.push(() => fs.rmSync(dir, { recursive: true, force: true }));
+  return dir;
+}
+
+function grants(dir, options) {
+  fs.mkdirSync(path.join(dir, "proj"), { recursive: true });
+  fs.mkdirSync(path.join(dir, "boxd-local"), { recursive: true });
+  const env = { PATH: process.env.PATH, HOME: dir, BOXD_LOCAL_HOME: path.join(dir, "boxd-local") };
+  return policy.resolveGrants({ options: { ledgerDir: path.join(dir, "ledger"), ...options }, directory: path.join(dir, "proj"), env });
+}
+
+const sh = (script, g, timeoutMs = 60000) => policy.runChild({ program: "boxd", args: ["-c", script], env: [], timeoutMs }, g);
+
+// Whether a process is gone (or a zombie nobody has reaped yet).
+function gone(pid) {
+  try {
+    const stat = fs.readFileSync(`/proc/${pid}/stat`, "utf8");
+    return stat.slice(stat.lastIndexOf(")") + 1).trim().startsWith("Z");
+  } catch {
+    return true;
+  }
+}
+
+async function waitGone(pid, ms = 10000) {
+  const until = Date.now() + ms;
+  while (!gone(pid) && Date.now() < until) await new Promise((r) => setTimeout(r, 50));
+  return gone(pid);
+}
+
+describe("children under the caps", { skip }, () => {
+  test("the caps are policy.json's, the same numbers boxd-host reads", () => {
+    const p = JSON.parse(fs.readFileSync(path.join(REPO, "host-bridge/policy.json"), "utf8"));
+    assert.deepEqual(policy.BOUNDS, { stdout: p.outputCaps.stdout, stderr: p.outputCaps.stderr, afterExitMs: p.afterExit.graceMs });
+  });
+
+  test("2 GB on stdout: the group is killed and the spawn fails naming the cap", async () => {
+    const g = grants(scratch("out"), { boxd: "/bin/sh" });
+    const t0 = Date.now();
+    const r = await sh("head -c 2000000000 /dev/zero", g);
+    assert.equal(r.tag, "err");
+    assert.equal(r.val.tag, "failed");
+    assert.match(r.val.val, /printed more than 64 MiB on stdout; the cap is 64 MiB \(host-bridge\/policy.json outputCaps.stdout\)/);
+    assert.ok(Date.now() - t0 < 60000, `took ${Date.now() - t0} ms`);
+  });
+
+  test("2 GB on stderr with exit 1: a failure naming the stderr cap", async () => {
+    const g = grants(scratch("err"), { boxd: "/bin/sh" });
+    const r = await sh("head -c 2000000000 /dev/zero >&2; exit 1", g);
+    assert.equal(r.val.tag, "failed");
+    assert.match(r.val.val, /more than 1 MiB on stderr/);
+  });
+
+  test("a daemon holding the pipe: the answer is what the child printed, and the daemon is killed", async () => {
+    const dir = scratch("daemon");
+    const g = grants(dir, { boxd: "/bin/sh" });
+    const pidFile = path.join(dir, "pid");
+    const t0 = Date.now();
+    const r = await sh(`sleep 300 & echo $! > ${pidFile}; echo '{"ok":true}'; exit 0`, g);
+    assert.equal(r.tag, "ok", JSON.stringify(r));
+    assert.equal(r.val.exitCode, 0);
+    assert.equal(Buffer.from(r.val.stdout).toString(), '{"ok":true}\n');
+    assert.ok(Date.now() - t0 < 10000, `took ${Date.now() - t0} ms`);
+    assert.ok(await waitGone(fs.readFileSync(pidFile, "utf8").trim()), "the background process survived");
+  });
+
+  test("children are killed when the plugin's process exits", async () => {
+    const dir = scratch("exit");
+    const pidFile = path.join(dir, "pid");
+    // A process that starts a long child through runChild, then exits.
+    const script = `
+      const policy = await import(${JSON.stringify(path.join(PLUGIN, "lib/policy.js"))});
+      const fs = await import("node:fs");
+      const path = await import("node:path");
+      fs.mkdirSync(path.join(${JSON.stringify(dir)}, "proj"), { recursive: true });
+      const g = policy.resolveGrants({ options: { boxd: "/bin/sh", ledgerDir: path.join(${JSON.stringify(dir)}, "ledger") }, directory: path.join(${JSON.stringify(dir)}, "proj"), env: { PATH: process.env.PATH, HOME: ${JSON.stringify(dir)} } });
+      policy.runChild({ program: "boxd", args: ["-c", "echo $$ > ${pidFile}; exec sleep 300"], env: [], timeoutMs: 600000 }, g);
+      while (!fs.existsSync(${JSON.stringify(pidFile)}) || !fs.readFileSync(${JSON.stringify(pidFile)}, "utf8").trim()) await new Promise((r) => setTimeout(r, 20));
+      process.exit(0);
+    `;
+    execFileSync(process.execPath, ["--input-type=module", "-e", script], { stdio: "inherit", timeout: 30000 });
+    const pid = fs.readFileSync(pidFile, "utf8").trim();
+    assert.ok(await waitGone(pid), `child ${pid} outlived the plugin's process`);
+  });
+});
+
+describe("the component in the pool", { skip: missingPrerequisite() ?? false }, () => {
+  function setup(name) {
+    const dir = scratch(name);
+    const g = grants(dir, { boxd: BOXD_LOCAL });
+    const pool = new poolLib.Pool(g);
+    cleanup.push(() => pool.close());
+    const ctx = () => ({
+      hostName: "opencode", hostVersion: "1.18.33", optionsJson: JSON.stringify(g.componentOptions), project: g.project, ledger: g.ledger,
+      sessionId: "ses_test", nowMs: Date.now(), entropy: new Uint8Array(32).fill(7), hostFactsJson: JSON.stringify({ approved: true }),
+    });
+    return { dir, g, pool, ctx };
+  }
+
+  test("a FIFO given as a submit file is PATH_REFUSED at once, and nothing reaches boxd", async () => {
+    const { dir, g, pool, ctx } = setup("fifo");
+    execFileSync("mkfifo", [path.join(g.project, "pipe")]);
+    const t0 = Date.now();
+    const r = await pool.call("boxd_submit", JSON.stringify({ work: "w1", prompt: "hi", files: [{ from: "pipe", to: "pipe" }] }), ctx());
+    assert.equal(r.toolError?.code, "PATH_REFUSED", JSON.stringify(r));
+    assert.ok(Date.now() - t0 < 30000, `took ${Date.now() - t0} ms`);
+    assert.ok(!fs.existsSync(path.join(dir, "boxd-local/calls.jsonl")), "no boxd call ran");
+  });
+
+  test("a file created in the ledger is 0600; one created in the project keeps the usual mode", async () => {
+    const { g, pool } = setup("modes");
+    const inLedger = await pool.probe(g.ledger);
+    const inProject = await pool.probe(g.project);
+    assert.equal(inLedger.ok, "probe");
+    assert.equal(inLedger.mode, 0o600);
+    assert.notEqual(inProject.mode, 0o600);
+  });
+
+  test("a trap is HOST_FAILED with errors.rs's one next step, as in boxd-host", async () => {
+    const { pool, ctx } = setup("trap");
+    // A context the glue cannot lower fails inside the call, as a trap would.
+    const r = await pool.call("boxd_status", "{}", { ...ctx(), hostName: 42 });
+    assert.equal(typeof r.trap, "string");
+    const e = policy.hostFailed("boxd_status", r.trap);
+    assert.equal(e.code, "HOST_FAILED");
+    const errors = fs.readFileSync(path.join(REPO, "component/src/errors.rs"), "utf8");
+    assert.ok(errors.includes(`HostFailed = "HOST_FAILED" => "${e.next}";`), `errors.rs words HOST_FAILED's next step differently from "${e.next}"`);
+    assert.match(e.message, /boxd_status/);
+  });
+});
