@@ -150,7 +150,7 @@ fn classify(out: &RunOutput, what: &str) -> Failure {
     let msg = cli_message(out);
     let lower = msg.to_ascii_lowercase();
     if out.exit_code == Some(124) {
-        Failure::Timeout(format!("boxd {what} timed out: {msg}"))
+        Failure::Timeout(format!("boxd {what} exited with 124 (a timeout inside the boxd CLI): {msg}"))
     } else if lower.contains("not logged in") || lower.contains("unauthenticated") || lower.contains("auth login") {
         Failure::SignedOut(msg)
     } else if lower.contains("cannot connect") || lower.contains("dns error") || lower.contains("http2 error") || lower.contains("connection refused") || lower.contains("lost the connection") {
@@ -188,7 +188,10 @@ impl<'a, P: Programs> Boxd<'a, P> {
                 return Err(Failure::Missing(format!("no boxd CLI is available to this host ({n})")));
             }
             Err(SpawnError::TimedOut) => {
-                return Err(Failure::Timeout(format!("boxd {what} did not answer within {} s", timeout_ms / 1000)));
+                return Err(Failure::Timeout(format!(
+                    "boxd {what} did not answer within {} s (the bound set by the boxdTimeoutSeconds option), so the host stopped it",
+                    timeout_ms / 1000
+                )));
             }
             Err(SpawnError::Failed(m)) => return Err(Failure::Other(format!("could not run boxd {what}: {m}"))),
         };
@@ -304,7 +307,12 @@ impl<'a, P: Programs> Boxd<'a, P> {
             Err(SpawnError::NotAllowed(n)) | Err(SpawnError::NotFound(n)) => {
                 return Err(Failure::Missing(format!("no boxd CLI is available to this host ({n})")));
             }
-            Err(SpawnError::TimedOut) => return Err(Failure::Timeout(format!("boxd {request_what} did not answer"))),
+            Err(SpawnError::TimedOut) => {
+                return Err(Failure::Timeout(format!(
+                    "boxd {request_what} did not answer within {} s (its --timeout of {timeout_seconds} s plus 30 s), so the host stopped it",
+                    deadline / 1000
+                )));
+            }
             Err(SpawnError::Failed(m)) => return Err(Failure::Other(format!("could not run boxd {request_what}: {m}"))),
         };
         // Exit 1 with an `error:` line is the CLI failing, not the remote command.
@@ -312,8 +320,19 @@ impl<'a, P: Programs> Boxd<'a, P> {
         if out.exit_code == Some(1) && err.lines().any(|l| l.trim_start().to_ascii_lowercase().starts_with("error:")) {
             return Err(classify(&out, request_what));
         }
+        // 124 is what boxd gives when its --timeout fires (it then says so on stderr, as in
+        // "error: command timed out after 120s"), and also what a guest command may exit with
+        // by itself: the message names which one happened.
         if out.exit_code == Some(124) {
-            return Err(Failure::Timeout(format!("the guest command did not finish within {timeout_seconds} s")));
+            let fired = err.lines().any(|l| {
+                let l = l.trim_start().to_ascii_lowercase();
+                l.starts_with("error:") && l.contains("timed out")
+            });
+            return Err(Failure::Timeout(if fired {
+                format!("boxd {request_what} stopped the guest command at its --timeout of {timeout_seconds} s (exit 124)")
+            } else {
+                format!("boxd {request_what} exited with 124: the guest command exited with 124 itself (the exec's --timeout of {timeout_seconds} s did not fire)")
+            }));
         }
         Ok(out)
     }
@@ -362,6 +381,28 @@ mod tests {
         assert_eq!(e.code, Code::BoxdFailed);
         assert!(e.message.contains("quota exceeded"), "{}", e.message);
         assert_eq!(b.calls, 4);
+    }
+
+    #[test]
+    fn timeout_messages_name_the_bound_that_fired() {
+        let mut p = Scripted::default();
+        p.push_fail(124, "error: command timed out after 120s");
+        p.push_fail(124, "");
+        p.push_spawn_error(SpawnError::TimedOut);
+        p.push_spawn_error(SpawnError::TimedOut);
+        let mut b = Boxd::new(&mut p, 10);
+        let m = |f: Failure| match f {
+            Failure::Timeout(m) => m,
+            _ => panic!("not a timeout"),
+        };
+        let fired = m(b.exec("oc-a", &["true"], None, 120).unwrap_err());
+        assert!(fired.contains("--timeout of 120 s") && fired.contains("stopped"), "{fired}");
+        let itself = m(b.exec("oc-a", &["true"], None, 120).unwrap_err());
+        assert!(itself.contains("exited with 124 itself") && itself.contains("did not fire"), "{itself}");
+        let host = m(b.exec("oc-a", &["true"], None, 120).unwrap_err());
+        assert!(host.contains("within 150 s"), "{host}");
+        let cli = m(b.list().unwrap_err());
+        assert!(cli.contains("within 10 s") && cli.contains("boxdTimeoutSeconds"), "{cli}");
     }
 
     #[test]

@@ -102,6 +102,9 @@ impl Files for WitFiles {
         match self.stat(path)? {
             None => return Ok(None),
             Some(m) if m.kind == Kind::Symlink => return Err(FsError::Refused(path.to_string())),
+            // Only a regular file is read: a FIFO, device or socket could block or never end
+            // (the hosts refuse to open one as well).
+            Some(m) if m.kind != Kind::File => return Err(FsError::Refused(path.to_string())),
             Some(_) => {}
         }
         let (dir, rel) = self.resolve(path)?;
