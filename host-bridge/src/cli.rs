@@ -114,7 +114,23 @@ fn ensure_private_dir(dir: &Path) -> Result<()> {
         std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).with_context(|| format!("cannot create the ledger folder {}", dir.display()))?;
     }
     let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700));
+    private_passwords(dir);
     Ok(())
+}
+
+/// Every file the component creates in the ledger is made 0600 as it is created (audit.rs);
+/// a ledger written before that kept each work's server password 0644: make those 0600.
+fn private_passwords(ledger: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    for work in std::fs::read_dir(ledger.join("works")).into_iter().flatten().flatten() {
+        let p = work.path().join("password");
+        match std::fs::symlink_metadata(&p) {
+            Ok(m) if m.is_file() && m.permissions().mode() & 0o077 != 0 => {
+                let _ = std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600));
+            }
+            _ => {}
+        }
+    }
 }
 
 /// Everything a command needs: the loaded runtime and the call context.

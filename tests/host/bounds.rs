@@ -249,3 +249,48 @@ fn kill_points_kill_the_host_exactly_before_or_after_the_nth_spawn() {
     assert_eq!(run.code, Some(0));
     assert!(laptop.boxd_calls().len() > 1, "boxd_status makes more than one boxd call");
 }
+
+#[test]
+fn a_killed_host_takes_its_child_with_it() {
+    let laptop = Laptop::new("pdeathsig");
+    let pid_file = laptop.scratch.0.join("child");
+    // The direct child (an `opencode import`, a `boxd machine exec`) runs long.
+    let boxd = fake_boxd(&laptop, "boxd", &format!("echo $$ > {}\nexec sleep 300", pid_file.display()));
+    let mut host = Command::new(boxd_host())
+        .arg("--project").arg(&laptop.project).arg("--ledger").arg(&laptop.ledger).arg("--boxd").arg(&boxd)
+        .args(["call", "boxd_status", "{}"])
+        .env("BOXD_HOST_CACHE", cache_dir())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let pid = loop {
+        let text = std::fs::read_to_string(&pid_file).unwrap_or_default();
+        if !text.trim().is_empty() {
+            break text.trim().to_string();
+        }
+        assert!(Instant::now() < deadline, "the fake boxd never started");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(!gone(&pid));
+    host.kill().unwrap(); // SIGKILL: the host gets no chance to clean up
+    host.wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !gone(&pid) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(gone(&pid), "the child {pid} outlived the killed host");
+}
+
+#[test]
+fn an_old_ledgers_world_readable_passwords_are_made_owner_only() {
+    let laptop = Laptop::new("old-ledger");
+    let work = laptop.ledger.join("works/w1");
+    std::fs::create_dir_all(&work).unwrap();
+    std::fs::write(work.join("password"), "pw").unwrap();
+    std::fs::set_permissions(work.join("password"), std::fs::Permissions::from_mode(0o644)).unwrap();
+    let out = laptop.host(&["audit", "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(std::fs::metadata(work.join("password")).unwrap().permissions().mode() & 0o777, 0o600);
+}

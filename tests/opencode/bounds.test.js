@@ -87,6 +87,16 @@ describe("children under the caps", { skip }, () => {
     assert.ok(await waitGone(fs.readFileSync(pidFile, "utf8").trim()), "the background process survived");
   });
 
+  test("an old ledger's world-readable passwords are made owner-only when the plugin starts", () => {
+    const dir = scratch("old-ledger");
+    const work = path.join(dir, "ledger/works/w1");
+    fs.mkdirSync(work, { recursive: true });
+    fs.writeFileSync(path.join(work, "password"), "pw", { mode: 0o644 });
+    fs.chmodSync(path.join(work, "password"), 0o644);
+    grants(dir, { boxd: "/bin/sh" });
+    assert.equal(fs.statSync(path.join(work, "password")).mode & 0o777, 0o600);
+  });
+
   test("children are killed when the plugin's process exits", async () => {
     const dir = scratch("exit");
     const pidFile = path.join(dir, "pid");

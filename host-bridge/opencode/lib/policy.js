@@ -73,7 +73,24 @@ export function findOnPath(binary, pathVar) {
 export function ensurePrivateDir(dir) {
   fs.mkdirSync(dir, { recursive: true, mode: 0o700 });
   fs.chmodSync(dir, 0o700);
+  privatePasswords(dir);
   return fs.realpathSync(dir);
+}
+
+// Every file the component creates in the ledger is made 0600 as it is created (worker.js);
+// a ledger written before that kept each work's server password 0644: make those 0600.
+function privatePasswords(ledger) {
+  let works = [];
+  try {
+    works = fs.readdirSync(path.join(ledger, "works"));
+  } catch {}
+  for (const w of works) {
+    const p = path.join(ledger, "works", w, "password");
+    try {
+      const st = fs.lstatSync(p);
+      if (st.isFile() && st.mode & 0o077) fs.chmodSync(p, 0o600);
+    } catch {}
+  }
 }
 
 function canonicalDir(p, field) {
