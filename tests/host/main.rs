@@ -5,7 +5,6 @@
 mod common;
 mod confinement;
 mod bounds;
-mod bounds;
 mod imports;
 mod cli;
 mod conformance;
