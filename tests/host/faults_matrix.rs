@@ -179,17 +179,21 @@ impl Matrix {
             std::fs::read(w.laptop.ledger.join("works/w1/work.json")).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or(Value::Null)
         };
         let deadline = Instant::now() + Duration::from_secs(60);
+        // A new or rebuilt machine has an empty work tree: its git state is harvested afresh.
+        let mut fresh = false;
         loop {
             let rec = record();
             let state = listed(w).into_iter().find(|m| m.0 == "oc-w1").map(|m| m.1);
             match (rec["state"].as_str(), state.as_deref()) {
                 (None | Some("closed") | Some("creating"), _) => {
+                    fresh = true;
                     let (_, v) = w.call("boxd_ensure", W1);
                     if v["error"] == "MACHINE_STARTING" || v["error"] == "CREATE_UNCERTAIN" {
                         std::thread::sleep(Duration::from_millis(500));
                     }
                 }
                 (_, None) | (_, Some("hibernated" | "standby" | "stopped" | "failed")) => {
+                    fresh |= state.is_none();
                     w.ok_call("boxd_resume", W1);
                 }
                 (_, Some("running")) => break,
@@ -210,9 +214,11 @@ impl Matrix {
         assert!(out.status.success(), "git init on the guest: {}", String::from_utf8_lossy(&out.stderr));
         let rec = record();
         let prompts = rec["prompts"].as_array().map_or(0, Vec::len) as u64;
-        let proven = rec["proofs"].as_array().and_then(|p| p.last()).is_some_and(|p| p["prompts"].as_u64() >= Some(prompts));
         let git = rec["git"]["prompts"].as_u64() >= Some(prompts) && rec["git"]["head"].as_str().is_some_and(|h| !h.is_empty());
-        if !proven || !git {
+        // Proven as the component judges it (boxd_status), not as this test would.
+        let status = w.ok_call("boxd_status", "{}");
+        let proven = status["works"].as_array().into_iter().flatten().any(|x| x["work"] == "w1" && x["proven"] == true);
+        if fresh || !proven || !git {
             w.ok_call("boxd_harvest", W1);
         }
     }

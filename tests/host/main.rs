@@ -16,3 +16,4 @@ mod tour;
 mod mcp;
 mod opencode;
 mod faults_matrix;
+mod secrets;
