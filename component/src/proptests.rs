@@ -723,6 +723,24 @@ fn a_guest_cannot_claim_a_laptop_code() {
     }
 }
 
+/// Messages never show Rust's debug formatting (issue 13, item 4): an exit code is a
+/// number or "a signal", never `Some(1)` or `None`. Ignored until boxd.rs (cli_message)
+/// and guest.rs (the helper's exit) print it plainly (reported to the lead).
+#[test]
+#[ignore = "boxd.rs and guest.rs format exit codes with {:?}"]
+fn messages_show_no_debug_formatting() {
+    let mut p = Scripted::default();
+    p.push_fail(1, "");
+    p.answers.push_back(Ok(RunOutput { exit_code: None, stdout: Vec::new(), stderr: Vec::new() }));
+    p.push_fail(5, "boom");
+    let mut b = Boxd::new(&mut p, 10);
+    let mut messages = vec![b.list().unwrap_err().into_error().message, b.list().unwrap_err().into_error().message];
+    messages.push(Guest::new(&mut b, "oc-w1", "w1").call("status", &[], None).unwrap_err().message);
+    for m in messages {
+        assert!(!m.contains("Some(") && !m.contains("None"), "{m}");
+    }
+}
+
 fn path_text() -> impl Strategy<Value = String> {
     let seg = prop_oneof![
         4 => select(&["a", "b", "ab", "..", ".", "", "~", "é", "a b", "x\ny", "\u{0}", "...", "a..b"][..]).prop_map(String::from),
