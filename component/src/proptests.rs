@@ -127,6 +127,29 @@ fn structured_args() -> impl Strategy<Value = Value> {
         })
 }
 
+/// Values that match a tool's JSON Schema (the shapes `manifest::check` knows), with
+/// hostile strings; `work` is mostly the healthy work.
+fn from_schema(key: &str, schema: &Value) -> BoxedStrategy<Value> {
+    match schema["type"].as_str() {
+        Some("object") => {
+            let required: Vec<String> = schema["required"].as_array().into_iter().flatten().filter_map(|r| r.as_str().map(String::from)).collect();
+            let mut fields: Vec<BoxedStrategy<Option<(String, Value)>>> = Vec::new();
+            for (k, sub) in schema["properties"].as_object().into_iter().flatten() {
+                let (k2, value) = (k.clone(), from_schema(k, sub));
+                let pair = value.prop_map(move |v| (k2.clone(), v));
+                fields.push(if required.contains(k) { pair.prop_map(Some).boxed() } else { proptest::option::weighted(0.7, pair).boxed() });
+            }
+            fields.prop_map(|kv| Value::Object(kv.into_iter().flatten().collect())).boxed()
+        }
+        Some("array") => prop::collection::vec(from_schema("", &schema["items"]), 0..4).prop_map(Value::Array).boxed(),
+        Some("string") if key == "work" => prop_oneof![8 => Just(json!("w1")), 1 => text().prop_map(Value::String)].boxed(),
+        Some("string") if key == "prompt" => prop_oneof![3 => Just(json!("do the task")), 1 => text().prop_map(Value::String)].boxed(),
+        Some("string") if key == "from" => prop_oneof![3 => select(&["a.txt", "/p/a.txt", "dir/b.bin", "/srv/x/y"][..]).prop_map(|s| json!(s)), 1 => text().prop_map(Value::String)].boxed(),
+        Some("string") => text().prop_map(Value::String).boxed(),
+        _ => json_value().boxed(),
+    }
+}
+
 fn args_text() -> impl Strategy<Value = String> {
     prop_oneof![
         6 => structured_args().prop_map(|v| v.to_string()),
@@ -218,17 +241,35 @@ const OPENCODE: &[&str] = &[
 ];
 const OTHER: &[&str] = &[r#"{"name":"oc-w1","status":"hibernated"}"#, r#"{"name":"oc-w1","status":"destroyed"}"#, ""];
 
-/// Answers by what is asked (boxd verb, opencode subcommand), each from its own generated
-/// pool, cycling; never panics and gives up after `MAX_RUNS` runs (a loop would show).
+const EXPORT_ONE: &str = r#"{"sessions":[{"info":{"id":"ses_1"},"messages":[{"info":{"id":"msg_1","role":"user"},"parts":[{"id":"prt_1","type":"text","text":"hi"}]}]}]}"#;
+
+/// Where a run is routed, and the plausible answers there (the first is the healthy one).
+/// Guest helper commands are told apart inside the exec's script.
+const ROUTES: &[(&str, &[&str])] = &[
+    ("list", LIST),
+    ("get", GET),
+    ("snapshots", SNAPSHOTS),
+    ("new", NEW),
+    ("other", OTHER),
+    ("exec:upload", &[""]),
+    ("exec:prepare", &[r#"{"ok":true,"work":"w1","port":4096,"serverStarted":true}"#, r#"{"ok":true}"#]),
+    ("exec:status", &[EXEC[1], EXEC[2], EXEC[3]]),
+    ("exec:submit", &[EXEC[4], r#"{"admitted":false,"queued":true,"pending":"x"}"#]),
+    ("exec:export", &[EXPORT_ONE, EXEC[6], EXEC[7]]),
+    ("exec:git", &[EXEC[8], EXEC[9], EXEC[10]]),
+    ("exec:other", EXEC),
+    ("opencode:--version", &["1.18.33", "9.9.9"]),
+    ("opencode:import", &["Imported session ses_1", ""]),
+    ("opencode:export", &[OPENCODE[1], OPENCODE[2]]),
+    ("opencode:other", OPENCODE),
+];
+
+/// Answers by what is asked (boxd verb, helper command, opencode subcommand), each route
+/// from its own generated pool, cycling; never panics and gives up after `MAX_RUNS` runs
+/// (a loop would show).
 #[derive(Debug, Clone)]
 struct World {
-    list: Vec<Result<RunOutput, SpawnError>>,
-    get: Vec<Result<RunOutput, SpawnError>>,
-    snapshots: Vec<Result<RunOutput, SpawnError>>,
-    new: Vec<Result<RunOutput, SpawnError>>,
-    exec: Vec<Result<RunOutput, SpawnError>>,
-    opencode: Vec<Result<RunOutput, SpawnError>>,
-    other: Vec<Result<RunOutput, SpawnError>>,
+    routes: BTreeMap<&'static str, Vec<Result<RunOutput, SpawnError>>>,
 }
 
 const MAX_RUNS: usize = 200;
@@ -245,10 +286,40 @@ impl Answers {
     }
 }
 
-/// Every program answers its first plausible reply.
+fn route(r: &RunRequest) -> &'static str {
+    if r.program == "opencode" {
+        return match r.args.first().map(String::as_str) {
+            Some("--version") => "opencode:--version",
+            Some("import") => "opencode:import",
+            Some("export") => "opencode:export",
+            _ => "opencode:other",
+        };
+    }
+    let verb = r.args.iter().take(2).map(String::as_str).collect::<Vec<_>>().join(" ");
+    match verb.as_str() {
+        "machine list" => "list",
+        "machine get" => "get",
+        "snapshots list" => "snapshots",
+        "machine new" => "new",
+        "machine exec" => {
+            let script = r.args.last().map(String::as_str).unwrap_or("");
+            if script.contains("upload.tmp") {
+                return "exec:upload";
+            }
+            for (name, cmd) in [("exec:prepare", ".py prepare "), ("exec:status", ".py status "), ("exec:submit", ".py submit "), ("exec:export", ".py export "), ("exec:git", ".py git ")] {
+                if script.contains(cmd) {
+                    return name;
+                }
+            }
+            "exec:other"
+        }
+        _ => "other",
+    }
+}
+
+/// Every program answers its route's healthy reply.
 fn healthy() -> World {
-    let first = |good: &[&str]| vec![out(Some(0), good[0], "")];
-    World { list: first(LIST), get: first(GET), snapshots: first(SNAPSHOTS), new: first(NEW), exec: first(EXEC), opencode: first(OPENCODE), other: first(OTHER) }
+    World { routes: ROUTES.iter().map(|(name, good)| (*name, vec![out(Some(0), good[0], "")])).collect() }
 }
 
 impl Programs for Answers {
@@ -257,16 +328,8 @@ impl Programs for Answers {
         if self.requests.len() > MAX_RUNS {
             return Err(SpawnError::TimedOut);
         }
-        let verb = r.args.iter().take(2).map(String::as_str).collect::<Vec<_>>().join(" ");
-        let (pool, name) = match (r.program.as_str(), verb.as_str()) {
-            ("opencode", _) => (&self.world.opencode, "opencode"),
-            (_, "machine list") => (&self.world.list, "list"),
-            (_, "machine get") => (&self.world.get, "get"),
-            (_, "snapshots list") => (&self.world.snapshots, "snapshots"),
-            (_, "machine new") => (&self.world.new, "new"),
-            (_, "machine exec") => (&self.world.exec, "exec"),
-            _ => (&self.world.other, "other"),
-        };
+        let name = route(r);
+        let pool = &self.world.routes[name];
         let n = self.seen.entry(name).or_insert(0);
         let answer = pool[*n % pool.len()].clone();
         *n += 1;
@@ -274,11 +337,22 @@ impl Programs for Answers {
     }
 }
 
+/// A world whose every route answers from a generated pool: the route's healthy reply with
+/// weight `healthy`, else anything `reply` makes (plausible variants, any exit, any bytes).
+fn world_with(healthy: u32) -> impl Strategy<Value = World> {
+    let pools: Vec<_> = ROUTES
+        .iter()
+        .map(|(name, good)| {
+            let one = prop_oneof![healthy.max(1) => Just(out(Some(0), good[0], "")), 10 => reply(good)];
+            let one = if healthy == 0 { reply(good).boxed() } else { one.boxed() };
+            prop::collection::vec(one, 1..4).prop_map(move |p| (*name, p))
+        })
+        .collect();
+    pools.prop_map(|routes| World { routes: routes.into_iter().collect() })
+}
+
 fn world() -> impl Strategy<Value = World> {
-    let pool = |good: &'static [&'static str], n: usize| prop::collection::vec(reply(good), 1..n);
-    (pool(LIST, 3), pool(GET, 3), pool(SNAPSHOTS, 2), pool(NEW, 2), pool(EXEC, 8), pool(OPENCODE, 4), pool(OTHER, 3)).prop_map(
-        |(list, get, snapshots, new, exec, opencode, other)| World { list, get, snapshots, new, exec, opencode, other },
-    )
+    world_with(0)
 }
 
 /// What the ledger holds before the call.
@@ -469,18 +543,16 @@ proptest! {
         run_tool(&tool, &args, &before, &world, (&host.0, &host.1), &options, &facts, &entropy)?;
     }
 
-    /// The same with a healthy work and arguments that pass the schema, so every tool goes
-    /// deep (the guest's replies, imports, proofs, files) rather than stopping at a check.
+    /// The same with a healthy work and arguments generated from the tool's own schema, so
+    /// every tool goes deep (the guest's replies, imports, proofs, files) rather than
+    /// stopping at a check.
     #[test]
     fn every_tool_on_a_healthy_work_never_panics(
-        tool in select(TOOL_NAMES),
-        args in structured_args(),
+        (tool, args) in select(TOOL_NAMES).prop_flat_map(|t| (Just(t), from_schema("", &(crate::manifest::find(t).unwrap().schema)()))),
         w in good_work(),
-        world in world(),
+        world in world_with(90),
         entropy in prop::collection::vec(any::<u8>(), 32..=32),
     ) {
-        let mut args = args;
-        args["work"] = json!("w1");
         run_tool(tool, &args.to_string(), &Before::Record(w), &world, ("boxd-host", "0.1.0"), "{}", r#"{"approved":true}"#, &entropy)?;
     }
 
@@ -849,7 +921,7 @@ fn a_deeply_nested_guest_reply_is_guest_failed_and_a_deep_but_legal_one_still_an
     for depth in [125, 126, 127, 128, 200] {
         let mut fs = laptop(&Before::Record(w.clone()));
         let mut world = healthy();
-        world.exec = vec![out(Some(0), format!("{{\"state\":\"idle\",\"outcome\":\"completed\",\"pending\":{}}}", nested(depth, 0)), "")];
+        world.routes.insert("exec:status", vec![out(Some(0), format!("{{\"state\":\"idle\",\"outcome\":\"completed\",\"pending\":{}}}", nested(depth, 0)), "")]);
         let mut p = Answers::new(world);
         match call(&mut p, &mut fs, "boxd_job", r#"{"work":"w1"}"#, deep_raw("{}", "{}")) {
             Ok(v) => {
