@@ -98,8 +98,14 @@ fn reader(mut r: impl Read + Send + 'static, buf: Arc<Mutex<Vec<u8>>>, cap: usiz
                         let room = cap - b.len();
                         b.extend_from_slice(&chunk[..room]);
                         drop(b);
-                        let _ = tx.send(Event::OverCap(which));
-                        // Stop reading: the child blocks on a full pipe until it is killed.
+                        if tx.send(Event::OverCap(which)).is_ok() {
+                            // Stop reading: the child blocks on a full pipe until it is killed.
+                            return;
+                        }
+                        // The call was already answered: what still writes is a process
+                        // the child left running. Drain and drop, so it neither blocks
+                        // nor dies of SIGPIPE.
+                        while !matches!(r.read(&mut chunk), Ok(0) | Err(_)) {}
                         return;
                     }
                     b.extend_from_slice(&chunk[..n]);
@@ -188,11 +194,10 @@ pub fn run(s: Spawn<'_>) -> Result<Output, SpawnFailure> {
                 return Err(SpawnFailure::TimedOut);
             }
             // The child exited and the grace is over: something it started still holds a
-            // pipe. Kill the group and answer with what was read.
-            Err(RecvTimeoutError::Timeout) => {
-                kill_group(pgid);
-                break;
-            }
+            // pipe. Answer with what was read, and leave that process alone: a CLI's own
+            // daemon, or opencode finishing a write, is not ours to kill (killing it lost
+            // an `opencode import`'s session). The readers drain it in the background.
+            Err(RecvTimeoutError::Timeout) => break,
             Err(RecvTimeoutError::Disconnected) => break,
         }
     }

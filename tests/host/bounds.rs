@@ -125,7 +125,7 @@ fn gone(pid: &str) -> bool {
 }
 
 #[test]
-fn a_daemon_holding_the_pipe_does_not_lose_the_answer_and_is_killed() {
+fn a_daemon_holding_the_pipe_does_not_lose_the_answer_and_is_left_alone() {
     let laptop = Laptop::new("daemon");
     let pids = laptop.scratch.0.join("daemons");
     // Every boxd call leaves a background process holding stdout and stderr open, then
@@ -141,12 +141,11 @@ fn a_daemon_holding_the_pipe_does_not_lose_the_answer_and_is_killed() {
     assert!(run.took < Duration::from_secs(60), "{:?}", run.took);
     let started = std::fs::read_to_string(&pids).unwrap();
     assert!(!started.trim().is_empty(), "the fake boxd ran");
-    let deadline = Instant::now() + Duration::from_secs(10);
+    // Not the host's to kill: a CLI's own daemon, or opencode finishing a write (killing
+    // the group once lost an `opencode import`'s session).
     for pid in started.lines() {
-        while !gone(pid) && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        assert!(gone(pid), "background process {pid} survived: the group was not killed");
+        assert!(!gone(pid), "background process {pid} was killed");
+        let _ = Command::new("kill").args(["-9", pid]).status();
     }
 }
 

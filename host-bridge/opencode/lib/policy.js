@@ -225,15 +225,22 @@ export function runChild(req, grants, track = () => () => {}) {
     };
     const untrack = track(killGroup);
     live.add(killGroup);
-    const finish = (result) => {
+    const finish = (result, drain = false) => {
       if (settled) return;
       settled = true;
       clearTimeout(timer);
       clearTimeout(grace);
       untrack();
       live.delete(killGroup);
-      child.stdout?.destroy();
-      child.stderr?.destroy();
+      if (drain) {
+        // A process the child left running still holds the pipes: keep reading (and
+        // dropping) so it neither blocks nor dies of SIGPIPE, without holding the plugin.
+        for (const s of [child.stdout, child.stderr]) s?.unref?.();
+        child.unref();
+      } else {
+        child.stdout?.destroy();
+        child.stderr?.destroy();
+      }
       resolve(result);
     };
     const timer = setTimeout(() => {
@@ -266,12 +273,10 @@ export function runChild(req, grants, track = () => () => {}) {
     child.on("exit", (code) => {
       if (timedOut) return finish(err("timed-out"));
       // A background process the child started may keep our pipes open, which would hold
-      // `close` forever: read on for a short grace after the child exits, then kill the
-      // group and answer with what the child printed.
-      grace = setTimeout(() => {
-        killGroup();
-        finish(result(code));
-      }, BOUNDS.afterExitMs);
+      // `close` forever: read on for a short grace after the child exits, then answer with
+      // what the child printed. That process is left alone (a CLI's daemon, or opencode
+      // finishing a write, is not ours to kill), as boxd-host does.
+      grace = setTimeout(() => finish(result(code), true), BOUNDS.afterExitMs);
     });
     child.on("close", (code) => finish(timedOut ? err("timed-out") : result(code)));
   });
