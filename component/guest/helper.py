@@ -11,7 +11,7 @@ for a domain failure, exit 2 for a malformed command line, 70 if the helper itse
 Nothing is written to stderr except on a crash, so the output also parses where an exec
 merges the two streams. docs/guest.md describes the protocol.
 
-Commands: prepare, submit, status, export, git, import (and `pump`, which prepare and
+Commands: prepare, submit, status, export, git, seal, import (and `pump`, which prepare and
 status start detached: it feeds queued prompts to OpenCode and records their outcomes).
 State lives in $HOME/work/<id>/.boxd/ and survives a frozen machine and a restarted pump.
 Python 3.10+, standard library only.
@@ -1001,7 +1001,11 @@ def cmd_prepare(args):
     if old != password:
         atomic_write(work.p("password"), password.encode("utf-8"), mode=0o600)
     os.chmod(work.p("password"), 0o600)
-    ensure_git_exclude(work)
+    try:
+        repo = ensure_repo(work)
+    except Fail as e:  # no git on the image: the work runs, and drop will say GIT_UNKNOWN
+        work.log("helper.log", "prepare: the work tree could not be made a repository: %s" % e.message)
+        repo = "unavailable"
     binary = find_opencode()
     if not binary:
         raise Fail("GUEST_VERSION", "opencode is not installed on this machine; expected version %s" % args.opencode_version)
@@ -1022,7 +1026,43 @@ def cmd_prepare(args):
     how, info = ensure_server(work, password, want_version=args.opencode_version)
     ensure_pump(work)
     return {"ok": True, "work": work.id, "port": info["port"], "serverStarted": how != "up",
-            "opencodeVersion": have, "tree": work.tree, "protocol": PROTOCOL}
+            "opencodeVersion": have, "tree": work.tree, "protocol": PROTOCOL, "repo": repo}
+
+
+def resolve_prompts(work, ids):
+    """{promptId: admitted?} for ids the laptop recorded but never heard back about."""
+    if not ids:
+        return {}
+    seen = set(work.state()["seen"]) if work.exists() else set()
+    for _, name in work.inbox_entries():
+        seen.add(name.split("-", 1)[1][:-len(".json")])
+    return {i: i in seen for i in ids if isinstance(i, str) and PROMPT_ID_RE.match(i)}
+
+
+def resolve_arg(args):
+    return [i for i in (getattr(args, "resolve", None) or "").split(",") if i]
+
+
+GIT_IDENTITY = ("opencode-boxd", "opencode-boxd@localhost")
+
+
+def ensure_repo(work):
+    """Make the work tree a git repository with a first commit of what it starts with, so
+    every later change can be accounted for. A tree that already is one is left alone."""
+    top = git(work, ["rev-parse", "--show-toplevel"], check=False)
+    if top.returncode == 0 and os.path.realpath(top.stdout.decode("utf-8", "replace").strip()) == os.path.realpath(work.tree):
+        ensure_git_exclude(work)
+        return "existing"
+    git(work, ["init", "-q"])
+    ensure_git_exclude(work)
+    # An identity for this repository when the image configures none, so the agent's own
+    # commits work too (they are what drop later asks the laptop to hold).
+    if git(work, ["config", "user.email"], check=False).returncode != 0:
+        git(work, ["config", "user.name", GIT_IDENTITY[0]])
+        git(work, ["config", "user.email", GIT_IDENTITY[1]])
+    git(work, ["add", "-A"])
+    git(work, ["commit", "-q", "--allow-empty", "--no-verify", "-m", "opencode-boxd: the work tree as it started"])
+    return "created"
 
 
 def safe_rel(rel):
@@ -1069,6 +1109,9 @@ def cmd_submit(args):
     if not isinstance(payload, dict):
         raise Fail("ARGS_INVALID", "submit expects one JSON object on stdin")
     prompt_id, prompt, files = payload.get("promptId"), payload.get("prompt"), payload.get("files") or []
+    to_resolve = payload.get("resolve") or []
+    if not isinstance(to_resolve, list):
+        raise Fail("ARGS_INVALID", "resolve must be a list of prompt ids")
     if not isinstance(prompt_id, str) or not PROMPT_ID_RE.match(prompt_id):
         raise Fail("NAME_INVALID", "promptId %r is not valid: use [A-Za-z0-9._-], at most 80 characters" % (prompt_id,))
     if not isinstance(prompt, str) or not prompt:
@@ -1161,6 +1204,8 @@ def cmd_submit(args):
            "files": len(planned)}
     if duplicate:
         out["duplicate"] = True
+    if to_resolve:
+        out["resolved"] = resolve_prompts(work, to_resolve)
     return out
 
 
@@ -1247,6 +1292,7 @@ def cmd_status(args):
         note = (st["last"] or {}).get("note") or "the OpenCode server stopped"
         raise Fail("RUN_INTERRUPTED", "prompt %s was interrupted: %s; the server was %s" % (
             out.get("promptId"), note, "restarted" if how == "restarted" else "already running again"), **out)
+    out["resolved"] = resolve_prompts(work, resolve_arg(args))
     if how == "restarted":
         raise Fail("GUEST_SERVER_DOWN", "the OpenCode server was not running; it was restarted on port %d" % info["port"], **out)
     return {"ok": True, **out}
@@ -1261,8 +1307,9 @@ def cmd_export(args):
     pending = [e for e in work.inbox_entries() if e[0] > st["dispatchedSeq"]]
     if st["current"] or pending or (sid and smap.get(sid)):
         raise Fail("SESSION_BUSY", "work %s is busy (a run is in flight or %d prompt(s) wait)" % (work.id, len(pending)))
+    resolved = resolve_prompts(work, resolve_arg(args))
     if not sid:
-        return {"ok": True, "sessions": []}
+        return {"ok": True, "sessions": [], "resolved": resolved}
     sessions, queue, seen = [], [sid], set()
     while queue:
         cur = queue.pop(0)
@@ -1284,7 +1331,7 @@ def cmd_export(args):
         for child in sorted(children, key=lambda c: (((c.get("time") or {}).get("created") or 0), c.get("id", ""))):
             if isinstance(child, dict) and child.get("id"):
                 queue.append(child["id"])
-    return {"ok": True, "sessions": sessions}
+    return {"ok": True, "sessions": sessions, "resolved": resolved}
 
 
 def cmd_import(args):
@@ -1459,33 +1506,29 @@ def read_requested(work, requested):
     return files
 
 
-def cmd_git(args):
-    work = Work(args.work)
-    if not os.path.isdir(work.tree):
-        raise Fail("WORK_UNKNOWN", "work %s has no work tree on this machine (%s)" % (work.id, work.tree))
-    requested = []
-    if args.files:
-        requested += [f for f in args.files.split(",") if f]
-    if args.files_stdin:
-        try:
-            extra = json.loads(read_stdin().decode("utf-8") or "{}").get("files") or []
-        except (ValueError, UnicodeDecodeError, AttributeError) as e:
-            raise Fail("ARGS_INVALID", "--files-stdin expects {\"files\": [...]} on stdin: %s" % e)
-        if not isinstance(extra, list) or not all(isinstance(x, str) for x in extra):
-            raise Fail("ARGS_INVALID", "files must be a list of paths")
-        requested += extra
-    files = read_requested(work, requested)
-    out = {"ok": True, "repo": False, "head": None, "branch": None, "status": [], "untracked": [], "ignored": [],
-           "patch": None, "dirty": False, "files": files}
+def inventory(work):
+    """The tree as git sees it: HEAD, every ref, status, the diff against HEAD (bytes),
+    and every untracked or ignored path with its digest. repo False when the tree is not
+    (the top of) a repository."""
+    out = {"repo": False, "head": None, "branch": None, "status": [], "untracked": [], "ignored": [],
+           "dirty": False, "refs": {}, "changed": []}
     top = git(work, ["rev-parse", "--show-toplevel"], check=False)
     if top.returncode != 0 or os.path.realpath(top.stdout.decode("utf-8", "replace").strip()) != os.path.realpath(work.tree):
-        return out
+        return out, None
     ensure_git_exclude(work)
     out["repo"] = True
     head = git(work, ["rev-parse", "--verify", "-q", "HEAD^{commit}"], check=False)
     out["head"] = head.stdout.decode().strip() if head.returncode == 0 else None
     br = git(work, ["symbolic-ref", "--short", "-q", "HEAD"], check=False)
     out["branch"] = br.stdout.decode("utf-8", "replace").strip() if br.returncode == 0 else None
+    refs = {}
+    if out["head"]:
+        refs["HEAD"] = out["head"]
+    for line in git(work, ["for-each-ref", "--format=%(objectname) %(refname)"]).stdout.decode("utf-8", "replace").splitlines():
+        sha, _, name = line.partition(" ")
+        if sha and name:
+            refs[name] = sha
+    out["refs"] = refs
     st = git(work, ["status", "--porcelain=v1", "--untracked-files=all"])
     lines = []
     for line in st.stdout.decode("utf-8", "replace").splitlines():
@@ -1495,6 +1538,7 @@ def cmd_git(args):
         lines.append(line)
     out["status"] = lines
     out["dirty"] = any(not line.startswith("??") for line in lines)
+    out["changed"] = [line[3:] for line in lines if not line.startswith("??")][:200]
     others = ["ls-files", "-z", "--others", "--exclude-standard"]
     if out["head"]:
         out["untracked"], tu = list_paths(work, others)
@@ -1505,14 +1549,89 @@ def cmd_git(args):
         out["untrackedTruncated"] = True
     if ti:
         out["ignoredTruncated"] = True
+    diff = None
     if out["head"]:
-        d = git(work, ["diff", "HEAD", "--binary", "--full-index", "--no-color", "--no-ext-diff", "--no-textconv",
-                       "--src-prefix=a/", "--dst-prefix=b/", "--", ".", ":(exclude).boxd"])
+        diff = git(work, ["diff", "HEAD", "--binary", "--full-index", "--no-color", "--no-ext-diff", "--no-textconv",
+                          "--src-prefix=a/", "--dst-prefix=b/", "--", ".", ":(exclude).boxd"]).stdout
+    return out, diff
+
+
+def make_bundle(work):
+    """Every commit on the machine (all refs and HEAD) as one self-contained bundle,
+    verified here before it travels: {"data": base64, "sha256", "size"}."""
+    with tempfile.TemporaryDirectory(prefix="boxd-bundle-") as tmp:
+        path = os.path.join(tmp, "harvest.bundle")
+        git(work, ["bundle", "create", "-q", path, "HEAD", "--all"])
+        git(work, ["bundle", "verify", "-q", path])
+        with open(path, "rb") as f:
+            data = f.read()
+    if len(data) > CALL_MAX:
+        raise Fail("FILE_TOO_LARGE", "the work's commits make a %d-byte bundle; the limit is 32 MiB per call" % len(data))
+    return {"data": base64.b64encode(data).decode("ascii"), "sha256": sha256_hex(data), "size": len(data)}
+
+
+def cmd_git(args):
+    work = Work(args.work)
+    if not os.path.isdir(work.tree):
+        raise Fail("WORK_UNKNOWN", "work %s has no work tree on this machine (%s)" % (work.id, work.tree))
+    requested, have = [], {}
+    if args.files:
+        requested += [f for f in args.files.split(",") if f]
+    if args.files_stdin:
         try:
-            out["patch"] = d.stdout.decode("utf-8")
+            body = json.loads(read_stdin().decode("utf-8") or "{}")
+            extra = body.get("files") or []
+            have = body.get("haveRefs") or {}
+        except (ValueError, UnicodeDecodeError, AttributeError) as e:
+            raise Fail("ARGS_INVALID", "--files-stdin expects {\"files\": [...]} on stdin: %s" % e)
+        if not isinstance(extra, list) or not all(isinstance(x, str) for x in extra) or not isinstance(have, dict):
+            raise Fail("ARGS_INVALID", "files must be a list of paths, haveRefs an object")
+        requested += extra
+    files = read_requested(work, requested)
+    out, diff = inventory(work)
+    out.update({"ok": True, "files": files, "patch": None})
+    if diff is not None:
+        try:
+            out["patch"] = diff.decode("utf-8")
         except UnicodeDecodeError:
-            out["patch"] = base64.b64encode(d.stdout).decode("ascii")
+            out["patch"] = base64.b64encode(diff).decode("ascii")
             out["patchEncoding"] = "base64"
+    if out["refs"]:
+        if out["refs"] == have:
+            out["bundleUnchanged"] = True
+        else:
+            out["bundle"] = make_bundle(work)
+    return out
+
+
+def cmd_seal(args):
+    """Before a drop: stop everything that could start or write (the pump, then the
+    OpenCode server and its children), then read the tree's live state. Refuses while a
+    run is in flight or prompts wait. A later command starts the server and pump again."""
+    work = Work(args.work)
+    work.require()
+    resolved = resolve_prompts(work, resolve_arg(args))
+    password = work.password()
+    with work.state_lock(30.0):
+        st = work.state()
+        pending = [e for e in work.inbox_entries() if e[0] > st["dispatchedSeq"]]
+        if st["current"] or pending or opencode_busy(work, password):
+            raise Fail("SESSION_BUSY", "work %s is busy (a run is in flight or %d prompt(s) wait); nothing was stopped" % (work.id, len(pending)))
+        pump = read_json(work.p("pump.json")) or {}
+        if pump.get("pid") and owned_alive(pump, work.boxd):
+            kill_group(pump["pid"], grace=2.0)
+        server = work.server_info() or {}
+        if server.get("pid") and owned_alive(server, work.tree):
+            kill_group(server["pid"])
+        try:
+            os.unlink(work.p("server.json"))  # stopped on purpose: the next start is not a restart
+        except FileNotFoundError:
+            pass
+        newest = st["seen"][-1] if st["seen"] else None
+    out, diff = inventory(work)
+    out.pop("status", None)
+    out.update({"ok": True, "sealed": True, "newestPrompt": newest, "pending": 0, "resolved": resolved,
+                "diffSha256": sha256_hex(diff) if diff else None})
     return out
 
 
@@ -1526,11 +1645,12 @@ class Parser(argparse.ArgumentParser):
 
 def main(argv):
     parser = Parser(prog="helper.py", add_help=False)
-    parser.add_argument("command", choices=["prepare", "submit", "status", "export", "git", "import", "pump", "version"])
+    parser.add_argument("command", choices=["prepare", "submit", "status", "export", "git", "seal", "import", "pump", "version"])
     parser.add_argument("--work")
     parser.add_argument("--opencode-version")
     parser.add_argument("--files")
     parser.add_argument("--files-stdin", action="store_true")
+    parser.add_argument("--resolve")
     try:
         args = parser.parse_args(argv)
         if args.command == "version":
@@ -1541,7 +1661,7 @@ def main(argv):
         if args.command == "pump":
             return run_pump(Work(args.work))
         handler = {"prepare": cmd_prepare, "submit": cmd_submit, "status": cmd_status, "export": cmd_export,
-                   "git": cmd_git, "import": cmd_import}[args.command]
+                   "git": cmd_git, "seal": cmd_seal, "import": cmd_import}[args.command]
         return emit(handler(args), EXIT_OK)
     except Usage as e:
         return emit({"ok": False, "error": "ARGS_INVALID", "message": str(e)}, EXIT_USAGE)

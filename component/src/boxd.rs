@@ -143,7 +143,7 @@ fn cli_message(out: &RunOutput) -> String {
         .find(|l| l.to_ascii_lowercase().starts_with("error"))
         .or_else(|| err.lines().map(str::trim).filter(|l| !l.is_empty()).last())
         .unwrap_or("");
-    if line.is_empty() { format!("boxd exited with code {:?} and no message", out.exit_code) } else { line.to_string() }
+    if line.is_empty() { format!("boxd {} and printed no message", crate::guest::exit_words(out.exit_code)) } else { line.to_string() }
 }
 
 fn classify(out: &RunOutput, what: &str) -> Failure {

@@ -77,4 +77,9 @@ pub trait Files {
     fn stat(&mut self, path: &str) -> Result<Option<Meta>, FsError>;
     /// Remove a file; absent is fine.
     fn remove_file(&mut self, path: &str) -> Result<(), FsError>;
+    /// Create `path` only if nothing is there (an exclusive create), holding `bytes`;
+    /// false when it already exists. The ledger's lock is built on this.
+    fn create_new(&mut self, path: &str, bytes: &[u8]) -> Result<bool, FsError>;
+    /// Rename `from` over `to` in the same preopen; false when `from` does not exist.
+    fn rename(&mut self, from: &str, to: &str) -> Result<bool, FsError>;
 }

@@ -22,6 +22,21 @@ pub fn helper_path() -> String {
     format!(".boxd-helper/helper-{}.py", sha256_hex(HELPER))
 }
 
+/// The codes the guest helper reports (docs/guest.md); any other name is GUEST_FAILED.
+pub const GUEST_CODES: &[Code] = &[
+    Code::GuestFailed, Code::GuestWorkspace, Code::GuestVersion, Code::GuestRunFailed, Code::GuestAuthFailed,
+    Code::GuestUnresponsive, Code::GuestServerDown, Code::SessionBusy, Code::RunInterrupted, Code::ExportInvalid,
+    Code::NameInvalid, Code::PathRefused, Code::FileTooLarge, Code::ArgsInvalid, Code::WorkUnknown,
+];
+
+/// "exited with 5" / "was killed by a signal", for messages.
+pub fn exit_words(code: Option<i32>) -> String {
+    match code {
+        Some(c) => format!("exited with {c}"),
+        None => "was killed by a signal".to_string(),
+    }
+}
+
 /// How long one helper call may take on the guest (prepare waits for the server).
 pub const HELPER_TIMEOUT_S: u32 = 120;
 
@@ -82,17 +97,28 @@ impl<'b, 'a, P: Programs> Guest<'b, 'a, P> {
                 let v = first_json(&out.stdout).unwrap_or(Value::Null);
                 let kind = v.get("error").and_then(Value::as_str).unwrap_or("GUEST_FAILED");
                 let message = v.get("message").and_then(Value::as_str).unwrap_or("the guest helper failed").to_string();
-                let code = Code::parse(kind).unwrap_or(Code::GuestFailed);
+                // Only the codes the helper speaks: a guest cannot claim a laptop's code
+                // (HOST_FAILED, ACCESS_DENIED, …) and its next step.
+                let code = Code::parse(kind).filter(|c| GUEST_CODES.contains(c)).unwrap_or(Code::GuestFailed);
                 Err(ToolError::new(code, format!("{}: {message}", self.machine)))
             }
             Some(86) => Err(ToolError::new(Code::GuestFailed, format!("{}: the guest helper does not match its digest even after a fresh upload", self.machine))),
             Some(127) => Err(ToolError::new(Code::GuestFailed, format!("{} has no python3, which the guest helper needs", self.machine))),
             other => Err(ToolError::new(
                 Code::GuestFailed,
-                format!("the guest helper's {command} exited with {other:?}: {}", tail(&out.stderr)),
+                format!("the guest helper's {command} {}: {}", exit_words(other), tail(&out.stderr)),
             )),
         }
     }
+}
+
+/// The guest's word on the prompt ids a call asked about (`--resolve`): id → admitted.
+pub fn resolved(answer: &Value) -> alloc::collections::BTreeMap<String, bool> {
+    answer
+        .get("resolved")
+        .and_then(Value::as_object)
+        .map(|m| m.iter().filter_map(|(k, v)| v.as_bool().map(|b| (k.clone(), b))).collect())
+        .unwrap_or_default()
 }
 
 /// The last line or two of a stream, for messages.

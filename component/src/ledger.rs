@@ -5,7 +5,15 @@
 //! leaves the previous record readable. It holds names, sizes and digests, never file
 //! contents; the only secret, the guest server's password, sits in its own file.
 //! Stored patches and exports live beside it, named by digest.
+//!
+//! Many writers may share a ledger (the CLI, the MCP server, OpenCode's worker pool), so
+//! every change is a read-modify-write under the work's lock (`update`): an exclusive
+//! create of `lock` naming its owner, held only for the read and the write — never across
+//! a remote call. The component has no clock, so a dead owner is recognised by a lock
+//! whose content stays the same through `LOCK_PATIENCE` attempts; it is then renamed away
+//! (only one breaker can win the rename) and the attempt starts over.
 
+use alloc::collections::BTreeMap;
 use alloc::format;
 use alloc::string::{String, ToString};
 use alloc::vec::Vec;
@@ -16,6 +24,13 @@ use crate::errors::{Code, ToolError, ToolResult};
 use crate::paths;
 
 pub const SCHEMA: u32 = 1;
+
+/// Attempts that see one unchanged lock before its owner is taken as dead. A live owner
+/// holds the lock for one read and one write (milliseconds); this many attempts take
+/// seconds on either host.
+pub const LOCK_PATIENCE: u32 = 100_000;
+/// Attempts in all before the call gives up with LEDGER_FAILED.
+const LOCK_GIVE_UP: u32 = 4_000_000;
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -51,6 +66,13 @@ pub struct Work {
     /// then says `asleepBy: boxd_sleep` (else the idle bound or the CLI did).
     #[serde(default)]
     pub asleep_by_tool: bool,
+    /// Guest paths a harvest was asked for that have not come home yet: drop refuses
+    /// while any is owed, unless the user discards it by name.
+    #[serde(default)]
+    pub owed: Vec<String>,
+    /// What a drop of a vanished machine could not recover (prompt ids after the proof).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unrecovered: Vec<String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -125,8 +147,17 @@ pub struct GitRecord {
     pub dirty: bool,
     /// The stored patch (file name in the work's folder), when the tree had changes.
     pub patch: Option<String>,
+    /// sha256 of the patch's bytes: the live diff must still have it at drop.
+    #[serde(default)]
+    pub patch_sha256: Option<String>,
     /// How many prompts the record covers.
     pub prompts: u64,
+    /// Every ref on the machine (HEAD, branches, tags) → commit, at the harvest.
+    #[serde(default)]
+    pub refs: BTreeMap<String, String>,
+    /// The git bundle in the work's folder that holds every one of `refs`.
+    #[serde(default)]
+    pub bundle: Option<String>,
 }
 
 impl Work {
@@ -150,6 +181,29 @@ impl Work {
     pub fn is_closed(&self) -> bool {
         self.state == "closed"
     }
+
+    /// Prompts the guest may or may not have: recorded before their exec, not yet answered.
+    pub fn unresolved(&self) -> Vec<String> {
+        self.prompts.iter().filter(|p| !p.admitted).map(|p| p.id.clone()).collect()
+    }
+
+    /// Apply the guest's word on unresolved prompts: a prompt it knows was admitted; one it
+    /// never saw was never delivered (the host stopped before sending it) and leaves the
+    /// record, with a warning, so it does not block the proof for ever.
+    pub fn resolve_prompts(&mut self, known: &BTreeMap<String, bool>, now: &str) {
+        let mut lost = Vec::new();
+        for p in self.prompts.iter_mut().filter(|p| !p.admitted) {
+            match known.get(&p.id) {
+                Some(true) => p.admitted = true,
+                Some(false) => lost.push(p.id.clone()),
+                None => {}
+            }
+        }
+        if !lost.is_empty() {
+            self.prompts.retain(|p| !lost.contains(&p.id));
+            self.warnings.push(format!("{now}: prompt(s) {} never reached the machine (the host stopped before sending); submit again if still wanted", lost.join(", ")));
+        }
+    }
 }
 
 fn ledger_error(what: &str, e: FsError) -> ToolError {
@@ -164,15 +218,96 @@ fn ledger_error(what: &str, e: FsError) -> ToolError {
 pub struct Ledger<'a, F: Files> {
     files: &'a mut F,
     root: String,
+    /// Written into the lock file: who holds it (unique per call).
+    owner: String,
 }
 
 impl<'a, F: Files> Ledger<'a, F> {
     pub fn new(files: &'a mut F, root: &str) -> Self {
-        Self { files, root: root.to_string() }
+        Self { files, root: root.to_string(), owner: "unnamed".to_string() }
+    }
+
+    /// The ledger for one tool call: its lock owner is named from the call's entropy.
+    pub fn for_call(files: &'a mut F, ctx: &crate::options::Context) -> Self {
+        let mut seed = ctx.entropy.clone();
+        seed.extend_from_slice(b"ledger-lock");
+        let owner = format!("{}:{}", ctx.host_name, &crate::encode::sha256_hex(&seed)[..16]);
+        Self { files, root: ctx.ledger.clone(), owner }
     }
 
     pub fn files(&mut self) -> &mut F {
         self.files
+    }
+
+    fn lock_path(&self, work: &str) -> String {
+        format!("{}/lock", self.work_dir(work))
+    }
+
+    fn lock(&mut self, work: &str) -> ToolResult<()> {
+        self.files.create_dir_all(&self.work_dir(work)).map_err(|e| ledger_error("create the work's ledger folder", e))?;
+        let path = self.lock_path(work);
+        let mine = format!("{{\"owner\":\"{}\"}}\n", self.owner);
+        let (mut seen, mut same) = (None::<Vec<u8>>, 0u32);
+        for _ in 0..LOCK_GIVE_UP {
+            if self.files.create_new(&path, mine.as_bytes()).map_err(|e| ledger_error("lock the work's record", e))? {
+                return Ok(());
+            }
+            let now = self.files.read(&path).ok().flatten();
+            if now.is_some() && now == seen {
+                same += 1;
+            } else {
+                (seen, same) = (now, 0);
+            }
+            if same >= LOCK_PATIENCE {
+                // The owner died holding it: move it aside (one breaker wins) and retry.
+                let aside = format!("{path}.dead-{}", self.owner.replace(':', "-"));
+                if self.files.rename(&path, &aside).unwrap_or(false) {
+                    let _ = self.files.remove_file(&aside);
+                }
+                (seen, same) = (None, 0);
+            }
+        }
+        Err(ToolError::new(Code::LedgerFailed, format!("{path} stayed locked by other calls; nothing was changed")))
+    }
+
+    fn unlock(&mut self, work: &str) {
+        let path = self.lock_path(work);
+        let ours = self.files.read(&path).ok().flatten().is_some_and(|b| b.windows(self.owner.len()).any(|w| w == self.owner.as_bytes()));
+        if ours {
+            let _ = self.files.remove_file(&path);
+        }
+    }
+
+    /// Read-modify-write under the work's lock: `f` sees the record as it is now (None
+    /// when the ledger has none) and returns the record to write, or None to write
+    /// nothing. Returns what was written (or read).
+    pub fn upsert(&mut self, work: &str, f: impl FnOnce(Option<Work>) -> ToolResult<Option<Work>>) -> ToolResult<Option<Work>> {
+        self.lock(work)?;
+        let result = (|| {
+            let current = self.read(work)?;
+            let before = current.clone();
+            match f(current)? {
+                Some(w) => {
+                    if before.as_ref() != Some(&w) {
+                        self.write_unlocked(&w)?;
+                    }
+                    Ok(Some(w))
+                }
+                None => Ok(before),
+            }
+        })();
+        self.unlock(work);
+        result
+    }
+
+    /// `upsert` for a work that must exist: `f` changes it in place.
+    pub fn update(&mut self, work: &str, f: impl FnOnce(&mut Work)) -> ToolResult<Work> {
+        let w = self.upsert(work, |cur| {
+            let mut w = cur.ok_or_else(|| ToolError::new(Code::WorkUnknown, format!("the ledger has no work '{work}'")))?;
+            f(&mut w);
+            Ok(Some(w))
+        })?;
+        Ok(w.expect("update always writes a record"))
     }
 
     pub fn work_dir(&self, work: &str) -> String {
@@ -208,7 +343,13 @@ impl<'a, F: Files> Ledger<'a, F> {
         })
     }
 
+    /// Write a whole record under its lock (callers that just read it and own the change).
     pub fn write(&mut self, w: &Work) -> ToolResult<()> {
+        let w = w.clone();
+        self.upsert(&w.work.clone(), move |_| Ok(Some(w))).map(|_| ())
+    }
+
+    fn write_unlocked(&mut self, w: &Work) -> ToolResult<()> {
         let dir = self.work_dir(&w.work);
         self.files.create_dir_all(&dir).map_err(|e| ledger_error("create the work's ledger folder", e))?;
         let mut bytes = serde_json::to_vec_pretty(w).expect("a ledger record always serialises");
@@ -237,6 +378,19 @@ impl<'a, F: Files> Ledger<'a, F> {
     /// The guest server's password: created once per work, kept in its own file.
     pub fn password(&mut self, work: &str) -> ToolResult<Option<String>> {
         Ok(self.get_blob(work, "password")?.map(|b| String::from_utf8_lossy(&b).trim().to_string()))
+    }
+
+    /// The password, made from `fresh` by whichever call comes first (an exclusive create),
+    /// so two ensures at once cannot give the guest two different passwords.
+    pub fn password_or_create(&mut self, work: &str, fresh: &str) -> ToolResult<String> {
+        self.files.create_dir_all(&self.work_dir(work)).map_err(|e| ledger_error("create the work's ledger folder", e))?;
+        let path = format!("{}/password", self.work_dir(work));
+        if let Some(p) = self.password(work)?.filter(|p| !p.is_empty()) {
+            return Ok(p);
+        }
+        let _ = self.files.remove_file(&path); // an empty file from a crash mid-create
+        self.files.create_new(&path, fresh.as_bytes()).map_err(|e| ledger_error("store the server password", e))?;
+        self.password(work)?.filter(|p| !p.is_empty()).ok_or_else(|| ToolError::new(Code::LedgerFailed, format!("{path} could not be created")))
     }
 }
 

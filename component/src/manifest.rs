@@ -118,8 +118,16 @@ pub const TOOLS: &[ToolSpec] = &[
     ToolSpec {
         name: "boxd_drop",
         access: Access::Change,
-        description: "Destroy a work's machine, only when the laptop can account for everything on it (proven transcript, git state recorded, outputs harvested), and close the work.",
-        schema: only_work,
+        description: "Destroy a work's machine, only when the laptop can account for everything on it: the guest is stopped, then its live state is checked in the same call (proven transcript, every commit in the ledger's bundle, uncommitted changes in the stored patch, every new file harvested or sent from the laptop). A work whose machine is gone is closed, naming what could not be recovered.",
+        schema: || object(json!({
+            "work": work(),
+            "discard": {
+                "type": "array",
+                "maxItems": 1000,
+                "description": "Paths in the work tree the user explicitly accepts losing (owed harvest files, new or ignored files; a folder covers what is under it). Only when the user said so.",
+                "items": { "type": "string" }
+            }
+        }), &["work"]),
     },
 ];
 

@@ -137,4 +137,22 @@ impl Files for MemFiles {
         self.files.remove(&p);
         Ok(())
     }
+    fn create_new(&mut self, path: &str, bytes: &[u8]) -> Result<bool, FsError> {
+        let p = self.check(path)?;
+        if self.files.contains_key(&p) || self.symlinks.contains(&p) || self.dirs.contains(&p) {
+            return Ok(false);
+        }
+        self.write_atomic(&p, bytes)?;
+        Ok(true)
+    }
+    fn rename(&mut self, from: &str, to: &str) -> Result<bool, FsError> {
+        let (f, t) = (self.check(from)?, self.check(to)?);
+        match self.files.remove(&f) {
+            Some(bytes) => {
+                self.files.insert(t, bytes);
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
 }

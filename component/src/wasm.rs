@@ -34,7 +34,8 @@ impl Guest for Component {
             entropy: context.entropy,
             host_facts_json: context.host_facts_json,
         };
-        crate::call(&mut WitPrograms, &mut WitFiles::open(), &tool, &args_json, raw)
+        let mut files = WitFiles::open(&raw.entropy);
+        crate::call(&mut WitPrograms, &mut files, &tool, &args_json, raw)
             .map(|v| serde_json::to_string(&v).expect("a result serialises"))
             .map_err(|e| ToolError { code: e.code.as_str().to_string(), message: e.message, next: e.next })
     }
@@ -68,18 +69,27 @@ impl Programs for WitPrograms {
 /// resolves against the preopen with the longest matching prefix.
 struct WitFiles {
     roots: Vec<(Descriptor, String)>,
+    /// This call's own mark for temp names (from the host's entropy).
+    token: String,
+    writes: u32,
 }
 
 fn io(e: ErrorCode) -> FsError {
+    // The code's own name and text ("no-entry: No such file or directory"), never its Debug.
+    let text = alloc::format!("{}: {}", e.name(), e.message());
     match e {
-        ErrorCode::NotPermitted | ErrorCode::Access | ErrorCode::Loop => FsError::Refused(alloc::format!("{e:?}")),
-        other => FsError::Io(alloc::format!("{other:?}")),
+        ErrorCode::NotPermitted | ErrorCode::Access | ErrorCode::Loop => FsError::Refused(text),
+        _ => FsError::Io(text),
     }
 }
 
 impl WitFiles {
-    fn open() -> Self {
-        Self { roots: get_directories() }
+    fn open(entropy: &[u8]) -> Self {
+        // Derived, not copied: the entropy also seeds the server password.
+        let mut seed = entropy.to_vec();
+        seed.extend_from_slice(b"temp-names");
+        let token = crate::encode::sha256_hex(&seed)[..12].to_string();
+        Self { roots: get_directories(), token, writes: 0 }
     }
 
     /// The preopen holding `path`, and the path relative to it ("" for the root itself).
@@ -120,13 +130,17 @@ impl Files for WitFiles {
     }
 
     fn write_atomic(&mut self, path: &str, bytes: &[u8]) -> Result<(), FsError> {
+        self.writes += 1;
+        let n = self.writes;
         let (dir, rel) = self.resolve(path)?;
         if rel.is_empty() {
             return Err(FsError::Refused(path.to_string()));
         }
-        let tmp = alloc::format!("{rel}.boxd-tmp");
+        // A temp name of this writer's own: two processes writing one record never share
+        // (or delete) each other's temp file.
+        let tmp = alloc::format!("{rel}.{}-{n}.boxd-tmp", self.token);
         let fd = dir
-            .open_at(PathFlags::empty(), &tmp, OpenFlags::CREATE | OpenFlags::TRUNCATE, DescriptorFlags::WRITE)
+            .open_at(PathFlags::empty(), &tmp, OpenFlags::CREATE | OpenFlags::EXCLUSIVE, DescriptorFlags::WRITE)
             .map_err(io)?;
         let mut off = 0usize;
         while off < bytes.len() {
@@ -216,6 +230,30 @@ impl Files for WitFiles {
         let (dir, rel) = self.resolve(path)?;
         match dir.unlink_file_at(rel) {
             Ok(()) | Err(ErrorCode::NoEntry) => Ok(()),
+            Err(e) => Err(io(e)),
+        }
+    }
+
+    fn create_new(&mut self, path: &str, bytes: &[u8]) -> Result<bool, FsError> {
+        let (dir, rel) = self.resolve(path)?;
+        let fd = match dir.open_at(PathFlags::empty(), rel, OpenFlags::CREATE | OpenFlags::EXCLUSIVE, DescriptorFlags::WRITE) {
+            Ok(fd) => fd,
+            Err(ErrorCode::Exist) => return Ok(false),
+            Err(e) => return Err(io(e)),
+        };
+        let mut off = 0usize;
+        while off < bytes.len() {
+            off += fd.write(&bytes[off..], off as u64).map_err(io)? as usize;
+        }
+        Ok(true)
+    }
+
+    fn rename(&mut self, from: &str, to: &str) -> Result<bool, FsError> {
+        let (dir, rel_from) = self.resolve(from)?;
+        let (_, rel_to) = self.resolve(to)?;
+        match dir.rename_at(rel_from, dir, rel_to) {
+            Ok(()) => Ok(true),
+            Err(ErrorCode::NoEntry) => Ok(false),
             Err(e) => Err(io(e)),
         }
     }

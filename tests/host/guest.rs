@@ -42,11 +42,17 @@ fn failed_auth_failed_and_aborted_runs_are_told_apart() {
     let world = World::new("guest-fail");
     world.ok_call("boxd_ensure", W1);
     submit(&world, "break @@fail:500@@");
-    let v = world.job_until_idle("w1");
-    assert_eq!(v["error"], "GUEST_RUN_FAILED", "{v:#}");
+    // A failed run is a fact about the run: the work is idle, and every call says so.
+    for _ in 0..2 {
+        let v = world.job_until_idle("w1");
+        assert_eq!((v["state"].as_str(), v["outcome"].as_str()), (Some("idle"), Some("failed")), "{v:#}");
+        assert_eq!(v["errorCode"], "GUEST_RUN_FAILED", "{v:#}");
+        assert!(v["errorMessage"].as_str().is_some_and(|m| !m.is_empty()), "{v:#}");
+        assert!(v.get("pending").is_some() && v.get("lastText").is_some(), "{v:#}");
+    }
     submit(&world, "bad key @@fail:401@@");
     let v = world.job_until_idle("w1");
-    assert_eq!(v["error"], "GUEST_AUTH_FAILED", "{v:#}");
+    assert_eq!((v["outcome"].as_str(), v["errorCode"].as_str()), (Some("failed"), Some("GUEST_AUTH_FAILED")), "{v:#}");
 }
 
 #[test]
@@ -129,7 +135,7 @@ pub fn sha256(bytes: &[u8]) -> String {
 }
 
 /// Run a shell line inside the work's machine (as a test's hand on the guest).
-fn on_guest(world: &World, line: &str) -> String {
+pub fn on_guest(world: &World, line: &str) -> String {
     let quoted = format!("'{}'", line.replace('\'', "'\\''"));
     let out = world.laptop.boxd(&["machine", "exec", "oc-w1", "--", "sh", "-c", &quoted]);
     assert!(out.status.success(), "{line}: {}", String::from_utf8_lossy(&out.stderr));

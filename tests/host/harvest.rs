@@ -144,16 +144,13 @@ fn two_hundred_files_come_back_in_as_many_boxd_calls_as_one() {
 }
 
 #[test]
-fn a_work_with_no_prompt_harvests_git_and_drops_when_clean() {
+fn a_work_with_no_prompt_is_a_repository_from_the_start_and_drops_after_one_harvest() {
     let world = World::new("harvest-empty");
     world.ok_call("boxd_ensure", W1);
     let v = world.ok_call("boxd_harvest", W1);
     assert_eq!(v["sessions"], json!([]));
-    assert_eq!(v["git"]["repo"], false);
-    world.err_call("boxd_drop", W1, "GIT_UNKNOWN");
-    let out = world.laptop.boxd(&["machine", "exec", "oc-w1", "--", "sh", "-c", "'cd work/w1 && git init -q && git -c user.email=t@t -c user.name=t commit -q --allow-empty -m init'"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    world.ok_call("boxd_harvest", W1);
+    assert_eq!(v["git"]["repo"], true, "ensure made the work tree a repository: {v:#}");
+    assert!(v["git"]["bundle"].as_str().is_some_and(|b| b.starts_with("bundle-")), "{v:#}");
     assert_eq!(world.ok_call("boxd_drop", W1)["dropped"], true);
 }
 

@@ -156,19 +156,19 @@ fn a_shared_or_isolated_machine_is_refused() {
 fn boxd_failures_map_to_codes_with_next_steps() {
     let world = World::new("failures");
     world.ok_call("boxd_ensure", W1);
-    world.faults(r#"[{"verb":"machine list","times":1,"action":"network"}]"#);
+    world.faults(r#"[{"verb":"machine get","times":1,"action":"network"}]"#);
     let v = world.err_call("boxd_job", W1, "BOXD_FAILED");
     assert!(v["message"].as_str().unwrap().contains("dns error"), "{v:#}");
-    world.faults(r#"[{"verb":"machine list","times":1,"action":"signed_out"}]"#);
+    world.faults(r#"[{"verb":"machine get","times":1,"action":"signed_out"}]"#);
     let v = world.err_call("boxd_sleep", W1, "BOXD_FAILED");
     assert!(v["next"].as_str().unwrap().contains("boxd auth login"));
     assert!(world.laptop.boxd(&["auth", "login"]).status.success());
-    world.faults(r#"[{"verb":"machine list","times":1,"action":"garbage"}]"#);
+    world.faults(r#"[{"verb":"machine get","times":1,"action":"garbage"}]"#);
     world.err_call("boxd_job", W1, "BOXD_FAILED");
-    world.faults(r#"[{"verb":"machine list","times":1,"action":"hang","ms":20000}]"#);
+    world.faults(r#"[{"verb":"machine get","times":1,"action":"hang","ms":20000}]"#);
     let (code, v) = world.call_with(&["--options", r#"{"boxdTimeoutSeconds":5}"#], "boxd_job", W1);
     assert_eq!((code, v["error"].as_str()), (1, Some("TIMEOUT")));
-    world.faults(r#"[{"verb":"machine list","times":1,"action":"lose_machine","machine":"oc-w1"}]"#);
+    world.faults(r#"[{"verb":"machine get","times":1,"action":"lose_machine","machine":"oc-w1"}]"#);
     assert_eq!(world.ok_call("boxd_job", W1)["state"], "gone");
     world.err_call("boxd_submit", r#"{"work":"w1","prompt":"hi"}"#, "MACHINE_GONE");
 }

@@ -209,10 +209,12 @@ async def lifecycle_ensure_submit_job_sleep_resume():
         job = ok(await s.call_tool("boxd_job", w1))
         assert (job["state"], job["mcpTaskState"]) == ("idle", None), job
 
-        # A failed run: boxd_job's error carries the task state.
+        # A failed run is a fact about the run, not a failed read: idle, outcome failed,
+        # the run's error as fields, and the task state failed.
         ok(await s.call_tool("boxd_submit", {"work": "w1", "prompt": "break @@fail:500@@"}))
         result, e = await job_until_settled(s, "w1")
-        assert result.is_error and (e["error"], e["mcpTaskState"]) == ("GUEST_RUN_FAILED", "failed"), e
+        assert not result.is_error, e
+        assert (e["state"], e["outcome"], e["errorCode"], e["mcpTaskState"]) == ("idle", "failed", "GUEST_RUN_FAILED", "failed"), e
 
         # A run that takes a while: working while busy, then completed.
         p = Progress()

@@ -14,7 +14,7 @@ use crate::caps::{Files, Kind, Programs, RunRequest, SpawnError};
 use crate::encode::{sha256_hex, unbase64};
 use crate::errors::{Code, ToolError, ToolResult};
 use crate::guest::{tail, Guest};
-use crate::ledger::{FileRecord, GitEntry, GitRecord, Ledger, Proof, SessionProof, Work};
+use crate::ledger::{FileRecord, Ledger, Proof, SessionProof, Work};
 use crate::paths;
 
 const OPENCODE_TIMEOUT_MS: u32 = 180_000;
@@ -124,8 +124,9 @@ fn opencode<P: Programs>(programs: &mut P, args: &[&str], cwd: &str) -> ToolResu
     }
 }
 
-/// Import the sessions that changed since the last proof, then read each back.
-fn import_and_prove<P: Programs, F: Files>(env: &mut Env<P, F>, w: &mut Work, sessions: &[Exported]) -> ToolResult<Vec<Value>> {
+/// Import the sessions that changed since the last proof, then read each back. A session
+/// whose digest equals the last proof's is already proven: no laptop OpenCode runs for it.
+fn import_and_prove<P: Programs, F: Files>(env: &mut Env<P, F>, w: &Work, sessions: &[Exported]) -> ToolResult<(Vec<SessionProof>, Vec<Value>)> {
     let last: BTreeMap<String, (String, Option<String>)> = w
         .proofs
         .last()
@@ -135,19 +136,19 @@ fn import_and_prove<P: Programs, F: Files>(env: &mut Env<P, F>, w: &mut Work, se
     let mut proofs = Vec::new();
     for s in sessions {
         let previous = last.get(&s.id).filter(|(d, f)| d == &s.digest && f.is_some());
-        let unchanged = previous.is_some();
-        let mut file_name = previous.and_then(|(_, f)| f.clone());
-        if !unchanged {
-            let bytes = serde_json::to_vec(&s.json).expect("serialises");
-            let name = format!("export-{}.json", &sha256_hex(&bytes)[..16]);
-            file_name = Some(name.clone());
-            let mut ledger = Ledger::new(&mut *env.files, &env.ctx.ledger);
-            ledger.put_blob(&w.work, &name, &bytes)?;
-            let file = format!("{}/{name}", ledger.work_dir(&w.work));
-            let out = opencode(env.programs, &["import", &file], &w.directory)?;
-            if out.exit_code != Some(0) {
-                return Err(ToolError::new(Code::ImportFailed, format!("opencode import of session {} failed: {}", s.id, tail(&out.stderr))));
-            }
+        if let Some((_, file)) = previous {
+            proofs.push(SessionProof { id: s.id.clone(), parent_id: s.parent.clone(), messages: s.messages, digest: s.digest.clone(), file: file.clone() });
+            report.push(json!({ "id": s.id, "parentId": s.parent, "messages": s.messages, "digest": s.digest, "imported": false }));
+            continue;
+        }
+        let bytes = serde_json::to_vec(&s.json).expect("serialises");
+        let name = format!("export-{}.json", &sha256_hex(&bytes)[..16]);
+        let mut ledger = Ledger::for_call(&mut *env.files, env.ctx);
+        ledger.put_blob(&w.work, &name, &bytes)?;
+        let file = format!("{}/{name}", ledger.work_dir(&w.work));
+        let out = opencode(env.programs, &["import", &file], &w.directory)?;
+        if out.exit_code != Some(0) {
+            return Err(ToolError::new(Code::ImportFailed, format!("opencode import of session {} failed: {}", s.id, tail(&out.stderr))));
         }
         // The proof: the laptop's own copy, read back, matches the guest's.
         let out = opencode(env.programs, &["export", &s.id], &w.directory)?;
@@ -165,16 +166,20 @@ fn import_and_prove<P: Programs, F: Files>(env: &mut Env<P, F>, w: &mut Work, se
         if s.parent.is_some() && back["info"]["parentID"].as_str() != s.parent.as_deref() {
             return Err(ToolError::new(Code::ProofFailed, format!("session {} lost its parent on import", s.id)));
         }
-        proofs.push(SessionProof { id: s.id.clone(), parent_id: s.parent.clone(), messages: s.messages, digest: s.digest.clone(), file: file_name });
-        report.push(json!({ "id": s.id, "parentId": s.parent, "messages": s.messages, "digest": s.digest, "imported": !unchanged }));
+        proofs.push(SessionProof { id: s.id.clone(), parent_id: s.parent.clone(), messages: s.messages, digest: s.digest.clone(), file: Some(name) });
+        report.push(json!({ "id": s.id, "parentId": s.parent, "messages": s.messages, "digest": s.digest, "imported": true }));
     }
-    w.proofs.push(Proof { at: crate::ledger::iso8601(env.ctx.now_ms), prompts: w.prompts.len() as u64, sessions: proofs });
-    Ok(report)
+    Ok((proofs, report))
 }
+
+/// The warning boxd_sleep leaves when it puts down an unharvested work; a proof covering
+/// every prompt resolves it.
+pub const UNHARVESTED_SLEEP: &str = "before the newest prompt was harvested";
 
 pub fn run<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolResult<Value> {
     let (work, machine) = work_arg(args)?;
     let ctx = env.ctx;
+    let now = env.now();
     let wanted: Vec<String> = args
         .get("files")
         .and_then(Value::as_array)
@@ -182,7 +187,7 @@ pub fn run<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolResu
         .flatten()
         .map(|f| paths::guest_relative(f.as_str().unwrap_or_default()))
         .collect::<ToolResult<_>>()?;
-    let mut w = Ledger::new(&mut *env.files, &ctx.ledger).require(&work)?;
+    let w = Ledger::for_call(&mut *env.files, ctx).require(&work)?;
     super::require_open(&w)?;
     let mut roots: Vec<&str> = alloc::vec![ctx.project.as_str()];
     roots.extend(ctx.options.allowed_roots.iter().map(String::as_str));
@@ -194,69 +199,50 @@ pub fn run<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolResu
         return Err(ToolError::new(Code::PathRefused, format!("the work's folder {dest_dir} is outside the project and the allowed roots")));
     }
 
-    // 1. export (one exec)
+    // 1. the machine is ours and up; export (one exec)
     let mut boxd = Boxd::new(&mut *env.programs, ctx.options.boxd_timeout_seconds);
-    running_state(&mut boxd, &machine, &work)?;
-    let export = Guest::new(&mut boxd, &machine, &work).call("export", &[], None)?;
+    running_state(&mut boxd, &w)?;
+    if !wanted.is_empty() {
+        // Owed from now until they are on the laptop: drop refuses while any is.
+        Ledger::for_call(&mut *env.files, ctx).update(&work, |w| {
+            for f in &wanted {
+                if !w.owed.contains(f) {
+                    w.owed.push(f.clone());
+                }
+            }
+        })?;
+    }
+    let unresolved = w.unresolved().join(",");
+    let flags: Vec<&str> = if unresolved.is_empty() { Vec::new() } else { alloc::vec!["--resolve", unresolved.as_str()] };
+    let mut boxd = Boxd::new(&mut *env.programs, ctx.options.boxd_timeout_seconds);
+    let export = Guest::new(&mut boxd, &machine, &work).call("export", &flags, None)?;
+    let known = crate::guest::resolved(&export);
+    let w = if known.is_empty() { w } else { Ledger::for_call(&mut *env.files, ctx).update(&work, |w| w.resolve_prompts(&known, &now))? };
     let sessions = parse_export(&export)?;
     let admitted = w.prompts.iter().filter(|p| p.admitted).count();
     if admitted > 0 && sessions.first().is_none_or(|s| s.messages == 0) {
         return Err(invalid(format!("{admitted} prompts were admitted but the export holds no messages")));
     }
 
-    // 2–3. import and verify; the proof is recorded before git and files.
-    let report = if sessions.is_empty() {
-        w.proofs.push(Proof { at: env.now(), prompts: w.prompts.len() as u64, sessions: Vec::new() });
-        Vec::new()
-    } else {
-        import_and_prove(env, &mut w, &sessions)?
-    };
-    Ledger::new(&mut *env.files, &ctx.ledger).write(&w)?;
+    // 2–3. import and verify; the proof is recorded before git and files. It covers the
+    // prompts the guest had when it exported, not any submitted since.
+    let covered = w.prompts.len() as u64;
+    let (proofs, report) = import_and_prove(env, &w, &sessions)?;
+    let w = Ledger::for_call(&mut *env.files, ctx).update(&work, |w| {
+        w.proofs.push(Proof { at: now.clone(), prompts: covered, sessions: proofs });
+        if w.proven() {
+            w.warnings.retain(|t| !t.contains(UNHARVESTED_SLEEP));
+        }
+    })?;
 
-    // 4. git, with the wanted files in the same exec (their names on stdin: any name).
-    let (flags, stdin): (&[&str], _) = if wanted.is_empty() {
-        (&[], None)
-    } else {
-        (&["--files-stdin"], Some(serde_json::to_vec(&json!({ "files": wanted })).expect("serialises")))
-    };
+    // 4. git (and every commit, as a bundle), with the wanted files in the same exec.
     let mut boxd = Boxd::new(&mut *env.programs, ctx.options.boxd_timeout_seconds);
-    let git = Guest::new(&mut boxd, &machine, &work).call("git", flags, stdin)?;
-    let now = env.now();
-    let entries = |key: &str| -> Vec<GitEntry> {
-        git[key].as_array().into_iter().flatten().map(|e| GitEntry { path: e["path"].as_str().unwrap_or("").into(), sha256: e["sha256"].as_str().unwrap_or("").into() }).collect()
-    };
-    let repo = git["repo"].as_bool().unwrap_or(false);
-    let mut ledger = Ledger::new(&mut *env.files, &ctx.ledger);
-    if repo {
-        // A diff that is not UTF-8 travels as base64 (the helper says so).
-        let patch_bytes = match (git["patch"].as_str().filter(|p| !p.is_empty()), git["patchEncoding"].as_str()) {
-            (Some(p), Some("base64")) => Some(unbase64(p).ok_or_else(|| invalid("the stored patch is not base64".into()))?),
-            (Some(p), _) => Some(p.as_bytes().to_vec()),
-            (None, _) => None,
-        };
-        let patch = match patch_bytes {
-            Some(bytes) => {
-                let name = format!("patch-{}.diff", &sha256_hex(&bytes)[..16]);
-                ledger.put_blob(&work, &name, &bytes)?;
-                Some(name)
-            }
-            None => None,
-        };
-        w.git = Some(GitRecord {
-            at: now.clone(),
-            head: git["head"].as_str().unwrap_or("").into(),
-            branch: git["branch"].as_str().unwrap_or("").into(),
-            status: git["status"].as_array().into_iter().flatten().filter_map(|s| s.as_str().map(String::from)).collect(),
-            untracked: entries("untracked"),
-            ignored: entries("ignored"),
-            dirty: git["dirty"].as_bool().unwrap_or(false),
-            patch,
-            prompts: w.prompts.len() as u64,
-        });
-    } else {
-        w.git = None;
-    }
-    ledger.write(&w)?;
+    let have = w.git.as_ref().filter(|g| g.bundle.is_some()).map(|g| g.refs.clone()).unwrap_or_default();
+    let stdin = serde_json::to_vec(&json!({ "files": wanted, "haveRefs": have })).expect("serialises");
+    let git = Guest::new(&mut boxd, &machine, &work).call("git", &["--files-stdin"], Some(stdin))?;
+    let mut ledger = Ledger::for_call(&mut *env.files, ctx);
+    let record = super::account::record(&mut ledger, &w, &git, &now)?;
+    let w = ledger.update(&work, |w| w.git = record.clone())?;
 
     // 5. files: every conflict is found before anything is written.
     let mut incoming = Vec::new();
@@ -270,7 +256,6 @@ pub fn run<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolResu
         let dest = paths::laptop_path(&rel, &dest_dir, &roots)?;
         incoming.push((rel, dest, bytes, sha));
     }
-    let mut written = Vec::new();
     for (rel, dest, _, sha) in &incoming {
         match ledger.files().stat(dest).map_err(|_| ToolError::new(Code::PathRefused, format!("{dest} cannot be checked")))? {
             None => {}
@@ -280,22 +265,31 @@ pub fn run<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolResu
                 let current = ledger.files().read(dest).ok().flatten().map(|b| sha256_hex(&b)).unwrap_or_default();
                 let last = w.files_out.iter().rev().find(|r| &r.laptop == dest).map(|r| r.sha256.clone());
                 if &current != sha && last.as_deref() != Some(current.as_str()) {
-                    return Err(ToolError::new(Code::FileConflict, format!("{dest} (from {rel}) was changed on the laptop since the last harvest; it was not overwritten")));
+                    return Err(ToolError::with_next(
+                        Code::FileConflict,
+                        format!("{dest} (from {rel}) differs from what this work last brought home there (another work, or an edit on the laptop); it was not overwritten, and {rel} stays owed"),
+                        format!("Move {dest} aside, or call boxd_harvest for work '{work}' with \"to\" naming another folder."),
+                    ));
                 }
             }
         }
     }
+    let mut written = Vec::new();
+    let mut records = Vec::new();
     for (rel, dest, bytes, sha) in incoming {
         let parent = paths::parent(&dest).to_string();
         ledger.files().create_dir_all(&parent).map_err(|_| ToolError::new(Code::PathRefused, format!("cannot create {parent}")))?;
         ledger.files().write_atomic(&dest, &bytes).map_err(|_| ToolError::new(Code::PathRefused, format!("cannot write {dest}")))?;
-        w.files_out.push(FileRecord { guest: rel.clone(), laptop: dest.clone(), size: bytes.len() as u64, sha256: sha.clone(), at: now.clone() });
+        records.push(FileRecord { guest: rel.clone(), laptop: dest.clone(), size: bytes.len() as u64, sha256: sha.clone(), at: now.clone() });
         written.push(json!({ "path": rel, "laptop": dest, "size": bytes.len(), "sha256": sha }));
     }
-    ledger.write(&w)?;
+    let w = ledger.update(&work, |w| {
+        w.owed.retain(|o| !records.iter().any(|r| &r.guest == o));
+        w.files_out.extend(records);
+    })?;
 
     let git_json = match &w.git {
-        Some(g) => json!({ "repo": true, "head": g.head, "branch": g.branch, "dirty": g.dirty, "patch": g.patch,
+        Some(g) => json!({ "repo": true, "head": g.head, "branch": g.branch, "dirty": g.dirty, "patch": g.patch, "bundle": g.bundle,
             "untracked": g.untracked.iter().map(|e| e.path.clone()).collect::<Vec<_>>(),
             "ignored": g.ignored.iter().map(|e| e.path.clone()).collect::<Vec<_>>() }),
         None => json!({ "repo": false, "warning": "GIT_UNKNOWN: the work tree is not a git repository, so boxd_drop will refuse it" }),
@@ -303,11 +297,12 @@ pub fn run<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolResu
     Ok(json!({
         "work": work,
         "machine": machine,
-        "proven": true,
+        "proven": w.proven(),
         "prompts": w.prompts.len(),
         "sessions": report,
         "git": git_json,
         "files": written,
+        "owed": w.owed,
         "next": format!("The transcript is on this laptop. boxd_sleep keeps the machine; boxd_drop destroys it once everything is accounted for."),
     }))
 }

@@ -1,40 +1,22 @@
 //! The lifecycle of a work's machine: ensure (create or adopt), sleep, resume, image and
-//! drop. Every create is recorded in the ledger before it runs, and drop destroys
-//! nothing the laptop cannot account for.
+//! drop. Every create and remove is recorded in the ledger before it runs, every machine
+//! is checked to be the ledger's before it is touched, and drop destroys nothing the
+//! laptop cannot account for.
 
 use alloc::format;
 use alloc::string::{String, ToString};
 use alloc::vec::Vec;
 use serde_json::{json, Value};
 
-use super::{listed_state, work_arg, Env};
-use crate::boxd::{Boxd, Failure, MachineInfo, State};
-use crate::caps::{Files, Programs};
+use super::{work_arg, Env};
+use crate::boxd::{Boxd, Failure, State};
+use crate::caps::{Files, Kind, Programs};
 use crate::errors::{Code, ToolError, ToolResult};
 use crate::ledger::{Ledger, Sleep, Work};
 use crate::paths;
 
 fn idle_seconds<P: Programs, F: Files>(env: &Env<P, F>) -> u32 {
     env.ctx.options.idle_minutes * 60
-}
-
-/// Refuse a machine we must not drive: shared, isolated, or not the one we created.
-fn check_machine(w: &Work, info: &MachineInfo) -> ToolResult<()> {
-    if let Some(id) = &w.machine_id {
-        if !info.id.is_empty() && &info.id != id {
-            return Err(ToolError::new(
-                Code::NotOurs,
-                format!("machine {} has id {}, but the ledger recorded {} for work '{}'", info.name, info.id, id, w.work),
-            ));
-        }
-    }
-    if info.sharing == "shared" {
-        return Err(ToolError::new(Code::MachineShared, format!("machine {} is shared with the organisation", info.name)));
-    }
-    if info.isolated {
-        return Err(ToolError::new(Code::MachineIsolated, format!("machine {} was created with --isolated", info.name)));
-    }
-    Ok(())
 }
 
 /// The laptop's OpenCode version: what the host told us, else `opencode --version`.
@@ -51,21 +33,15 @@ pub fn laptop_opencode<P: Programs, F: Files>(env: &mut Env<P, F>) -> Option<Str
     (!v.is_empty()).then_some(v)
 }
 
-/// Make the guest side ready: the helper in place, the work tree, the OpenCode server
-/// (same version as the laptop's) with the work's password, and the pump. One exec
-/// (two the first time, when the helper is uploaded).
-fn prepare_guest<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F>, w: &mut Work, entropy: &[u8], version: Option<&str>) -> ToolResult<Value> {
-    let password = match ledger.password(&w.work)? {
-        Some(p) if !p.is_empty() => p,
-        _ => {
-            if entropy.len() < 16 {
-                return Err(ToolError::new(Code::StatusUnavailable, "the host gave no random bytes for the server password"));
-            }
-            let p = crate::encode::hex(entropy);
-            ledger.put_blob(&w.work, "password", p.as_bytes())?;
-            p
-        }
-    };
+/// Make the guest side ready: the helper in place, the work tree a git repository, the
+/// OpenCode server (same version as the laptop's) with the work's password, and the pump.
+/// One exec (two the first time, when the helper is uploaded). Only ever called after the
+/// machine's id was checked against the ledger: the password goes to no other machine.
+fn prepare_guest<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F>, w: &Work, entropy: &[u8], version: Option<&str>) -> ToolResult<Value> {
+    if entropy.len() < 16 {
+        return Err(ToolError::new(Code::StatusUnavailable, "the host gave no random bytes for the server password"));
+    }
+    let password = ledger.password_or_create(&w.work, &crate::encode::hex(entropy))?;
     let mut flags: Vec<&str> = Vec::new();
     if let Some(v) = version {
         flags.extend(["--opencode-version", v]);
@@ -73,7 +49,8 @@ fn prepare_guest<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<
     let mut stdin = password.into_bytes();
     stdin.push(b'\n');
     let answer = crate::guest::Guest::new(boxd, &w.machine, &w.work).call("prepare", &flags, Some(stdin))?;
-    w.helper_sha256 = Some(crate::encode::sha256_hex(crate::guest::HELPER));
+    let sha = crate::encode::sha256_hex(crate::guest::HELPER);
+    ledger.update(&w.work, |w| w.helper_sha256 = Some(sha))?;
     Ok(answer)
 }
 
@@ -81,64 +58,78 @@ fn work_json(w: &Work, state: &str) -> Value {
     json!({ "work": w.work, "machine": w.machine, "machineId": w.machine_id, "directory": w.directory, "state": state })
 }
 
-pub fn ensure<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolResult<Value> {
-    let (work, machine) = work_arg(args)?;
+/// The work's laptop folder: inside a granted root, an existing directory, reached through
+/// no symlink. Checked before anything is created.
+fn work_directory<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolResult<String> {
     let ctx = env.ctx;
-    let now = env.now();
     let mut roots: Vec<&str> = alloc::vec![ctx.project.as_str()];
     roots.extend(ctx.options.allowed_roots.iter().map(String::as_str));
-    let directory = match args.get("directory").and_then(Value::as_str) {
-        Some(d) => paths::laptop_path(d, &ctx.project, &roots)?,
-        None => ctx.project.clone(),
-    };
+    let Some(d) = args.get("directory").and_then(Value::as_str) else { return Ok(ctx.project.clone()) };
+    let dir = paths::laptop_path(d, &ctx.project, &roots)?;
+    let refused = |why: &str| ToolError::new(Code::PathRefused, format!("directory '{d}' {why}; no machine was created"));
+    match env.files.stat(&dir) {
+        Ok(Some(m)) if m.kind == Kind::Dir => Ok(dir),
+        Ok(Some(m)) if m.kind == Kind::Symlink => Err(refused("is a symlink (or leads through one), which is never followed")),
+        Ok(Some(_)) => Err(refused("is not a folder")),
+        Ok(None) => Err(refused("does not exist")),
+        Err(_) => Err(refused("cannot be checked")),
+    }
+}
+
+pub fn ensure<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolResult<Value> {
+    let (work, machine) = work_arg(args)?;
+    let directory = work_directory(env, args)?;
+    let ctx = env.ctx;
+    let now = env.now();
     let idle = idle_seconds(env);
     let snapshot = ctx.options.snapshot.clone();
     let version = laptop_opencode(env);
-    let mut ledger = Ledger::new(env.files, &ctx.ledger);
+    let mut ledger = Ledger::for_call(env.files, ctx);
     let mut record = ledger.read(&work)?;
     if let Some(w) = &record {
         if w.is_closed() {
             // A dropped work's id may be used again; keep the old record beside the new one.
             let old = serde_json::to_vec_pretty(w).expect("serialises");
-            ledger.put_blob(&work, &format!("closed-{}.json", w.created_at.replace(':', "-")), &old)?;
+            let stamp: String = w.created_at.chars().map(|c| if c.is_ascii_alphanumeric() || c == '.' { c } else { '-' }).collect();
+            ledger.put_blob(&work, &format!("closed-{stamp}.json"), &old)?;
             record = None;
         }
     }
     let mut boxd = Boxd::new(env.programs, ctx.options.boxd_timeout_seconds);
-    let state = listed_state(&mut boxd, &machine)?;
-
-    if state != State::Gone {
-        let Some(mut w) = record else {
+    // One read that carries the id: the machine is ours, or it is refused untouched.
+    if let Some(info) = boxd.get(&machine).map_err(Failure::into_error)? {
+        let Some(w) = record else {
             return Err(ToolError::with_next(
                 Code::NotOurs,
                 format!("a machine named {machine} exists, but this laptop's ledger did not create it"),
                 format!("Pick another work id, or remove {machine} yourself if it is yours ('boxd machine remove {machine} -y')."),
             ));
         };
-        let info = boxd.get(&machine).map_err(Failure::into_error)?.ok_or_else(|| {
-            ToolError::new(Code::MachineGone, format!("{machine} vanished while it was being checked"))
-        })?;
-        check_machine(&w, &info)?;
+        // A create whose answer never came is adopted: the ledger recorded it first.
         let adopted = w.machine_id.is_none() || w.state == "creating";
-        if w.machine_id.is_none() && !info.id.is_empty() {
-            w.machine_id = Some(info.id.clone());
+        if w.machine_id.is_none() && w.state != "creating" {
+            return Err(ToolError::new(Code::NotOurs, format!("{machine} exists, but the ledger recorded no create for work '{work}'")));
         }
+        let mut owned = w.clone();
+        owned.machine_id.get_or_insert_with(|| info.id.clone());
+        super::check_machine(&owned, &info)?;
         let st = State::from_status(&info.status);
+        let id = owned.machine_id.clone();
+        let w = ledger.update(&work, |w| {
+            w.machine_id = id;
+            if st != State::Starting {
+                w.state = "open".into();
+            }
+        })?;
         if st == State::Starting {
-            ledger.write(&w)?;
             return Err(ToolError::new(Code::MachineStarting, format!("{machine} is still starting")));
         }
-        w.state = "open".into();
-        ledger.write(&w)?;
         let guest = if matches!(st, State::Running | State::Standby) {
-            let g = prepare_guest(&mut boxd, &mut ledger, &mut w, &ctx.entropy, version.as_deref())?;
-            ledger.write(&w)?;
-            g
+            prepare_guest(&mut boxd, &mut ledger, &w, &ctx.entropy, version.as_deref())?
         } else {
             Value::Null
         };
-        let word = super::status::job_state(st);
-        let mut out = work_json(&w, word);
+        let mut out = work_json(&w, super::status::job_state(st));
         out["guest"] = guest;
         out["adopted"] = json!(adopted);
         out["created"] = json!(false);
@@ -158,23 +149,32 @@ pub fn ensure<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolR
     if !snapshots.iter().any(|s| s.name == snapshot) {
         return Err(ToolError::new(Code::SnapshotMissing, format!("the golden snapshot '{snapshot}' does not exist, so no machine was created")));
     }
-    // Recorded before the create runs: a create that lands after boxd stops answering is
-    // then adopted by the next ensure instead of becoming a second machine.
-    let mut w = record.unwrap_or_else(|| Work::new(&work, &directory, &now));
-    w.state = "creating".into();
-    w.directory = directory;
-    ledger.write(&w)?;
+    // Intent before effect: a create that lands after boxd stops answering is then adopted
+    // by the next ensure instead of becoming a second machine.
+    let dir = directory.clone();
+    ledger.upsert(&work, |cur| {
+        let mut w = match cur.filter(|w| !w.is_closed()) {
+            Some(w) => w,
+            None => Work::new(&work, &dir, &now),
+        };
+        w.state = "creating".into();
+        w.machine_id = None;
+        w.directory = dir;
+        Ok(Some(w))
+    })?;
     match boxd.create(&machine, &snapshot, idle) {
         Ok(created) => {
-            w.machine_id = created.id;
-            if created.boot_timeout {
-                ledger.write(&w)?;
+            let boot_timeout = created.boot_timeout;
+            let w = ledger.update(&work, |w| {
+                w.machine_id = created.id;
+                if !boot_timeout {
+                    w.state = "open".into();
+                }
+            })?;
+            if boot_timeout {
                 return Err(ToolError::new(Code::CreateUncertain, format!("boxd created {machine} but its boot timed out; it may still come up")));
             }
-            w.state = "open".into();
-            ledger.write(&w)?;
-            let guest = prepare_guest(&mut boxd, &mut ledger, &mut w, &ctx.entropy, version.as_deref())?;
-            ledger.write(&w)?;
+            let guest = prepare_guest(&mut boxd, &mut ledger, &w, &ctx.entropy, version.as_deref())?;
             let mut out = work_json(&w, "running");
             out["guest"] = guest;
             out["adopted"] = json!(false);
@@ -184,7 +184,7 @@ pub fn ensure<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolR
         }
         Err(Failure::Timeout(m)) => Err(ToolError::new(Code::CreateUncertain, format!("boxd machine new did not answer ({m}); the machine may still appear"))),
         Err(Failure::Other(m)) if m.contains("already exists") => {
-            Err(ToolError::new(Code::CreateUncertain, format!("boxd says {machine} already exists but does not list it yet")))
+            Err(ToolError::new(Code::CreateUncertain, format!("boxd says {machine} already exists but did not show it a moment ago")))
         }
         Err(e) => Err(e.into_error()),
     }
@@ -194,11 +194,11 @@ pub fn sleep<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolRe
     let (work, machine) = work_arg(args)?;
     let now = env.now();
     let ctx = env.ctx;
-    let mut ledger = Ledger::new(env.files, &ctx.ledger);
-    let mut w = ledger.require(&work)?;
+    let mut ledger = Ledger::for_call(env.files, ctx);
+    let w = ledger.require(&work)?;
+    super::require_open(&w)?;
     let mut boxd = Boxd::new(env.programs, ctx.options.boxd_timeout_seconds);
-    let state = listed_state(&mut boxd, &machine)?;
-    let already = match state {
+    let already = match super::owned_state(&mut boxd, &w)? {
         State::Asleep => true,
         State::Gone => return Err(ToolError::new(Code::MachineGone, format!("{machine} no longer exists"))),
         State::Starting => return Err(ToolError::new(Code::MachineStarting, format!("{machine} is still starting"))),
@@ -208,16 +208,17 @@ pub fn sleep<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolRe
         }
     };
     let mut warning = None;
-    if !w.prompts.is_empty() && !w.proven() {
-        let text = format!("slept at {now} before the newest prompt was harvested: the transcript on this laptop is behind the machine");
-        w.warnings.push(text.clone());
-        warning = Some(text);
-    }
-    if !already {
-        w.sleeps.push(Sleep { by: "boxd_sleep".into(), at: now.clone() });
-        w.asleep_by_tool = true;
-    }
-    ledger.write(&w)?;
+    let w = ledger.update(&work, |w| {
+        if !w.prompts.is_empty() && !w.proven() {
+            let text = format!("slept at {now} {}: the transcript on this laptop is behind the machine", super::harvest::UNHARVESTED_SLEEP);
+            w.warnings.push(text.clone());
+            warning = Some(text);
+        }
+        if !already {
+            w.sleeps.push(Sleep { by: "boxd_sleep".into(), at: now.clone() });
+            w.asleep_by_tool = true;
+        }
+    })?;
     let mut out = work_json(&w, "asleep");
     out["asleepBy"] = json!("boxd_sleep");
     out["sleptAt"] = json!(w.sleeps.last().map(|s| s.at.clone()));
@@ -247,75 +248,98 @@ fn restore_transcript<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Le
     Ok(n)
 }
 
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Wake {
+    Woken,
+    Resumed,
+    Started,
+    AlreadyRunning,
+    Rebuilt,
+}
+
+impl Wake {
+    fn word(self) -> &'static str {
+        match self {
+            Wake::Woken => "woken",
+            Wake::Resumed => "resumed",
+            Wake::Started => "started",
+            Wake::AlreadyRunning => "already running",
+            Wake::Rebuilt => "rebuilt",
+        }
+    }
+}
+
 pub fn resume<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolResult<Value> {
     let (work, machine) = work_arg(args)?;
     let idle = idle_seconds(env);
     let version = laptop_opencode(env);
     let ctx = env.ctx;
-    let mut ledger = Ledger::new(env.files, &ctx.ledger);
-    let mut w = ledger.require(&work)?;
+    let mut ledger = Ledger::for_call(env.files, ctx);
+    let w = ledger.require(&work)?;
     if w.is_closed() {
         return Err(ToolError::with_next(Code::MachineGone, format!("work '{work}' was dropped"), format!("Call boxd_ensure for work '{work}' to start it again.")));
     }
     let mut boxd = Boxd::new(env.programs, ctx.options.boxd_timeout_seconds);
-    let state = listed_state(&mut boxd, &machine)?;
-    let action = match state {
+    let action = match super::owned_state(&mut boxd, &w)? {
         State::Asleep => {
             boxd.wake(&machine).map_err(Failure::into_error)?;
-            "woken"
+            Wake::Woken
         }
         State::Standby => {
             boxd.resume(&machine).map_err(Failure::into_error)?;
-            "resumed"
+            Wake::Resumed
         }
         State::Stopped | State::Failed => {
             boxd.start(&machine).map_err(Failure::into_error)?;
-            "started"
+            Wake::Started
         }
-        State::Running => "already running",
+        State::Running => Wake::AlreadyRunning,
         State::Starting => return Err(ToolError::new(Code::MachineStarting, format!("{machine} is still starting"))),
+        // The name is free (boxd knows no machine by it): rebuild under it.
         State::Gone => {
             let snapshot = ctx.options.snapshot.clone();
             let snapshots = boxd.snapshots().map_err(Failure::into_error)?;
             if !snapshots.iter().any(|s| s.name == snapshot) {
                 return Err(ToolError::new(Code::SnapshotMissing, format!("{machine} is gone and the golden snapshot '{snapshot}' does not exist to rebuild it")));
             }
-            w.state = "creating".into();
-            w.machine_id = None;
-            ledger.write(&w)?;
+            ledger.update(&work, |w| {
+                w.state = "creating".into();
+                w.machine_id = None;
+            })?;
             let created = match boxd.create(&machine, &snapshot, idle) {
                 Ok(c) => c,
                 Err(Failure::Timeout(m)) => return Err(ToolError::new(Code::CreateUncertain, format!("rebuilding {machine}: {m}"))),
                 Err(e) => return Err(e.into_error()),
             };
-            w.machine_id = created.id;
-            if created.boot_timeout {
-                ledger.write(&w)?;
+            let boot_timeout = created.boot_timeout;
+            ledger.update(&work, |w| {
+                w.machine_id = created.id;
+                if !boot_timeout {
+                    w.state = "open".into();
+                    w.helper_sha256 = None;
+                }
+            })?;
+            if boot_timeout {
                 return Err(ToolError::new(Code::CreateUncertain, format!("boxd rebuilt {machine} but its boot timed out")));
             }
-            w.state = "open".into();
-            w.helper_sha256 = None;
-            "rebuilt"
+            Wake::Rebuilt
         }
     };
-    if action != "rebuilt" && action != "already running" {
+    if !matches!(action, Wake::Rebuilt | Wake::AlreadyRunning) {
         // Waking restores boxd's default bound on some paths; ours is what limits billing.
         boxd.set_idle(&machine, idle).map_err(Failure::into_error)?;
     }
-    w.asleep_by_tool = false;
-    ledger.write(&w)?;
-    prepare_guest(&mut boxd, &mut ledger, &mut w, &ctx.entropy, version.as_deref())?;
+    let w = ledger.update(&work, |w| w.asleep_by_tool = false)?;
+    prepare_guest(&mut boxd, &mut ledger, &w, &ctx.entropy, version.as_deref())?;
     let mut restored = 0;
-    if action == "rebuilt" {
+    if action == Wake::Rebuilt {
         restored = restore_transcript(&mut boxd, &mut ledger, &w)?;
-    }
-    ledger.write(&w)?;
-    // A server that died mid-run is reported once, here or by boxd_job.
-    if action != "rebuilt" {
+    } else {
+        // A server that died mid-run is reported once, here or by boxd_job.
         crate::guest::Guest::new(&mut boxd, &machine, &work).call("status", &[], None)?;
     }
     let mut out = work_json(&w, "running");
-    out["action"] = json!(action);
+    out["action"] = json!(action.word());
     out["restoredSessions"] = json!(restored);
     out["next"] = json!(format!("Call boxd_job for work '{work}'."));
     Ok(out)
@@ -328,21 +352,21 @@ pub fn image<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolRe
         return Err(ToolError::new(Code::NameInvalid, format!("snapshot name '{name}' must be lowercase [a-z0-9-] starting with a letter")));
     }
     let ctx = env.ctx;
-    let mut ledger = Ledger::new(env.files, &ctx.ledger);
+    let mut ledger = Ledger::for_call(env.files, ctx);
     let w = ledger.require(&work)?;
+    super::require_open(&w)?;
     require_proven(&w)?;
     let mut boxd = Boxd::new(env.programs, ctx.options.boxd_timeout_seconds);
     if boxd.snapshots().map_err(Failure::into_error)?.iter().any(|s| s.name == name) {
         return Err(ToolError::new(Code::SnapshotExists, format!("a snapshot named '{name}' already exists")));
     }
-    let state = listed_state(&mut boxd, &machine)?;
-    match state {
+    match super::owned_state(&mut boxd, &w)? {
         State::Running => {}
         State::Gone => return Err(ToolError::new(Code::MachineGone, format!("{machine} no longer exists"))),
         State::Starting => return Err(ToolError::new(Code::MachineStarting, format!("{machine} is still starting"))),
-        _ => {
+        state => {
             return Err(ToolError::with_next(
-                Code::BoxdFailed,
+                Code::MachineAsleep,
                 format!("{machine} is {}; boxd snapshots only a running machine", super::status::job_state(state)),
                 format!("Call boxd_resume for work '{work}', then boxd_image again."),
             ));
@@ -369,60 +393,79 @@ fn require_proven(w: &Work) -> ToolResult<()> {
 
 pub fn drop<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolResult<Value> {
     let (work, machine) = work_arg(args)?;
+    let discard: Vec<String> = args
+        .get("discard")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .map(|p| paths::guest_relative(p.as_str().unwrap_or_default()))
+        .collect::<ToolResult<_>>()?;
+    let now = env.now();
     let ctx = env.ctx;
-    let mut ledger = Ledger::new(env.files, &ctx.ledger);
-    let mut w = ledger.require(&work)?;
+    let mut ledger = Ledger::for_call(env.files, ctx);
+    let w = ledger.require(&work)?;
     if w.is_closed() {
         let mut out = work_json(&w, "gone");
         out["dropped"] = json!(false);
         out["next"] = json!("Nothing to do: this work was already dropped.");
         return Ok(out);
     }
-    require_proven(&w)?;
-    let git = w.git.clone().ok_or_else(|| {
-        ToolError::new(Code::GitUnknown, format!("work '{work}': the last harvest found no git repository in the work tree"))
-    })?;
-    if git.prompts < w.prompts.len() as u64 {
-        return Err(ToolError::with_next(Code::NotProven, format!("work '{work}': the git record predates the newest prompt"), format!("Call boxd_harvest for work '{work}' first.")));
-    }
-    let unrecovered: Vec<&str> = git
-        .untracked
-        .iter()
-        .chain(git.ignored.iter())
-        .filter(|e| !w.files_out.iter().any(|f| f.guest == e.path && f.sha256 == e.sha256))
-        .map(|e| e.path.as_str())
-        .collect();
-    if !unrecovered.is_empty() {
-        return Err(ToolError::new(
-            Code::Untracked,
-            format!("work '{work}' has paths no harvest brought back: {}", unrecovered.join(", ")),
-        ));
-    }
-    if git.dirty && git.patch.is_none() {
-        return Err(ToolError::new(Code::Dirty, format!("work '{work}' has uncommitted changes and no stored patch")));
-    }
     let mut boxd = Boxd::new(env.programs, ctx.options.boxd_timeout_seconds);
-    match boxd.get(&machine).map_err(Failure::into_error)? {
-        None => {}
-        Some(info) => {
-            match &w.machine_id {
-                Some(id) if &info.id == id => {}
-                _ => {
-                    return Err(ToolError::new(
-                        Code::NotOurs,
-                        format!("{machine} has id {}, which is not the machine the ledger recorded for work '{work}'", info.id),
-                    ));
-                }
-            }
-            boxd.remove(&machine).map_err(Failure::into_error)?;
+    let Some(info) = boxd.get(&machine).map_err(Failure::into_error)? else {
+        // Nothing left to destroy: close the work and say what could not be recovered.
+        let covered = w.proofs.last().map_or(0, |p| p.prompts as usize);
+        let lost: Vec<String> = w.prompts.iter().skip(covered).map(|p| p.id.clone()).chain(w.owed.iter().cloned()).collect();
+        let w = ledger.update(&work, |w| {
+            w.state = "closed".into();
+            w.unrecovered = lost.clone();
+        })?;
+        let mut out = work_json(&w, "gone");
+        out["dropped"] = json!(true);
+        out["machineWasGone"] = json!(true);
+        out["unrecovered"] = json!({
+            "prompts": w.prompts.iter().skip(covered).map(|p| p.id.clone()).collect::<Vec<_>>(),
+            "files": w.owed,
+        });
+        out["next"] = json!("Done: the machine was already gone; the work is closed. The prompts listed as unrecovered never reached this laptop.");
+        return Ok(out);
+    };
+    super::check_machine(&w, &info)?;
+    match State::from_status(&info.status) {
+        State::Running | State::Standby => {}
+        State::Starting => return Err(ToolError::new(Code::MachineStarting, format!("{machine} is still starting"))),
+        state => {
+            return Err(ToolError::with_next(
+                Code::MachineAsleep,
+                format!("{machine} is {}: drop checks the live machine before destroying it, which needs it awake", super::status::job_state(state)),
+                format!("Call boxd_resume for work '{work}', then boxd_drop again."),
+            ));
         }
     }
-    w.state = "closed".into();
-    ledger.write(&w)?;
+    require_proven(&w)?;
+    // Quiesce and read the live state in one exec: nothing starts or writes after it.
+    let unresolved = w.unresolved().join(",");
+    let mut flags: Vec<&str> = Vec::new();
+    if !unresolved.is_empty() {
+        flags.extend(["--resolve", unresolved.as_str()]);
+    }
+    let live = crate::guest::Guest::new(&mut boxd, &machine, &work).call("seal", &flags, None)?;
+    let known = crate::guest::resolved(&live);
+    let w = if known.is_empty() { w } else { ledger.update(&work, |w| w.resolve_prompts(&known, &now))? };
+    require_proven(&w)?;
+    super::account::check_live(&w, &live, &discard)?;
+    // Intent before effect: a drop killed here is finished by the next one.
+    ledger.update(&work, |w| w.state = "dropping".into())?;
+    boxd.remove(&machine).map_err(Failure::into_error)?;
+    let w = ledger.update(&work, |w| w.state = "closed".into())?;
     let mut out = work_json(&w, "gone");
     out["dropped"] = json!(true);
-    out["patch"] = json!(git.patch);
-    out["next"] = json!("Done: the machine is destroyed and the work is closed in the ledger.");
+    if let Some(g) = &w.git {
+        out["patch"] = json!(g.patch);
+        out["bundle"] = json!(g.bundle);
+        out["head"] = json!(g.head);
+    }
+    out["discarded"] = json!(discard);
+    out["next"] = json!("Done: the machine is destroyed and the work is closed in the ledger. Its commits are in the ledger's bundle (git fetch <bundle>), its uncommitted changes in the stored patch.");
     Ok(out)
 }
 
@@ -459,13 +502,19 @@ mod tests {
         fs
     }
 
+    const OURS: &str = r#"{"name":"oc-w1","id":"vm_1","status":"running","sharing":"private","isolated":"no"}"#;
+
     #[test]
-    fn drop_refuses_a_dirty_tree_without_a_stored_patch_before_any_boxd_call() {
-        let mut fs = work_with(Some(GitRecord { dirty: true, patch: None, ..Default::default() }));
+    fn drop_checks_the_live_tree_and_refuses_a_change_the_patch_does_not_hold() {
+        let mut fs = work_with(Some(GitRecord { dirty: false, ..Default::default() }));
         let mut p = Scripted::default();
+        p.push_exit(0, OURS, "");
+        p.push_exit(0, r#"{"ok":true,"repo":true,"refs":{},"dirty":true,"diffSha256":"abc","changed":["README.md"],"untracked":[],"ignored":[]}"#, "");
         let e = call(&mut p, &mut fs, "boxd_drop", r#"{"work":"w1"}"#, raw()).unwrap_err();
         assert_eq!(e.code, Code::Dirty);
-        assert!(p.requests.is_empty());
+        assert!(e.message.contains("README.md"), "{}", e.message);
+        assert_eq!(p.commands().len(), 2, "get and the sealing exec; nothing removed: {:?}", p.commands());
+        assert!(p.commands()[1].contains("seal"), "{:?}", p.commands());
     }
 
     #[test]
@@ -475,11 +524,52 @@ mod tests {
         p.push_exit(0, r#"{"name":"oc-w1","id":"vm_other","status":"running","sharing":"private","isolated":"no"}"#, "");
         let e = call(&mut p, &mut fs, "boxd_drop", r#"{"work":"w1"}"#, raw()).unwrap_err();
         assert_eq!(e.code, Code::NotOurs);
-        assert_eq!(p.commands(), ["machine get oc-w1 --json"], "nothing was removed");
-        p.push_exit(0, r#"{"name":"oc-w1","id":"vm_1","status":"running","sharing":"private","isolated":"no"}"#, "");
+        assert_eq!(p.commands(), ["machine get oc-w1 --json"], "nothing was sealed or removed");
+        p.requests.clear();
+        p.push_exit(0, OURS, "");
+        p.push_exit(0, r#"{"ok":true,"repo":true,"refs":{},"dirty":false,"untracked":[],"ignored":[]}"#, "");
         p.push_exit(0, r#"{"name":"oc-w1","status":"destroyed"}"#, "");
         let v = call(&mut p, &mut fs, "boxd_drop", r#"{"work":"w1"}"#, raw()).unwrap();
         assert_eq!(v["dropped"], true);
+        assert_eq!(p.commands().len(), 3, "at most three boxd calls for a drop");
         assert_eq!(p.commands().last().unwrap(), "machine remove oc-w1 -y --json");
+    }
+
+    #[test]
+    fn a_gone_work_closes_naming_what_was_not_recovered() {
+        let mut fs = work_with(None);
+        let mut w = Ledger::new(&mut fs, "/l").require("w1").unwrap();
+        w.prompts.push(crate::ledger::Prompt { id: "p1".into(), admitted: true, ..Default::default() });
+        Ledger::new(&mut fs, "/l").write(&w).unwrap();
+        let mut p = Scripted::default();
+        p.push_fail(1, "error: VM 'oc-w1' not found");
+        let v = call(&mut p, &mut fs, "boxd_drop", r#"{"work":"w1"}"#, raw()).unwrap();
+        assert_eq!(v["dropped"], true);
+        assert_eq!(v["unrecovered"]["prompts"], json!(["p1"]));
+        assert!(Ledger::new(&mut fs, "/l").require("w1").unwrap().is_closed());
+    }
+
+    #[test]
+    fn every_tool_refuses_a_machine_with_another_id_before_touching_it() {
+        for (tool, args) in [
+            ("boxd_job", r#"{"work":"w1"}"#),
+            ("boxd_submit", r#"{"work":"w1","prompt":"hi"}"#),
+            ("boxd_harvest", r#"{"work":"w1"}"#),
+            ("boxd_sleep", r#"{"work":"w1"}"#),
+            ("boxd_resume", r#"{"work":"w1"}"#),
+            ("boxd_drop", r#"{"work":"w1"}"#),
+            ("boxd_ensure", r#"{"work":"w1"}"#),
+        ] {
+            let mut fs = work_with(Some(GitRecord::default()));
+            let mut p = Scripted::default();
+            p.push_exit(0, "0.0.0", "");
+            p.push_exit(0, r#"{"name":"oc-w1","id":"vm_new","status":"running","sharing":"private","isolated":"no"}"#, "");
+            let mut r = raw();
+            r.host_facts_json = r#"{"opencodeVersion":"1.18.33"}"#.into();
+            p.answers.pop_front();
+            let e = call(&mut p, &mut fs, tool, args, r).unwrap_err();
+            assert_eq!(e.code, Code::NotOurs, "{tool}: {e:?}");
+            assert_eq!(p.commands(), ["machine get oc-w1 --json"], "{tool} made one read and nothing else");
+        }
     }
 }

@@ -11,6 +11,7 @@ use crate::errors::{Code, ToolError, ToolResult};
 use crate::manifest::{self, Access as ToolAccess};
 use crate::options::{self, Access, Context};
 
+pub mod account;
 pub mod harvest;
 pub mod job;
 pub mod lifecycle;
@@ -130,17 +131,60 @@ pub fn require_open(w: &crate::ledger::Work) -> ToolResult<()> {
     Ok(())
 }
 
-/// The state of `machine` in one `boxd machine list` (Gone when it is not listed).
+/// The state of `machine` in one `boxd machine list` (Gone when it is not listed). Only
+/// for a machine no work owns yet: the listing carries no id to check.
 pub fn listed_state<P: Programs>(boxd: &mut crate::boxd::Boxd<P>, machine: &str) -> ToolResult<crate::boxd::State> {
     use crate::boxd::{Failure, State};
     let list = boxd.list().map_err(Failure::into_error)?;
     Ok(list.iter().find(|m| m.name == machine).map_or(State::Gone, |m| State::from_status(&m.status)))
 }
 
+/// Refuse a machine we must not drive: not the one the ledger created, shared, isolated.
+pub fn check_machine(w: &crate::ledger::Work, info: &crate::boxd::MachineInfo) -> ToolResult<()> {
+    match &w.machine_id {
+        Some(id) if &info.id == id => {}
+        Some(id) => {
+            return Err(ToolError::new(
+                Code::NotOurs,
+                format!("{} has id {}, but the ledger recorded {id} for work '{}': it is another machine under the same name", info.name, if info.id.is_empty() { "(none given)" } else { &info.id }, w.work),
+            ));
+        }
+        None => {
+            return Err(ToolError::with_next(
+                Code::NotOurs,
+                format!("{} exists, but the ledger has no machine id for work '{}' (its create never answered)", info.name, w.work),
+                format!("Call boxd_ensure for work '{}': it adopts the machine its own create made.", w.work),
+            ));
+        }
+    }
+    if info.sharing == "shared" {
+        return Err(ToolError::new(Code::MachineShared, format!("machine {} is shared with the organisation", info.name)));
+    }
+    if info.isolated {
+        return Err(ToolError::new(Code::MachineIsolated, format!("machine {} was created with --isolated", info.name)));
+    }
+    Ok(())
+}
+
+/// The work's machine, read once in a form that carries its id (`machine get`), and
+/// checked to be the one the ledger created before anything touches it. Gone when boxd
+/// does not know the name.
+pub fn owned_state<P: Programs>(boxd: &mut crate::boxd::Boxd<P>, w: &crate::ledger::Work) -> ToolResult<crate::boxd::State> {
+    use crate::boxd::{Failure, State};
+    match boxd.get(&w.machine).map_err(Failure::into_error)? {
+        None => Ok(State::Gone),
+        Some(info) => {
+            check_machine(w, &info)?;
+            Ok(State::from_status(&info.status))
+        }
+    }
+}
+
 /// The machine must be up for an exec: asleep, gone and starting are refused without one.
-pub fn running_state<P: Programs>(boxd: &mut crate::boxd::Boxd<P>, machine: &str, work: &str) -> ToolResult<()> {
+pub fn running_state<P: Programs>(boxd: &mut crate::boxd::Boxd<P>, w: &crate::ledger::Work) -> ToolResult<()> {
     use crate::boxd::State;
-    match listed_state(boxd, machine)? {
+    let (machine, work) = (&w.machine, &w.work);
+    match owned_state(boxd, w)? {
         State::Running | State::Standby => Ok(()),
         State::Asleep | State::Stopped => Err(ToolError::with_next(
             Code::MachineAsleep,
@@ -148,7 +192,11 @@ pub fn running_state<P: Programs>(boxd: &mut crate::boxd::Boxd<P>, machine: &str
             format!("Call boxd_resume for work '{work}', then try again."),
         )),
         State::Starting => Err(ToolError::new(Code::MachineStarting, format!("{machine} is still starting"))),
-        State::Gone | State::Failed => Err(ToolError::new(Code::MachineGone, format!("{machine} no longer exists"))),
+        State::Gone | State::Failed => Err(ToolError::with_next(
+            Code::MachineGone,
+            format!("{machine} no longer exists"),
+            format!("Call boxd_resume for work '{work}' to rebuild it from the proven transcript, or boxd_drop to close the work and see what could not be recovered."),
+        )),
     }
 }
 

@@ -54,7 +54,16 @@ pub fn run<P: Programs, F: Files>(env: &mut Env<P, F>) -> ToolResult<Value> {
     let ids = ledger.ids().map_err(|e| ToolError::new(Code::StatusUnavailable, format!("the ledger could not be read: {}", e.message)))?;
     let mut works = Vec::new();
     for id in ids {
-        let Some(w) = ledger.read(&id).map_err(|e| ToolError::new(Code::StatusUnavailable, e.message))? else { continue };
+        // One unreadable record is that work's problem, reported in its row; the rest go on.
+        let w = match ledger.read(&id) {
+            Ok(Some(w)) => w,
+            Ok(None) => continue,
+            Err(e) => {
+                next.get_or_insert_with(|| e.next.clone());
+                works.push(json!({ "work": id, "state": "unknown", "error": e.code.as_str(), "message": e.message, "next": e.next }));
+                continue;
+            }
+        };
         if w.is_closed() {
             continue;
         }
@@ -67,8 +76,15 @@ pub fn run<P: Programs, F: Files>(env: &mut Env<P, F>) -> ToolResult<Value> {
         if !w.prompts.is_empty() && !w.proven() {
             warnings.push("the newest prompt is not yet harvested to this laptop".into());
         }
+        if !w.owed.is_empty() {
+            warnings.push(format!("files a harvest was asked for are still on the machine: {}", w.owed.join(", ")));
+        }
         if !warnings.is_empty() {
-            next.get_or_insert_with(|| format!("Call boxd_harvest for work '{}' to bring its transcript home.", w.work));
+            next.get_or_insert_with(|| match state.as_str() {
+                "asleep" | "stopped" => format!("Call boxd_resume for work '{}', then boxd_harvest to bring its transcript home.", w.work),
+                "gone" => format!("Call boxd_resume for work '{}' to rebuild it, or boxd_drop to close it and see what could not be recovered.", w.work),
+                _ => format!("Call boxd_harvest for work '{}' to bring its transcript home.", w.work),
+            });
         }
         works.push(json!({
             "work": w.work, "machine": w.machine, "state": state, "directory": w.directory,

@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 use super::{running_state, work_arg, Env};
 use crate::boxd::Boxd;
 use crate::caps::{Files, Kind, Programs};
-use crate::encode::{base64, hex, sha256_hex};
+use crate::encode::{base64, sha256_hex};
 use crate::errors::{Code, ToolError, ToolResult};
 use crate::guest::Guest;
 use crate::ledger::{FileRecord, Ledger, Prompt};
@@ -80,43 +80,53 @@ pub fn run<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolResu
     let files = read_files(env, args)?;
     let now = env.now();
     let ctx = env.ctx;
-    let mut ledger = Ledger::new(env.files, &ctx.ledger);
-    let mut w = ledger.require(&work)?;
+    let mut ledger = Ledger::for_call(env.files, ctx);
+    let w = ledger.require(&work)?;
     super::require_open(&w)?;
     let mut boxd = Boxd::new(env.programs, ctx.options.boxd_timeout_seconds);
-    running_state(&mut boxd, &machine, &work)?;
-    if w.asleep_by_tool {
-        w.asleep_by_tool = false;
-    }
+    running_state(&mut boxd, &w)?;
 
+    // A prompt recorded before its exec whose answer never came (the host was killed, boxd
+    // timed out) is the same prompt when it is sent again: it keeps its id, and the guest,
+    // which remembers the ids it admitted, does not admit it twice.
     let prompt_sha = sha256_hex(prompt.as_bytes());
-    let id = format!("p{}", &hex(&ctx.entropy)[..12.min(ctx.entropy.len() * 2)]);
-    let id = if id.len() > 1 { id } else { format!("p{}", &prompt_sha[..12]) };
-    // Recorded before sending: a prompt whose fate is unknown still needs a harvest.
-    w.prompts.push(Prompt { id: id.clone(), at: now.clone(), sha256: prompt_sha, bytes: prompt.len() as u64, admitted: false });
-    ledger.write(&w)?;
+    let retry = w.prompts.iter().find(|p| !p.admitted && p.sha256 == prompt_sha).map(|p| p.id.clone());
+    let id = match &retry {
+        Some(id) => id.clone(),
+        None => format!("p{}", &sha256_hex(&[ctx.entropy.as_slice(), b"prompt-id"].concat())[..12]),
+    };
+    if retry.is_none() {
+        // Intent before effect: a prompt whose fate is unknown still needs a harvest.
+        let p = Prompt { id: id.clone(), at: now.clone(), sha256: prompt_sha, bytes: prompt.len() as u64, admitted: false };
+        ledger.update(&work, |w| w.prompts.push(p))?;
+    }
+    let others: Vec<String> = w.unresolved().into_iter().filter(|p| p != &id).collect();
 
     let payload = json!({
         "promptId": id,
         "prompt": prompt,
+        "resolve": others,
         "files": files.iter().map(|f| json!({ "to": f.to, "data": base64(&f.bytes), "sha256": f.sha256 })).collect::<Vec<_>>(),
     });
     let mut guest = Guest::new(&mut boxd, &machine, &work);
     let answer = guest.call("submit", &[], Some(serde_json::to_vec(&payload).expect("serialises")))?;
 
-    if let Some(p) = w.prompts.last_mut() {
-        p.admitted = answer.get("admitted").and_then(Value::as_bool).unwrap_or(true);
-    }
-    for f in &files {
-        w.files_in.push(FileRecord { guest: f.to.clone(), laptop: f.from.clone(), size: f.bytes.len() as u64, sha256: f.sha256.clone(), at: now.clone() });
-    }
-    ledger.write(&w)?;
+    let mut known = crate::guest::resolved(&answer);
+    known.insert(id.clone(), answer.get("admitted").and_then(Value::as_bool).unwrap_or(true));
+    ledger.update(&work, |w| {
+        w.asleep_by_tool = false;
+        w.resolve_prompts(&known, &now);
+        for f in &files {
+            w.files_in.push(FileRecord { guest: f.to.clone(), laptop: f.from.clone(), size: f.bytes.len() as u64, sha256: f.sha256.clone(), at: now.clone() });
+        }
+    })?;
     let queued = answer.get("queued").and_then(Value::as_bool).unwrap_or(false);
     Ok(json!({
         "work": work,
         "machine": machine,
         "promptId": id,
         "admitted": true,
+        "duplicate": answer.get("duplicate").and_then(Value::as_bool).unwrap_or(false),
         "queued": queued,
         "pending": answer.get("pending").cloned().unwrap_or(json!(0)),
         "files": files.iter().map(|f| json!({ "to": f.to, "size": f.bytes.len(), "sha256": f.sha256 })).collect::<Vec<_>>(),

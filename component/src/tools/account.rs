@@ -1,0 +1,258 @@
+//! What the laptop holds of a work's tree, against what the machine has: harvest records
+//! it (the git state, a patch of uncommitted changes, every commit as a git bundle), and
+//! drop compares the machine's live state with that record before anything is destroyed.
+
+use alloc::collections::BTreeMap;
+use alloc::format;
+use alloc::string::{String, ToString};
+use alloc::vec::Vec;
+use serde_json::Value;
+
+use crate::caps::Files;
+use crate::encode::{sha256_hex, unbase64};
+use crate::errors::{Code, ToolError, ToolResult};
+use crate::ledger::{GitEntry, GitRecord, Ledger, Work};
+
+fn invalid(why: String) -> ToolError {
+    ToolError::new(Code::ExportInvalid, format!("the guest's git answer is not usable: {why}"))
+}
+
+fn entries(v: &Value) -> Vec<GitEntry> {
+    v.as_array()
+        .into_iter()
+        .flatten()
+        .map(|e| GitEntry { path: e["path"].as_str().unwrap_or("").into(), sha256: e["sha256"].as_str().unwrap_or("").into() })
+        .collect()
+}
+
+fn refs(v: &Value) -> BTreeMap<String, String> {
+    v.as_object().map(|m| m.iter().filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string()))).collect()).unwrap_or_default()
+}
+
+/// The refs a bundle's header lists (`<sha> <refname>`), or why it is not a whole bundle.
+/// A bundle with prerequisites needs commits the laptop may not have, so it is refused.
+pub fn bundle_refs(bytes: &[u8]) -> Result<BTreeMap<String, String>, String> {
+    let end = bytes.windows(2).position(|w| w == b"\n\n").ok_or("no header end")?;
+    let header = core::str::from_utf8(&bytes[..end]).map_err(|_| "the header is not text")?;
+    let mut lines = header.lines();
+    match lines.next() {
+        Some("# v2 git bundle") | Some("# v3 git bundle") => {}
+        other => return Err(format!("not a git bundle (first line {other:?})")),
+    }
+    let mut out = BTreeMap::new();
+    for line in lines {
+        if line.starts_with('@') {
+            continue; // v3 capabilities
+        }
+        if line.starts_with('-') {
+            return Err("it needs commits it does not carry (prerequisites)".into());
+        }
+        let (sha, name) = line.split_once(' ').ok_or("a malformed ref line")?;
+        if sha.len() < 40 || !sha.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(format!("a malformed object id for {name}"));
+        }
+        out.insert(name.to_string(), sha.to_string());
+    }
+    Ok(out)
+}
+
+/// Store what the guest's `git` answer says about the tree: the patch and the bundle go
+/// into the work's ledger folder (named by digest), the record says where. None when the
+/// tree is not a git repository.
+pub fn record<F: Files>(ledger: &mut Ledger<F>, w: &Work, git: &Value, now: &str) -> ToolResult<Option<GitRecord>> {
+    if !git["repo"].as_bool().unwrap_or(false) {
+        return Ok(None);
+    }
+    // A diff that is not UTF-8 travels as base64 (the helper says so).
+    let patch_bytes = match (git["patch"].as_str().filter(|p| !p.is_empty()), git["patchEncoding"].as_str()) {
+        (Some(p), Some("base64")) => Some(unbase64(p).ok_or_else(|| invalid("the patch is not base64".into()))?),
+        (Some(p), _) => Some(p.as_bytes().to_vec()),
+        (None, _) => None,
+    };
+    let (patch, patch_sha256) = match patch_bytes {
+        Some(bytes) => {
+            let sha = sha256_hex(&bytes);
+            let name = format!("patch-{}.diff", &sha[..16]);
+            ledger.put_blob(&w.work, &name, &bytes)?;
+            (Some(name), Some(sha))
+        }
+        None => (None, None),
+    };
+    let live_refs = refs(&git["refs"]);
+    let bundle = if live_refs.is_empty() {
+        None
+    } else if git["bundleUnchanged"].as_bool() == Some(true) {
+        // The guest saw the refs we said we hold; our stored bundle still covers them.
+        let prev = w.git.as_ref().filter(|g| g.refs == live_refs).and_then(|g| g.bundle.clone());
+        Some(prev.ok_or_else(|| invalid("the guest says the commits are unchanged, but the ledger holds no bundle of them".into()))?)
+    } else {
+        let b = &git["bundle"];
+        let bytes = unbase64(b["data"].as_str().unwrap_or_default()).ok_or_else(|| invalid("the bundle is not base64".into()))?;
+        let sha = sha256_hex(&bytes);
+        if b["sha256"].as_str() != Some(sha.as_str()) {
+            return Err(invalid("the bundle arrived damaged (digest mismatch)".into()));
+        }
+        let listed = bundle_refs(&bytes).map_err(|why| invalid(format!("the bundle is not usable: {why}")))?;
+        if let Some((name, want)) = live_refs.iter().find(|(name, sha)| listed.get(*name) != Some(*sha)) {
+            return Err(invalid(format!("the bundle does not hold {name} at {want}")));
+        }
+        let name = format!("bundle-{}.bundle", &sha[..16]);
+        ledger.put_blob(&w.work, &name, &bytes)?;
+        Some(name)
+    };
+    Ok(Some(GitRecord {
+        at: now.to_string(),
+        head: git["head"].as_str().unwrap_or("").into(),
+        branch: git["branch"].as_str().unwrap_or("").into(),
+        status: git["status"].as_array().into_iter().flatten().filter_map(|s| s.as_str().map(String::from)).collect(),
+        untracked: entries(&git["untracked"]),
+        ignored: entries(&git["ignored"]),
+        dirty: git["dirty"].as_bool().unwrap_or(false),
+        patch,
+        patch_sha256,
+        prompts: w.prompts.len() as u64,
+        refs: live_refs,
+        bundle,
+    }))
+}
+
+/// Whether a path the user discarded covers `path` (itself, or a folder above it).
+fn discarded(path: &str, discard: &[String]) -> bool {
+    let p = path.trim_end_matches('/');
+    discard.iter().any(|d| {
+        let d = d.trim_end_matches('/');
+        p == d || p.strip_prefix(d).is_some_and(|rest| rest.starts_with('/'))
+    })
+}
+
+/// Compare the machine's live state (the helper's `seal` answer) with what the laptop
+/// holds. Ok means everything on the machine is accounted for; otherwise the refusal
+/// names the paths and the one next step.
+pub fn check_live(w: &Work, live: &Value, discard: &[String]) -> ToolResult<()> {
+    let work = &w.work;
+    // Prompts: the guest's newest must be one the laptop knows, and proven.
+    if let Some(newest) = live["newestPrompt"].as_str() {
+        if !w.prompts.iter().any(|p| p.id == newest) {
+            return Err(ToolError::with_next(
+                Code::NotProven,
+                format!("work '{work}': the machine holds prompt {newest}, which this laptop's ledger never sent"),
+                format!("Call boxd_harvest for work '{work}' to bring its transcript home, then drop; or boxd_sleep, which keeps the disk."),
+            ));
+        }
+    }
+    let owed: Vec<&str> = w.owed.iter().map(String::as_str).filter(|p| !discarded(p, discard)).collect();
+    if !owed.is_empty() {
+        return Err(ToolError::with_next(
+            Code::Untracked,
+            format!("work '{work}': files a harvest was asked for have not come home: {}", owed.join(", ")),
+            format!("Call boxd_harvest for work '{work}' with those files (use 'to' for another folder on a conflict), or boxd_drop with \"discard\" naming them if they are not wanted."),
+        ));
+    }
+    if !live["repo"].as_bool().unwrap_or(false) {
+        return Err(ToolError::new(Code::GitUnknown, format!("work '{work}': the work tree on the machine is not a git repository, so its contents cannot be accounted for")));
+    }
+    let git = w.git.as_ref().ok_or_else(|| {
+        ToolError::with_next(Code::NotProven, format!("work '{work}': no harvest has recorded its git state"), format!("Call boxd_harvest for work '{work}' first."))
+    })?;
+    // Commits: every ref on the machine is in the bundle the ledger holds.
+    let live_refs = refs(&live["refs"]);
+    let missing: Vec<String> = live_refs
+        .iter()
+        .filter(|(name, sha)| git.bundle.is_none() || git.refs.get(*name) != Some(*sha))
+        .map(|(name, sha)| format!("{name} at {}", &sha[..sha.len().min(12)]))
+        .collect();
+    if !missing.is_empty() {
+        return Err(ToolError::with_next(
+            Code::NotProven,
+            format!("work '{work}': commits on the machine are not in the ledger's bundle: {}", missing.join(", ")),
+            format!("Call boxd_harvest for work '{work}': it brings every commit home as a git bundle, then drop."),
+        ));
+    }
+    // Uncommitted changes: the live diff is the stored patch.
+    if live["dirty"].as_bool().unwrap_or(false) {
+        let live_sha = live["diffSha256"].as_str().unwrap_or("");
+        if git.patch.is_none() || git.patch_sha256.as_deref() != Some(live_sha) {
+            let paths: Vec<&str> = live["changed"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+            return Err(ToolError::new(
+                Code::Dirty,
+                format!("work '{work}' has uncommitted changes the ledger's patch does not hold: {}", paths.join(", ")),
+            ));
+        }
+    }
+    // New files: each one came from the laptop or went home, with the same bytes.
+    let unaccounted: Vec<String> = entries(&live["untracked"])
+        .into_iter()
+        .chain(entries(&live["ignored"]))
+        .filter(|e| !discarded(&e.path, discard))
+        .filter(|e| {
+            e.sha256.is_empty()
+                || !w.files_out.iter().chain(w.files_in.iter()).any(|f| f.guest == e.path && f.sha256 == e.sha256)
+        })
+        .map(|e| e.path)
+        .collect();
+    if !unaccounted.is_empty() {
+        return Err(ToolError::new(
+            Code::Untracked,
+            format!("work '{work}' has paths on the machine that the laptop does not hold: {}", unaccounted.join(", ")),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const SHA: &str = "0123456789abcdef0123456789abcdef01234567";
+
+    #[test]
+    fn bundle_headers_are_read_and_thin_bundles_refused() {
+        let b = format!("# v2 git bundle\n{SHA} refs/heads/main\n{SHA} HEAD\n\nPACK");
+        let r = bundle_refs(b.as_bytes()).unwrap();
+        assert_eq!(r.get("HEAD").map(String::as_str), Some(SHA));
+        let thin = format!("# v2 git bundle\n-{SHA} x\n{SHA} HEAD\n\nPACK");
+        assert!(bundle_refs(thin.as_bytes()).is_err());
+        assert!(bundle_refs(b"PK\x03\x04 not a bundle\n\n").is_err());
+        assert!(bundle_refs(b"# v2 git bundle\nno-end").is_err());
+    }
+
+    fn proven_work() -> Work {
+        let mut w = Work::new("w1", "/p", "t");
+        let mut refs = BTreeMap::new();
+        refs.insert("HEAD".to_string(), SHA.to_string());
+        w.git = Some(GitRecord { refs, bundle: Some("bundle-x.bundle".into()), ..Default::default() });
+        w
+    }
+
+    #[test]
+    fn a_live_file_the_laptop_does_not_hold_is_named() {
+        let w = proven_work();
+        let live = json!({ "repo": true, "refs": { "HEAD": SHA }, "dirty": false,
+            "untracked": [{ "path": "results.csv", "sha256": "ab" }], "ignored": [] });
+        let e = check_live(&w, &live, &[]).unwrap_err();
+        assert_eq!(e.code, Code::Untracked);
+        assert!(e.message.contains("results.csv"), "{}", e.message);
+        assert!(check_live(&w, &live, &["results.csv".to_string()]).is_ok(), "discarding it by name lets the drop go on");
+    }
+
+    #[test]
+    fn a_commit_not_in_the_bundle_and_a_changed_diff_refuse() {
+        let w = proven_work();
+        let other = "fedcba9876543210fedcba9876543210fedcba98";
+        let e = check_live(&w, &json!({ "repo": true, "refs": { "HEAD": other } }), &[]).unwrap_err();
+        assert_eq!(e.code, Code::NotProven);
+        let e = check_live(&w, &json!({ "repo": true, "refs": { "HEAD": SHA }, "dirty": true, "diffSha256": "x", "changed": ["README.md"] }), &[]).unwrap_err();
+        assert_eq!(e.code, Code::Dirty);
+        assert!(e.message.contains("README.md"));
+    }
+
+    #[test]
+    fn owed_files_refuse_until_discarded() {
+        let mut w = proven_work();
+        w.owed.push("out/SUMMARY.md".into());
+        let live = json!({ "repo": true, "refs": { "HEAD": SHA } });
+        assert_eq!(check_live(&w, &live, &[]).unwrap_err().code, Code::Untracked);
+        assert!(check_live(&w, &live, &["out".to_string()]).is_ok());
+    }
+}

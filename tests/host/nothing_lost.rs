@@ -1,0 +1,215 @@
+//! Nothing the user made is lost, nothing that is not ours is touched (issue 12), through
+//! `boxd-host call`, boxd-local and the real guest: drop reads the live machine, commits
+//! come home as a bundle, every work tree is a repository, every tool checks the
+//! machine's id, and every work can end.
+
+use std::process::Command;
+
+use serde_json::json;
+
+use crate::common::*;
+
+const W1: &str = r#"{"work":"w1"}"#;
+
+/// A shell line inside a work's machine, in its work tree (a hand on the guest).
+fn in_tree(world: &World, work: &str, line: &str) -> String {
+    let script = format!("cd work/{work} && {line}");
+    let quoted = format!("'{}'", script.replace('\'', "'\\''"));
+    let out = world.laptop.boxd(&["machine", "exec", &format!("oc-{work}"), "--", "sh", "-c", &quoted]);
+    assert!(out.status.success(), "{line}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn run(world: &World, work: &str, prompt: &str) {
+    world.ok_call("boxd_submit", &json!({ "work": work, "prompt": prompt }).to_string());
+    let v = world.job_until_idle(work);
+    assert_eq!(v["outcome"], "completed", "{v:#}");
+}
+
+fn bash(cmd: &str) -> String {
+    format!("@@tool:bash:{}@@", json!({ "command": cmd, "description": "work" }))
+}
+
+fn machine_exists(world: &World, name: &str) -> bool {
+    world.laptop.boxd(&["machine", "get", name, "--json"]).status.success()
+}
+
+fn git(dir: &std::path::Path, args: &[&str]) -> String {
+    let out = Command::new("git").arg("-C").arg(dir).args(args).output().unwrap();
+    assert!(out.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn drop_reads_the_live_machine_and_refuses_a_late_write_naming_the_paths() {
+    let world = World::new("lost-late");
+    world.ok_call("boxd_ensure", W1);
+    run(&world, "w1", &format!("readme {}", bash("echo hello > README.md && git add README.md && git commit -qm readme")));
+    let v = world.ok_call("boxd_harvest", W1);
+    assert_eq!(v["git"]["dirty"], false, "{v:#}");
+    // A late write after the proof: a background job, a manual fix.
+    in_tree(&world, "w1", "echo data > results.csv && echo x >> README.md");
+    let e = world.err_call("boxd_drop", W1, "DIRTY");
+    assert!(e["message"].as_str().unwrap().contains("README.md"), "{e:#}");
+    assert!(machine_exists(&world, "oc-w1"), "a refused drop destroys nothing");
+    // The patch comes home; the new file is still only on the machine.
+    world.ok_call("boxd_harvest", W1);
+    let e = world.err_call("boxd_drop", W1, "UNTRACKED");
+    assert!(e["message"].as_str().unwrap().contains("results.csv"), "{e:#}");
+    assert!(machine_exists(&world, "oc-w1"));
+    world.ok_call("boxd_harvest", r#"{"work":"w1","files":["results.csv"]}"#);
+    world.forget_calls();
+    assert_eq!(world.ok_call("boxd_drop", W1)["dropped"], true);
+    assert!(world.laptop.boxd_calls().len() <= 3, "a drop is at most 3 boxd calls: {:?}", world.laptop.boxd_calls());
+    assert!(!machine_exists(&world, "oc-w1"));
+}
+
+#[test]
+fn commits_come_home_as_a_bundle_and_an_unharvested_conflict_keeps_the_machine() {
+    let world = World::new("lost-commits");
+    for (work, text) in [("wa", "from a"), ("wb", "from b")] {
+        world.ok_call("boxd_ensure", &json!({ "work": work }).to_string());
+        run(&world, work, &format!("summary {}", bash(&format!("echo '{text}' > SUMMARY.md && git add SUMMARY.md && git commit -qm summary"))));
+    }
+    world.ok_call("boxd_harvest", r#"{"work":"wa","files":["SUMMARY.md"]}"#);
+    let e = world.err_call("boxd_harvest", r#"{"work":"wb","files":["SUMMARY.md"]}"#, "FILE_CONFLICT");
+    assert!(e["message"].as_str().unwrap().contains("stays owed"), "{e:#}");
+    // The proof and the bundle are recorded, but SUMMARY.md is owed: B's drop refuses.
+    let e = world.err_call("boxd_drop", r#"{"work":"wb"}"#, "UNTRACKED");
+    assert!(e["message"].as_str().unwrap().contains("SUMMARY.md"), "{e:#}");
+    assert!(machine_exists(&world, "oc-wb"));
+
+    // B's commit is in the ledger's bundle: a fresh clone of the project can fetch it and
+    // check it out.
+    let record: serde_json::Value = serde_json::from_slice(&std::fs::read(world.laptop.ledger.join("works/wb/work.json")).unwrap()).unwrap();
+    let bundle = world.laptop.ledger.join("works/wb").join(record["git"]["bundle"].as_str().expect("a bundle is recorded"));
+    let head = in_tree(&world, "wb", "git rev-parse HEAD").trim().to_string();
+    assert_eq!(record["git"]["refs"]["HEAD"], head.as_str());
+    let project = &world.laptop.project;
+    git(project, &["init", "-q"]);
+    git(project, &["-c", "user.email=t@t", "-c", "user.name=t", "commit", "-q", "--allow-empty", "-m", "laptop"]);
+    let clone = world.laptop.scratch.0.join("clone");
+    assert!(Command::new("git").args(["clone", "-q"]).arg(project).arg(&clone).status().unwrap().success());
+    git(&clone, &["bundle", "verify", "-q", bundle.to_str().unwrap()]);
+    git(&clone, &["fetch", "-q", bundle.to_str().unwrap(), "HEAD:refs/boxd/wb"]);
+    git(&clone, &["checkout", "-q", "refs/boxd/wb"]);
+    assert_eq!(std::fs::read_to_string(clone.join("SUMMARY.md")).unwrap(), "from b\n");
+    assert_eq!(git(&clone, &["rev-parse", "HEAD"]).trim(), head);
+
+    // The user gives SUMMARY.md up by name: the commit holding it is safe in the bundle.
+    let v = world.ok_call("boxd_drop", r#"{"work":"wb","discard":["SUMMARY.md"]}"#);
+    assert_eq!(v["dropped"], true, "{v:#}");
+    assert!(!machine_exists(&world, "oc-wb"));
+}
+
+#[test]
+fn a_commit_made_after_the_harvest_is_not_dropped() {
+    let world = World::new("lost-newcommit");
+    world.ok_call("boxd_ensure", W1);
+    world.ok_call("boxd_harvest", W1);
+    in_tree(&world, "w1", "echo late > late.txt && git add late.txt && git -c user.email=t@t -c user.name=t commit -qm late");
+    let e = world.err_call("boxd_drop", W1, "NOT_PROVEN");
+    assert!(e["message"].as_str().unwrap().contains("HEAD"), "{e:#}");
+    world.ok_call("boxd_harvest", W1);
+    assert_eq!(world.ok_call("boxd_drop", W1)["dropped"], true);
+}
+
+#[test]
+fn an_ordinary_work_drops_on_the_first_try() {
+    let world = World::new("lost-ordinary");
+    world.ok_call("boxd_ensure", W1);
+    run(&world, "w1", "just say hello");
+    world.ok_call("boxd_harvest", W1);
+    assert_eq!(world.ok_call("boxd_drop", W1)["dropped"], true);
+}
+
+#[test]
+fn a_machine_replaced_under_the_same_name_is_refused_by_every_tool_with_no_exec() {
+    let world = World::new("lost-replaced");
+    world.ok_call("boxd_ensure", W1);
+    run(&world, "w1", "hello");
+    world.ok_call("boxd_harvest", W1);
+    assert!(world.laptop.boxd(&["machine", "remove", "oc-w1", "-y"]).status.success());
+    assert!(world.laptop.boxd(&["machine", "new", "oc-w1", "--from-snapshot", "opencode-golden", "--json"]).status.success());
+    world.forget_calls();
+    let log = world.laptop.scratch.0.join("audit.jsonl");
+    for (tool, args) in [
+        ("boxd_job", W1.to_string()),
+        ("boxd_submit", json!({ "work": "w1", "prompt": "secret plan" }).to_string()),
+        ("boxd_harvest", W1.to_string()),
+        ("boxd_sleep", W1.to_string()),
+        ("boxd_resume", W1.to_string()),
+        ("boxd_image", r#"{"work":"w1","name":"stolen"}"#.to_string()),
+        ("boxd_drop", W1.to_string()),
+        ("boxd_ensure", W1.to_string()),
+    ] {
+        let (code, v) = world.call_with(&["--audit-log", log.to_str().unwrap()], tool, &args);
+        assert_eq!((code, v["error"].as_str()), (1, Some("NOT_OURS")), "{tool}: {v:#}");
+    }
+    let calls = world.laptop.boxd_calls();
+    let touching: Vec<_> = calls.iter().filter(|c| !matches!(c.get(1).map(String::as_str), Some("get") | Some("list")) && c[0] != "snapshots").collect();
+    assert!(touching.is_empty(), "only reads reached boxd: {touching:?}");
+    let audit = std::fs::read_to_string(&log).unwrap();
+    assert!(!audit.contains("\"exec\""), "no exec on the stranger's machine: {audit}");
+    assert!(machine_exists(&world, "oc-w1"), "the stranger's machine is untouched");
+}
+
+#[test]
+fn a_work_whose_machine_is_gone_can_be_closed_naming_what_was_lost() {
+    let world = World::new("lost-gone");
+    world.ok_call("boxd_ensure", W1);
+    let p = world.ok_call("boxd_submit", r#"{"work":"w1","prompt":"never harvested"}"#);
+    assert!(world.laptop.boxd(&["machine", "remove", "oc-w1", "-y"]).status.success());
+    let e = world.err_call("boxd_harvest", W1, "MACHINE_GONE");
+    assert!(e["next"].as_str().unwrap().contains("boxd_drop"), "{e:#}");
+    let v = world.ok_call("boxd_drop", W1);
+    assert_eq!(v["dropped"], true);
+    assert_eq!(v["unrecovered"]["prompts"], json!([p["promptId"]]), "{v:#}");
+    let status = world.ok_call("boxd_status", "{}");
+    assert_eq!(status["works"], json!([]), "the work is closed");
+}
+
+#[test]
+fn ensure_refuses_a_directory_that_is_not_a_plain_folder_before_creating_anything() {
+    let world = World::new("lost-dir");
+    let project = &world.laptop.project;
+    std::fs::write(project.join("a-file"), "x").unwrap();
+    std::os::unix::fs::symlink("/tmp", project.join("outside")).unwrap();
+    std::fs::create_dir_all(project.join("real")).unwrap();
+    std::os::unix::fs::symlink(project.join("real"), project.join("inside-link")).unwrap();
+    for dir in ["a-file", "outside", "inside-link", "missing", "/etc"] {
+        world.err_call("boxd_ensure", &json!({ "work": "w1", "directory": dir }).to_string(), "PATH_REFUSED");
+    }
+    assert_eq!(world.calls_starting(&["machine", "new"]), 0);
+    assert!(world.laptop.boxd_calls().is_empty(), "nothing reached boxd: {:?}", world.laptop.boxd_calls());
+    let v = world.ok_call("boxd_ensure", r#"{"work":"w1","directory":"real"}"#);
+    assert_eq!(v["directory"], project.join("real").to_str().unwrap());
+}
+
+#[test]
+fn job_reports_a_paused_machine_without_waking_it() {
+    let world = World::new("lost-standby");
+    world.ok_call("boxd_ensure", W1);
+    assert!(world.laptop.boxd(&["machine", "pause", "oc-w1", "--json"]).status.success());
+    world.forget_calls();
+    let v = world.ok_call("boxd_job", W1);
+    assert_eq!(v["state"], "standby", "{v:#}");
+    assert_eq!(world.calls_starting(&["machine", "exec"]), 0, "no exec: it would wake the machine");
+    let get = world.laptop.boxd(&["machine", "get", "oc-w1", "--json"]);
+    assert!(String::from_utf8_lossy(&get.stdout).contains("standby"));
+}
+
+#[test]
+fn a_harvest_clears_the_sleep_warning_it_resolves() {
+    let world = World::new("lost-warning");
+    world.ok_call("boxd_ensure", W1);
+    run(&world, "w1", "hello");
+    let v = world.ok_call("boxd_sleep", W1);
+    assert!(v["warning"].as_str().is_some(), "{v:#}");
+    let s = world.ok_call("boxd_status", "{}");
+    assert!(s["next"].as_str().unwrap().contains("boxd_resume"), "asleep: resume first, not a harvest that cannot run: {s:#}");
+    world.ok_call("boxd_resume", W1);
+    world.ok_call("boxd_harvest", W1);
+    let s = world.ok_call("boxd_status", "{}");
+    assert_eq!(s["works"][0]["warnings"], json!([]), "{s:#}");
+}
