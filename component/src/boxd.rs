@@ -116,14 +116,15 @@ pub fn sh_quote(arg: &str) -> String {
     out
 }
 
-/// The first JSON document in `stdout`, skipping lines the CLI prints before it.
+/// The first JSON document in `stdout`, skipping lines the CLI prints before it. A
+/// document starts at the beginning of a line: an indented `{` is inside one, and taking
+/// it would turn a cut-off answer into a wrong one.
 pub fn first_json(stdout: &[u8]) -> Option<Value> {
     let text = core::str::from_utf8(stdout).ok()?;
     let mut offset = 0;
     for line in text.split_inclusive('\n') {
-        let trimmed = line.trim_start();
-        if trimmed.starts_with('{') || trimmed.starts_with('[') {
-            let start = offset + (line.len() - trimmed.len());
+        if line.starts_with('{') || line.starts_with('[') {
+            let start = offset;
             let mut it = serde_json::Deserializer::from_str(&text[start..]).into_iter::<Value>();
             if let Some(Ok(v)) = it.next() {
                 return Some(v);

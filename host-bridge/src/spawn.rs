@@ -1,14 +1,15 @@
 //! Running one granted program: argument list (no shell), a clean environment, its own
-//! process group, stdin written by a thread, stdout/stderr read by threads up to the caps
+//! process group, stdin written by a thread, stdout into a file and stderr read by a thread, up to the caps
 //! of host-bridge/policy.json, and the child reaped by a thread blocked in wait(2) (no
 //! polling). One place decides how the run ends, from the first of these events:
 //!
 //! - a stream passes its cap: the whole process group is killed, and the spawn fails
 //!   naming the stream and the cap (the component answers e.g. BOXD_FAILED);
 //! - the deadline passes: the group is killed, and the spawn times out;
-//! - the child exits: both pipes are read to their end; a background process that keeps
-//!   a pipe open (a daemon the child started) gets `afterExit.graceMs`, then the group is
-//!   killed and the answer is what the child printed.
+//! - the child exits: stdout went to a file (see `stdout_file`), stderr is read to its
+//!   end; a background process that keeps stderr open (a daemon the child started) gets
+//!   `afterExit.graceMs` of silence, then the answer is what the child printed, and that
+//!   process is left alone.
 //!
 //! On Linux each child also gets PR_SET_PDEATHSIG(SIGKILL): if the host itself is killed,
 //! the child dies with it rather than running on as an orphan.
@@ -70,6 +71,8 @@ enum Stream {
 
 enum Event {
     Exited(std::io::Result<ExitStatus>),
+    /// Bytes arrived: after the child's exit, the grace counts from the last of these.
+    Data,
     Eof,
     OverCap(Stream),
 }
@@ -109,6 +112,8 @@ fn reader(mut r: impl Read + Send + 'static, buf: Arc<Mutex<Vec<u8>>>, cap: usiz
                         return;
                     }
                     b.extend_from_slice(&chunk[..n]);
+                    drop(b);
+                    let _ = tx.send(Event::Data);
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(_) => break,
@@ -118,11 +123,38 @@ fn reader(mut r: impl Read + Send + 'static, buf: Arc<Mutex<Vec<u8>>>, cap: usiz
     });
 }
 
+/// The child's stdout: an unlinked temporary file of our own, not a pipe. A program that
+/// exits right after a large write loses what a full pipe had not taken yet — the real
+/// `opencode export` (a Bun binary) delivers exactly 64 KiB of a larger session through a
+/// pipe, and all of it into a file — so a file is what every child writes to.
+fn stdout_file() -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let dir = std::env::temp_dir();
+    loop {
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = dir.join(format!(".boxd-host-{}-{n}.out", std::process::id()));
+        match std::fs::OpenOptions::new().read(true).write(true).create_new(true).mode(0o600).open(&path) {
+            Ok(f) => {
+                let _ = std::fs::remove_file(&path);
+                return Ok(f);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// How often the stdout file's size is checked against its cap while the child runs.
+const CAP_WATCH: Duration = Duration::from_millis(50);
+
 pub fn run(s: Spawn<'_>) -> Result<Output, SpawnFailure> {
+    let failed = |e: std::io::Error| SpawnFailure::Failed(format!("{}: {e}", s.name));
+    let out_file = stdout_file().map_err(failed)?;
     let mut cmd = Command::new(s.binary);
     cmd.args(s.args).env_clear().envs(s.env.iter().map(|(k, v)| (k, v))).process_group(0);
     cmd.stdin(if s.stdin.is_some() { Stdio::piped() } else { Stdio::null() });
-    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    cmd.stdout(Stdio::from(out_file.try_clone().map_err(failed)?)).stderr(Stdio::piped());
     if let Some(cwd) = s.cwd {
         cmd.current_dir(cwd);
     }
@@ -131,6 +163,7 @@ pub fn run(s: Spawn<'_>) -> Result<Output, SpawnFailure> {
         std::io::ErrorKind::NotFound => SpawnFailure::NotFound(s.binary.display().to_string()),
         _ => SpawnFailure::Failed(format!("{}: {e}", s.binary.display())),
     })?;
+    drop(cmd); // our copy of the child's stdout end
     let started = Instant::now();
     let pgid = child.id() as i32;
     let (tx, rx) = mpsc::channel();
@@ -141,9 +174,7 @@ pub fn run(s: Spawn<'_>) -> Result<Output, SpawnFailure> {
         // writer blocked by a child that never reads ends when the group is killed.
         thread::spawn(move || drop(pipe.write_all(&bytes)));
     }
-    let out = Arc::new(Mutex::new(Vec::new()));
     let err = Arc::new(Mutex::new(Vec::new()));
-    reader(child.stdout.take().expect("stdout is piped"), out.clone(), s.bounds.stdout_cap, Stream::Stdout, tx.clone());
     reader(child.stderr.take().expect("stderr is piped"), err.clone(), s.bounds.stderr_cap, Stream::Stderr, tx.clone());
     // The reaper blocks in wait(2); the child's pid stays ours (unreaped) until it returns.
     let reaper = {
@@ -154,17 +185,35 @@ pub fn run(s: Spawn<'_>) -> Result<Output, SpawnFailure> {
     };
     drop(tx);
 
+    let over_cap = |which: Stream| {
+        let (stream, cap) = match which {
+            Stream::Stdout => ("stdout", s.bounds.stdout_cap),
+            Stream::Stderr => ("stderr", s.bounds.stderr_cap),
+        };
+        SpawnFailure::Failed(format!(
+            "{} printed more than {} on {stream}; the cap is {} (host-bridge/policy.json outputCaps.{stream}), so the host killed it",
+            s.name,
+            human(cap),
+            human(cap)
+        ))
+    };
+    let stdout_len = || out_file.metadata().map(|m| m.len()).unwrap_or(0);
     let deadline = started + s.timeout;
     let mut status: Option<ExitStatus> = None;
     let mut grace_until = None;
-    let mut eofs = 0;
-    let take = |b: &Arc<Mutex<Vec<u8>>>| std::mem::take(&mut *b.lock().unwrap_or_else(|e| e.into_inner()));
+    let mut stderr_done = false;
     loop {
-        if status.is_some() && eofs == 2 {
+        if status.is_some() && stderr_done {
             break;
         }
+        if stdout_len() > s.bounds.stdout_cap as u64 {
+            kill_group(pgid);
+            let _ = reaper.join();
+            return Err(over_cap(Stream::Stdout));
+        }
         let until = grace_until.unwrap_or(deadline);
-        match rx.recv_timeout(until.saturating_duration_since(Instant::now())) {
+        let wait = until.saturating_duration_since(Instant::now()).min(CAP_WATCH);
+        match rx.recv_timeout(wait) {
             Ok(Event::Exited(Ok(st))) => {
                 status = Some(st);
                 grace_until = Some(Instant::now() + s.bounds.after_exit);
@@ -173,40 +222,45 @@ pub fn run(s: Spawn<'_>) -> Result<Output, SpawnFailure> {
                 kill_group(pgid);
                 return Err(SpawnFailure::Failed(format!("{}: waiting for it failed: {e}", s.name)));
             }
-            Ok(Event::Eof) => eofs += 1,
+            Ok(Event::Eof) => stderr_done = true,
+            // Still arriving (a loaded machine may schedule the reader late): the grace
+            // is for silence, not a deadline on what the child already wrote.
+            Ok(Event::Data) => {
+                if grace_until.is_some() {
+                    grace_until = Some(Instant::now() + s.bounds.after_exit);
+                }
+            }
             Ok(Event::OverCap(which)) => {
                 kill_group(pgid);
                 let _ = reaper.join();
-                let (stream, cap, key) = match which {
-                    Stream::Stdout => ("stdout", s.bounds.stdout_cap, "stdout"),
-                    Stream::Stderr => ("stderr", s.bounds.stderr_cap, "stderr"),
-                };
-                return Err(SpawnFailure::Failed(format!(
-                    "{} printed more than {} on {stream}; the cap is {} (host-bridge/policy.json outputCaps.{key}), so the host killed it",
-                    s.name,
-                    human(cap),
-                    human(cap)
-                )));
+                return Err(over_cap(which));
             }
+            Err(RecvTimeoutError::Timeout) if Instant::now() < until => {}
             Err(RecvTimeoutError::Timeout) if status.is_none() => {
                 kill_group(pgid);
                 let _ = reaper.join();
                 return Err(SpawnFailure::TimedOut);
             }
-            // The child exited and the grace is over: something it started still holds a
-            // pipe. Answer with what was read, and leave that process alone: a CLI's own
-            // daemon, or opencode finishing a write, is not ours to kill (killing it lost
-            // an `opencode import`'s session). The readers drain it in the background.
+            // The child exited and the grace is over: something it started still holds
+            // stderr. Answer with what was written, and leave that process alone: a CLI's
+            // own daemon is not ours to kill. The reader drains it in the background.
             Err(RecvTimeoutError::Timeout) => break,
             Err(RecvTimeoutError::Disconnected) => break,
         }
     }
-    // The child has been reaped (its status is here), so its pid may be reused from now
-    // on: the group kill above happens only while the group still has a member, whose
-    // presence keeps the group id from being reused.
     let _ = reaper.join();
     let status = status.expect("the loop ends with a status");
-    Ok(Output { exit_code: status.code(), stdout: take(&out), stderr: take(&err) })
+    // Everything the child wrote is in the file; read at most the cap (a process it left
+    // running may still be writing).
+    let mut stdout = Vec::new();
+    let mut f = &out_file;
+    std::io::Seek::seek(&mut f, std::io::SeekFrom::Start(0)).map_err(failed)?;
+    f.take(s.bounds.stdout_cap as u64 + 1).read_to_end(&mut stdout).map_err(failed)?;
+    if stdout.len() > s.bounds.stdout_cap {
+        return Err(over_cap(Stream::Stdout));
+    }
+    let stderr = std::mem::take(&mut *err.lock().unwrap_or_else(|e| e.into_inner()));
+    Ok(Output { exit_code: status.code(), stdout, stderr })
 }
 
 unsafe extern "C" {

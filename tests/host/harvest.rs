@@ -23,14 +23,17 @@ fn bash(cmd: &str) -> String {
 
 /// The laptop's own copy of a session, read with the laptop's opencode.
 fn laptop_export(world: &World, id: &str) -> serde_json::Value {
+    // Into a file: through a pipe, opencode export delivers only the first 64 KiB.
+    let path = world.laptop.scratch.0.join(format!("export-{id}.json"));
     let out = std::process::Command::new(opencode_bin())
         .args(["export", id])
         .current_dir(&world.laptop.project)
         .envs(world.laptop_env())
+        .stdout(std::fs::File::create(&path).unwrap())
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = std::fs::read_to_string(&path).unwrap();
     serde_json::from_str(&text[text.find('{').unwrap()..]).unwrap()
 }
 
@@ -165,4 +168,20 @@ fn image_after_a_proof_makes_an_immutable_snapshot() {
     world.err_call("boxd_image", r#"{"work":"w1","name":"w1-snap"}"#, "SNAPSHOT_EXISTS");
     run(&world, "more");
     world.err_call("boxd_image", r#"{"work":"w1","name":"w1-snap2"}"#, "NOT_PROVEN");
+}
+
+#[test]
+fn a_transcript_larger_than_a_pipe_buffer_is_proven() {
+    // The laptop's `opencode export` delivers only 64 KiB of a larger session through a
+    // pipe (it exits before a full pipe drains); the hosts give it a file for stdout.
+    let world = World::new("harvest-large");
+    world.ok_call("boxd_ensure", W1);
+    let big: String = (0..6000).map(|i| format!("line {i} of a long task description\n")).collect();
+    assert!(big.len() > 200 * 1024);
+    run(&world, &big);
+    let v = world.ok_call("boxd_harvest", W1);
+    assert_eq!(v["proven"], true, "{v:#}");
+    let id = v["sessions"][0]["id"].as_str().unwrap();
+    let copy = laptop_export(&world, id);
+    assert_eq!(copy["messages"].as_array().unwrap().len() as u64, v["sessions"][0]["messages"].as_u64().unwrap());
 }

@@ -4,6 +4,7 @@
 // timeout). Deny by default; the data (names, env allow-list) is dist/policy.json, a copy
 // of host-bridge/policy.json, so every host applies the same list.
 import { spawn } from "node:child_process";
+import { randomBytes } from "node:crypto";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
@@ -204,20 +205,32 @@ export function runChild(req, grants, track = () => () => {}) {
   for (const [k, v] of req.env ?? []) env[k] = v;
 
   return new Promise((resolve) => {
+    // stdout goes to an unlinked temporary file, not a pipe: a program that exits right
+    // after a large write loses what a full pipe had not taken (the real `opencode export`
+    // delivers exactly 64 KiB through a pipe, all of it into a file). As spawn.rs does.
+    let outFd;
+    try {
+      const tmp = path.join(os.tmpdir(), `.boxd-bridge-${process.pid}-${randomBytes(6).toString("hex")}.out`);
+      outFd = fs.openSync(tmp, "wx+", 0o600);
+      fs.unlinkSync(tmp);
+    } catch (e) {
+      return resolve(err("failed", `${req.program}: cannot make its output file: ${e.message}`));
+    }
     let child;
     try {
-      // detached: a new process group (setsid), so a timeout can kill grandchildren too,
-      // which would otherwise keep the pipes open (as spawn.rs does with process_group).
-      child = spawn(binary, req.args, { cwd, env, detached: true, stdio: [req.stdin ? "pipe" : "ignore", "pipe", "pipe"] });
+      // detached: a new process group (setsid), so a timeout can kill grandchildren too
+      // (as spawn.rs does with process_group).
+      child = spawn(binary, req.args, { cwd, env, detached: true, stdio: [req.stdin ? "pipe" : "ignore", outFd, "pipe"] });
     } catch (e) {
+      fs.closeSync(outFd);
       return resolve(err("failed", `${binary}: ${e.message}`));
     }
-    const out = [];
     const errs = [];
-    const sizes = { stdout: 0, stderr: 0 };
+    let errSize = 0;
     let settled = false;
     let timedOut = false;
     let grace;
+    let exitCode;
     const killGroup = () => {
       try {
         process.kill(-child.pid, "SIGKILL");
@@ -225,20 +238,53 @@ export function runChild(req, grants, track = () => () => {}) {
     };
     const untrack = track(killGroup);
     live.add(killGroup);
+    const overCap = (stream) => {
+      const cap = BOUNDS[stream];
+      return err("failed", `${req.program} printed more than ${human(cap)} on ${stream}; the cap is ${human(cap)} (host-bridge/policy.json outputCaps.${stream}), so the host killed it`);
+    };
+    const stdoutSize = () => {
+      try {
+        return fs.fstatSync(outFd).size;
+      } catch {
+        return 0;
+      }
+    };
+    // The stdout file's size is checked against its cap while the child runs.
+    const watch = setInterval(() => {
+      if (stdoutSize() > BOUNDS.stdout) {
+        killGroup();
+        finish(overCap("stdout"));
+      }
+    }, 50);
+    const readStdout = () => {
+      const size = Math.min(stdoutSize(), BOUNDS.stdout + 1);
+      const buf = Buffer.alloc(size);
+      let off = 0;
+      while (off < size) {
+        const n = fs.readSync(outFd, buf, off, size - off, off);
+        if (n === 0) break;
+        off += n;
+      }
+      return buf.subarray(0, off);
+    };
     const finish = (result, drain = false) => {
       if (settled) return;
       settled = true;
       clearTimeout(timer);
       clearTimeout(grace);
+      clearInterval(watch);
       untrack();
       live.delete(killGroup);
+      if (typeof result === "function") result = result();
+      try {
+        fs.closeSync(outFd);
+      } catch {}
       if (drain) {
-        // A process the child left running still holds the pipes: keep reading (and
+        // A process the child left running still holds stderr: keep reading (and
         // dropping) so it neither blocks nor dies of SIGPIPE, without holding the plugin.
-        for (const s of [child.stdout, child.stderr]) s?.unref?.();
+        child.stderr?.unref?.();
         child.unref();
       } else {
-        child.stdout?.destroy();
         child.stderr?.destroy();
       }
       resolve(result);
@@ -251,33 +297,37 @@ export function runChild(req, grants, track = () => () => {}) {
       finish(e.code === "ENOENT" ? err("not-found", binary) : err("failed", `${binary}: ${e.message}`));
     });
     // Past a cap the group is killed and the spawn fails naming the stream and the cap.
-    const collect = (stream, chunks) => (c) => {
+    child.stderr.on("data", (c) => {
       if (settled) return;
-      const cap = BOUNDS[stream];
-      if (sizes[stream] + c.length > cap) {
+      if (errSize + c.length > BOUNDS.stderr) {
         killGroup();
-        finish(err("failed", `${req.program} printed more than ${human(cap)} on ${stream}; the cap is ${human(cap)} (host-bridge/policy.json outputCaps.${stream}), so the host killed it`));
+        finish(overCap("stderr"));
         return;
       }
-      sizes[stream] += c.length;
-      chunks.push(c);
-    };
-    child.stdout.on("data", collect("stdout", out));
-    child.stderr.on("data", collect("stderr", errs));
+      errSize += c.length;
+      errs.push(c);
+      // After the child's exit the grace counts from the last bytes, not from the exit.
+      if (grace) grace.refresh();
+    });
     if (req.stdin) {
       // A child that exits without reading gives EPIPE; that is not our failure.
       child.stdin.on("error", () => {});
       child.stdin.end(Buffer.from(req.stdin.buffer, req.stdin.byteOffset, req.stdin.byteLength));
     }
-    const result = (code) => ({ tag: "ok", val: { exitCode: code ?? undefined, stdout: new Uint8Array(Buffer.concat(out)), stderr: new Uint8Array(Buffer.concat(errs)) } });
+    const result = () => {
+      const stdout = readStdout();
+      if (stdout.length > BOUNDS.stdout) return overCap("stdout");
+      return { tag: "ok", val: { exitCode: exitCode ?? undefined, stdout: new Uint8Array(stdout), stderr: new Uint8Array(Buffer.concat(errs)) } };
+    };
     child.on("exit", (code) => {
+      exitCode = code;
       if (timedOut) return finish(err("timed-out"));
-      // A background process the child started may keep our pipes open, which would hold
+      // A background process the child started may keep stderr open, which would hold
       // `close` forever: read on for a short grace after the child exits, then answer with
-      // what the child printed. That process is left alone (a CLI's daemon, or opencode
-      // finishing a write, is not ours to kill), as boxd-host does.
-      grace = setTimeout(() => finish(result(code), true), BOUNDS.afterExitMs);
+      // what the child printed. That process is left alone (a CLI's daemon is not ours to
+      // kill), as boxd-host does.
+      grace = setTimeout(() => finish(result, true), BOUNDS.afterExitMs);
     });
-    child.on("close", (code) => finish(timedOut ? err("timed-out") : result(code)));
+    child.on("close", () => finish(timedOut ? err("timed-out") : result));
   });
 }
