@@ -86,7 +86,15 @@ pub struct Prompt {
     /// fate is unknown still counts against the proof.
     #[serde(default)]
     pub admitted: bool,
+    /// When it was recorded (the recording call's clock): a prompt younger than
+    /// `IN_FLIGHT_MS` may still be on its way, so the guest's "never saw it" is not final.
+    #[serde(default)]
+    pub at_ms: u64,
 }
+
+/// Longer than any submit's exec may take (the helper's 120 s bound plus the host's 30 s
+/// margin, with room to spare).
+pub const IN_FLIGHT_MS: u64 = 10 * 60 * 1000;
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -190,13 +198,14 @@ impl Work {
     /// Apply the guest's word on unresolved prompts: a prompt it knows was admitted; one it
     /// never saw was never delivered (the host stopped before sending it) and leaves the
     /// record, with a warning, so it does not block the proof for ever.
-    pub fn resolve_prompts(&mut self, known: &BTreeMap<String, bool>, now: &str) {
+    pub fn resolve_prompts(&mut self, known: &BTreeMap<String, bool>, now: &str, now_ms: u64) {
         let mut lost = Vec::new();
         for p in self.prompts.iter_mut().filter(|p| !p.admitted) {
             match known.get(&p.id) {
                 Some(true) => p.admitted = true,
-                Some(false) => lost.push(p.id.clone()),
-                None => {}
+                // Another call's exec may still be carrying it: only an old prompt is lost.
+                Some(false) if p.at_ms.saturating_add(IN_FLIGHT_MS) <= now_ms => lost.push(p.id.clone()),
+                _ => {}
             }
         }
         if !lost.is_empty() {

@@ -12,6 +12,8 @@ mod guest;
 mod harvest;
 mod lifecycle;
 mod nothing_lost;
+mod kill_matrix;
+mod concurrency;
 mod tour;
 mod mcp;
 mod opencode;

@@ -217,7 +217,7 @@ pub fn run<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolResu
     let mut boxd = Boxd::new(&mut *env.programs, ctx.options.boxd_timeout_seconds);
     let export = Guest::new(&mut boxd, &machine, &work).call("export", &flags, None)?;
     let known = crate::guest::resolved(&export);
-    let w = if known.is_empty() { w } else { Ledger::for_call(&mut *env.files, ctx).update(&work, |w| w.resolve_prompts(&known, &now))? };
+    let w = if known.is_empty() { w } else { Ledger::for_call(&mut *env.files, ctx).update(&work, |w| w.resolve_prompts(&known, &now, ctx.now_ms))? };
     let sessions = parse_export(&export)?;
     let admitted = w.prompts.iter().filter(|p| p.admitted).count();
     if admitted > 0 && sessions.first().is_none_or(|s| s.messages == 0) {

@@ -63,7 +63,7 @@ pub fn run<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolResu
     if w.asleep_by_tool || !known.is_empty() {
         ledger.update(&work, |w| {
             w.asleep_by_tool = false;
-            w.resolve_prompts(&known, &now);
+            w.resolve_prompts(&known, &now, ctx.now_ms);
         })?;
     }
     let busy = s.get("state").and_then(Value::as_str) == Some("busy");

@@ -450,7 +450,7 @@ pub fn drop<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolRes
     }
     let live = crate::guest::Guest::new(&mut boxd, &machine, &work).call("seal", &flags, None)?;
     let known = crate::guest::resolved(&live);
-    let w = if known.is_empty() { w } else { ledger.update(&work, |w| w.resolve_prompts(&known, &now))? };
+    let w = if known.is_empty() { w } else { ledger.update(&work, |w| w.resolve_prompts(&known, &now, ctx.now_ms))? };
     require_proven(&w)?;
     super::account::check_live(&w, &live, &discard)?;
     // Intent before effect: a drop killed here is finished by the next one.

@@ -97,7 +97,7 @@ pub fn run<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolResu
     };
     if retry.is_none() {
         // Intent before effect: a prompt whose fate is unknown still needs a harvest.
-        let p = Prompt { id: id.clone(), at: now.clone(), sha256: prompt_sha, bytes: prompt.len() as u64, admitted: false };
+        let p = Prompt { id: id.clone(), at: now.clone(), sha256: prompt_sha, bytes: prompt.len() as u64, admitted: false, at_ms: ctx.now_ms };
         ledger.update(&work, |w| w.prompts.push(p))?;
     }
     let others: Vec<String> = w.unresolved().into_iter().filter(|p| p != &id).collect();
@@ -113,9 +113,21 @@ pub fn run<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolResu
 
     let mut known = crate::guest::resolved(&answer);
     known.insert(id.clone(), answer.get("admitted").and_then(Value::as_bool).unwrap_or(true));
+    let sent = w.prompts.iter().find(|p| p.id == id).cloned().unwrap_or_else(|| Prompt {
+        id: id.clone(),
+        at: now.clone(),
+        sha256: sha256_hex(prompt.as_bytes()),
+        bytes: prompt.len() as u64,
+        admitted: false,
+        at_ms: ctx.now_ms,
+    });
     ledger.update(&work, |w| {
         w.asleep_by_tool = false;
-        w.resolve_prompts(&known, &now);
+        // Whatever another call decided meanwhile, the guest has this prompt: it is ours.
+        if !w.prompts.iter().any(|p| p.id == sent.id) {
+            w.prompts.push(sent);
+        }
+        w.resolve_prompts(&known, &now, ctx.now_ms);
         for f in &files {
             w.files_in.push(FileRecord { guest: f.to.clone(), laptop: f.from.clone(), size: f.bytes.len() as u64, sha256: f.sha256.clone(), at: now.clone() });
         }

@@ -1,0 +1,57 @@
+//! Many writers, one ledger (issue 13): change calls from separate `boxd-host` processes
+//! at once on one work record every admitted prompt exactly once, and a lock left by a
+//! host that died is recovered.
+
+use serde_json::{json, Value};
+
+use crate::common::*;
+
+#[test]
+fn six_submits_at_once_record_every_admitted_prompt_exactly_once() {
+    let world = World::new("concurrent");
+    world.ok_call("boxd_ensure", r#"{"work":"w1"}"#);
+    let mut answered = Vec::new();
+    for round in 0..3 {
+        let results: Vec<(i32, Value)> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..6)
+                .map(|i| {
+                    let world = &world;
+                    s.spawn(move || world.call("boxd_submit", &json!({ "work": "w1", "prompt": format!("round {round} writer {i}") }).to_string()))
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for (code, v) in results {
+            assert_ne!(v["error"], "LEDGER_FAILED", "{v:#}");
+            assert_eq!(code, 0, "{v:#}");
+            answered.push(v["promptId"].as_str().unwrap().to_string());
+        }
+    }
+    let record: Value = serde_json::from_slice(&std::fs::read(world.laptop.ledger.join("works/w1/work.json")).unwrap()).unwrap();
+    let mut ids: Vec<String> = record["prompts"].as_array().unwrap().iter().map(|p| p["id"].as_str().unwrap().to_string()).collect();
+    assert!(record["prompts"].as_array().unwrap().iter().all(|p| p["admitted"] == true), "{record:#}");
+    ids.sort();
+    answered.sort();
+    assert_eq!(ids, answered, "the ledger holds exactly the 18 admitted prompts");
+    let out = world.on_machine("oc-w1", "cat work/w1/.boxd/state.json");
+    let st: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mut seen: Vec<String> = st["seen"].as_array().unwrap().iter().map(|v| v.as_str().unwrap().to_string()).collect();
+    seen.sort();
+    assert_eq!(seen, answered, "the guest admitted each once");
+    // No temp file or lock is left behind.
+    let names: Vec<String> = std::fs::read_dir(world.laptop.ledger.join("works/w1")).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    assert!(!names.iter().any(|n| n.ends_with(".boxd-tmp") || n == "lock"), "{names:?}");
+}
+
+#[test]
+fn a_lock_left_by_a_dead_host_is_taken_over() {
+    let world = World::new("deadlock");
+    world.ok_call("boxd_ensure", r#"{"work":"w1"}"#);
+    let lock = world.laptop.ledger.join("works/w1/lock");
+    std::fs::write(&lock, r#"{"owner":"boxd-host:dead0000dead0000"}"#).unwrap();
+    let v = world.ok_call("boxd_sleep", r#"{"work":"w1"}"#);
+    assert_eq!(v["state"], "asleep");
+    assert!(!lock.exists(), "the dead owner's lock was moved aside and ours released");
+    let record: Value = serde_json::from_slice(&std::fs::read(world.laptop.ledger.join("works/w1/work.json")).unwrap()).unwrap();
+    assert_eq!(record["asleepByTool"], true, "the change landed under the recovered lock");
+}

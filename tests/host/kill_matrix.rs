@@ -1,0 +1,228 @@
+//! The kill matrix (issue 13): the host is killed (SIGKILL, BOXD_HOST_KILL_AT) at every
+//! spawn boundary and around every committed file write (the rename of an atomic write,
+//! which is how every ledger change lands) of ensure, submit, harvest, sleep, resume,
+//! image and drop. After each kill the same call runs again, then boxd_status, and the
+//! world must hold: one machine per open work (none after a finished drop), every ledger
+//! record reads, every prompt the laptop sent is admitted exactly once, and nothing is
+//! destroyed that the laptop cannot account for.
+//!
+//! `cargo test` runs a representative subset (the points where a remote effect has landed
+//! and its record has not); the whole matrix:
+//!   cargo test -p boxd-host --test host kill_matrix_full -- --ignored --nocapture
+
+use serde_json::{json, Value};
+
+use crate::common::*;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Tool {
+    Ensure,
+    Submit,
+    Harvest,
+    Sleep,
+    Resume,
+    Image,
+    Drop,
+}
+
+const KINDS: [&str; 4] = ["before-spawn", "after-spawn", "before-rename", "after-rename"];
+
+impl Tool {
+    fn name(self) -> &'static str {
+        match self {
+            Tool::Ensure => "boxd_ensure",
+            Tool::Submit => "boxd_submit",
+            Tool::Harvest => "boxd_harvest",
+            Tool::Sleep => "boxd_sleep",
+            Tool::Resume => "boxd_resume",
+            Tool::Image => "boxd_image",
+            Tool::Drop => "boxd_drop",
+        }
+    }
+
+    fn args(self, work: &str, cell: usize) -> String {
+        match self {
+            Tool::Submit => json!({ "work": work, "prompt": format!("task number {cell} for {work}") }).to_string(),
+            Tool::Image => json!({ "work": work, "name": format!("img-{work}") }).to_string(),
+            Tool::Harvest => json!({ "work": work, "files": ["out.txt"] }).to_string(),
+            _ => json!({ "work": work }).to_string(),
+        }
+    }
+
+    /// Put `work` where the tool has something to do.
+    fn setup(self, world: &World, work: &str) {
+        let w = json!({ "work": work }).to_string();
+        if self == Tool::Ensure {
+            return;
+        }
+        world.ok_call("boxd_ensure", &w);
+        match self {
+            Tool::Harvest => {
+                let bash = json!({ "command": "echo result > out.txt && echo more > extra.txt", "description": "write" });
+                world.ok_call("boxd_submit", &json!({ "work": work, "prompt": format!("write @@tool:bash:{bash}@@") }).to_string());
+                assert_eq!(world.job_until_idle(work)["outcome"], "completed");
+            }
+            Tool::Resume => {
+                world.ok_call("boxd_sleep", &w);
+            }
+            Tool::Image | Tool::Drop => {
+                world.ok_call("boxd_harvest", &w);
+            }
+            _ => {}
+        }
+    }
+}
+
+/// `boxd-host call` as the World does, with a kill point; true when the host was killed.
+fn call_killed_at(world: &World, point: &str, tool: &str, args: &str) -> bool {
+    let oc = opencode_bin();
+    let path = format!("{}:{}", oc.parent().unwrap().display(), std::env::var("PATH").unwrap_or_default());
+    let mut env = world.laptop_env();
+    env.push(("PATH".into(), path));
+    env.push(("BOXD_HOST_KILL_AT".into(), point.into()));
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let out = world.laptop.host_stdin(&["--opencode", oc.to_str().unwrap(), "call", tool, args], &env, None);
+    use std::os::unix::process::ExitStatusExt;
+    match out.status.signal() {
+        Some(9) => true,
+        None => {
+            let code = out.status.code().unwrap();
+            assert!(code == 0 || code == 1, "{tool} at {point}: exit {code}: {}", String::from_utf8_lossy(&out.stderr));
+            stdout_json(&out);
+            false
+        }
+        Some(s) => panic!("{tool} at {point}: killed by signal {s}"),
+    }
+}
+
+fn machines_named(world: &World, name: &str) -> usize {
+    let out = world.laptop.boxd(&["machine", "list", "--json"]);
+    let list: Value = serde_json::from_slice(&out.stdout).unwrap_or(json!([]));
+    list.as_array().into_iter().flatten().filter(|m| m["name"] == name).count()
+}
+
+fn ledger_record(world: &World, work: &str) -> Value {
+    let path = world.laptop.ledger.join(format!("works/{work}/work.json"));
+    let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("{} does not read: {e}", path.display()))
+}
+
+/// The ids the guest admitted, from its own state (the helper's `seen`).
+fn guest_seen(world: &World, work: &str) -> Vec<String> {
+    let out = world.on_machine(&format!("oc-{work}"), &format!("cat work/{work}/.boxd/state.json"));
+    let st: Value = serde_json::from_slice(&out.stdout).unwrap_or(json!({}));
+    st["seen"].as_array().into_iter().flatten().filter_map(|v| v.as_str().map(String::from)).collect()
+}
+
+/// Recover: the call again (a few times for answers that say "later"), then status; then
+/// check the invariants. Returns a short word for the table.
+fn recover_and_check(world: &World, tool: Tool, work: &str, args: &str, point: &str) -> String {
+    let mut last = Value::Null;
+    for _ in 0..4 {
+        let (code, v) = world.call(tool.name(), args);
+        last = v;
+        let again = code == 1
+            && matches!(last["error"].as_str(), Some("CREATE_UNCERTAIN" | "MACHINE_STARTING" | "SESSION_BUSY" | "MACHINE_ASLEEP"));
+        if !again {
+            break;
+        }
+        if last["error"] == "MACHINE_ASLEEP" {
+            world.ok_call("boxd_resume", &json!({ "work": work }).to_string());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1500));
+    }
+    let status = world.ok_call("boxd_status", "{}");
+    let record = ledger_record(world, work);
+    let machine = format!("oc-{work}");
+    let n = machines_named(world, &machine);
+    let closed = record["state"] == "closed";
+    let ctx = format!("{} at {point}: rerun {last:#}\nrecord {record:#}", tool.name());
+    if closed {
+        assert_eq!(n, 0, "a closed work has no machine: {ctx}");
+    } else {
+        assert_eq!(n, 1, "exactly one machine for an open work: {ctx}");
+        assert!(status["works"].as_array().unwrap().iter().any(|w| w["work"] == work), "status lists the work: {status:#}");
+    }
+    if tool == Tool::Drop {
+        assert!(closed || last.get("error").is_some(), "a drop ends closed or refused: {ctx}");
+    } else {
+        assert!(last.get("error").is_none(), "the rerun recovers: {ctx}");
+    }
+    // Prompts: every one the ledger holds is admitted once on the guest, none twice.
+    if !closed {
+        let seen = guest_seen(world, work);
+        for p in record["prompts"].as_array().into_iter().flatten() {
+            let id = p["id"].as_str().unwrap();
+            assert_eq!(seen.iter().filter(|s| *s == id).count(), 1, "prompt {id} admitted once: {ctx}\nseen {seen:?}");
+            assert_eq!(p["admitted"], true, "{ctx}");
+        }
+        assert_eq!(seen.len(), record["prompts"].as_array().map_or(0, Vec::len), "no prompt the laptop does not know: {ctx}\nseen {seen:?}");
+    }
+    if closed { "closed".into() } else { last["error"].as_str().unwrap_or("ok").to_string() }
+}
+
+/// Every kill point of `tool` (or only `only`), each on a fresh work; returns table rows.
+fn matrix(world: &World, tool: Tool, only: Option<&[&str]>) -> Vec<String> {
+    let mut rows = Vec::new();
+    let mut cell = 0;
+    for kind in KINDS {
+        for n in 1..=12 {
+            let point = format!("{kind}:{n}");
+            if only.is_some_and(|o| !o.contains(&point.as_str())) {
+                continue;
+            }
+            cell += 1;
+            let work = format!("k{}{cell}", &tool.name()[5..7]);
+            tool.setup(world, &work);
+            let args = tool.args(&work, cell);
+            let killed = call_killed_at(world, &point, tool.name(), &args);
+            if !killed {
+                // The call has fewer points of this kind: it just ran to the end.
+                rows.push(format!("{:<13} {:<16} not reached", tool.name(), point));
+                if only.is_none() {
+                    break;
+                }
+                continue;
+            }
+            let word = recover_and_check(world, tool, &work, &args, &point);
+            rows.push(format!("{:<13} {:<16} killed → recovered ({word})", tool.name(), point));
+        }
+    }
+    rows
+}
+
+fn print(rows: &[String]) {
+    eprintln!("\nkill matrix: {} cells", rows.len());
+    for r in rows {
+        eprintln!("  {r}");
+    }
+}
+
+/// The points where a remote effect has landed and its ledger record has not: the
+/// submit exec (prompt admitted), the create, the remove, the hibernate, and the record
+/// write right after the harvest's export.
+#[test]
+fn kill_matrix_subset() {
+    let world = World::new("kill-subset");
+    let mut rows = Vec::new();
+    rows.extend(matrix(&world, Tool::Submit, Some(&["after-spawn:2", "before-rename:2"])));
+    rows.extend(matrix(&world, Tool::Ensure, Some(&["after-spawn:4"])));
+    rows.extend(matrix(&world, Tool::Drop, Some(&["after-spawn:3"])));
+    rows.extend(matrix(&world, Tool::Harvest, Some(&["after-spawn:2"])));
+    print(&rows);
+    assert!(rows.iter().all(|r| r.contains("recovered")), "every chosen point is reached and recovers: {rows:#?}");
+}
+
+#[test]
+#[ignore = "the whole matrix takes several minutes; run it with --ignored"]
+fn kill_matrix_full() {
+    let world = World::new("kill-full");
+    let mut rows = Vec::new();
+    for tool in [Tool::Submit, Tool::Sleep, Tool::Drop, Tool::Image, Tool::Harvest, Tool::Resume, Tool::Ensure] {
+        rows.extend(matrix(&world, tool, None));
+    }
+    print(&rows);
+    let killed = rows.iter().filter(|r| r.contains("recovered")).count();
+    eprintln!("{killed} points killed, {killed} recovered (100 %)");
+    assert!(killed > 20, "{rows:#?}");
+}
