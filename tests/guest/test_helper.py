@@ -483,6 +483,38 @@ class T1Commands(unittest.TestCase):
         (tree / "big.bin").write_bytes(b"x" * (8 * 1024 * 1024 + 1))
         r = g.run("git", work, b"", "--files", "big.bin")
         self.assertEqual((r.rc, r.json["error"]), (3, "FILE_TOO_LARGE"), r)
+        (tree / "big.bin").unlink()
+
+    def test_git_sends_every_commit_as_a_verified_bundle_unless_the_laptop_has_it(self):
+        g, work = self.g, "bundlew"
+        tree = g.tree(work)
+        tree.mkdir(parents=True)
+        git(tree, "init", "-q")
+        (tree / "a.txt").write_text("one\n")
+        git(tree, "add", "-A")
+        git(tree, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "one")
+        git(tree, "checkout", "-qb", "side")
+        (tree / "b.txt").write_text("side\n")
+        git(tree, "add", "-A")
+        git(tree, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "side")
+        r = g.run("git", work, {"files": [], "haveRefs": {}}, "--files-stdin")
+        self.assertEqual(r.rc, 0, r)
+        refs = r.json["refs"]
+        self.assertEqual(refs["HEAD"], git(tree, "rev-parse", "HEAD").stdout.decode().strip())
+        self.assertIn("refs/heads/side", refs)
+        data = base64.b64decode(r.json["bundle"]["data"])
+        self.assertEqual(r.json["bundle"]["sha256"], hashlib.sha256(data).hexdigest())
+        # a fresh repository takes every branch from it
+        fresh = Path(tempfile.mkdtemp(prefix="boxd-bundle-", dir=str(g.root)))
+        (fresh / "w.bundle").write_bytes(data)
+        git(fresh, "init", "-q")
+        git(fresh, "fetch", "-q", str(fresh / "w.bundle"), "refs/heads/*:refs/remotes/b/*")
+        self.assertEqual(git(fresh, "rev-parse", "refs/remotes/b/side").stdout.decode().strip(), refs["refs/heads/side"])
+        # the laptop already holds these refs: no bundle travels
+        r = g.run("git", work, {"files": [], "haveRefs": refs}, "--files-stdin")
+        self.assertEqual(r.rc, 0, r)
+        self.assertTrue(r.json.get("bundleUnchanged"), r)
+        self.assertNotIn("bundle", r.json)
 
 
 class OneWork(unittest.TestCase):
@@ -776,6 +808,72 @@ class T2Lifecycle(OneWork):
             self.assertEqual((st["outcome"], st["lastText"]), ("completed", "MODEL_REPLY: after the rebuild"))
         finally:
             fresh.close()
+
+
+class T4Seal(OneWork):
+    """prepare makes a repository; resolve answers for prompt ids; seal stops the guest and
+    reads the tree, and the next command starts it again without calling it a restart."""
+
+    W = "sealw"
+    GUEST = "seal"
+
+    def test_1_prepare_made_a_repository_with_a_first_commit(self):
+        tree = self.g.tree(self.W)
+        self.assertEqual(self.first.json["repo"], "created")
+        self.assertEqual(git(tree, "rev-list", "--count", "HEAD").stdout.decode().strip(), "1")
+        again = self.g.prepare(self.W)
+        self.assertEqual(again.json["repo"], "existing")
+        # the agent's own commits work: the repository has an identity of its own
+        self.assertEqual(git(tree, "config", "--local", "user.email").stdout.decode().strip(), "opencode-boxd@localhost")
+        (tree / "x.txt").write_text("x\n")
+        git(tree, "add", "x.txt")
+        git(tree, "commit", "-qm", "by the agent")
+
+    def test_2_resolve_says_which_prompts_arrived(self):
+        r = self.g.submit(self.W, "hello", prompt_id="pknown")
+        self.assertEqual(r.rc, 0, r)
+        self.g.wait_idle(self.W)
+        r = self.g.run("status", self.W, b"", "--resolve", "pknown,pnever")
+        self.assertEqual(r.rc, 0, r)
+        self.assertEqual(r.json["resolved"], {"pknown": True, "pnever": False})
+        again = self.g.submit(self.W, "hello", prompt_id="pknown")
+        self.assertTrue(again.json.get("duplicate"), again)
+
+    def test_3_seal_stops_the_guest_and_reads_the_tree(self):
+        tree = self.g.tree(self.W)
+        server_pid, pump_pid = self.g.server(self.W)["pid"], self.g.pump_pid(self.W)
+        (tree / "x.txt").write_text("changed\n")
+        (tree / "new.txt").write_text("new\n")
+        r = self.g.run("seal", self.W)
+        self.assertEqual(r.rc, 0, r)
+        j = r.json
+        self.assertTrue(j["sealed"])
+        self.assertEqual(j["newestPrompt"], "pknown")
+        self.assertTrue(j["dirty"])
+        self.assertIn("x.txt", j["changed"])
+        self.assertEqual([e["path"] for e in j["untracked"]], ["new.txt"])
+        diff = git(tree, "diff", "HEAD", "--binary", "--full-index", "--no-color", "--no-ext-diff", "--no-textconv",
+                   "--src-prefix=a/", "--dst-prefix=b/", "--", ".", ":(exclude).boxd").stdout
+        self.assertEqual(j["diffSha256"], hashlib.sha256(diff).hexdigest())
+        self.assertEqual(j["refs"]["HEAD"], git(tree, "rev-parse", "HEAD").stdout.decode().strip())
+        for pid in (server_pid, pump_pid):
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and os.path.exists("/proc/%d" % pid):
+                time.sleep(0.1)
+            self.assertFalse(os.path.exists("/proc/%d" % pid), "process %d still runs after seal" % pid)
+        # the next command starts it again as a fresh start, not GUEST_SERVER_DOWN
+        st = self.g.status(self.W)
+        self.assertEqual(st.rc, 0, st)
+        self.assertEqual(st.json["server"], "up")
+
+    def test_4_seal_refuses_a_busy_work_and_stops_nothing(self):
+        r = self.g.submit(self.W, "slow @@sleep:4000@@")
+        self.assertEqual(r.rc, 0, r)
+        pid = self.g.server(self.W)["pid"]
+        s = self.g.run("seal", self.W)
+        self.assertEqual((s.rc, s.json["error"]), (3, "SESSION_BUSY"), s)
+        self.assertTrue(os.path.exists("/proc/%d" % pid), "a refused seal stops nothing")
+        self.g.wait_idle(self.W)
 
 
 class T3ServerLoss(OneWork):

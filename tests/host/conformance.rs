@@ -36,6 +36,7 @@ fn normalise(tool: &str, value: &Value) -> Value {
         }),
         "boxd_sleep" => pick(&["state", "asleepBy", "alreadyAsleep"]),
         "boxd_resume" => pick(&["state", "action"]),
+        "boxd_drop" => pick(&["state", "dropped"]),
         _ => pick(&["state"]),
     }
 }
@@ -104,10 +105,11 @@ fn every_host_gives_the_same_results() {
     assert_eq!(cli[4]["outcome"], "completed");
     assert_eq!(cli[5]["files"][0][1], crate::guest::sha256(b"conformance input\ndone\n").as_str());
     assert_eq!(cli[7]["asleepBy"], "boxd_sleep");
-    assert_eq!(cli[8]["error"], "GIT_UNKNOWN");
+    assert_eq!(cli[8]["error"], "MACHINE_ASLEEP", "drop checks a live machine: an asleep one is resumed first");
     assert_eq!(cli[9]["action"], "woken");
-    let codes: Vec<&str> = cli[10..].iter().map(|v| v["error"].as_str().unwrap_or("-")).collect();
+    let codes: Vec<&str> = cli[10..14].iter().map(|v| v["error"].as_str().unwrap_or("-")).collect();
     assert_eq!(codes, ["NAME_INVALID", "WORK_UNKNOWN", "ARGS_INVALID", "PATH_REFUSED"]);
+    assert_eq!(cli[14]["dropped"], true, "everything on the machine is accounted for: {:#}", cli[14]);
     assert_eq!(mcp, cli, "the MCP server differs from boxd-host call");
     let oc = opencode.expect("the OpenCode runner failed");
     assert_eq!(oc, cli, "the OpenCode bridge differs from boxd-host call");

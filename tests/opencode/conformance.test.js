@@ -48,9 +48,10 @@ describe("the conformance scenario through the OpenCode bridge", { skip }, () =>
     assert.equal(v[4].outcome, "completed", JSON.stringify(v[4]));
     assert.equal(v[5].files[0].sha256, createHash("sha256").update("conformance input\ndone\n").digest("hex"));
     assert.equal(v[7].asleepBy, "boxd_sleep");
-    assert.equal(v[8].error, "GIT_UNKNOWN");
+    assert.equal(v[8].error, "MACHINE_ASLEEP");
     assert.equal(v[9].action, "woken");
-    assert.deepEqual(v.slice(10).map((x) => x.error), ["NAME_INVALID", "WORK_UNKNOWN", "ARGS_INVALID", "PATH_REFUSED"]);
+    assert.deepEqual(v.slice(10, 14).map((x) => x.error), ["NAME_INVALID", "WORK_UNKNOWN", "ARGS_INVALID", "PATH_REFUSED"]);
+    assert.equal(v[14].dropped, true, JSON.stringify(v[14]));
     fs.mkdirSync(path.dirname(RESULTS), { recursive: true });
     fs.writeFileSync(RESULTS, JSON.stringify(results, null, 1));
   });
