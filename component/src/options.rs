@@ -39,6 +39,10 @@ pub struct Options {
     pub ledger_dir: Option<String>,
     /// How long one boxd CLI call may take before it counts as TIMEOUT.
     pub boxd_timeout_seconds: u32,
+    /// Harvest also fetches a work's commits into the project's repository as
+    /// `refs/boxd/<work>` (off by default: the plugin writes nothing into a repository
+    /// unless asked; the bundle in the ledger already keeps every commit).
+    pub fetch_commits: bool,
 }
 
 pub const DEFAULT_SNAPSHOT: &str = "opencode-golden";
@@ -55,6 +59,7 @@ impl Default for Options {
             idle_minutes: DEFAULT_IDLE_MINUTES,
             ledger_dir: None,
             boxd_timeout_seconds: DEFAULT_BOXD_TIMEOUT_SECONDS,
+            fetch_commits: false,
         }
     }
 }
@@ -120,6 +125,9 @@ impl Options {
                 "boxdTimeoutSeconds" => {
                     let n = v.as_u64().filter(|n| (5..=3600).contains(n));
                     o.boxd_timeout_seconds = n.ok_or_else(|| invalid(key, "must be a whole number of seconds from 5 to 3600"))? as u32;
+                }
+                "fetchCommits" => {
+                    o.fetch_commits = v.as_bool().ok_or_else(|| invalid(key, "must be true or false"))?;
                 }
                 other => return Err(invalid(other, "is not a known option")),
             }

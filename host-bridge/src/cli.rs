@@ -172,6 +172,10 @@ impl Host {
             Some(p) => policy.program("opencode", p)?,
             None => policy.program_from_path("opencode", "opencode", path_var.as_deref())?,
         };
+        // git only when the user asked harvest to fetch commits into the project.
+        if options.get("fetchCommits").and_then(Value::as_bool) == Some(true) {
+            policy.program_from_path("git", "git", path_var.as_deref())?;
+        }
         policy.preopen(&ledger, "ledger")?.preopen(&project, "project")?;
         // Allowed roots come from the flags and from the options; both are granted.
         let mut roots: Vec<PathBuf> = f.allow_roots.clone();

@@ -198,7 +198,7 @@ mod tests {
 
     #[test]
     fn the_shared_policy_file_names_the_programs_and_variables() {
-        assert_eq!(program_names(), ["boxd", "opencode"]);
+        assert_eq!(program_names(), ["boxd", "opencode", "git"]);
         for must in ["PATH", "HOME", "XDG_DATA_HOME", "BOXD_TOKEN"] {
             assert!(child_env_names().iter().any(|n| n == must), "{must}");
         }

@@ -244,3 +244,19 @@ fn a_guest_whose_opencode_differs_from_the_laptops_is_refused() {
     assert_eq!((code, v["error"].as_str()), (1, Some("GUEST_VERSION")), "{v:#}");
     assert!(v["message"].as_str().unwrap().contains("1.18.99"), "{v:#}");
 }
+
+#[test]
+fn status_reports_one_corrupt_record_as_that_works_problem_and_the_rest_as_usual() {
+    let world = World::new("corrupt-one");
+    world.ok_call("boxd_ensure", W1);
+    world.ok_call("boxd_ensure", r#"{"work":"w2"}"#);
+    std::fs::write(world.laptop.ledger.join("works/w1/work.json"), b"{\"schema\":1,\"wo").unwrap();
+    let v = world.ok_call("boxd_status", "{}");
+    let works = v["works"].as_array().unwrap();
+    let bad = works.iter().find(|w| w["work"] == "w1").expect("the corrupt work is listed");
+    assert_eq!(bad["error"], "LEDGER_FAILED", "{v:#}");
+    assert!(bad["next"].as_str().is_some_and(|n| !n.is_empty()));
+    let good = works.iter().find(|w| w["work"] == "w2").expect("the other work is listed");
+    assert_eq!(good["state"], "running", "{v:#}");
+    assert_eq!(std::fs::read(world.laptop.ledger.join("works/w1/work.json")).unwrap(), b"{\"schema\":1,\"wo", "left as it is");
+}

@@ -213,3 +213,26 @@ fn a_harvest_clears_the_sleep_warning_it_resolves() {
     let s = world.ok_call("boxd_status", "{}");
     assert_eq!(s["works"][0]["warnings"], json!([]), "{s:#}");
 }
+
+#[test]
+fn with_fetch_commits_a_harvest_puts_the_works_commits_in_the_project_under_refs_boxd() {
+    let world = World::new("lost-fetch");
+    let project = &world.laptop.project;
+    git(project, &["init", "-q"]);
+    git(project, &["-c", "user.email=t@t", "-c", "user.name=t", "commit", "-q", "--allow-empty", "-m", "laptop"]);
+    let branch_before = git(project, &["rev-parse", "HEAD"]);
+    let opts = ["--options", r#"{"fetchCommits":true}"#];
+    let (code, _) = world.call_with(&opts, "boxd_ensure", W1);
+    assert_eq!(code, 0);
+    run(&world, "w1", &format!("commit {}", bash("echo kept > KEPT.md && git add KEPT.md && git commit -qm kept")));
+    let (code, v) = world.call_with(&opts, "boxd_harvest", W1);
+    assert_eq!(code, 0, "{v:#}");
+    assert_eq!(v["git"]["fetched"]["ref"], "refs/boxd/w1", "{v:#}");
+    let head = in_tree(&world, "w1", "git rev-parse HEAD").trim().to_string();
+    assert_eq!(git(project, &["rev-parse", "refs/boxd/w1"]).trim(), head);
+    assert_eq!(git(project, &["show", "refs/boxd/w1:KEPT.md"]), "kept\n");
+    assert_eq!(git(project, &["rev-parse", "HEAD"]), branch_before, "the project's own branch is untouched");
+    // Without the option, git is not even granted: nothing is written into the project.
+    let v = world.ok_call("boxd_harvest", W1);
+    assert!(v["git"].get("fetched").is_none(), "{v:#}");
+}

@@ -172,6 +172,29 @@ fn import_and_prove<P: Programs, F: Files>(env: &mut Env<P, F>, w: &Work, sessio
     Ok((proofs, report))
 }
 
+/// With `fetchCommits`: fetch the work's commits from the ledger's bundle into the
+/// project's repository as `refs/boxd/<work>` (HEAD) — a ref of our own namespace, no
+/// branch or work tree touched. Not a repository, or no git: said, not failed; the
+/// bundle in the ledger already holds every commit.
+fn fetch_commits<P: Programs>(programs: &mut P, w: &Work, bundle: &str) -> Value {
+    let refname = format!("refs/boxd/{}", w.work);
+    let req = RunRequest {
+        program: "git".into(),
+        args: ["fetch", "--quiet", "--no-tags", bundle, &format!("+HEAD:{refname}")].iter().map(|a| a.to_string()).collect(),
+        stdin: None,
+        env: Vec::new(),
+        cwd: Some(w.directory.clone()),
+        timeout_ms: 120_000,
+    };
+    match programs.run(&req) {
+        Ok(out) if out.exit_code == Some(0) => json!({ "ref": refname }),
+        Ok(out) => json!({ "ref": Value::Null, "reason": format!("git fetch into {}: {}", w.directory, tail(&out.stderr)) }),
+        Err(SpawnError::NotAllowed(m)) | Err(SpawnError::NotFound(m)) => json!({ "ref": Value::Null, "reason": format!("no git on this laptop for the host to grant ({m})") }),
+        Err(SpawnError::TimedOut) => json!({ "ref": Value::Null, "reason": "git fetch did not finish within 120 s" }),
+        Err(SpawnError::Failed(m)) => json!({ "ref": Value::Null, "reason": format!("could not run git: {m}") }),
+    }
+}
+
 /// The warning boxd_sleep leaves when it puts down an unharvested work; a proof covering
 /// every prompt resolves it.
 pub const UNHARVESTED_SLEEP: &str = "before the newest prompt was harvested";
@@ -243,6 +266,10 @@ pub fn run<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolResu
     let mut ledger = Ledger::for_call(&mut *env.files, ctx);
     let record = super::account::record(&mut ledger, &w, &git, &now)?;
     let w = ledger.update(&work, |w| w.git = record.clone())?;
+    let fetched = match record.as_ref().and_then(|r| r.bundle.clone()) {
+        Some(bundle) if ctx.options.fetch_commits => Some(fetch_commits(env.programs, &w, &format!("{}/{bundle}", ledger.work_dir(&work)))),
+        _ => None,
+    };
 
     // 5. files: every conflict is found before anything is written.
     let mut incoming = Vec::new();
@@ -294,6 +321,10 @@ pub fn run<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolResu
             "ignored": g.ignored.iter().map(|e| e.path.clone()).collect::<Vec<_>>() }),
         None => json!({ "repo": false, "warning": "GIT_UNKNOWN: the work tree is not a git repository, so boxd_drop will refuse it" }),
     };
+    let mut git_json = git_json;
+    if let Some(f) = fetched {
+        git_json["fetched"] = f;
+    }
     Ok(json!({
         "work": work,
         "machine": machine,

@@ -130,6 +130,11 @@ export function resolveGrants({ options, directory, env = process.env, insideOpe
     const found = findOnPath("boxd", env.PATH);
     if (found) grant("boxd", found, "boxd");
   }
+  // git only when the user asked harvest to fetch commits into the project.
+  if (options.fetchCommits === true) {
+    const found = findOnPath("git", env.PATH);
+    if (found) grant("git", found, "fetchCommits");
+  }
   // Inside a plugin process.execPath IS the opencode binary: the laptop's own OpenCode.
   if (options.opencode) grant("opencode", options.opencode, "opencode");
   else if (insideOpencode) programs.opencode = process.execPath;
