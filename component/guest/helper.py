@@ -1002,6 +1002,10 @@ def cmd_prepare(args):
         atomic_write(work.p("password"), password.encode("utf-8"), mode=0o600)
     os.chmod(work.p("password"), 0o600)
     try:
+        os.unlink(work.p("sealed"))  # ensure and resume reopen a work a refused drop sealed
+    except FileNotFoundError:
+        pass
+    try:
         repo = ensure_repo(work)
     except Fail as e:  # no git on the image: the work runs, and drop will say GIT_UNKNOWN
         work.log("helper.log", "prepare: the work tree could not be made a repository: %s" % e.message)
@@ -1101,6 +1105,8 @@ def check_target(work, parts, kind):
 def cmd_submit(args):
     work = Work(args.work)
     work.require()
+    if sealed_recently(work):
+        raise Fail("SESSION_BUSY", "work %s was sealed for a drop moments ago; nothing was written or admitted" % work.id)
     raw = read_stdin()
     try:
         payload = json.loads(raw.decode("utf-8"))
@@ -1174,6 +1180,8 @@ def cmd_submit(args):
     password = work.password()
     duplicate = False
     with work.state_lock(30.0):
+        if sealed_recently(work):
+            raise Fail("SESSION_BUSY", "work %s was sealed for a drop moments ago; nothing was admitted" % work.id)
         st = work.state()
         waiting = [e for e in work.inbox_entries() if e[0] > st["dispatchedSeq"]]
         queued = bool(st["current"]) or bool(waiting) or opencode_busy(work, password)
@@ -1308,8 +1316,9 @@ def cmd_export(args):
     if st["current"] or pending or (sid and smap.get(sid)):
         raise Fail("SESSION_BUSY", "work %s is busy (a run is in flight or %d prompt(s) wait)" % (work.id, len(pending)))
     resolved = resolve_prompts(work, resolve_arg(args))
+    newest = st["seen"][-1] if st["seen"] else None
     if not sid:
-        return {"ok": True, "sessions": [], "resolved": resolved}
+        return {"ok": True, "sessions": [], "resolved": resolved, "newestPrompt": newest}
     sessions, queue, seen = [], [sid], set()
     while queue:
         cur = queue.pop(0)
@@ -1331,7 +1340,7 @@ def cmd_export(args):
         for child in sorted(children, key=lambda c: (((c.get("time") or {}).get("created") or 0), c.get("id", ""))):
             if isinstance(child, dict) and child.get("id"):
                 queue.append(child["id"])
-    return {"ok": True, "sessions": sessions, "resolved": resolved}
+    return {"ok": True, "sessions": sessions, "resolved": resolved, "newestPrompt": newest}
 
 
 def cmd_import(args):
@@ -1440,15 +1449,19 @@ def digest_entry(work, rel_bytes):
         target = os.readlink(full)
         entry.update({"symlink": True, "size": len(target), "sha256": sha256_hex(target)})
         return entry
+    # Something that is there but cannot be digested (a FIFO, a socket, a file this user
+    # cannot read) is listed without a digest, so nothing can count it as accounted for.
     if not os.path.isfile(full):
-        return None
+        entry.update({"special": True, "sha256": None, "size": None})
+        return entry
     h = hashlib.sha256()
     try:
         with open(full, "rb") as f:
             for chunk in iter(lambda: f.read(1 << 20), b""):
                 h.update(chunk)
-    except OSError:
-        return None
+    except OSError as e:
+        entry.update({"unreadable": e.strerror or str(e), "sha256": None, "size": st.st_size})
+        return entry
     entry.update({"size": st.st_size, "sha256": h.hexdigest()})
     return entry
 
@@ -1545,6 +1558,13 @@ def inventory(work):
     else:  # nothing is committed yet: every file, staged or not, is untracked as far as history goes
         out["untracked"], tu = list_paths(work, others, ["ls-files", "-z", "--cached"])
     out["ignored"], ti = list_paths(work, ["ls-files", "-z", "--others", "--ignored", "--exclude-standard", "--directory"])
+    # Repositories inside the tree: a committed gitlink (mode 160000) carries none of the
+    # inner repository's commits or files, so the laptop cannot hold them through ours.
+    nested = []
+    for rec in git(work, ["ls-files", "-z", "-s"]).stdout.split(b"\0"):
+        if rec.startswith(b"160000 "):
+            nested.append(rec.split(b"\t", 1)[-1].decode("utf-8", "replace"))
+    out["nested"] = sorted(nested)
     if tu:
         out["untrackedTruncated"] = True
     if ti:
@@ -1604,6 +1624,24 @@ def cmd_git(args):
     return out
 
 
+SEAL_HOLD_SECONDS = 60
+
+
+def sealed_recently(work):
+    """A seal younger than SEAL_HOLD_SECONDS: a drop may be removing this machine."""
+    try:
+        age = time.time() - os.stat(work.p("sealed")).st_mtime
+    except FileNotFoundError:
+        return False
+    if 0 <= age < SEAL_HOLD_SECONDS:
+        return True
+    try:
+        os.unlink(work.p("sealed"))
+    except OSError:
+        pass
+    return False
+
+
 def cmd_seal(args):
     """Before a drop: stop everything that could start or write (the pump, then the
     OpenCode server and its children), then read the tree's live state. Refuses while a
@@ -1627,6 +1665,9 @@ def cmd_seal(args):
             os.unlink(work.p("server.json"))  # stopped on purpose: the next start is not a restart
         except FileNotFoundError:
             pass
+        # A submit arriving between this check and the remove is refused for a while:
+        # drop checks and removes within seconds; a refused drop's mark goes stale.
+        atomic_write(work.p("sealed"), now_iso().encode("ascii"))
         newest = st["seen"][-1] if st["seen"] else None
     out, diff = inventory(work)
     out.pop("status", None)

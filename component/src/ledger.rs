@@ -70,6 +70,10 @@ pub struct Work {
     /// while any is owed, unless the user discards it by name.
     #[serde(default)]
     pub owed: Vec<String>,
+    /// Snapshots this work's boxd_image is saving (recorded before the save runs, cleared
+    /// by its answer), so a save whose answer was lost is recognised by the next call.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub images_pending: Vec<String>,
     /// What a drop of a vanished machine could not recover (prompt ids after the proof).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unrecovered: Vec<String>,
@@ -127,6 +131,10 @@ pub struct Proof {
     /// How many prompts of the work this proof covers.
     pub prompts: u64,
     pub sessions: Vec<SessionProof>,
+    /// The newest prompt the guest had admitted when it exported: drop refuses a machine
+    /// whose newest prompt is another (one admitted after this proof).
+    #[serde(default)]
+    pub newest_prompt: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -209,6 +217,18 @@ impl Work {
             }
         }
         if !lost.is_empty() {
+            // Proof and git counts are positions in this list: move them down with it, so a
+            // newer prompt never slips under an older proof.
+            let removed_before = |n: u64| self.prompts.iter().take(n as usize).filter(|p| lost.contains(&p.id)).count() as u64;
+            let shifts: Vec<u64> = self.proofs.iter().map(|p| removed_before(p.prompts)).collect();
+            for (p, d) in self.proofs.iter_mut().zip(shifts) {
+                p.prompts -= d;
+            }
+            if let Some(g) = self.git.as_ref().map(|g| removed_before(g.prompts)) {
+                if let Some(git) = self.git.as_mut() {
+                    git.prompts -= g;
+                }
+            }
             self.prompts.retain(|p| !lost.contains(&p.id));
             self.warnings.push(format!("{now}: prompt(s) {} never reached the machine (the host stopped before sending); submit again if still wanted", lost.join(", ")));
         }
@@ -268,9 +288,15 @@ impl<'a, F: Files> Ledger<'a, F> {
                 (seen, same) = (now, 0);
             }
             if same >= LOCK_PATIENCE {
-                // The owner died holding it: move it aside (one breaker wins) and retry.
+                // The owner died holding it: move it aside (one breaker wins the rename) and
+                // retry. If what moved is not the lock we watched (its owner released it and
+                // another call took it in between), put that live lock back at once.
                 let aside = format!("{path}.dead-{}", self.owner.replace(':', "-"));
                 if self.files.rename(&path, &aside).unwrap_or(false) {
+                    let moved = self.files.read(&aside).ok().flatten();
+                    if moved.is_some() && moved != seen {
+                        let _ = self.files.create_new(&path, moved.as_deref().unwrap_or_default());
+                    }
                     let _ = self.files.remove_file(&aside);
                 }
                 (seen, same) = (None, 0);
@@ -461,6 +487,20 @@ mod tests {
         fs.broken.insert("/l".into());
         let mut l = Ledger::new(&mut fs, "/l");
         assert_eq!(l.write(&Work::new("w1", "/p", "t")).unwrap_err().code, Code::LedgerFailed);
+    }
+
+    #[test]
+    fn a_lost_prompt_moves_the_proof_counts_down_with_it() {
+        let mut w = Work::new("w1", "/p", "t");
+        for (id, admitted) in [("p1", false), ("p2", true), ("p3", true)] {
+            w.prompts.push(Prompt { id: id.into(), admitted, ..Default::default() });
+        }
+        w.proofs.push(Proof { prompts: 2, ..Default::default() });
+        let known: BTreeMap<String, bool> = [("p1".to_string(), false)].into_iter().collect();
+        w.resolve_prompts(&known, "t", IN_FLIGHT_MS + 1);
+        assert_eq!(w.prompts.iter().map(|p| p.id.as_str()).collect::<Vec<_>>(), ["p2", "p3"]);
+        assert_eq!(w.proofs[0].prompts, 1, "the proof covered p1 and p2; it now covers p2 only");
+        assert!(!w.proven(), "p3 is not proven");
     }
 
     #[test]

@@ -211,7 +211,9 @@ pub fn run(s: Spawn<'_>) -> Result<Output, SpawnFailure> {
             let _ = reaper.join();
             return Err(over_cap(Stream::Stdout));
         }
-        let until = grace_until.unwrap_or(deadline);
+        // The deadline holds after the exit too: stderr that keeps trickling from a process
+        // the child left behind never holds the answer past it.
+        let until = grace_until.map_or(deadline, |g: Instant| g.min(deadline));
         let wait = until.saturating_duration_since(Instant::now()).min(CAP_WATCH);
         match rx.recv_timeout(wait) {
             Ok(Event::Exited(Ok(st))) => {
@@ -278,9 +280,11 @@ const SIGKILL: i32 = 9;
 /// SIGKILL the child's process group (the child and everything it started that did not
 /// leave the group).
 pub fn kill_group(pgid: i32) {
-    // SAFETY: kill(2) on a process group we created; no memory is involved.
+    // SAFETY: kill(2) on a process group we created and on its leader, our child (which
+    // may have left the group with setsid); no memory is involved.
     unsafe {
         kill(-pgid, SIGKILL);
+        kill(pgid, SIGKILL);
     }
 }
 

@@ -865,8 +865,15 @@ class T4Seal(OneWork):
         st = self.g.status(self.W)
         self.assertEqual(st.rc, 0, st)
         self.assertEqual(st.json["server"], "up")
+        # a submit right after a seal (a drop may be removing the machine) is refused, and
+        # writes nothing
+        r = self.g.submit(self.W, "too late", files=[{"to": "late.txt", "data": base64.b64encode(b"x").decode()}])
+        self.assertEqual((r.rc, r.json["error"]), (3, "SESSION_BUSY"), r)
+        self.assertFalse((tree / "late.txt").exists())
 
     def test_4_seal_refuses_a_busy_work_and_stops_nothing(self):
+        p = self.g.prepare(self.W)  # ensure/resume reopen a sealed work
+        self.assertEqual(p.rc, 0, p)
         r = self.g.submit(self.W, "slow @@sleep:4000@@")
         self.assertEqual(r.rc, 0, r)
         pid = self.g.server(self.W)["pid"]

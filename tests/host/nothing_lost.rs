@@ -236,3 +236,17 @@ fn with_fetch_commits_a_harvest_puts_the_works_commits_in_the_project_under_refs
     let v = world.ok_call("boxd_harvest", W1);
     assert!(v["git"].get("fetched").is_none(), "{v:#}");
 }
+
+#[test]
+fn a_repository_inside_the_work_tree_is_not_dropped_unless_discarded() {
+    let world = World::new("lost-nested");
+    world.ok_call("boxd_ensure", W1);
+    // A clone inside the tree, then committed at the top as a gitlink: our bundle holds
+    // none of its commits or files.
+    in_tree(&world, "w1", "git init -q sub && cd sub && echo inner > f.txt && git add f.txt && git -c user.email=t@t -c user.name=t commit -qm inner && cd .. && git add -A && git commit -qm outer");
+    world.ok_call("boxd_harvest", W1);
+    let e = world.err_call("boxd_drop", W1, "UNTRACKED");
+    assert!(e["message"].as_str().unwrap().contains("sub"), "{e:#}");
+    assert!(machine_exists(&world, "oc-w1"));
+    assert_eq!(world.ok_call("boxd_drop", r#"{"work":"w1","discard":["sub"]}"#)["dropped"], true);
+}

@@ -130,13 +130,21 @@ fn discarded(path: &str, discard: &[String]) -> bool {
 /// names the paths and the one next step.
 pub fn check_live(w: &Work, live: &Value, discard: &[String]) -> ToolResult<()> {
     let work = &w.work;
-    // Prompts: the guest's newest must be one the laptop knows, and proven.
+    // Prompts: the guest's newest must be one the laptop sent, and the one the last proof
+    // was exported at (a prompt admitted after the export has a run the laptop lacks).
     if let Some(newest) = live["newestPrompt"].as_str() {
         if !w.prompts.iter().any(|p| p.id == newest) {
             return Err(ToolError::with_next(
                 Code::NotProven,
                 format!("work '{work}': the machine holds prompt {newest}, which this laptop's ledger never sent"),
                 format!("Call boxd_harvest for work '{work}' to bring its transcript home, then drop; or boxd_sleep, which keeps the disk."),
+            ));
+        }
+        if w.proofs.last().and_then(|p| p.newest_prompt.as_deref()) != Some(newest) {
+            return Err(ToolError::with_next(
+                Code::NotProven,
+                format!("work '{work}': prompt {newest} was admitted on the machine after the last harvest's export"),
+                format!("Call boxd_harvest for work '{work}' first."),
             ));
         }
     }
@@ -146,6 +154,20 @@ pub fn check_live(w: &Work, live: &Value, discard: &[String]) -> ToolResult<()> 
             Code::Untracked,
             format!("work '{work}': files a harvest was asked for have not come home: {}", owed.join(", ")),
             format!("Call boxd_harvest for work '{work}' with those files (use 'to' for another folder on a conflict), or boxd_drop with \"discard\" naming them if they are not wanted."),
+        ));
+    }
+    if live["untrackedTruncated"].as_bool() == Some(true) || live["ignoredTruncated"].as_bool() == Some(true) {
+        return Err(ToolError::new(
+            Code::Untracked,
+            format!("work '{work}' has more new files on the machine than one listing holds (5000), so not all of them can be checked"),
+        ));
+    }
+    let nested: Vec<&str> = live["nested"].as_array().into_iter().flatten().filter_map(Value::as_str).filter(|p| !discarded(p, discard)).collect();
+    if !nested.is_empty() {
+        return Err(ToolError::with_next(
+            Code::Untracked,
+            format!("work '{work}' holds other git repositories whose commits and files the laptop does not have: {}", nested.join(", ")),
+            format!("Bring what matters home (harvest its files, or push it from the machine), then call boxd_drop for work '{work}' with \"discard\" naming those folders; or boxd_sleep, which keeps the disk."),
         ));
     }
     if !live["repo"].as_bool().unwrap_or(false) {
@@ -245,6 +267,33 @@ mod tests {
         let e = check_live(&w, &json!({ "repo": true, "refs": { "HEAD": SHA }, "dirty": true, "diffSha256": "x", "changed": ["README.md"] }), &[]).unwrap_err();
         assert_eq!(e.code, Code::Dirty);
         assert!(e.message.contains("README.md"));
+    }
+
+    #[test]
+    fn a_prompt_admitted_after_the_proofs_export_refuses() {
+        let mut w = proven_work();
+        for id in ["p1", "p2"] {
+            w.prompts.push(crate::ledger::Prompt { id: id.into(), admitted: true, ..Default::default() });
+        }
+        w.proofs.push(crate::ledger::Proof { prompts: 2, newest_prompt: Some("p1".into()), ..Default::default() });
+        let live = json!({ "repo": true, "refs": { "HEAD": SHA }, "newestPrompt": "p2" });
+        let e = check_live(&w, &live, &[]).unwrap_err();
+        assert_eq!(e.code, Code::NotProven);
+        assert!(e.message.contains("p2"), "{}", e.message);
+        let live = json!({ "repo": true, "refs": { "HEAD": SHA }, "newestPrompt": "p1" });
+        assert!(check_live(&w, &live, &[]).is_ok());
+    }
+
+    #[test]
+    fn nested_repositories_and_cut_listings_refuse() {
+        let w = proven_work();
+        let live = json!({ "repo": true, "refs": { "HEAD": SHA }, "nested": ["sub"] });
+        let e = check_live(&w, &live, &[]).unwrap_err();
+        assert_eq!(e.code, Code::Untracked);
+        assert!(e.message.contains("sub"));
+        assert!(check_live(&w, &live, &["sub".to_string()]).is_ok());
+        let live = json!({ "repo": true, "refs": { "HEAD": SHA }, "untrackedTruncated": true });
+        assert_eq!(check_live(&w, &live, &["x".to_string()]).unwrap_err().code, Code::Untracked);
     }
 
     #[test]

@@ -249,10 +249,19 @@ pub fn run<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolResu
 
     // 2–3. import and verify; the proof is recorded before git and files. It covers the
     // prompts the guest had when it exported, not any submitted since.
-    let covered = w.prompts.len() as u64;
+    // The proof covers the prompts up to the newest one the guest had admitted when it
+    // exported — not one a concurrent submit recorded but had not delivered yet.
+    let newest = export.get("newestPrompt").and_then(Value::as_str).map(String::from);
+    // A guest that admitted none (a rebuilt machine holds the restored transcript) covers
+    // what the last proof did.
+    let before = w.proofs.last().map_or(0, |p| p.prompts);
+    let covered = match newest.as_ref().and_then(|id| w.prompts.iter().position(|p| &p.id == id)) {
+        Some(i) => (i as u64 + 1).max(before),
+        None => before,
+    };
     let (proofs, report) = import_and_prove(env, &w, &sessions)?;
     let w = Ledger::for_call(&mut *env.files, ctx).update(&work, |w| {
-        w.proofs.push(Proof { at: now.clone(), prompts: covered, sessions: proofs });
+        w.proofs.push(Proof { at: now.clone(), prompts: covered, sessions: proofs, newest_prompt: newest.clone() });
         if w.proven() {
             w.warnings.retain(|t| !t.contains(UNHARVESTED_SLEEP));
         }

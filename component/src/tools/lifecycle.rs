@@ -110,6 +110,9 @@ pub fn ensure<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolR
         if w.machine_id.is_none() && w.state != "creating" {
             return Err(ToolError::new(Code::NotOurs, format!("{machine} exists, but the ledger recorded no create for work '{work}'")));
         }
+        if info.id.is_empty() {
+            return Err(ToolError::new(Code::NotOurs, format!("boxd gave no id for {machine}, so it cannot be checked against the ledger")));
+        }
         let mut owned = w.clone();
         owned.machine_id.get_or_insert_with(|| info.id.clone());
         super::check_machine(&owned, &info)?;
@@ -141,6 +144,13 @@ pub fn ensure<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolR
     }
 
     if let Some(w) = &record {
+        if w.state == "dropping" {
+            return Err(ToolError::with_next(
+                Code::MachineGone,
+                format!("work '{work}' was being dropped when its machine was removed"),
+                format!("Call boxd_drop for work '{work}' to finish closing it, then boxd_ensure to start it again."),
+            ));
+        }
         if w.state == "open" && w.machine_id.is_some() {
             return Err(ToolError::new(Code::MachineGone, format!("{machine}, recorded for work '{work}', no longer exists")));
         }
@@ -164,7 +174,8 @@ pub fn ensure<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolR
     })?;
     match boxd.create(&machine, &snapshot, idle) {
         Ok(created) => {
-            let boot_timeout = created.boot_timeout;
+            // Open only with an id to check later; without one the next ensure adopts it.
+            let boot_timeout = created.boot_timeout || created.id.is_none();
             let w = ledger.update(&work, |w| {
                 w.machine_id = created.id;
                 if !boot_timeout {
@@ -172,7 +183,7 @@ pub fn ensure<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolR
                 }
             })?;
             if boot_timeout {
-                return Err(ToolError::new(Code::CreateUncertain, format!("boxd created {machine} but its boot timed out; it may still come up")));
+                return Err(ToolError::new(Code::CreateUncertain, format!("boxd created {machine} but its boot timed out or its answer carried no id; it may still come up")));
             }
             let guest = prepare_guest(&mut boxd, &mut ledger, &w, &ctx.entropy, version.as_deref())?;
             let mut out = work_json(&w, "running");
@@ -295,6 +306,14 @@ pub fn resume<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolR
         }
         State::Running => Wake::AlreadyRunning,
         State::Starting => return Err(ToolError::new(Code::MachineStarting, format!("{machine} is still starting"))),
+        // A drop removed it and was stopped before it closed the work: finish that instead.
+        State::Gone if w.state == "dropping" => {
+            return Err(ToolError::with_next(
+                Code::MachineGone,
+                format!("work '{work}' was being dropped when its machine was removed"),
+                format!("Call boxd_drop for work '{work}' to finish closing it."),
+            ));
+        }
         // The name is free (boxd knows no machine by it): rebuild under it.
         State::Gone => {
             let snapshot = ctx.options.snapshot.clone();
@@ -312,21 +331,24 @@ pub fn resume<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolR
                 Err(e) => return Err(e.into_error()),
             };
             let boot_timeout = created.boot_timeout;
+            let has_id = created.id.is_some();
             ledger.update(&work, |w| {
                 w.machine_id = created.id;
-                if !boot_timeout {
+                if !boot_timeout && has_id {
                     w.state = "open".into();
                     w.helper_sha256 = None;
                 }
             })?;
-            if boot_timeout {
-                return Err(ToolError::new(Code::CreateUncertain, format!("boxd rebuilt {machine} but its boot timed out")));
+            if boot_timeout || !has_id {
+                return Err(ToolError::new(Code::CreateUncertain, format!("boxd rebuilt {machine} but its boot timed out or its answer carried no id")));
             }
             Wake::Rebuilt
         }
     };
-    if !matches!(action, Wake::Rebuilt | Wake::AlreadyRunning) {
+    if action != Wake::Rebuilt {
         // Waking restores boxd's default bound on some paths; ours is what limits billing.
+        // Also when it is already running: a resume killed between its wake and this call
+        // must not leave the default bound behind.
         boxd.set_idle(&machine, idle).map_err(Failure::into_error)?;
     }
     let w = ledger.update(&work, |w| w.asleep_by_tool = false)?;
@@ -358,6 +380,16 @@ pub fn image<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolRe
     require_proven(&w)?;
     let mut boxd = Boxd::new(env.programs, ctx.options.boxd_timeout_seconds);
     if boxd.snapshots().map_err(Failure::into_error)?.iter().any(|s| s.name == name) {
+        // This work's own save whose answer was lost (recorded before it ran) is done.
+        if w.images_pending.contains(&name) {
+            let n = name.clone();
+            ledger.update(&work, |w| w.images_pending.retain(|p| p != &n))?;
+            let mut out = work_json(&w, "running");
+            out["snapshot"] = json!(name);
+            out["alreadyMade"] = json!(true);
+            out["next"] = json!(format!("Set \"snapshot\": \"{name}\" in the plugin options to boot new works from it."));
+            return Ok(out);
+        }
         return Err(ToolError::new(Code::SnapshotExists, format!("a snapshot named '{name}' already exists")));
     }
     match super::owned_state(&mut boxd, &w)? {
@@ -372,7 +404,15 @@ pub fn image<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolRe
             ));
         }
     }
+    let n = name.clone();
+    ledger.update(&work, |w| {
+        if !w.images_pending.contains(&n) {
+            w.images_pending.push(n);
+        }
+    })?;
     boxd.snapshot_save(&machine, &name).map_err(Failure::into_error)?;
+    let n = name.clone();
+    ledger.update(&work, |w| w.images_pending.retain(|p| p != &n))?;
     let mut out = work_json(&w, "running");
     out["snapshot"] = json!(name);
     out["next"] = json!(format!("Set \"snapshot\": \"{name}\" in the plugin options to boot new works from it."));
@@ -410,6 +450,15 @@ pub fn drop<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolRes
         out["next"] = json!("Nothing to do: this work was already dropped.");
         return Ok(out);
     }
+    if w.state == "creating" {
+        // Its create never answered: the machine may still appear, and closing the work now
+        // would leave it billing with no record.
+        return Err(ToolError::with_next(
+            Code::CreateUncertain,
+            format!("work '{work}': the create of {machine} never answered, so it may still appear"),
+            format!("Call boxd_ensure for work '{work}' (it adopts the machine or makes one), then boxd_drop."),
+        ));
+    }
     let mut boxd = Boxd::new(env.programs, ctx.options.boxd_timeout_seconds);
     let Some(info) = boxd.get(&machine).map_err(Failure::into_error)? else {
         // Nothing left to destroy: close the work and say what could not be recovered.
@@ -442,19 +491,39 @@ pub fn drop<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolRes
         }
     }
     require_proven(&w)?;
-    // Quiesce and read the live state in one exec: nothing starts or writes after it.
-    let unresolved = w.unresolved().join(",");
-    let mut flags: Vec<&str> = Vec::new();
-    if !unresolved.is_empty() {
-        flags.extend(["--resolve", unresolved.as_str()]);
-    }
-    let live = crate::guest::Guest::new(&mut boxd, &machine, &work).call("seal", &flags, None)?;
-    let known = crate::guest::resolved(&live);
-    let w = if known.is_empty() { w } else { ledger.update(&work, |w| w.resolve_prompts(&known, &now, ctx.now_ms))? };
-    require_proven(&w)?;
-    super::account::check_live(&w, &live, &discard)?;
-    // Intent before effect: a drop killed here is finished by the next one.
+    // Intent before effect: from here a submit is refused (the laptop side), and a drop
+    // killed anywhere below is finished by the next one.
     ledger.update(&work, |w| w.state = "dropping".into())?;
+    let checked = (|| {
+        // Quiesce and read the live state in one exec: nothing starts or writes after it
+        // (the guest also refuses a submit for a while after it).
+        let unresolved = w.unresolved().join(",");
+        let mut flags: Vec<&str> = Vec::new();
+        if !unresolved.is_empty() {
+            flags.extend(["--resolve", unresolved.as_str()]);
+        }
+        let live = crate::guest::Guest::new(&mut boxd, &machine, &work).call("seal", &flags, None)?;
+        let known = crate::guest::resolved(&live);
+        let w = if known.is_empty() { w.clone() } else { ledger.update(&work, |w| w.resolve_prompts(&known, &now, ctx.now_ms))? };
+        if let Some(p) = w.unresolved().first() {
+            return Err(ToolError::with_next(
+                Code::SessionBusy,
+                format!("work '{work}': prompt {p} may still be on its way to the machine"),
+                format!("Call boxd_job for work '{work}' in a later turn, harvest, then drop."),
+            ));
+        }
+        require_proven(&w)?;
+        super::account::check_live(&w, &live, &discard)
+    })();
+    if let Err(e) = checked {
+        // Refused: the work is open again (the guest restarts on its next command).
+        ledger.update(&work, |w| {
+            if w.state == "dropping" {
+                w.state = "open".into();
+            }
+        })?;
+        return Err(e);
+    }
     boxd.remove(&machine).map_err(Failure::into_error)?;
     let w = ledger.update(&work, |w| w.state = "closed".into())?;
     let mut out = work_json(&w, "gone");

@@ -98,7 +98,18 @@ pub fn run<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolResu
     if retry.is_none() {
         // Intent before effect: a prompt whose fate is unknown still needs a harvest.
         let p = Prompt { id: id.clone(), at: now.clone(), sha256: prompt_sha, bytes: prompt.len() as u64, admitted: false, at_ms: ctx.now_ms };
-        ledger.update(&work, |w| w.prompts.push(p))?;
+        ledger.upsert(&work, |cur| {
+            let mut w = cur.ok_or_else(|| ToolError::new(Code::WorkUnknown, format!("the ledger has no work '{work}'")))?;
+            if w.state != "open" {
+                return Err(ToolError::with_next(
+                    Code::SessionBusy,
+                    format!("work '{work}' is {}: a drop is under way or its machine is being created", w.state),
+                    format!("Call boxd_status in a later turn; boxd_ensure for work '{work}' reopens it if the drop was refused."),
+                ));
+            }
+            w.prompts.push(p);
+            Ok(Some(w))
+        })?;
     }
     let others: Vec<String> = w.unresolved().into_iter().filter(|p| p != &id).collect();
 

@@ -295,8 +295,15 @@ export function runChild(req, grants, track = () => () => {}) {
       resolve(result);
     };
     const timer = setTimeout(() => {
+      // Exited already, only stderr trickling from what it left behind: answer with that.
+      if (exitCode !== undefined) return finish(result, true);
       timedOut = true;
       killGroup();
+      try {
+        process.kill(child.pid, "SIGKILL"); // a child that left its group (setsid)
+      } catch {}
+      // Settle even if no exit event ever comes.
+      setTimeout(() => finish(err("timed-out")), 2000).unref?.();
     }, Math.max(1, req.timeoutMs));
     child.on("error", (e) => {
       finish(e.code === "ENOENT" ? err("not-found", binary) : err("failed", `${binary}: ${e.message}`));
@@ -324,8 +331,8 @@ export function runChild(req, grants, track = () => () => {}) {
       if (stdout.length > BOUNDS.stdout) return overCap("stdout");
       return { tag: "ok", val: { exitCode: exitCode ?? undefined, stdout: new Uint8Array(stdout), stderr: new Uint8Array(Buffer.concat(errs)) } };
     };
-    child.on("exit", (code) => {
-      exitCode = code;
+    child.on("exit", (code, signal) => {
+      exitCode = code ?? (signal ? null : undefined);
       if (timedOut) return finish(err("timed-out"));
       // A background process the child started may keep stderr open, which would hold
       // `close` forever: read on for a short grace after the child exits, then answer with
