@@ -74,6 +74,10 @@ pub struct Work {
     /// by its answer), so a save whose answer was lost is recognised by the next call.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub images_pending: Vec<String>,
+    /// Snapshots this work's boxd_image made: asking again for one answers it as made
+    /// (a lost answer's rerun), never a second save.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub images: Vec<String>,
     /// What a drop of a vanished machine could not recover (prompt ids after the proof).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unrecovered: Vec<String>,

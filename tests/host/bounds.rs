@@ -11,7 +11,6 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use boxd_host::policy::Policy;
-use boxd_host::runtime::{CallContext, Runtime};
 use serde_json::Value;
 
 use crate::common::*;
@@ -165,15 +164,6 @@ fn a_fifo_given_as_a_submit_file_is_path_refused_at_once() {
     assert!(laptop.boxd_calls().is_empty(), "nothing was sent");
 }
 
-fn probe(policy: Policy) -> Runtime {
-    let wasm = std::fs::read(env!("PROBE_WASM")).expect("the probe component is built by build.rs");
-    Runtime::load(&wasm, policy, Some(cache_dir())).unwrap()
-}
-
-fn ask(rt: &Runtime, tool: &str, arg: &str) -> String {
-    let (result, _) = rt.call(tool, arg, &CallContext::default()).unwrap();
-    result.unwrap_or_else(|e| panic!("probe error {}: {}", e.code, e.message))
-}
 
 #[test]
 fn the_host_refuses_to_open_fifos_and_devices_before_any_blocking_open() {

@@ -354,3 +354,15 @@ impl World {
         self.laptop.boxd(&["machine", "exec", machine, "--", "sh", "-c", &format!("'{}'", script.replace('\'', "'\\''"))])
     }
 }
+
+/// The probe component under `policy` (tests/probe: it tries what a hostile component would).
+pub fn probe(policy: boxd_host::policy::Policy) -> boxd_host::runtime::Runtime {
+    let wasm = std::fs::read(env!("PROBE_WASM")).expect("the probe component is built by build.rs");
+    boxd_host::runtime::Runtime::load(&wasm, policy, Some(cache_dir())).unwrap()
+}
+
+/// One probe tool call that must answer; its text.
+pub fn ask(rt: &boxd_host::runtime::Runtime, tool: &str, arg: &str) -> String {
+    let (result, _) = rt.call(tool, arg, &boxd_host::runtime::CallContext::default()).unwrap();
+    result.unwrap_or_else(|e| panic!("probe error {}: {}", e.code, e.message))
+}

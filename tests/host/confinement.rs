@@ -5,19 +5,9 @@ use std::os::unix::fs::symlink;
 use std::path::Path;
 
 use boxd_host::policy::Policy;
-use boxd_host::runtime::{CallContext, Runtime};
 
 use crate::common::*;
 
-fn probe(policy: Policy) -> Runtime {
-    let wasm = std::fs::read(env!("PROBE_WASM")).expect("the probe component is built by build.rs");
-    Runtime::load(&wasm, policy, Some(cache_dir())).unwrap()
-}
-
-fn ask(rt: &Runtime, tool: &str, arg: &str) -> String {
-    let (result, _) = rt.call(tool, arg, &CallContext::default()).unwrap();
-    result.unwrap_or_else(|e| panic!("probe error {}: {}", e.code, e.message))
-}
 
 #[test]
 fn unlisted_programs_and_paths_are_refused_by_name() {

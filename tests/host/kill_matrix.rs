@@ -176,8 +176,13 @@ fn matrix(world: &World, tool: Tool, only: Option<&[&str]>) -> Vec<String> {
             tool.setup(world, &work);
             let args = tool.args(&work, cell);
             let killed = call_killed_at(world, &point, tool.name(), &args);
+            let cleanup = || {
+                // Each cell's machine (and its OpenCode server) goes when the cell is done.
+                let _ = world.laptop.boxd(&["machine", "remove", &format!("oc-{work}"), "-y"]);
+            };
             if !killed {
                 // The call has fewer points of this kind: it just ran to the end.
+                cleanup();
                 rows.push(format!("{:<13} {:<16} not reached", tool.name(), point));
                 if only.is_none() {
                     break;
@@ -186,6 +191,7 @@ fn matrix(world: &World, tool: Tool, only: Option<&[&str]>) -> Vec<String> {
             }
             // A failed check is a row of the table, so one run shows every point.
             let checked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| recover_and_check(world, tool, &work, &args, &point)));
+            cleanup();
             rows.push(match checked {
                 Ok(word) => format!("{:<13} {:<16} killed → recovered ({word})", tool.name(), point),
                 Err(e) => {

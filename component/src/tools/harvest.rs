@@ -203,13 +203,7 @@ pub fn run<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolResu
     let (work, machine) = work_arg(args)?;
     let ctx = env.ctx;
     let now = env.now();
-    let wanted: Vec<String> = args
-        .get("files")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .map(|f| paths::guest_relative(f.as_str().unwrap_or_default()))
-        .collect::<ToolResult<_>>()?;
+    let wanted = super::guest_paths_arg(args, "files")?;
     let w = Ledger::for_call(&mut *env.files, ctx).require(&work)?;
     super::require_open(&w)?;
     let mut roots: Vec<&str> = alloc::vec![ctx.project.as_str()];

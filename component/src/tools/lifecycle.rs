@@ -381,9 +381,14 @@ pub fn image<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolRe
     let mut boxd = Boxd::new(env.programs, ctx.options.boxd_timeout_seconds);
     if boxd.snapshots().map_err(Failure::into_error)?.iter().any(|s| s.name == name) {
         // This work's own save whose answer was lost (recorded before it ran) is done.
-        if w.images_pending.contains(&name) {
+        if w.images_pending.contains(&name) || w.images.contains(&name) {
             let n = name.clone();
-            ledger.update(&work, |w| w.images_pending.retain(|p| p != &n))?;
+            ledger.update(&work, |w| {
+                w.images_pending.retain(|p| p != &n);
+                if !w.images.contains(&n) {
+                    w.images.push(n);
+                }
+            })?;
             let mut out = work_json(&w, "running");
             out["snapshot"] = json!(name);
             out["alreadyMade"] = json!(true);
@@ -412,7 +417,10 @@ pub fn image<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolRe
     })?;
     boxd.snapshot_save(&machine, &name).map_err(Failure::into_error)?;
     let n = name.clone();
-    ledger.update(&work, |w| w.images_pending.retain(|p| p != &n))?;
+    ledger.update(&work, |w| {
+        w.images_pending.retain(|p| p != &n);
+        w.images.push(n);
+    })?;
     let mut out = work_json(&w, "running");
     out["snapshot"] = json!(name);
     out["next"] = json!(format!("Set \"snapshot\": \"{name}\" in the plugin options to boot new works from it."));
@@ -433,13 +441,7 @@ fn require_proven(w: &Work) -> ToolResult<()> {
 
 pub fn drop<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolResult<Value> {
     let (work, machine) = work_arg(args)?;
-    let discard: Vec<String> = args
-        .get("discard")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .map(|p| paths::guest_relative(p.as_str().unwrap_or_default()))
-        .collect::<ToolResult<_>>()?;
+    let discard = super::guest_paths_arg(args, "discard")?;
     let now = env.now();
     let ctx = env.ctx;
     let mut ledger = Ledger::for_call(env.files, ctx);

@@ -119,6 +119,16 @@ pub fn work_arg(args: &Value) -> ToolResult<(String, String)> {
     Ok((work.into(), machine))
 }
 
+/// A list argument of work-tree paths (harvest's `files`, drop's `discard`), each checked.
+pub fn guest_paths_arg(args: &Value, key: &str) -> ToolResult<alloc::vec::Vec<String>> {
+    args.get(key)
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .map(|p| crate::paths::guest_relative(p.as_str().unwrap_or_default()))
+        .collect()
+}
+
 /// A work that was dropped cannot take prompts or reads until it is ensured again.
 pub fn require_open(w: &crate::ledger::Work) -> ToolResult<()> {
     if w.is_closed() {
