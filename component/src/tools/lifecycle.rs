@@ -441,7 +441,17 @@ fn require_proven(w: &Work) -> ToolResult<()> {
 
 pub fn drop<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolResult<Value> {
     let (work, machine) = work_arg(args)?;
-    let discard = super::guest_paths_arg(args, "discard")?;
+    // Only ever compared with the paths the machine reports, never used to touch a file:
+    // any name the guest can list (control characters included) can be given up.
+    let discard: Vec<String> = args
+        .get("discard")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .map(|p| p.trim_start_matches("./").trim_end_matches('/').to_string())
+        .filter(|p| !p.is_empty())
+        .collect();
     let now = env.now();
     let ctx = env.ctx;
     let mut ledger = Ledger::for_call(env.files, ctx);
