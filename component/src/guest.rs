@@ -3,6 +3,7 @@
 //! `python3 <helper> <command> --work <id> …` through `boxd machine exec`, payloads on
 //! stdin, one JSON object back.
 
+use alloc::collections::BTreeMap;
 use alloc::format;
 use alloc::string::{String, ToString};
 use alloc::vec::Vec;
@@ -110,10 +111,20 @@ impl<'b, 'a, P: Programs> Guest<'b, 'a, P> {
             )),
         }
     }
+
+    /// A helper command that also asks about the prompts the laptop never heard back on
+    /// (`--resolve`); returns the answer and the guest's word on them (id → admitted).
+    pub fn call_resolving(&mut self, command: &str, unresolved: &[String]) -> ToolResult<(Value, BTreeMap<String, bool>)> {
+        let ids = unresolved.join(",");
+        let flags: &[&str] = if ids.is_empty() { &[] } else { &["--resolve", ids.as_str()] };
+        let answer = self.call(command, flags, None)?;
+        let known = resolved(&answer);
+        Ok((answer, known))
+    }
 }
 
-/// The guest's word on the prompt ids a call asked about (`--resolve`): id → admitted.
-pub fn resolved(answer: &Value) -> alloc::collections::BTreeMap<String, bool> {
+/// The guest's word on the prompt ids a call asked about: id → admitted.
+pub fn resolved(answer: &Value) -> BTreeMap<String, bool> {
     answer
         .get("resolved")
         .and_then(Value::as_object)

@@ -229,11 +229,8 @@ pub fn run<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolResu
             }
         })?;
     }
-    let unresolved = w.unresolved().join(",");
-    let flags: Vec<&str> = if unresolved.is_empty() { Vec::new() } else { alloc::vec!["--resolve", unresolved.as_str()] };
     let mut boxd = Boxd::new(&mut *env.programs, ctx.options.boxd_timeout_seconds);
-    let export = Guest::new(&mut boxd, &machine, &work).call("export", &flags, None)?;
-    let known = crate::guest::resolved(&export);
+    let (export, known) = Guest::new(&mut boxd, &machine, &work).call_resolving("export", &w.unresolved())?;
     let w = if known.is_empty() { w } else { Ledger::for_call(&mut *env.files, ctx).update(&work, |w| w.resolve_prompts(&known, &now, ctx.now_ms))? };
     let sessions = parse_export(&export)?;
     let admitted = w.prompts.iter().filter(|p| p.admitted).count();

@@ -54,12 +54,7 @@ pub fn run<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolResu
         }
         State::Running => {}
     }
-    let unresolved = w.unresolved();
-    let resolve = unresolved.join(",");
-    let flags: alloc::vec::Vec<&str> = if unresolved.is_empty() { alloc::vec![] } else { alloc::vec!["--resolve", resolve.as_str()] };
-    let mut guest = Guest::new(&mut boxd, &machine, &work);
-    let s = guest.call("status", &flags, None)?;
-    let known = crate::guest::resolved(&s);
+    let (s, known) = Guest::new(&mut boxd, &machine, &work).call_resolving("status", &w.unresolved())?;
     if w.asleep_by_tool || !known.is_empty() {
         ledger.update(&work, |w| {
             w.asleep_by_tool = false;

@@ -509,13 +509,7 @@ pub fn drop<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolRes
     let checked = (|| {
         // Quiesce and read the live state in one exec: nothing starts or writes after it
         // (the guest also refuses a submit for a while after it).
-        let unresolved = w.unresolved().join(",");
-        let mut flags: Vec<&str> = Vec::new();
-        if !unresolved.is_empty() {
-            flags.extend(["--resolve", unresolved.as_str()]);
-        }
-        let live = crate::guest::Guest::new(&mut boxd, &machine, &work).call("seal", &flags, None)?;
-        let known = crate::guest::resolved(&live);
+        let (live, known) = crate::guest::Guest::new(&mut boxd, &machine, &work).call_resolving("seal", &w.unresolved())?;
         let w = if known.is_empty() { w.clone() } else { ledger.update(&work, |w| w.resolve_prompts(&known, &now, ctx.now_ms))? };
         if let Some(p) = w.unresolved().first() {
             return Err(ToolError::with_next(

@@ -95,9 +95,17 @@ pub fn run<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolResu
         Some(id) => id.clone(),
         None => format!("p{}", &sha256_hex(&[ctx.entropy.as_slice(), b"prompt-id"].concat())[..12]),
     };
+    let sent = w.prompts.iter().find(|p| p.id == id).cloned().unwrap_or_else(|| Prompt {
+        id: id.clone(),
+        at: now.clone(),
+        sha256: prompt_sha,
+        bytes: prompt.len() as u64,
+        admitted: false,
+        at_ms: ctx.now_ms,
+    });
     if retry.is_none() {
         // Intent before effect: a prompt whose fate is unknown still needs a harvest.
-        let p = Prompt { id: id.clone(), at: now.clone(), sha256: prompt_sha, bytes: prompt.len() as u64, admitted: false, at_ms: ctx.now_ms };
+        let p = sent.clone();
         ledger.upsert(&work, |cur| {
             let mut w = cur.ok_or_else(|| ToolError::new(Code::WorkUnknown, format!("the ledger has no work '{work}'")))?;
             if w.state != "open" {
@@ -124,14 +132,6 @@ pub fn run<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolResu
 
     let mut known = crate::guest::resolved(&answer);
     known.insert(id.clone(), answer.get("admitted").and_then(Value::as_bool).unwrap_or(true));
-    let sent = w.prompts.iter().find(|p| p.id == id).cloned().unwrap_or_else(|| Prompt {
-        id: id.clone(),
-        at: now.clone(),
-        sha256: sha256_hex(prompt.as_bytes()),
-        bytes: prompt.len() as u64,
-        admitted: false,
-        at_ms: ctx.now_ms,
-    });
     ledger.update(&work, |w| {
         w.asleep_by_tool = false;
         // Whatever another call decided meanwhile, the guest has this prompt: it is ours.
