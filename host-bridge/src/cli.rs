@@ -172,9 +172,11 @@ impl Host {
             Some(p) => policy.program("opencode", p)?,
             None => policy.program_from_path("opencode", "opencode", path_var.as_deref())?,
         };
-        // git only when the user asked harvest to fetch commits into the project.
-        if options.get("fetchCommits").and_then(Value::as_bool) == Some(true) {
-            policy.program_from_path("git", "git", path_var.as_deref())?;
+        // Programs granted only when the user opted in (policy.json grantedOnlyWith).
+        for (program, option) in crate::policy::opt_in_programs() {
+            if options.get(option).and_then(Value::as_bool) == Some(true) {
+                policy.program_from_path(program, program, path_var.as_deref())?;
+            }
         }
         policy.preopen(&ledger, "ledger")?.preopen(&project, "project")?;
         // Allowed roots come from the flags and from the options; both are granted.

@@ -14,6 +14,8 @@ pub const POLICY_JSON: &str = include_str!("../policy.json");
 
 struct Shared {
     programs: Vec<String>,
+    /// program → the plugin option that must be true for a host to grant it.
+    opt_in: Vec<(String, String)>,
     child_env: Vec<String>,
     bounds: crate::spawn::Bounds,
     host_failed_next: String,
@@ -33,7 +35,14 @@ fn shared() -> &'static Shared {
             after_exit: std::time::Duration::from_millis(v["afterExit"]["graceMs"].as_u64().expect("policy.json afterExit.graceMs")),
         };
         let host_failed_next = v["hostFailed"]["next"].as_str().expect("policy.json hostFailed.next").to_string();
-        Shared { programs: list("programs"), child_env: list("childEnv"), bounds, host_failed_next }
+        let opt_in = v["grantedOnlyWith"]
+            .as_object()
+            .expect("policy.json grantedOnlyWith")
+            .iter()
+            .filter(|(program, _)| program.as_str() != "about")
+            .filter_map(|(program, option)| Some((program.clone(), option.as_str()?.to_string())))
+            .collect();
+        Shared { programs: list("programs"), opt_in, child_env: list("childEnv"), bounds, host_failed_next }
     })
 }
 
@@ -56,6 +65,12 @@ pub fn host_failed(tool: &str, message: impl std::fmt::Display) -> serde_json::V
         "message": format!("the component stopped while running {tool}: {message}"),
         "next": host_failed_next(),
     })
+}
+
+/// The programs a host grants only when the named plugin option is true (policy.json
+/// `grantedOnlyWith`): (program, option).
+pub fn opt_in_programs() -> &'static [(String, String)] {
+    &shared().opt_in
 }
 
 /// The program names the component may ask for. Any other name is refused.
@@ -199,6 +214,7 @@ mod tests {
     #[test]
     fn the_shared_policy_file_names_the_programs_and_variables() {
         assert_eq!(program_names(), ["boxd", "opencode", "git"]);
+        assert_eq!(opt_in_programs(), [("git".to_string(), "fetchCommits".to_string())]);
         for must in ["PATH", "HOME", "XDG_DATA_HOME", "BOXD_TOKEN"] {
             assert!(child_env_names().iter().any(|n| n == must), "{must}");
         }

@@ -130,10 +130,11 @@ export function resolveGrants({ options, directory, env = process.env, insideOpe
     const found = findOnPath("boxd", env.PATH);
     if (found) grant("boxd", found, "boxd");
   }
-  // git only when the user asked harvest to fetch commits into the project.
-  if (options.fetchCommits === true) {
-    const found = findOnPath("git", env.PATH);
-    if (found) grant("git", found, "fetchCommits");
+  // Programs granted only when the user opted in (policy.json grantedOnlyWith).
+  for (const [program, option] of Object.entries(POLICY.grantedOnlyWith)) {
+    if (program === "about" || options[option] !== true) continue;
+    const found = findOnPath(program, env.PATH);
+    if (found) grant(program, found, option);
   }
   // Inside a plugin process.execPath IS the opencode binary: the laptop's own OpenCode.
   if (options.opencode) grant("opencode", options.opencode, "opencode");
