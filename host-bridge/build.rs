@@ -1,6 +1,6 @@
-//! Builds the component (and the test-only probe) for wasm32-wasip2 with a nested cargo,
-//! so `cargo test --workspace` and `cargo build -p boxd-host` need no other step.
-//! `BOXD_COMPONENT_WASM` / `BOXD_PROBE_WASM` skip the build and use prebuilt files.
+//! Builds the component for wasm32-wasip2 with a nested cargo, so `cargo build -p
+//! boxd-host` needs no other step. `BOXD_COMPONENT_WASM` skips the build and uses a
+//! prebuilt file. (The test-only probe is built by the tests that load it.)
 
 use std::env;
 use std::path::PathBuf;
@@ -9,14 +9,12 @@ use std::process::Command;
 fn main() {
     let ws = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap()).parent().unwrap().to_owned();
     // component/guest: the guest helper is embedded in the component (include_bytes).
-    for p in ["component/src", "component/guest", "component/Cargo.toml", "tests/probe/src", "tests/probe/Cargo.toml", "wit", "Cargo.lock"] {
+    for p in ["component/src", "component/guest", "component/Cargo.toml", "wit", "Cargo.lock"] {
         println!("cargo:rerun-if-changed={}", ws.join(p).display());
     }
     println!("cargo:rerun-if-env-changed=BOXD_COMPONENT_WASM");
-    println!("cargo:rerun-if-env-changed=BOXD_PROBE_WASM");
-    if let (Ok(c), Ok(p)) = (env::var("BOXD_COMPONENT_WASM"), env::var("BOXD_PROBE_WASM")) {
+    if let Ok(c) = env::var("BOXD_COMPONENT_WASM") {
         println!("cargo:rustc-env=COMPONENT_WASM={c}");
-        println!("cargo:rustc-env=PROBE_WASM={p}");
         return;
     }
     // One shared target dir for every profile and command (not OUT_DIR, which differs
@@ -24,7 +22,7 @@ fn main() {
     let target_dir = env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| ws.join("target")).join("wasm-component");
     let status = Command::new(env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
         .current_dir(&ws)
-        .args(["build", "-p", "boxd-component", "-p", "boxd-probe", "--target", "wasm32-wasip2", "--profile", "wasm", "--target-dir"])
+        .args(["build", "-p", "boxd-component", "--target", "wasm32-wasip2", "--profile", "wasm", "--target-dir"])
         .arg(&target_dir)
         .env_remove("CARGO_ENCODED_RUSTFLAGS")
         .env_remove("RUSTFLAGS")
@@ -35,5 +33,4 @@ fn main() {
     assert!(status.success(), "building the component failed; is the target installed? run: rustup target add wasm32-wasip2");
     let out = target_dir.join("wasm32-wasip2/wasm");
     println!("cargo:rustc-env=COMPONENT_WASM={}", out.join("boxd_component.wasm").display());
-    println!("cargo:rustc-env=PROBE_WASM={}", out.join("boxd_probe.wasm").display());
 }

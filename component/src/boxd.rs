@@ -288,6 +288,18 @@ impl<'a, P: Programs> Boxd<'a, P> {
         self.run(argv(&["machine", "remove", name, "-y", "--json"]), None, self.timeout_ms).map(drop)
     }
 
+    /// A machine from boxd's stock image (the golden image's build machine).
+    pub fn create_bare(&mut self, name: &str) -> Result<(), Failure> {
+        self.run_json(argv(&["machine", "new", name, "--json"])).map(drop)
+    }
+
+    /// The names in `boxd env list` (values are never read).
+    pub fn env_names(&mut self) -> Result<Vec<String>, Failure> {
+        let v = self.run_json(argv(&["env", "list", "--json"]))?;
+        let rows = v.as_array().ok_or_else(|| Failure::Other("boxd env list printed no JSON array".into()))?;
+        Ok(rows.iter().filter_map(|r| Some(r.get("name")?.as_str()?.to_string())).collect())
+    }
+
     pub fn snapshot_save(&mut self, machine: &str, snapshot: &str) -> Result<(), Failure> {
         // Saving blocks until the capture lands; give it the long timeout.
         self.run(argv(&["snapshots", "save", machine, snapshot]), None, self.timeout_ms.saturating_mul(5)).map(drop)

@@ -61,6 +61,7 @@ codes! {
     ExportInvalid = "EXPORT_INVALID" => "Call boxd_harvest again once boxd_job reports idle; never substitute a transcript.";
     ParentMissing = "PARENT_MISSING" => "Call boxd_harvest again: it imports the whole session tree, parents first.";
     SnapshotExists = "SNAPSHOT_EXISTS" => "Pick a new snapshot name: snapshots are immutable.";
+    GoldenFailed = "GOLDEN_FAILED" => "Read the build's message above (the download URL, the architecture, boxd env), fix it and build again: the build machine was removed and no snapshot was saved.";
     SnapshotMissing = "SNAPSHOT_MISSING" => "Build the golden image (boxd-host golden, see docs/golden-image.md), then set the snapshot option to its name.";
     LedgerFailed = "LEDGER_FAILED" => "Check that the ledger folder is writable, then restart the host.";
     RulesNotAdded = "RULES_NOT_ADDED" => "Restart OpenCode, then run /boxd-status: a machine change may otherwise run without asking.";

@@ -14,6 +14,7 @@ pub mod guest;
 pub mod redact;
 pub mod caps;
 pub mod errors;
+pub mod golden;
 pub mod ledger;
 pub mod manifest;
 pub mod options;

@@ -10,8 +10,15 @@ use crate::errors::{Code, ToolError, ToolResult};
 
 pub const PLUGIN_NAME: &str = "opencode-boxd";
 pub const PLUGIN_VERSION: &str = env!("CARGO_PKG_VERSION");
-/// The WIT package this component implements (wit/plugin.wit).
-pub const WIT_VERSION: &str = "boxd:plugin@0.1.0";
+/// The WIT package this component implements, read from wit/plugin.wit as it is built, so
+/// the manifest cannot drift from the world the bindings were generated from.
+pub fn wit_version() -> &'static str {
+    const WIT: &str = include_str!("../../wit/plugin.wit");
+    WIT.lines()
+        .find_map(|l| l.trim().strip_prefix("package "))
+        .map(|p| p.trim_end_matches(';').trim())
+        .expect("wit/plugin.wit names its package")
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Access {
@@ -150,7 +157,7 @@ pub fn describe() -> String {
     serde_json::to_string(&json!({
         "plugin": PLUGIN_NAME,
         "version": PLUGIN_VERSION,
-        "wit": WIT_VERSION,
+        "wit": wit_version(),
         "tools": tools,
     }))
     .expect("the manifest serialises")

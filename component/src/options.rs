@@ -144,43 +144,53 @@ pub struct Context {
     pub options: Options,
     pub project: String,
     pub ledger: String,
-    pub session_id: Option<String>,
     pub now_ms: u64,
     /// Random bytes from the host (see the WIT context).
     pub entropy: Vec<u8>,
     pub facts: HostFacts,
 }
 
-/// Facts only a host knows. Each is optional; a host that cannot know one leaves it out.
+/// Facts only a host knows (the WIT context's typed fields). A host that cannot know one
+/// leaves it out; the ones only the OpenCode bridge knows are empty elsewhere.
 #[derive(Clone, Debug, Default)]
 pub struct HostFacts {
     /// The user approved this call (a host asked, or the command line is the approval).
     pub approved: bool,
+    /// The laptop's OpenCode version, when the host knows it.
+    pub opencode_version: Option<String>,
+    /// The OpenCode bridge's own facts: present only when the host is OpenCode.
+    pub opencode: Option<OpencodeFacts>,
+}
+
+/// What the OpenCode bridge knows about the user's OpenCode configuration.
+#[derive(Clone, Debug, Default)]
+pub struct OpencodeFacts {
     /// Agents that lack the default permission rules, with the reason.
     pub agents_without_rules: Vec<String>,
     /// The host could not add the default rules (RULES_NOT_ADDED).
     pub rules_not_added: bool,
-    /// The laptop's OpenCode version, when the host knows it.
-    pub opencode_version: Option<String>,
     /// Why the host's copy of the plugin's skill is unusable (SKILLS_INVALID).
     pub skills_invalid: Option<String>,
 }
 
+#[cfg(test)]
 impl HostFacts {
-    pub fn parse(json: &str) -> HostFacts {
+    /// Tests write facts as the JSON the hosts once passed: {"approved":true, …}.
+    pub fn from_json(json: &str) -> HostFacts {
         let v: Value = serde_json::from_str(json).unwrap_or(Value::Null);
-        let strings = |key: &str| -> Vec<String> {
-            v.get(key)
-                .and_then(Value::as_array)
-                .map(|a| a.iter().filter_map(|s| s.as_str().map(String::from)).collect())
-                .unwrap_or_default()
-        };
+        let oc = ["agentsWithoutRules", "rulesNotAdded", "skillsInvalid"].iter().any(|k| v.get(k).is_some());
         HostFacts {
             approved: v.get("approved").and_then(Value::as_bool).unwrap_or(false),
-            agents_without_rules: strings("agentsWithoutRules"),
-            rules_not_added: v.get("rulesNotAdded").and_then(Value::as_bool).unwrap_or(false),
             opencode_version: v.get("opencodeVersion").and_then(Value::as_str).map(String::from),
-            skills_invalid: v.get("skillsInvalid").and_then(Value::as_str).map(String::from),
+            opencode: oc.then(|| OpencodeFacts {
+                agents_without_rules: v
+                    .get("agentsWithoutRules")
+                    .and_then(Value::as_array)
+                    .map(|a| a.iter().filter_map(|s| s.as_str().map(String::from)).collect())
+                    .unwrap_or_default(),
+                rules_not_added: v.get("rulesNotAdded").and_then(Value::as_bool).unwrap_or(false),
+                skills_invalid: v.get("skillsInvalid").and_then(Value::as_str).map(String::from),
+            }),
         }
     }
 }

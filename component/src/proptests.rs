@@ -442,10 +442,9 @@ fn raw(host: (&str, &str), options: &str, facts: &str, entropy: &[u8]) -> RawCon
         options_json: options.into(),
         project: "/p".into(),
         ledger: "/l".into(),
-        session_id: None,
         now_ms: 1_795_953_600_000,
         entropy: entropy.to_vec(),
-        host_facts_json: facts.into(),
+        facts: crate::options::HostFacts::from_json(facts),
     }
 }
 
@@ -776,7 +775,6 @@ proptest! {
         prop_assert_eq!(crate::encode::unbase64(&crate::encode::base64(&bytes)), Some(bytes.clone()));
         let _ = crate::options::in_tested_range(&s);
         let _ = crate::options::Options::parse(&s);
-        let _ = crate::options::HostFacts::parse(&s);
     }
 }
 
@@ -879,12 +877,12 @@ fn deeply_nested_arguments_are_args_invalid() {
 }
 
 #[test]
-fn deeply_nested_options_and_facts_are_refused_or_ignored() {
+fn deeply_nested_options_are_refused_and_approval_is_typed() {
     let mut fs = laptop(&Before::Empty);
     let e = call(&mut Scripted::default(), &mut fs, "boxd_job", r#"{"work":"w1"}"#, deep_raw(&nested(DEEP, 1), "{}")).unwrap_err();
     assert_eq!(e.code, Code::OptionsInvalid);
-    // Unreadable host facts count as none: no approval.
-    let e = call(&mut Scripted::default(), &mut fs, "boxd_drop", r#"{"work":"w1"}"#, deep_raw(r#"{"access":"ask-changes"}"#, &nested(DEEP, 2))).unwrap_err();
+    // Without the typed approval a change asks first.
+    let e = call(&mut Scripted::default(), &mut fs, "boxd_drop", r#"{"work":"w1"}"#, deep_raw(r#"{"access":"ask-changes"}"#, "{}")).unwrap_err();
     assert_eq!(e.code, Code::ApprovalRequired);
 }
 

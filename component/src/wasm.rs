@@ -11,6 +11,7 @@ use crate::caps::{Files, FsError, Kind, Meta, Programs, RunOutput, RunRequest, S
 wit_bindgen::generate!({ world: "plugin", path: "../wit", generate_all });
 
 use boxd::plugin::spawn;
+use exports::boxd::plugin::operations;
 use exports::boxd::plugin::tools::{Context, Guest, ToolError};
 use wasi::filesystem::preopens::get_directories;
 use wasi::filesystem::types::{Descriptor, DescriptorFlags, DescriptorType, ErrorCode, OpenFlags, PathFlags};
@@ -23,22 +24,42 @@ impl Guest for Component {
     }
 
     fn call(tool: String, args_json: String, context: Context) -> Result<String, ToolError> {
-        let raw = crate::RawContext {
-            host_name: context.host_name,
-            host_version: context.host_version,
-            options_json: context.options_json,
-            project: context.project,
-            ledger: context.ledger,
-            session_id: context.session_id,
-            now_ms: context.now_ms,
-            entropy: context.entropy,
-            host_facts_json: context.host_facts_json,
-        };
+        let raw = raw_context(context);
         let mut files = WitFiles::open(&raw.entropy);
-        crate::call(&mut WitPrograms, &mut files, &tool, &args_json, raw)
-            .map(|v| serde_json::to_string(&v).expect("a result serialises"))
-            .map_err(|e| ToolError { code: e.code.as_str().to_string(), message: e.message, next: e.next })
+        answer(crate::call(&mut WitPrograms, &mut files, &tool, &args_json, raw))
     }
+}
+
+impl operations::Guest for Component {
+    fn build_golden(spec_json: String, context: Context) -> Result<String, ToolError> {
+        answer(crate::tools::context(raw_context(context)).and_then(|ctx| crate::golden::build(&mut WitPrograms, &ctx, &spec_json)))
+    }
+}
+
+fn raw_context(c: Context) -> crate::RawContext {
+    crate::RawContext {
+        host_name: c.host_name,
+        host_version: c.host_version,
+        options_json: c.options_json,
+        project: c.project,
+        ledger: c.ledger,
+        now_ms: c.now_ms,
+        entropy: c.entropy,
+        facts: crate::options::HostFacts {
+            approved: c.approved,
+            opencode_version: c.opencode_version,
+            opencode: c.opencode.map(|o| crate::options::OpencodeFacts {
+                agents_without_rules: o.agents_without_rules,
+                rules_not_added: o.rules_not_added,
+                skills_invalid: o.skills_invalid,
+            }),
+        },
+    }
+}
+
+fn answer(r: crate::errors::ToolResult<serde_json::Value>) -> Result<String, ToolError> {
+    r.map(|v| serde_json::to_string(&v).expect("a result serialises"))
+        .map_err(|e| ToolError { code: e.code.as_str().to_string(), message: e.message, next: e.next })
 }
 
 export!(Component);

@@ -47,7 +47,7 @@ fn main() {
     println!("load, from the cache:     {cached:>10.2?}   ({:.0}x faster)", cold_compile.as_secs_f64() / cached.as_secs_f64());
 
     let rt = Runtime::load(wasm, policy(&dir, None), Some(&cache)).unwrap();
-    let ctx = CallContext { host_name: "bench".into(), project: dir.display().to_string(), ledger: dir.display().to_string(), options_json: "{}".into(), host_facts_json: "{}".into(), ..Default::default() };
+    let ctx = CallContext { host_name: "bench".into(), project: dir.display().to_string(), ledger: dir.display().to_string(), options_json: "{}".into(), ..Default::default() };
     let describe = median((0..200).map(|_| { let t = Instant::now(); rt.describe().unwrap(); t.elapsed() }).collect());
     let unknown = median((0..200).map(|_| { let t = Instant::now(); let _ = rt.call("boxd_nope", "{}", &ctx).unwrap(); t.elapsed() }).collect());
     println!("describe (fresh instance):{describe:>10.2?}");

@@ -1,179 +1,18 @@
 //! What the plugin can touch, read from the real component, and what each call did touch.
 //!
 //! `reach` lists the component's imports and exports (from its own type, not a
-//! hard-coded list) beside the policy's programs and folders. The trace records every
-//! spawn (arguments with secrets masked, never stdin) and every path opened with its mode;
-//! `AuditLog` appends one JSON line per tool call.
+//! hard-coded list) beside the policy's programs and folders. `AuditLog` appends one JSON
+//! line per call with the trace the runtime kept (runtime/trace.rs); audit only reads it.
 
 use std::fs::OpenOptions;
 use std::io::Write;
 use std::path::Path;
 
 use anyhow::Result;
-use serde::Serialize;
 use serde_json::{json, Value};
 use wasmtime::component::types::ComponentItem;
-use wasmtime::component::{Linker, Resource};
-use wasmtime::StoreContextMut;
-use wasmtime_wasi::p2::bindings::sync::filesystem::types::{self as fs, HostDescriptor};
 
-use crate::runtime::{HostState, Runtime};
-
-#[derive(Clone, Debug, Default, Serialize)]
-pub struct SpawnRecord {
-    pub program: String,
-    pub args: Vec<String>,
-    pub exit_code: Option<i32>,
-    /// exited, not-allowed, not-found, timed-out or failed.
-    pub outcome: String,
-    pub duration_ms: u64,
-}
-
-#[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
-pub struct PathRecord {
-    pub path: String,
-    /// read, write, create, dir, mkdir, rename, unlink.
-    pub mode: String,
-}
-
-#[derive(Clone, Debug, Default, Serialize)]
-pub struct Trace {
-    pub spawns: Vec<SpawnRecord>,
-    pub paths: Vec<PathRecord>,
-}
-
-/// Mask values that look like credentials; the component never puts secrets in argv,
-/// and this keeps a mistake out of the log all the same.
-pub fn mask_args(args: &[String]) -> Vec<String> {
-    let secret_key = |k: &str| {
-        let k = k.to_ascii_uppercase();
-        ["TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD"].iter().any(|s| k.contains(s))
-    };
-    let mut out = Vec::with_capacity(args.len());
-    let mut mask_next = false;
-    for a in args {
-        if mask_next {
-            out.push("***".to_string());
-            mask_next = false;
-            continue;
-        }
-        if a == "--token" || a == "--password" {
-            mask_next = true;
-            out.push(a.clone());
-        } else if a.starts_with("bxd_") || a.starts_with("bxds_") {
-            out.push("***".into());
-        } else if let Some((k, _)) = a.split_once('=').filter(|(k, _)| secret_key(k)) {
-            out.push(format!("{k}=***"));
-        } else {
-            out.push(a.clone());
-        }
-    }
-    out
-}
-
-/// Shadow the filesystem functions that reach a path, so each is recorded before
-/// wasmtime-wasi (cap-std) performs or refuses it.
-pub fn trace_filesystem(linker: &mut Linker<HostState>) -> Result<()> {
-    linker.allow_shadowing(true);
-    {
-        let mut pre = linker.instance("wasi:filesystem/preopens@0.2.12")?;
-        pre.func_wrap("get-directories", |mut store: StoreContextMut<'_, HostState>, (): ()| {
-            let dirs = wasmtime_wasi::p2::bindings::filesystem::preopens::Host::get_directories(&mut store.data_mut().fs_view())?;
-            for (d, name) in &dirs {
-                store.data_mut().remember_preopen(d.rep(), name.clone());
-            }
-            Ok((dirs,))
-        })?;
-    }
-    let mut types = linker.instance("wasi:filesystem/types@0.2.12")?;
-    types.func_wrap(
-        "[method]descriptor.open-at",
-        |mut store: StoreContextMut<'_, HostState>, (fd, pf, path, of, df): (Resource<fs::Descriptor>, fs::PathFlags, String, fs::OpenFlags, fs::DescriptorFlags)| {
-            let base = fd.rep();
-            // Only regular files and folders are opened: opening a FIFO blocks until a
-            // writer comes, a device may never end, a socket cannot be opened. Look first
-            // (without opening, confined like the open) and refuse with `access`.
-            let look = HostDescriptor::stat_at(&mut store.data_mut().fs_view(), Resource::new_borrow(base), pf, path.clone());
-            if let Ok(st) = look {
-                if !matches!(st.type_, fs::DescriptorType::RegularFile | fs::DescriptorType::Directory | fs::DescriptorType::SymbolicLink) {
-                    store.data_mut().record_open(base, None, &path, &format!("open (refused: {:?} is not a regular file or a folder)", st.type_));
-                    return Ok((Err(wasmtime_wasi::p2::bindings::filesystem::types::ErrorCode::Access),));
-                }
-            }
-            let r = HostDescriptor::open_at(&mut store.data_mut().fs_view(), fd, pf, path.clone(), of, df);
-            let mode = if of.contains(fs::OpenFlags::CREATE) {
-                "create"
-            } else if of.contains(fs::OpenFlags::DIRECTORY) {
-                "dir"
-            } else if df.contains(fs::DescriptorFlags::WRITE) {
-                "write"
-            } else {
-                "read"
-            };
-            let r = split(r)?;
-            match &r {
-                Ok(new) => store.data_mut().record_open(base, Some(new.rep()), &path, mode),
-                Err(e) => store.data_mut().record_open(base, None, &path, &format!("{mode} (refused: {e:?})")),
-            }
-            // A file created in the ledger is owner-only (it may be a work's server password):
-            // WASI cannot set modes, so the host does, on the open descriptor, before the
-            // component has written a byte to it. Files created elsewhere (a harvest into the
-            // project) keep the usual mode.
-            if let Ok(new) = &r {
-                if of.contains(fs::OpenFlags::CREATE) {
-                    owner_only_in_ledger(store.data_mut(), new.rep());
-                }
-            }
-            Ok((r,))
-        },
-    )?;
-    types.func_wrap("[method]descriptor.create-directory-at", |mut store: StoreContextMut<'_, HostState>, (fd, path): (Resource<fs::Descriptor>, String)| {
-        store.data_mut().record_open(fd.rep(), None, &path, "mkdir");
-        let r = HostDescriptor::create_directory_at(&mut store.data_mut().fs_view(), fd, path);
-        Ok((split(r)?,))
-    })?;
-    types.func_wrap("[method]descriptor.unlink-file-at", |mut store: StoreContextMut<'_, HostState>, (fd, path): (Resource<fs::Descriptor>, String)| {
-        store.data_mut().record_open(fd.rep(), None, &path, "unlink");
-        let r = HostDescriptor::unlink_file_at(&mut store.data_mut().fs_view(), fd, path);
-        Ok((split(r)?,))
-    })?;
-    types.func_wrap(
-        "[method]descriptor.rename-at",
-        |mut store: StoreContextMut<'_, HostState>, (fd, old, new_fd, new): (Resource<fs::Descriptor>, String, Resource<fs::Descriptor>, String)| {
-            store.data_mut().record_open(fd.rep(), None, &old, "rename-from");
-            store.data_mut().record_open(new_fd.rep(), None, &new, "rename-to");
-            let n = store.data_mut().next_rename();
-            store.data().kill_point(true, false, n);
-            let r = HostDescriptor::rename_at(&mut store.data_mut().fs_view(), fd, old, new_fd, new);
-            store.data().kill_point(false, false, n);
-            Ok((split(r)?,))
-        },
-    )?;
-    Ok(())
-}
-
-/// fchmod 0600 a file just created through descriptor `rep`, when it lies in the ledger.
-fn owner_only_in_ledger(state: &mut HostState, rep: u32) {
-    use std::os::unix::fs::PermissionsExt;
-    let in_ledger = state.path_of(rep).is_some_and(|p| state.in_ledger(p));
-    if !in_ledger {
-        return;
-    }
-    if let Ok(wasmtime_wasi::filesystem::Descriptor::File(f)) = state.table().get(&Resource::<fs::Descriptor>::new_borrow(rep)) {
-        let _ = f.file.set_permissions(std::fs::Permissions::from_mode(0o600));
-    }
-}
-
-/// A filesystem result as the guest sees it: the error code, or a trap for a host bug.
-fn split<T, E>(r: Result<T, wasmtime_wasi::TrappableError<E>>) -> wasmtime::Result<Result<T, E>>
-where
-    E: std::error::Error + Send + Sync + 'static,
-{
-    match r {
-        Ok(v) => Ok(Ok(v)),
-        Err(e) => Ok(Err(e.downcast()?)),
-    }
-}
+use crate::runtime::{Runtime, Trace};
 
 /// The component's reach: imports and exports by interface, with their functions.
 pub fn reach(rt: &Runtime) -> Value {
@@ -264,16 +103,5 @@ impl AuditLog {
             "paths": trace.paths,
         });
         let _ = writeln!(f, "{line}");
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn secrets_are_masked() {
-        let args: Vec<String> = ["machine", "exec", "-e", "API_KEY=abc", "--token", "t0k", "bxd_123", "plain=1"].iter().map(|s| s.to_string()).collect();
-        assert_eq!(mask_args(&args), ["machine", "exec", "-e", "API_KEY=***", "--token", "***", "***", "plain=1"]);
     }
 }

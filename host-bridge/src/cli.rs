@@ -1,303 +1,113 @@
-//! The `boxd-host` command line: flags → policy and context, then one command.
-//! Exit codes: 0 ok, 1 the tool returned an error, 2 usage or host failure.
+//! The `boxd-host` command line, parsed and nothing else: what the user asked for, as
+//! types. `session` turns the grants into a policy; `commands` runs the command.
 
-use std::path::{Path, PathBuf};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::path::PathBuf;
 
-use anyhow::{bail, Context as _, Result};
-use serde_json::{json, Value};
+use clap::{Args, Parser, Subcommand};
 
-use crate::audit::{self, AuditLog};
-use crate::policy::Policy;
-use crate::runtime::{CallContext, Runtime};
+/// boxd-host: run the opencode-boxd component outside OpenCode (unofficial; not affiliated
+/// with boxd).
+#[derive(Debug, Parser)]
+#[command(
+    name = "boxd-host",
+    version,
+    about,
+    after_help = "exit codes: 0 ok, 1 the tool returned an error, 2 usage or host failure"
+)]
+pub struct Cli {
+    #[command(flatten)]
+    pub grants: Grants,
+    #[command(subcommand)]
+    pub command: Command,
+}
 
-pub const USAGE: &str = "\
-boxd-host: run the opencode-boxd component outside OpenCode (unofficial; not affiliated with boxd)
-
-usage: boxd-host [FLAGS] <command>
-
-commands:
-  describe                 the manifest (tools, schemas, read/change), as JSON
-  call TOOL [ARGS_JSON]    one tool call; prints its JSON result; on a tool error prints
-                           {\"error\",\"message\",\"next\"} and exits 1; ARGS_JSON '-' reads stdin
-  audit [--json]           what the plugin can touch: the component's imports and exports,
-                           the programs it may run and the folders it may open
-  mcp                      serve every tool over MCP on stdio (for Claude Code, Codex, …)
-  tour [--keep DIR]        the whole product on boxd-local with a scripted model: golden
-                           image, ensure, submit (with a file), job, harvest, drop, audit
-  golden [--name N] [--opencode-version V] [--config FILE] [--model P/M] [--key-env NAME]
-         [--url TEMPLATE] [--attempts N] [--retry-delay S]
-                           build the golden image: a machine with this laptop's OpenCode
-
-flags:
-  --component PATH   the component (default: the one built into this binary)
-  --project DIR      the project folder (default: the current directory)
-  --ledger DIR       the ledger folder (default: ~/.local/share/opencode-boxd)
-  --boxd PATH        the boxd CLI (default: boxd on PATH)
-  --opencode PATH    the laptop's opencode (default: opencode on PATH)
-  --allow-root DIR   another folder the plugin may read and write (repeatable)
-  --options JSON     plugin options, as in opencode.json (see docs/configuration.md)
-  --audit-log FILE   append one JSON line per tool call: spawns and paths it touched
-  --no-cache         do not use the compiled-component cache
-  -h, --help         this text;  -V, --version  the version
-
-exit codes: 0 ok, 1 the tool returned an error, 2 usage or host failure
-";
-
-#[derive(Debug, Default)]
-pub struct Flags {
+/// What the component may reach, and where this host keeps its own records. Each flag is
+/// one grant (deny by default); they may stand before or after the command.
+#[derive(Clone, Debug, Default, Args)]
+pub struct Grants {
+    /// The component (default: the one built into this binary)
+    #[arg(long, global = true, value_name = "PATH")]
     pub component: Option<PathBuf>,
+    /// The project folder (default: the current directory)
+    #[arg(long, global = true, value_name = "DIR")]
     pub project: Option<PathBuf>,
+    /// The ledger folder (default: ~/.local/share/opencode-boxd)
+    #[arg(long, global = true, value_name = "DIR")]
     pub ledger: Option<PathBuf>,
+    /// The boxd CLI (default: boxd on PATH)
+    #[arg(long, global = true, value_name = "PATH")]
     pub boxd: Option<PathBuf>,
+    /// The laptop's opencode (default: opencode on PATH)
+    #[arg(long, global = true, value_name = "PATH")]
     pub opencode: Option<PathBuf>,
+    /// Another folder the plugin may read and write (repeatable)
+    #[arg(long = "allow-root", global = true, value_name = "DIR")]
     pub allow_roots: Vec<PathBuf>,
+    /// Plugin options, as in opencode.json (see docs/configuration.md)
+    #[arg(long, global = true, value_name = "JSON")]
     pub options: Option<String>,
+    /// Append one JSON line per call: the spawns and paths it touched
+    #[arg(long = "audit-log", global = true, value_name = "FILE")]
     pub audit_log: Option<PathBuf>,
+    /// Do not use the compiled-component cache
+    #[arg(long = "no-cache", global = true)]
     pub no_cache: bool,
-    pub command: Vec<String>,
 }
 
-pub enum Parsed {
-    Help,
-    Version,
-    Run(Flags),
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// The manifest (tools, schemas, read/change), as JSON
+    Describe,
+    /// One tool call; prints its JSON result. On a tool error prints {"error","message","next"} and exits 1
+    Call {
+        /// The tool's name (describe lists them)
+        tool: String,
+        /// The arguments as one JSON object; '-' reads them from stdin
+        #[arg(default_value = "{}", allow_hyphen_values = true)]
+        args: String,
+    },
+    /// What the plugin can touch: the component's imports and exports, the programs it may run, the folders it may open
+    Audit {
+        /// Print it as JSON
+        #[arg(long)]
+        json: bool,
+    },
+    /// Serve every tool over MCP on stdio (for Claude Code, Codex, …)
+    Mcp,
+    /// The whole product on boxd-local with a scripted model: golden image, ensure, submit (with a file), job, harvest, drop, audit
+    Tour {
+        /// Keep the tour's folders here instead of removing them
+        #[arg(long, value_name = "DIR")]
+        keep: Option<PathBuf>,
+    },
+    /// Build the golden image: a machine with this laptop's OpenCode, snapshotted
+    Golden(GoldenArgs),
 }
 
-pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Parsed> {
-    let mut f = Flags::default();
-    let mut it = args.into_iter();
-    while let Some(a) = it.next() {
-        let mut value = |name: &str| it.next().with_context(|| format!("{name} needs a value"));
-        match a.as_str() {
-            "-h" | "--help" if f.command.is_empty() => return Ok(Parsed::Help),
-            "-V" | "--version" if f.command.is_empty() => return Ok(Parsed::Version),
-            "--component" => f.component = Some(value("--component")?.into()),
-            "--project" => f.project = Some(value("--project")?.into()),
-            "--ledger" => f.ledger = Some(value("--ledger")?.into()),
-            "--boxd" => f.boxd = Some(value("--boxd")?.into()),
-            "--opencode" => f.opencode = Some(value("--opencode")?.into()),
-            "--allow-root" => f.allow_roots.push(value("--allow-root")?.into()),
-            "--options" => f.options = Some(value("--options")?),
-            "--audit-log" => f.audit_log = Some(value("--audit-log")?.into()),
-            "--no-cache" => f.no_cache = true,
-            s if s.starts_with("--") && f.command.is_empty() => bail!("unknown flag {s} (boxd-host --help lists them)"),
-            _ => f.command.push(a),
-        }
-    }
-    if f.command.is_empty() {
-        bail!("no command given (boxd-host --help lists them)");
-    }
-    Ok(Parsed::Run(f))
-}
-
-fn home() -> PathBuf {
-    std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/"))
-}
-
-fn data_dir() -> PathBuf {
-    std::env::var_os("XDG_DATA_HOME").map(PathBuf::from).unwrap_or_else(|| home().join(".local/share"))
-}
-
-/// Where compiled components are kept (`BOXD_HOST_CACHE` overrides).
-fn cache_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("BOXD_HOST_CACHE") {
-        return PathBuf::from(dir);
-    }
-    std::env::var_os("XDG_CACHE_HOME").map(PathBuf::from).unwrap_or_else(|| home().join(".cache")).join("opencode-boxd")
-}
-
-/// The ledger folder, created owner-only (WASI cannot set file modes, so the host does).
-fn ensure_private_dir(dir: &Path) -> Result<()> {
-    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-    if !dir.exists() {
-        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).with_context(|| format!("cannot create the ledger folder {}", dir.display()))?;
-    }
-    let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700));
-    private_passwords(dir);
-    Ok(())
-}
-
-/// Every file the component creates in the ledger is made 0600 as it is created (audit.rs);
-/// a ledger written before that kept each work's server password 0644: make those 0600.
-fn private_passwords(ledger: &Path) {
-    use std::os::unix::fs::PermissionsExt;
-    for work in std::fs::read_dir(ledger.join("works")).into_iter().flatten().flatten() {
-        let p = work.path().join("password");
-        match std::fs::symlink_metadata(&p) {
-            Ok(m) if m.is_file() && m.permissions().mode() & 0o077 != 0 => {
-                let _ = std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600));
-            }
-            _ => {}
-        }
-    }
-}
-
-/// Everything a command needs: the loaded runtime and the call context.
-pub struct Host {
-    pub runtime: Runtime,
-    pub ctx: CallContext,
-    pub audit: AuditLog,
-}
-
-impl Host {
-    pub fn open(f: &Flags) -> Result<Host> {
-        Self::open_env(f, std::env::vars().collect())
-    }
-
-    /// Open with an explicit environment: children inherit the policy's share of `vars`.
-    pub fn open_env(f: &Flags, vars: Vec<(String, String)>) -> Result<Host> {
-        let var = |k: &str| vars.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
-        let options: Value = match &f.options {
-            Some(s) => serde_json::from_str(s).context("--options is not valid JSON")?,
-            None => json!({}),
-        };
-        let project = std::fs::canonicalize(f.project.clone().unwrap_or_else(|| std::env::current_dir().unwrap_or_default()))
-            .context("the project folder does not exist")?;
-        let ledger = f
-            .ledger
-            .clone()
-            .or_else(|| options.get("ledgerDir").and_then(Value::as_str).map(PathBuf::from))
-            .unwrap_or_else(|| data_dir().join("opencode-boxd"));
-        ensure_private_dir(&ledger)?;
-        let ledger = std::fs::canonicalize(&ledger)?;
-
-        let path_var = var("PATH");
-        let mut policy = Policy::new();
-        match &f.boxd {
-            Some(p) => policy.program("boxd", p)?,
-            None => policy.program_from_path("boxd", "boxd", path_var.as_deref())?,
-        };
-        match &f.opencode {
-            Some(p) => policy.program("opencode", p)?,
-            None => policy.program_from_path("opencode", "opencode", path_var.as_deref())?,
-        };
-        // Programs granted only when the user opted in (policy.json grantedOnlyWith).
-        for (program, option) in crate::policy::opt_in_programs() {
-            if options.get(option).and_then(Value::as_bool) == Some(true) {
-                policy.program_from_path(program, program, path_var.as_deref())?;
-            }
-        }
-        policy.preopen(&ledger, "ledger")?.preopen(&project, "project")?;
-        // Allowed roots come from the flags and from the options; both are granted.
-        let mut roots: Vec<PathBuf> = f.allow_roots.clone();
-        roots.extend(options.get("allowedRoots").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str).map(PathBuf::from));
-        let mut root_strings = Vec::new();
-        for r in &roots {
-            policy.preopen(r, "allowed")?;
-            root_strings.push(std::fs::canonicalize(r)?.display().to_string());
-        }
-        policy.child_env_from(vars.clone());
-        let mut options = options;
-        if !root_strings.is_empty() {
-            options["allowedRoots"] = json!(root_strings);
-        }
-
-        let wasm = match &f.component {
-            Some(p) => std::fs::read(p).with_context(|| format!("cannot read the component {}", p.display()))?,
-            None => crate::COMPONENT.to_vec(),
-        };
-        let cache = (!f.no_cache).then(cache_dir);
-        let runtime = Runtime::load(&wasm, policy, cache.as_deref())?;
-        let ctx = CallContext {
-            host_name: "boxd-host".into(),
-            host_version: env!("CARGO_PKG_VERSION").into(),
-            options_json: options.to_string(),
-            project: project.display().to_string(),
-            ledger: ledger.display().to_string(),
-            session_id: None,
-            now_ms: 0,
-            entropy: Vec::new(),
-            // The command line is the user's approval of the call it names.
-            host_facts_json: json!({ "approved": true }).to_string(),
-        };
-        Ok(Host { runtime, ctx, audit: AuditLog::open(f.audit_log.as_deref())? })
-    }
-
-    /// One tool call with the audit line written; the tool's JSON or its error object. A
-    /// trap in the component (a panic, an out-of-memory) is answered as HOST_FAILED with
-    /// the one next step every host gives (policy.json `hostFailed`), never as a backtrace.
-    pub fn call(&mut self, tool: &str, args: &str) -> Result<std::result::Result<Value, Value>> {
-        let mut ctx = self.ctx.clone();
-        ctx.now_ms = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
-        ctx.entropy = entropy();
-        let started = Instant::now();
-        let (result, trace) = self.runtime.call_traced(tool, args, &ctx);
-        let ms = started.elapsed().as_millis() as u64;
-        let answer = match result {
-            Ok(Ok(s)) => Ok(serde_json::from_str(&s).unwrap_or(Value::String(s))),
-            Ok(Err(e)) => Err(json!({ "error": e.code, "message": e.message, "next": e.next })),
-            Err(trap) => Err(crate::policy::host_failed(tool, trap_message(&trap))),
-        };
-        let code = answer.as_ref().map(drop).map_err(|e| e["error"].as_str().unwrap_or_default().to_string());
-        self.audit.record(tool, ms, &code, &trace);
-        Ok(answer)
-    }
-}
-
-/// A trap in one line: wasmtime's own words ("wasm trap: wasm `unreachable` instruction
-/// executed") without the wasm backtrace that follows them.
-pub fn trap_message(e: &anyhow::Error) -> String {
-    let trap = e.downcast_ref::<wasmtime::Trap>().map(|t| t.to_string());
-    let first = format!("{e}");
-    let text = trap.unwrap_or(first);
-    let line = text.lines().next().unwrap_or("").trim();
-    if line.is_empty() { "the component failed".to_string() } else { line.to_string() }
-}
-
-/// 32 bytes from the OS's random source, for the secrets the component makes.
-pub fn entropy() -> Vec<u8> {
-    use std::io::Read;
-    let mut buf = vec![0u8; 32];
-    std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut buf)).expect("read /dev/urandom");
-    buf
-}
-
-/// Run a parsed command; returns the process exit code.
-pub fn run(f: Flags) -> Result<u8> {
-    let cmd = f.command[0].as_str();
-    match cmd {
-        "describe" => {
-            let host = Host::open(&f)?;
-            println!("{}", host.runtime.describe()?);
-            Ok(0)
-        }
-        "call" => {
-            let tool = f.command.get(1).context("call needs a tool name: boxd-host call boxd_status '{}'")?.clone();
-            let mut args = f.command.get(2).cloned().unwrap_or_else(|| "{}".into());
-            if args == "-" {
-                // Large arguments (a long prompt) do not fit in argv: read them from stdin.
-                args.clear();
-                std::io::Read::read_to_string(&mut std::io::stdin(), &mut args).context("reading ARGS_JSON from stdin")?;
-            }
-            if f.command.len() > 3 {
-                bail!("call takes TOOL and one ARGS_JSON; quote the JSON as one argument");
-            }
-            let mut host = Host::open(&f)?;
-            match host.call(&tool, &args)? {
-                Ok(v) => {
-                    println!("{}", serde_json::to_string_pretty(&v)?);
-                    Ok(0)
-                }
-                Err(e) => {
-                    println!("{}", serde_json::to_string_pretty(&e)?);
-                    Ok(1)
-                }
-            }
-        }
-        "audit" => {
-            let host = Host::open(&f)?;
-            let reach = audit::reach(&host.runtime);
-            if f.command.iter().any(|a| a == "--json") {
-                println!("{}", serde_json::to_string_pretty(&reach)?);
-            } else {
-                print!("{}", audit::render(&reach));
-            }
-            Ok(0)
-        }
-        "mcp" => crate::mcp::serve(&f),
-        "tour" => crate::tour::run(&f),
-        "golden" => crate::golden::command(&f),
-        other => bail!("unknown command '{other}' (boxd-host --help lists them)"),
-    }
+#[derive(Clone, Debug, Args)]
+pub struct GoldenArgs {
+    /// The snapshot to save
+    #[arg(long, default_value = "opencode-golden")]
+    pub name: String,
+    /// The OpenCode version to install (default: this laptop's `opencode --version`)
+    #[arg(long = "opencode-version", value_name = "V")]
+    pub opencode_version: Option<String>,
+    /// The guest's opencode.json (keys as {env:NAME}, never literal)
+    #[arg(long, value_name = "FILE", conflicts_with = "model")]
+    pub config: Option<PathBuf>,
+    /// Instead of --config: a minimal config with this model
+    #[arg(long, value_name = "P/M")]
+    pub model: Option<String>,
+    /// A boxd env name the config reads; checked present, never read (repeatable)
+    #[arg(long = "key-env", value_name = "NAME")]
+    pub key_env: Vec<String>,
+    /// The release URL ({version} and {target} filled in)
+    #[arg(long, value_name = "TEMPLATE")]
+    pub url: Option<String>,
+    /// Download attempts
+    #[arg(long)]
+    pub attempts: Option<u32>,
+    /// Seconds between attempts (growing: n × this)
+    #[arg(long = "retry-delay", value_name = "S")]
+    pub retry_delay: Option<u32>,
 }

@@ -1,16 +1,17 @@
-//! boxd-host: the Rust hosts for the opencode-boxd component. The library owns the
-//! policy (programs, folders, child environment), the runtime (engine, compiled cache,
-//! an instance per call) and the audit; the binary's commands are thin fronts over it.
-//! No tool logic lives here: every rule is in the component.
+//! boxd-host: the Rust hosts for the opencode-boxd component. Crates by job inside:
+//! `cli` parses, `session` builds the policy, runtime, context and audit log once,
+//! `commands` runs one command each, `runtime` loads and calls the component (and keeps
+//! each call's trace), `audit` reads what it may reach and logs what it touched, `policy`
+//! grants, `spawn` runs children. Tool behaviour lives in the component; hosts read the
+//! manifest.
 
 pub mod audit;
 pub mod cli;
-pub mod golden;
-pub mod mcp;
+pub mod commands;
 pub mod policy;
 pub mod runtime;
+pub mod session;
 pub mod spawn;
-pub mod tour;
 
 /// The component this host was built with.
 pub const COMPONENT: &[u8] = include_bytes!(env!("COMPONENT_WASM"));

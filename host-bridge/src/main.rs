@@ -3,31 +3,22 @@
 
 use std::process::ExitCode;
 
+use clap::Parser;
+
 fn main() -> ExitCode {
-    let parsed = match boxd_host::cli::parse(std::env::args().skip(1)) {
-        Ok(p) => p,
+    let cli = match boxd_host::cli::Cli::try_parse() {
+        Ok(cli) => cli,
+        // --help and --version print and exit 0; a usage error prints and exits 2.
         Err(e) => {
-            eprintln!("boxd-host: {e:#}");
-            return ExitCode::from(2);
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
         }
     };
-    let flags = match parsed {
-        boxd_host::cli::Parsed::Help => return print(boxd_host::cli::USAGE),
-        boxd_host::cli::Parsed::Version => return print(&format!("boxd-host {}\n", env!("CARGO_PKG_VERSION"))),
-        boxd_host::cli::Parsed::Run(f) => f,
-    };
-    match boxd_host::cli::run(flags) {
+    match boxd_host::commands::run(cli) {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
             eprintln!("boxd-host: {e:#}");
             ExitCode::from(2)
         }
     }
-}
-
-fn print(text: &str) -> ExitCode {
-    use std::io::Write;
-    // A closed pipe (boxd-host --help | head) is not a failure.
-    let _ = std::io::stdout().write_all(text.as_bytes());
-    ExitCode::SUCCESS
 }

@@ -209,7 +209,7 @@ fn a_trap_is_host_failed_json_with_the_components_next_step() {
     let laptop = Laptop::new("trap");
     let next = boxd_host::policy::host_failed_next();
     for tool in ["trap", "oom"] {
-        let run = host(&laptop, &boxd_local(), &["--component", env!("PROBE_WASM"), "call", tool, "x"], &[]);
+        let run = host(&laptop, &boxd_local(), &["--component", probe_wasm().to_str().unwrap(), "call", tool, "x"], &[]);
         no_trap(&run);
         let v = run.json();
         assert_eq!((run.code, v["error"].as_str(), v["next"].as_str()), (Some(1), Some("HOST_FAILED"), Some(next)), "{tool}: {v:#}");

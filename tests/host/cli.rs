@@ -63,10 +63,22 @@ fn unknown_tools_and_bad_arguments_are_clear_errors() {
 fn usage_errors_exit_2_and_help_exits_0() {
     let out = std::process::Command::new(boxd_host()).arg("--bogus").output().unwrap();
     assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown flag --bogus"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unexpected argument '--bogus'"));
     let out = std::process::Command::new(boxd_host()).arg("--help").output().unwrap();
     assert_eq!(out.status.code(), Some(0));
-    assert!(String::from_utf8_lossy(&out.stdout).contains("audit [--json]"));
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(help.contains("audit") && help.contains("--allow-root <DIR>") && help.contains("exit codes"), "{help}");
+    let out = std::process::Command::new(boxd_host()).arg("--version").output().unwrap();
+    assert_eq!((out.status.code(), String::from_utf8_lossy(&out.stdout).trim()), (Some(0), concat!("boxd-host ", env!("CARGO_PKG_VERSION"))));
+    // A file that is no component: one line that says so, never a dump of its bytes.
+    let junk = Scratch::new("junk");
+    let path = junk.0.join("junk.wasm");
+    std::fs::write(&path, vec![0x42u8; 4096]).unwrap();
+    let out = std::process::Command::new(boxd_host()).args(["--component", path.to_str().unwrap(), "describe"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("not a WebAssembly component"), "{err}");
 }
 
 #[test]

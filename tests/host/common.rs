@@ -135,7 +135,7 @@ impl Model {
         use std::io::BufRead;
         let log = dir.join("model.jsonl");
         let mut child = Command::new("node")
-            .arg(repo().join("tests/model/scripted-model.mjs"))
+            .arg(repo().join("host-bridge/tour/scripted-model.mjs"))
             .env("PORT", "0")
             .env("MODEL_LOG", &log)
             .stdout(std::process::Stdio::piped())
@@ -164,7 +164,7 @@ pub struct World {
 }
 
 /// The guests' OpenCode config: the tour's (the scripted provider, its URL and key from boxd env).
-pub use boxd_host::tour::GUEST_CONFIG;
+pub use boxd_host::commands::tour::GUEST_CONFIG;
 
 impl World {
     pub fn new(name: &str) -> World {
@@ -355,9 +355,33 @@ impl World {
     }
 }
 
+/// The test-only probe component (tests/probe), built on first use by a nested cargo into
+/// the component's own target folder, so no product build ever builds it.
+/// `BOXD_PROBE_WASM` names a prebuilt one instead.
+pub fn probe_wasm() -> &'static Path {
+    static WASM: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    WASM.get_or_init(|| {
+        if let Some(p) = std::env::var_os("BOXD_PROBE_WASM") {
+            return PathBuf::from(p);
+        }
+        let target = target_dir().parent().unwrap().join("wasm-component");
+        let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+            .current_dir(repo())
+            .args(["build", "--quiet", "-p", "boxd-probe", "--target", "wasm32-wasip2", "--profile", "wasm", "--target-dir"])
+            .arg(&target)
+            .env_remove("CARGO_ENCODED_RUSTFLAGS")
+            .env_remove("RUSTFLAGS")
+            .env_remove("CARGO_BUILD_TARGET")
+            .status()
+            .expect("cargo builds the probe component");
+        assert!(status.success(), "building tests/probe for wasm32-wasip2 failed");
+        target.join("wasm32-wasip2/wasm/boxd_probe.wasm")
+    })
+}
+
 /// The probe component under `policy` (tests/probe: it tries what a hostile component would).
 pub fn probe(policy: boxd_host::policy::Policy) -> boxd_host::runtime::Runtime {
-    let wasm = std::fs::read(env!("PROBE_WASM")).expect("the probe component is built by build.rs");
+    let wasm = std::fs::read(probe_wasm()).expect("the probe component is built");
     boxd_host::runtime::Runtime::load(&wasm, policy, Some(cache_dir())).unwrap()
 }
 

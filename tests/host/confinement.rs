@@ -89,3 +89,26 @@ fn spawn_timeout_kills_the_whole_process_group() {
     std::thread::sleep(std::time::Duration::from_millis(3300));
     assert!(!marker.exists(), "a grandchild survived the timeout");
 }
+
+/// A component built for another version of the world is refused at load, before
+/// linking, with what to do about it (not "asks for an import this host does not grant").
+#[test]
+fn a_component_of_another_wit_version_is_refused_at_load_with_a_next_step() {
+    let ours = boxd_host::runtime::wit_package();
+    assert_eq!(ours, "boxd:plugin@0.1.0", "the host reads its version from wit/plugin.wit");
+    // The same component, every name of the tools interface moved to 0.1.9 (same length,
+    // so the binary stays valid).
+    let mut wasm = std::fs::read(probe_wasm()).unwrap();
+    let (from, to) = (b"boxd:plugin/tools@0.1.0", b"boxd:plugin/tools@0.1.9");
+    let mut patched = 0;
+    for i in 0..wasm.len().saturating_sub(from.len()) {
+        if &wasm[i..i + from.len()] == from {
+            wasm[i..i + to.len()].copy_from_slice(to);
+            patched += 1;
+        }
+    }
+    assert!(patched > 0);
+    let err = boxd_host::runtime::Runtime::load(&wasm, boxd_host::policy::Policy::new(), None).err().expect("refused").to_string();
+    assert!(err.contains("speaks boxd:plugin@0.1.9, this boxd-host speaks boxd:plugin@0.1.0"), "{err}");
+    assert!(err.contains("leave out --component"), "{err}");
+}

@@ -6,8 +6,6 @@ use std::net::TcpListener;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
-use boxd_host::golden;
-
 use crate::common::*;
 use crate::guest::sha256;
 
@@ -29,10 +27,10 @@ fn the_tour_runs_every_step_and_brings_summary_home() {
     assert!(last["steps"].as_array().unwrap().iter().all(|s| s["ok"] == true));
     assert_eq!(last["work"], "tour");
     assert_eq!(last["machine"], "oc-tour");
-    let expected = sha256(boxd_host::tour::expected_summary().as_bytes());
+    let expected = sha256(boxd_host::commands::tour::expected_summary().as_bytes());
     assert_eq!(last["files"][0]["path"], "SUMMARY.md");
     assert_eq!(last["files"][0]["sha256"], expected.as_str());
-    assert_eq!(std::fs::read_to_string(keep.join("project/SUMMARY.md")).unwrap(), boxd_host::tour::expected_summary());
+    assert_eq!(std::fs::read_to_string(keep.join("project/SUMMARY.md")).unwrap(), boxd_host::commands::tour::expected_summary());
     // The machine is gone at the end, and the audit was printed.
     let list = std::process::Command::new(boxd_local()).args(["machine", "list", "--json"]).env("BOXD_LOCAL_HOME", keep.join("boxd-local")).output().unwrap();
     assert_eq!(String::from_utf8_lossy(&list.stdout).trim(), "[]");
@@ -65,37 +63,38 @@ fn flaky_server(failures: u32, body: Vec<u8>) -> (String, Arc<AtomicU32>) {
 /// The tour's stand-in release archive: an `opencode` that runs the pinned one.
 fn archive(dir: &std::path::Path) -> Vec<u8> {
     let oc = std::fs::canonicalize(opencode_bin()).unwrap();
-    std::fs::read(boxd_host::tour::make_archive(dir, &oc).unwrap()).unwrap()
+    std::fs::read(boxd_host::commands::tour::make_archive(dir, &oc).unwrap()).unwrap()
 }
 
-fn spec(url: String) -> golden::Spec {
-    golden::Spec {
-        snapshot: "opencode-golden".into(),
-        opencode_version: "1.18.33".into(),
-        config: golden::default_config(Some("scripted/scripted-model")),
-        url,
-        attempts: 3,
-        retry_delay_s: 0,
-        key_env: vec![],
-    }
-}
-
-fn provider(laptop: &Laptop) -> Vec<(String, String)> {
-    vec![("PATH".into(), std::env::var("PATH").unwrap()), ("BOXD_LOCAL_HOME".into(), laptop.boxd_home.display().to_string())]
+/// `boxd-host golden` against boxd-local with the release at `url`; its JSON answer, its
+/// stderr (the steps) and the audit log's lines.
+fn golden(laptop: &Laptop, url: &str, extra: &[&str]) -> (Option<i32>, serde_json::Value, String, Vec<serde_json::Value>) {
+    let audit = laptop.scratch.0.join("audit.jsonl");
+    let mut args = vec!["--audit-log", audit.to_str().unwrap(), "golden", "--opencode-version", "1.18.33", "--model", "scripted/scripted-model", "--url", url, "--retry-delay", "0"];
+    args.extend_from_slice(extra);
+    let out = laptop.host(&args);
+    let answer = serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)));
+    let log = std::fs::read_to_string(&audit).unwrap_or_default().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    (out.status.code(), answer, String::from_utf8_lossy(&out.stderr).into(), log)
 }
 
 #[test]
 fn golden_retries_a_failing_download_then_snapshots() {
     let laptop = Laptop::new("golden-retry");
     let (url, hits) = flaky_server(2, archive(&laptop.scratch.0));
-    let env = provider(&laptop);
-    let cli = golden::Cli { boxd: &boxd_local(), env: &env };
-    let report = golden::build(&cli, &spec(url), &mut |_| {}).unwrap();
+    let (code, report, steps, audit) = golden(&laptop, &url, &[]);
+    assert_eq!(code, Some(0), "{report}\n{steps}");
     assert_eq!(hits.load(Ordering::SeqCst), 3, "two failures, then the download");
     assert_eq!(report["buildMachineRemoved"], true);
     assert!(report["install"].as_str().unwrap().contains("after 3 attempt(s)"));
+    assert!(steps.contains("golden: saving snapshot opencode-golden"), "{steps}");
     let snaps = String::from_utf8(laptop.boxd(&["snapshots", "list", "--json"]).stdout).unwrap();
     assert!(snaps.contains("\"opencode-golden\""));
+    // No side door: every boxd call of the build went through the policy into the audit log.
+    assert_eq!(audit.len(), 1);
+    let verbs: Vec<String> = audit[0]["spawns"].as_array().unwrap().iter().map(|s| format!("{} {} {}", s["program"].as_str().unwrap(), s["args"][0].as_str().unwrap(), s["args"][1].as_str().unwrap())).collect();
+    assert_eq!(verbs, ["boxd snapshots list", "boxd machine new", "boxd machine exec", "boxd snapshots save", "boxd machine remove"]);
+    assert_eq!(audit[0]["tool"], "golden");
     // The config was written into the image, and the binary answers with the version.
     let m = laptop.boxd(&["machine", "new", "check", "--from-snapshot", "opencode-golden", "--json"]);
     assert!(m.status.success());
@@ -103,17 +102,36 @@ fn golden_retries_a_failing_download_then_snapshots() {
     let text = String::from_utf8_lossy(&v.stdout);
     assert!(text.contains("scripted/scripted-model") && text.trim_end().ends_with("1.18.33"), "{text}");
     let _ = laptop.boxd(&["machine", "remove", "check", "-y"]);
+    // Built once, the name is taken: a second build is refused before any machine is made.
+    let (code, e, _, audit) = golden(&laptop, &url, &[]);
+    assert_eq!((code, e["error"].as_str()), (Some(1), Some("SNAPSHOT_EXISTS")), "{e}");
+    assert_eq!(audit[1]["spawns"].as_array().unwrap().len(), 1, "only the snapshot listing");
 }
 
 #[test]
 fn golden_fails_loudly_with_no_snapshot_and_no_build_machine_left() {
     let laptop = Laptop::new("golden-fail");
     let (url, hits) = flaky_server(u32::MAX, vec![]);
-    let env = provider(&laptop);
-    let cli = golden::Cli { boxd: &boxd_local(), env: &env };
-    let err = golden::build(&cli, &spec(url), &mut |_| {}).unwrap_err().to_string();
-    assert!(err.contains("download failed after 3 attempts"), "{err}");
+    let (code, e, _, _) = golden(&laptop, &url, &[]);
+    assert_eq!((code, e["error"].as_str()), (Some(1), Some("GOLDEN_FAILED")), "{e}");
+    assert!(e["message"].as_str().unwrap().contains("download failed after 3 attempts"), "{e}");
+    assert!(e["next"].as_str().unwrap().contains("no snapshot was saved"), "{e}");
     assert_eq!(hits.load(Ordering::SeqCst), 3);
     assert_eq!(String::from_utf8_lossy(&laptop.boxd(&["snapshots", "list", "--json"]).stdout).trim(), "[]");
+    assert_eq!(String::from_utf8_lossy(&laptop.boxd(&["machine", "list", "--json"]).stdout).trim(), "[]");
+}
+
+#[test]
+fn golden_refuses_a_literal_key_and_a_missing_env_name_before_any_machine() {
+    let laptop = Laptop::new("golden-refuse");
+    let config = laptop.scratch.0.join("guest.json");
+    std::fs::write(&config, r#"{"provider":{"p":{"options":{"apiKey":"sk-live-123"}}}}"#).unwrap();
+    let out = laptop.host(&["golden", "--opencode-version", "1.18.33", "--config", config.to_str().unwrap()]);
+    let e: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!((out.status.code(), e["error"].as_str()), (Some(1), Some("ARGS_INVALID")), "{e}");
+    assert!(!e.to_string().contains("sk-live-123"), "the key is never echoed");
+    let (code, e, _, _) = golden(&laptop, "http://127.0.0.1:9/x", &["--key-env", "NOT_SET_ANYWHERE"]);
+    assert_eq!((code, e["error"].as_str()), (Some(1), Some("GOLDEN_FAILED")), "{e}");
+    assert!(e["next"].as_str().unwrap().contains("boxd env set NOT_SET_ANYWHERE"), "{e}");
     assert_eq!(String::from_utf8_lossy(&laptop.boxd(&["machine", "list", "--json"]).stdout).trim(), "[]");
 }

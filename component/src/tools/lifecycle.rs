@@ -558,10 +558,9 @@ mod tests {
             options_json: "{}".into(),
             project: "/p".into(),
             ledger: "/l".into(),
-            session_id: None,
             now_ms: 0,
             entropy: alloc::vec![1; 32],
-            host_facts_json: "{}".into(),
+            facts: crate::options::HostFacts::from_json("{}"),
         }
     }
 
@@ -640,7 +639,7 @@ mod tests {
             p.push_exit(0, "0.0.0", "");
             p.push_exit(0, r#"{"name":"oc-w1","id":"vm_new","status":"running","sharing":"private","isolated":"no"}"#, "");
             let mut r = raw();
-            r.host_facts_json = r#"{"opencodeVersion":"1.18.33"}"#.into();
+            r.facts = crate::options::HostFacts::from_json(r#"{"opencodeVersion":"1.18.33"}"#);
             p.answers.pop_front();
             let e = call(&mut p, &mut fs, tool, args, r).unwrap_err();
             assert_eq!(e.code, Code::NotOurs, "{tool}: {e:?}");

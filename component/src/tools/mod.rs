@@ -31,17 +31,30 @@ impl<P: Programs, F: Files> Env<'_, P, F> {
     }
 }
 
-/// The raw context as a host passes it, before the options are validated.
+/// The context as a host passes it (the WIT `context`), before the options are validated.
 pub struct RawContext {
     pub host_name: String,
     pub host_version: String,
     pub options_json: String,
     pub project: String,
     pub ledger: String,
-    pub session_id: Option<String>,
     pub now_ms: u64,
     pub entropy: alloc::vec::Vec<u8>,
-    pub host_facts_json: String,
+    pub facts: options::HostFacts,
+}
+
+/// The call's context with its options validated (OPTIONS_INVALID names the field).
+pub fn context(raw: RawContext) -> ToolResult<Context> {
+    Ok(Context {
+        options: options::Options::parse(&raw.options_json)?,
+        facts: raw.facts,
+        host_name: raw.host_name,
+        host_version: raw.host_version,
+        project: raw.project,
+        ledger: raw.ledger,
+        now_ms: raw.now_ms,
+        entropy: raw.entropy,
+    })
 }
 
 /// One tool call, as every host makes it.
@@ -57,17 +70,7 @@ pub fn call<P: Programs, F: Files>(programs: &mut P, files: &mut F, tool: &str, 
             .map_err(|e| ToolError::new(Code::ArgsInvalid, format!("the arguments are not valid JSON: {e}")))?
     };
     manifest::check(&(spec.schema)(), &args)?;
-    let ctx = Context {
-        options: options::Options::parse(&raw.options_json)?,
-        facts: options::HostFacts::parse(&raw.host_facts_json),
-        host_name: raw.host_name,
-        host_version: raw.host_version,
-        project: raw.project,
-        ledger: raw.ledger,
-        session_id: raw.session_id,
-        now_ms: raw.now_ms,
-        entropy: raw.entropy,
-    };
+    let ctx = context(raw)?;
     // boxd_status still answers on an untested host: it is how the user finds out.
     if spec.name != "boxd_status" {
         host_gate(&ctx)?;
@@ -222,10 +225,9 @@ mod tests {
             options_json: options.into(),
             project: "/p".into(),
             ledger: "/l".into(),
-            session_id: None,
             now_ms: 0,
             entropy: alloc::vec![7; 32],
-            host_facts_json: facts.into(),
+            facts: crate::options::HostFacts::from_json(facts),
         }
     }
 

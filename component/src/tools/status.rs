@@ -104,16 +104,17 @@ pub fn run<P: Programs, F: Files>(env: &mut Env<P, F>) -> ToolResult<Value> {
         })
         .collect();
 
+    let bridge = ctx.facts.opencode.clone().unwrap_or_default();
     let laptop_opencode = ctx.facts.opencode_version.clone().or_else(|| (ctx.host_name == "opencode").then(|| ctx.host_version.clone()));
     let (lo, hi) = options::TESTED_OPENCODE;
     let host_ok = ctx.host_name != "opencode" || options::in_tested_range(&ctx.host_version);
     if !host_ok && !opts.allow_untested_host {
         next = Some(format!("Use OpenCode >={lo} <{hi}, or set \"allowUntestedHost\": true in the plugin options."));
     }
-    if ctx.facts.rules_not_added {
+    if bridge.rules_not_added {
         next = Some(Code::RulesNotAdded.next().into());
     }
-    if ctx.facts.skills_invalid.is_some() {
+    if bridge.skills_invalid.is_some() {
         next = Some(Code::SkillsInvalid.next().into());
     }
     let next = next.unwrap_or_else(|| match works.first() {
@@ -131,9 +132,9 @@ pub fn run<P: Programs, F: Files>(env: &mut Env<P, F>) -> ToolResult<Value> {
         },
         "works": works,
         "tools": tools,
-        "agentsWithoutRules": ctx.facts.agents_without_rules,
-        "rulesAdded": !ctx.facts.rules_not_added,
-        "skills": match &ctx.facts.skills_invalid {
+        "agentsWithoutRules": bridge.agents_without_rules,
+        "rulesAdded": !bridge.rules_not_added,
+        "skills": match &bridge.skills_invalid {
             Some(why) => json!({ "ok": false, "error": Code::SkillsInvalid.as_str(), "reason": why }),
             None => json!({ "ok": true }),
         },

@@ -79,6 +79,14 @@ impl Guest for Probe {
     }
 }
 
+/// The probe builds no image: it answers with the spec it was given, so a host's wiring of
+/// the operation can be seen.
+impl exports::boxd::plugin::operations::Guest for Probe {
+    fn build_golden(spec_json: String, _ctx: Context) -> Result<String, ToolError> {
+        Err(fail(format!("the probe builds no golden image ({spec_json})")))
+    }
+}
+
 export!(Probe);
 
 #[global_allocator]

@@ -1,7 +1,7 @@
 // Scripted OpenAI-compatible model for tests: a deterministic stand-in for a real provider.
 // Node 20, no dependencies.
 //
-//   PORT=0 MODEL_LOG=/tmp/model.jsonl node tests/model/scripted-model.mjs
+//   PORT=0 MODEL_LOG=/tmp/model.jsonl node host-bridge/tour/scripted-model.mjs
 //   -> prints "scripted model listening on http://127.0.0.1:<port>/v1"
 //
 // Routes: POST /v1/chat/completions (SSE when `stream` is true, one JSON object otherwise),

@@ -1,6 +1,7 @@
 //! The runtime: one engine, the component compiled once (and cached on disk, keyed by
-//! the component's sha256 and the engine's compatibility hash), a linker that provides
-//! exactly the granted imports, and a fresh instance per call.
+//! the component's sha256 and the engine's compatibility hash), its WIT version checked
+//! against this host's, a linker that provides exactly the granted imports, and a fresh
+//! instance per call whose trace (spawns, paths) the runtime keeps for the audit.
 
 use std::collections::BTreeMap;
 use std::hash::{Hash, Hasher};
@@ -15,7 +16,9 @@ use wasmtime::{Config, Engine, Store};
 use wasmtime_wasi::filesystem::{WasiFilesystem, WasiFilesystemView};
 use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxView, WasiView};
 
-use crate::audit::{mask_args, PathRecord, SpawnRecord, Trace};
+mod trace;
+pub use trace::{mask_args, PathRecord, SpawnRecord, Trace};
+
 use crate::policy::{Policy, Refusal};
 use crate::spawn::{self, SpawnFailure};
 
@@ -33,7 +36,8 @@ wasmtime::component::bindgen!({
 pub use exports::boxd::plugin::tools::ToolError;
 use boxd::plugin::spawn as wit_spawn;
 
-/// What a host knows about one call; becomes the WIT `context`.
+/// What a host knows about one call; becomes the WIT `context`. The Rust hosts have no
+/// OpenCode facts: they are not OpenCode.
 #[derive(Clone, Debug, Default)]
 pub struct CallContext {
     pub host_name: String,
@@ -41,10 +45,46 @@ pub struct CallContext {
     pub options_json: String,
     pub project: String,
     pub ledger: String,
-    pub session_id: Option<String>,
     pub now_ms: u64,
     pub entropy: Vec<u8>,
-    pub host_facts_json: String,
+    /// The user approved this call (the command line is the approval of what it names).
+    pub approved: bool,
+    pub opencode_version: Option<String>,
+}
+
+/// The WIT package this host was built against (wit/plugin.wit), e.g. "boxd:plugin@0.1.0".
+pub fn wit_package() -> &'static str {
+    const WIT: &str = include_str!("../../../wit/plugin.wit");
+    WIT.lines()
+        .find_map(|l| l.trim().strip_prefix("package "))
+        .map(|p| p.trim_end_matches(';').trim())
+        .expect("wit/plugin.wit names its package")
+}
+
+/// The `tools` interface a component must export for this host: `boxd:plugin/tools@0.1.0`.
+fn tools_interface(package: &str) -> String {
+    match package.split_once('@') {
+        Some((name, version)) => format!("{name}/tools@{version}"),
+        None => format!("{package}/tools"),
+    }
+}
+
+/// Refuse a component built for another version of the world before linking, with the one
+/// thing to do about it (a link error would only say an import is not granted).
+fn check_world(engine: &Engine, component: &Component) -> Result<()> {
+    let want = tools_interface(wit_package());
+    let exports: Vec<String> = component.component_type().exports(engine).map(|(n, _)| n.to_string()).collect();
+    if exports.iter().any(|e| *e == want) {
+        return Ok(());
+    }
+    let theirs = exports.iter().find(|e| e.starts_with("boxd:plugin/tools")).map(|e| e.replace("/tools", ""));
+    match theirs {
+        Some(theirs) => anyhow::bail!(
+            "the component speaks {theirs}, this boxd-host speaks {}; use the component this boxd-host was built with (leave out --component), or a boxd-host of the component's release",
+            wit_package()
+        ),
+        None => anyhow::bail!("this is not an opencode-boxd component (it exports no boxd:plugin tools); leave out --component to use the one built in"),
+    }
 }
 
 pub struct HostState {
@@ -176,13 +216,18 @@ impl Runtime {
         config.wasm_component_model(true);
         let engine = Engine::new(&config)?;
         let sha256 = hex(&Sha256::digest(wasm));
-        let (component, compiled) = compile_cached(&engine, wasm, &sha256, cache)?;
+        let (component, compiled) = compile_cached(&engine, wasm, &sha256, cache).map_err(|e| {
+            // wasmtime's own error ends in a dump of the bytes it read: keep its first line.
+            let first = e.to_string().lines().next().unwrap_or("").to_string();
+            anyhow::anyhow!("cannot load the component: it is not a WebAssembly component this host can compile ({first})")
+        })?;
+        check_world(&engine, &component)?;
         let mut linker = Linker::<HostState>::new(&engine);
         // Exactly the granted imports: our spawn, and wasi:filesystem (types, preopens).
         wit_spawn::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |s| s)?;
         wasmtime_wasi::p2::bindings::sync::filesystem::types::add_to_linker::<HostState, WasiFilesystem>(&mut linker, <HostState as WasiFilesystemView>::filesystem)?;
         wasmtime_wasi::p2::bindings::filesystem::preopens::add_to_linker::<HostState, WasiFilesystem>(&mut linker, <HostState as WasiFilesystemView>::filesystem)?;
-        crate::audit::trace_filesystem(&mut linker)?;
+        trace::trace_filesystem(&mut linker)?;
         let pre = linker
             .instantiate_pre(&component)
             .map_err(|e| anyhow::anyhow!("the component asks for an import this host does not grant: {e}"))?;
@@ -251,22 +296,39 @@ impl Runtime {
 
     fn call_in(&self, store: &mut Store<HostState>, tool: &str, args: &str, ctx: &CallContext) -> Result<std::result::Result<String, ToolError>> {
         let plugin = self.pre.instantiate(&mut *store)?;
-        let wit_ctx = exports::boxd::plugin::tools::Context {
-            host_name: ctx.host_name.clone(),
-            host_version: ctx.host_version.clone(),
-            options_json: ctx.options_json.clone(),
-            project: ctx.project.clone(),
-            ledger: ctx.ledger.clone(),
-            session_id: ctx.session_id.clone(),
-            now_ms: ctx.now_ms,
-            entropy: ctx.entropy.clone(),
-            host_facts_json: ctx.host_facts_json.clone(),
+        Ok(plugin.boxd_plugin_tools().call_call(&mut *store, tool, args, &wit_context(ctx))?)
+    }
+
+    /// The golden-image operation in a fresh instance, traced like a tool call.
+    pub fn build_golden(&self, spec_json: &str, ctx: &CallContext) -> (Result<std::result::Result<String, ToolError>>, Trace) {
+        let mut store = match self.store() {
+            Ok(s) => s,
+            Err(e) => return (Err(e), Trace::default()),
         };
-        Ok(plugin.boxd_plugin_tools().call_call(&mut *store, tool, args, &wit_ctx)?)
+        let r = (|| {
+            let plugin = self.pre.instantiate(&mut store)?;
+            Ok(plugin.boxd_plugin_operations().call_build_golden(&mut store, spec_json, &wit_context(ctx))?)
+        })();
+        (r, std::mem::take(&mut store.data_mut().trace))
     }
 }
 
-/// Handle bookkeeping for the filesystem trace (see audit::trace_filesystem).
+fn wit_context(ctx: &CallContext) -> exports::boxd::plugin::tools::Context {
+    exports::boxd::plugin::tools::Context {
+        host_name: ctx.host_name.clone(),
+        host_version: ctx.host_version.clone(),
+        options_json: ctx.options_json.clone(),
+        project: ctx.project.clone(),
+        ledger: ctx.ledger.clone(),
+        now_ms: ctx.now_ms,
+        entropy: ctx.entropy.clone(),
+        approved: ctx.approved,
+        opencode_version: ctx.opencode_version.clone(),
+        opencode: None,
+    }
+}
+
+/// Handle bookkeeping for the filesystem trace (see trace::trace_filesystem).
 impl HostState {
     /// SIGKILL this host if BOXD_HOST_KILL_AT names this point (test-only).
     pub(crate) fn kill_point(&self, before: bool, spawn: bool, n: u32) {

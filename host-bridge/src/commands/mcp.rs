@@ -1,6 +1,6 @@
 //! `boxd-host mcp`: the component's tools over MCP on stdio, built on the official SDK
-//! (`rmcp`). The same `cli::Host` as `call` (same flags, policy and audit log); the tool
-//! list is the component's `describe()`, and a tool call is one `Host::call`. Nothing of
+//! (`rmcp`). The same `session::Session` as `call` (same flags, policy and audit log); the tool
+//! list is the component's `describe()`, and a tool call is one `Session::call`. Nothing of
 //! the tools' behaviour lives here: this file only translates between MCP and the host.
 //!
 //! Results: the tool's JSON as pretty text and as `structuredContent`. Errors are tool
@@ -19,7 +19,8 @@ use rmcp::service::{RequestContext, RoleServer};
 use rmcp::{ErrorData, ServerHandler, ServiceExt as _};
 use serde_json::{json, Value};
 
-use crate::cli::{Flags, Host};
+use crate::cli::Grants;
+use crate::session::Session;
 
 /// The host name the component sees for MCP calls (boxd-host's `call` says `boxd-host`).
 pub const HOST_NAME: &str = "boxd-host-mcp";
@@ -44,9 +45,8 @@ boxd_job in a later turn. Every error names its code and the one next step to ta
 
 /// Serve MCP on stdin/stdout until the client closes stdin. Flag errors (a missing
 /// project, a boxd that does not exist) fail here, before the handshake, with exit 2.
-pub fn serve(flags: &Flags) -> Result<u8> {
-    let mut host = Host::open(flags)?;
-    host.ctx.host_name = HOST_NAME.into();
+pub fn serve(grants: &Grants) -> Result<u8> {
+    let host = Session::open(grants, HOST_NAME)?;
     // `approved` stays true, as in `call`: MCP clients (Claude Code, Codex, Cursor) ask
     // the user before each tool call they forward, so a call that reaches us was approved.
     // docs/hosts.md says so, and says to use access "read-only" with a client that does not ask.
@@ -153,7 +153,7 @@ pub fn to_result(answer: std::result::Result<Value, Value>) -> CallToolResult {
 struct Server {
     /// Calls run one at a time: the component has no ledger lock, and one agent's calls
     /// on one work (submit, then drop) must not interleave.
-    host: Arc<Mutex<Host>>,
+    host: Arc<Mutex<Session>>,
     tools: Arc<Vec<Tool>>,
 }
 

@@ -1,8 +1,8 @@
 //! `boxd-host tour`: the whole product on this machine, no account needed. boxd-local is
-//! the provider and a scripted model answers on loopback; the tour builds a golden image,
-//! then runs ensure → submit (with a file) → job until idle → harvest (SUMMARY.md comes
-//! back) → drop through the real component, prints each step, the audit, and one JSON
-//! summary line last.
+//! the provider and a scripted model answers on loopback; the tour builds a golden image
+//! through the component, then runs host-bridge/tour/plan.json (ensure → submit with a
+//! file → job until idle → harvest, SUMMARY.md comes back → drop) through the real
+//! component, prints each step, the audit, and one JSON summary line last.
 
 use std::io::{Read, Write};
 use std::net::TcpListener;
@@ -13,10 +13,14 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context as _, Result};
 use serde_json::{json, Value};
 
-use crate::cli::{Flags, Host};
-use crate::golden;
+use crate::cli::Grants;
+use crate::session::Session;
 
-const MODEL_JS: &str = include_str!("../../tests/model/scripted-model.mjs");
+/// The scripted model ships with the tour (it is product code: the tour cannot run
+/// without it); the tests start the same file.
+const MODEL_JS: &str = include_str!("../../tour/scripted-model.mjs");
+/// The tour's tool calls, in order: data, so this host names no tool.
+const PLAN: &str = include_str!("../../tour/plan.json");
 
 /// The guest's OpenCode config: the scripted provider, its URL and key from boxd env.
 pub const GUEST_CONFIG: &str = r#"{"$schema":"https://opencode.ai/config.json","provider":{"scripted":{"npm":"@ai-sdk/openai-compatible","name":"Scripted","options":{"baseURL":"{env:SCRIPTED_MODEL_URL}","apiKey":"{env:SCRIPTED_MODEL_KEY}"},"models":{"scripted-model":{"name":"Scripted","tool_call":true}}}},"model":"scripted/scripted-model","small_model":"scripted/scripted-model","autoupdate":false,"share":"disabled"}"#;
@@ -27,9 +31,6 @@ pub const BOOKMARKS: &str = r#"[
   {"title": "WASI", "url": "https://wasi.dev"}
 ]
 "#;
-
-/// What the guest's agent runs (through the scripted model's bash tool call).
-const SUMMARISE: &str = "python3 -c \"import json; b = json.load(open('bookmarks.json')); print('# Bookmarks'); print(); [print('- ' + x['title'] + ' <' + x['url'] + '>') for x in b]\" > SUMMARY.md && git init -q && git add -A && git -c user.name=tour -c user.email=tour@localhost commit -qm 'tour: summary'";
 
 /// The SUMMARY.md the guest writes for BOOKMARKS.
 pub fn expected_summary() -> String {
@@ -97,12 +98,7 @@ fn start_model(dir: &Path) -> Result<(Killed, String)> {
     Ok((Killed(child), url))
 }
 
-pub fn run(f: &Flags) -> Result<u8> {
-    let keep = match f.command.get(1).map(String::as_str) {
-        Some("--keep") => Some(PathBuf::from(f.command.get(2).context("--keep needs a folder")?)),
-        Some(other) => bail!("tour: unknown argument {other}"),
-        None => None,
-    };
+pub fn run(f: &Grants, keep: Option<PathBuf>) -> Result<u8> {
     let exe_dir = std::env::current_exe()?.parent().context("no exe folder")?.to_path_buf();
     let boxd_local = f.boxd.clone().unwrap_or_else(|| exe_dir.join("boxd-local"));
     if !boxd_local.exists() {
@@ -130,14 +126,14 @@ pub fn run(f: &Flags) -> Result<u8> {
             d
         }
     };
-    let result = tour(f, &dir, &boxd_local, &opencode);
+    let result = tour(f, &dir, &boxd_local, &opencode, keep.is_some());
     if keep.is_none() {
         let _ = std::fs::remove_dir_all(&dir);
     }
     result
 }
 
-fn tour(f: &Flags, dir: &Path, boxd_local: &Path, opencode: &Path) -> Result<u8> {
+fn tour(f: &Grants, dir: &Path, boxd_local: &Path, opencode: &Path, kept: bool) -> Result<u8> {
     let sub = |n: &str| -> Result<PathBuf> {
         let p = dir.join(n);
         std::fs::create_dir_all(&p)?;
@@ -157,77 +153,76 @@ fn tour(f: &Flags, dir: &Path, boxd_local: &Path, opencode: &Path) -> Result<u8>
     vars.push(("BOXD_LOCAL_HOME".into(), boxd_home.display().to_string()));
     vars.push(("OPENCODE_DISABLE_MODELS_FETCH".into(), "1".into()));
     vars.push(("OPENCODE_DISABLE_AUTOUPDATE".into(), "1".into()));
-    let mut policy = crate::policy::Policy::new();
-    policy.child_env_from(vars.clone());
-    let cli = golden::Cli { boxd: boxd_local, env: policy.child_env() };
-
-    let (_model, model_url) = start_model(dir)?;
-    for (k, v) in [("SCRIPTED_MODEL_URL", model_url.as_str()), ("OPENCODE_DISABLE_MODELS_FETCH", "1"), ("OPENCODE_DISABLE_AUTOUPDATE", "1")] {
-        cli.run(&["env", "set", k, v], None)?;
-    }
-    cli.run(&["env", "set", "SCRIPTED_MODEL_KEY", "tour-key", "--secret"], None)?;
-
-    let mut steps: Vec<Value> = Vec::new();
-    let started = Instant::now();
-    println!("\n1. golden image");
-    let archive = make_archive(dir, opencode)?;
-    let spec = golden::Spec {
-        snapshot: "opencode-golden".into(),
-        opencode_version: oc_version.clone(),
-        config: GUEST_CONFIG.into(),
-        url: serve_archive(archive)?,
-        attempts: 3,
-        retry_delay_s: 1,
-        key_env: vec!["SCRIPTED_MODEL_KEY".into()],
-    };
-    match golden::build(&cli, &spec, &mut |s| println!("   {s}")) {
-        Ok(r) => steps.push(json!({ "step": "golden", "ok": true, "snapshot": r["snapshot"] })),
-        Err(e) => {
-            steps.push(json!({ "step": "golden", "ok": false, "error": e.to_string() }));
-            return finish(&steps, "tour", &[], started, 1);
-        }
-    }
-
     std::fs::write(project.join("bookmarks.json"), BOOKMARKS)?;
-    let flags = Flags {
+    let grants = Grants {
         project: Some(project.clone()),
         ledger: Some(ledger.clone()),
         boxd: Some(boxd_local.to_path_buf()),
         opencode: Some(opencode.to_path_buf()),
         audit_log: Some(audit_log.clone()),
         no_cache: f.no_cache,
-        ..Flags::default()
+        ..Grants::default()
     };
-    let mut host = Host::open_env(&flags, vars.clone())?;
-    let prompt = format!(
-        "Summarise bookmarks.json into SUMMARY.md and commit the work. @@tool:bash:{}@@",
-        json!({ "command": SUMMARISE, "description": "summarise the bookmarks" })
-    );
+    let mut host = Session::open_env(&grants, crate::session::HOST_NAME, vars.clone())?;
+
+    let (_model, model_url) = start_model(dir)?;
+    for args in [
+        &["env", "set", "SCRIPTED_MODEL_URL", model_url.as_str()][..],
+        &["env", "set", "OPENCODE_DISABLE_MODELS_FETCH", "1"],
+        &["env", "set", "OPENCODE_DISABLE_AUTOUPDATE", "1"],
+        &["env", "set", "SCRIPTED_MODEL_KEY", "tour-key", "--secret"],
+    ] {
+        host.run_granted("boxd", args)?;
+    }
+
+    let mut steps: Vec<Value> = Vec::new();
+    let started = Instant::now();
+    println!("\n1. golden image");
+    let archive = make_archive(dir, opencode)?;
+    let spec = json!({
+        "snapshot": "opencode-golden",
+        "opencodeVersion": oc_version,
+        "config": GUEST_CONFIG,
+        "url": serve_archive(archive)?,
+        "retryDelaySeconds": 1,
+        "keyEnv": ["SCRIPTED_MODEL_KEY"],
+    });
+    match host.build_golden(&spec)? {
+        Ok(r) => {
+            for step in r["steps"].as_array().into_iter().flatten() {
+                println!("   {}", step.as_str().unwrap_or_default());
+            }
+            steps.push(json!({ "step": "golden", "ok": true, "snapshot": r["snapshot"] }));
+        }
+        Err(e) => {
+            println!("   {}: {}\n   next: {}", e["error"].as_str().unwrap_or(""), e["message"].as_str().unwrap_or(""), e["next"].as_str().unwrap_or(""));
+            steps.push(json!({ "step": "golden", "ok": false, "error": e["error"] }));
+            return finish(&steps, "tour", &[], started, 1);
+        }
+    }
+
+    let plan: Value = serde_json::from_str(PLAN).context("host-bridge/tour/plan.json is JSON")?;
+    let plan = plan["steps"].as_array().context("the tour plan has steps")?;
     let mut harvested: Vec<Value> = Vec::new();
-    let plan: Vec<(&str, String)> = vec![
-        ("boxd_status", "{}".into()),
-        ("boxd_ensure", json!({ "work": "tour" }).to_string()),
-        ("boxd_submit", json!({ "work": "tour", "prompt": prompt, "files": [{ "from": "bookmarks.json", "to": "bookmarks.json" }] }).to_string()),
-        ("boxd_job", json!({ "work": "tour" }).to_string()),
-        ("boxd_harvest", json!({ "work": "tour", "files": ["SUMMARY.md"] }).to_string()),
-        ("boxd_drop", json!({ "work": "tour" }).to_string()),
-    ];
-    for (i, (tool, args)) in plan.iter().enumerate() {
+    for (i, step) in plan.iter().enumerate() {
+        let tool = step["tool"].as_str().context("a tour step names its tool")?;
+        let args = step["args"].to_string();
         println!("\n{}. {tool}", i + 2);
         let t0 = Instant::now();
-        let mut result = host.call(tool, args)?;
-        // boxd_job: ask again in later "turns" until the run is over (bounded).
-        while *tool == "boxd_job" && result.as_ref().is_ok_and(|v| v["state"] == "busy") && t0.elapsed() < Duration::from_secs(180) {
-            println!("   busy… asking again");
+        let mut result = host.call(tool, &args)?;
+        // A step with "until" asks again in later "turns" while the field holds (bounded).
+        while step.get("until").is_some_and(|u| holds(u, &result)) && t0.elapsed() < Duration::from_secs(180) {
+            println!("   {}… asking again", result.as_ref().map(|v| v["state"].to_string()).unwrap_or_default());
             std::thread::sleep(Duration::from_millis(700));
-            result = host.call(tool, args)?;
+            result = host.call(tool, &args)?;
         }
         let ms = t0.elapsed().as_millis();
         match result {
             Ok(v) => {
-                println!("   ok ({ms} ms): {}", summary_line(tool, &v));
-                if *tool == "boxd_harvest" {
-                    harvested = v["files"].as_array().cloned().unwrap_or_default();
+                println!("   ok ({ms} ms): {}", summary_line(step, &v));
+                let files: Vec<Value> = v["files"].as_array().into_iter().flatten().filter(|f| f.get("sha256").is_some()).cloned().collect();
+                if !files.is_empty() {
+                    harvested = files;
                 }
                 steps.push(json!({ "step": tool, "ok": true }));
             }
@@ -244,7 +239,7 @@ fn tour(f: &Flags, dir: &Path, boxd_local: &Path, opencode: &Path) -> Result<u8>
     }
     let calls = std::fs::read_to_string(boxd_home.join("calls.jsonl")).map(|t| t.lines().count()).unwrap_or(0);
     println!("\n   boxd calls made: {calls} (boxd-local's call log); audit log: {}", audit_log.display());
-    if f.command.get(1).map(String::as_str) == Some("--keep") {
+    if kept {
         println!("\nkept in {}. To go on there:", dir.display());
         println!("   export BOXD_LOCAL_HOME={} HOME={l} XDG_DATA_HOME={l}/data XDG_CONFIG_HOME={l}/config XDG_CACHE_HOME={l}/cache XDG_STATE_HOME={l}/state", boxd_home.display());
         println!("   boxd-host --project {} --ledger {} --boxd {} --opencode {} call boxd_status", project.display(), ledger.display(), boxd_local.display(), opencode.display());
@@ -254,21 +249,36 @@ fn tour(f: &Flags, dir: &Path, boxd_local: &Path, opencode: &Path) -> Result<u8>
     finish(&steps, "tour", &harvested, started, code)
 }
 
-fn summary_line(tool: &str, v: &Value) -> String {
-    match tool {
-        "boxd_status" => format!("boxd CLI {}, snapshot {} present: {}", v["boxd"]["cli"], v["snapshot"]["name"], v["snapshot"]["present"]),
-        "boxd_ensure" => format!("machine {} is {} (created: {})", v["machine"], v["state"], v["created"]),
-        "boxd_submit" => format!("prompt {} admitted, queued: {}, files: {}", v["promptId"], v["queued"], v["files"].as_array().map_or(0, Vec::len)),
-        "boxd_job" => format!("{} · outcome {} · lastText {}", v["state"], v["outcome"], v["lastText"]),
-        "boxd_harvest" => format!(
-            "{} session(s) proven, git dirty: {}, files: {}",
-            v["sessions"].as_array().map_or(0, Vec::len),
-            v["git"]["dirty"],
-            v["files"].as_array().map(|f| f.iter().map(|x| format!("{} sha256 {}", x["path"].as_str().unwrap_or(""), x["sha256"].as_str().unwrap_or(""))).collect::<Vec<_>>().join(", ")).unwrap_or_default()
-        ),
-        "boxd_drop" => format!("dropped: {} · {}", v["dropped"], v["next"].as_str().unwrap_or("")),
-        _ => v.to_string(),
-    }
+/// Whether every field of a step's `until` still has its value in the answer.
+fn holds(until: &Value, answer: &std::result::Result<Value, Value>) -> bool {
+    let Ok(v) = answer else { return false };
+    until.as_object().is_some_and(|m| m.iter().all(|(k, want)| v.get(k) == Some(want)))
+}
+
+/// The fields a step names in "show" (dotted paths), as `name value` pairs; a list of
+/// files shows each path with its digest.
+fn summary_line(step: &Value, v: &Value) -> String {
+    let field = |path: &str| path.split('.').fold(v, |at, key| &at[key]);
+    step["show"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .map(|path| match field(path) {
+            Value::Array(items) => {
+                let shown: Vec<String> = items
+                    .iter()
+                    .map(|x| match (x["path"].as_str(), x["sha256"].as_str()) {
+                        (Some(p), Some(d)) => format!("{p} sha256 {d}"),
+                        _ => x.to_string(),
+                    })
+                    .collect();
+                format!("{path} [{}]", shown.join(", "))
+            }
+            other => format!("{path} {other}"),
+        })
+        .collect::<Vec<_>>()
+        .join(" · ")
 }
 
 fn finish(steps: &[Value], work: &str, harvested: &[Value], started: Instant, code: u8) -> Result<u8> {

@@ -1,0 +1,290 @@
+//! Building the golden image (an operation hosts call for `boxd-host golden` and the tour,
+//! never a model's tool): a machine with exactly the laptop's OpenCode, snapshotted, the
+//! build machine removed whatever happens. It goes through the one boxd adapter, so every
+//! spawn is granted by the host's policy and written to its audit log.
+//!
+//! The guest's OpenCode config is written first, so a failed download costs only the
+//! binary; the download is retried a bounded number of times and fails loudly; the model
+//! credential stays in `boxd env` (the config names it as `{env:NAME}`), never in an
+//! argument list or a log.
+
+use alloc::format;
+use alloc::string::{String, ToString};
+use alloc::vec::Vec;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::boxd::{sh_quote, Boxd};
+use crate::caps::Programs;
+use crate::errors::{Code, ToolError, ToolResult};
+use crate::options::Context;
+
+/// Where OpenCode's release archives live; `{version}` and `{target}` are filled in.
+pub const DEFAULT_URL: &str = "https://github.com/anomalyco/opencode/releases/download/v{version}/opencode-{target}.tar.gz";
+/// The install script's own bound on the build machine (a slow download included).
+const INSTALL_SECONDS: u32 = 1800;
+
+/// What the host asks for (docs/golden-image.md); every field but `snapshot` has a default.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Spec {
+    #[serde(default = "default_snapshot")]
+    pub snapshot: String,
+    /// Default: the laptop's `opencode --version`.
+    #[serde(default)]
+    pub opencode_version: Option<String>,
+    /// The guest's global opencode.json, as text. Default: a minimal config naming `model`.
+    #[serde(default)]
+    pub config: Option<String>,
+    #[serde(default)]
+    pub model: Option<String>,
+    #[serde(default = "default_url")]
+    pub url: String,
+    #[serde(default = "default_attempts")]
+    pub attempts: u32,
+    #[serde(default = "default_retry_delay")]
+    pub retry_delay_seconds: u32,
+    /// boxd env names the config reads (`{env:NAME}`): checked present, never read.
+    #[serde(default)]
+    pub key_env: Vec<String>,
+}
+
+fn default_snapshot() -> String {
+    "opencode-golden".into()
+}
+fn default_url() -> String {
+    DEFAULT_URL.into()
+}
+fn default_attempts() -> u32 {
+    3
+}
+fn default_retry_delay() -> u32 {
+    5
+}
+
+fn spec_error(why: impl Into<String>) -> ToolError {
+    ToolError::with_next(Code::ArgsInvalid, why, "Fix the golden image spec (boxd-host golden --help lists the flags), then run it again.")
+}
+
+impl Spec {
+    pub fn parse(json: &str) -> ToolResult<Spec> {
+        let spec: Spec = serde_json::from_str(json).map_err(|e| spec_error(format!("the golden image spec is not valid: {e}")))?;
+        if !crate::paths::is_snapshot_name(&spec.snapshot) {
+            return Err(ToolError::new(Code::NameInvalid, format!("snapshot name '{}' is not valid", spec.snapshot)));
+        }
+        if spec.attempts == 0 || spec.attempts > 20 {
+            return Err(spec_error("attempts must be between 1 and 20"));
+        }
+        if let Some(bad) = spec.key_env.iter().find(|k| !is_env_name(k)) {
+            return Err(spec_error(format!("'{bad}' is not a boxd env name ([A-Za-z_][A-Za-z0-9_]*)")));
+        }
+        if let Some(v) = &spec.opencode_version {
+            if !is_version(v) {
+                return Err(spec_error(format!("'{v}' is not an OpenCode version (digits and dots)")));
+            }
+        }
+        if let Some(text) = &spec.config {
+            check_config(text)?;
+        }
+        Ok(spec)
+    }
+}
+
+fn is_env_name(s: &str) -> bool {
+    let mut b = s.bytes();
+    matches!(b.next(), Some(c) if c.is_ascii_alphabetic() || c == b'_') && b.all(|c| c.is_ascii_alphanumeric() || c == b'_')
+}
+
+/// A version goes into a shell script and a URL: digits, dots and a pre-release tail only.
+fn is_version(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 40 && s.bytes().all(|c| c.is_ascii_alphanumeric() || b".-+".contains(&c)) && s.as_bytes()[0].is_ascii_digit()
+}
+
+/// The config must be JSON, and a literal key would end up in every snapshot: insist on
+/// `{env:NAME}` for any `apiKey`.
+pub fn check_config(text: &str) -> ToolResult<()> {
+    let v: Value = serde_json::from_str(text).map_err(|e| spec_error(format!("the guest config is not JSON: {e}")))?;
+    if let Some(path) = literal_key(&v, "") {
+        return Err(ToolError::with_next(
+            Code::ArgsInvalid,
+            format!("the guest config holds a literal apiKey at {path}"),
+            "Write \"{env:NAME}\" as the apiKey and keep the key in boxd env (boxd env set NAME … --secret), then run golden again.",
+        ));
+    }
+    Ok(())
+}
+
+fn literal_key(v: &Value, at: &str) -> Option<String> {
+    match v {
+        Value::Object(m) => m.iter().find_map(|(k, x)| {
+            let here = format!("{at}/{k}");
+            match x {
+                Value::String(s) if k == "apiKey" && !s.starts_with("{env:") => Some(here),
+                _ => literal_key(x, &here),
+            }
+        }),
+        Value::Array(a) => a.iter().enumerate().find_map(|(i, x)| literal_key(x, &format!("{at}/{i}"))),
+        _ => None,
+    }
+}
+
+/// A minimal guest config: the model (provider/model) and no auto-update or sharing.
+pub fn default_config(model: Option<&str>) -> String {
+    let mut v = json!({ "$schema": "https://opencode.ai/config.json", "autoupdate": false, "share": "disabled" });
+    if let Some(m) = model {
+        v["model"] = json!(m);
+    }
+    serde_json::to_string_pretty(&v).expect("a config serialises")
+}
+
+/// The install script the build machine runs (config on stdin).
+pub fn script(spec: &Spec, version: &str) -> String {
+    let url = spec.url.replace("{version}", version);
+    format!(
+        r#"set -eu
+mkdir -p "$HOME/.config/opencode"
+cat > "$HOME/.config/opencode/opencode.json"
+case "$(uname -m)" in
+  x86_64|amd64) target=linux-x64 ;;
+  aarch64|arm64) target=linux-arm64 ;;
+  *) echo "golden: unsupported architecture $(uname -m)" >&2; exit 1 ;;
+esac
+url=$(printf '%s' {url} | sed "s/{{target}}/$target/")
+mkdir -p "$HOME/.opencode/bin" "$HOME/.local/bin"
+archive=$(mktemp)
+n=1
+until curl -fsSL --connect-timeout 10 --max-time 600 -o "$archive" "$url"; do
+  if [ "$n" -ge {attempts} ]; then
+    echo "golden: the OpenCode download failed after $n attempts: $url" >&2
+    rm -f "$archive"; exit 1
+  fi
+  echo "golden: download attempt $n failed; retrying" >&2
+  sleep $((n * {delay}))
+  n=$((n + 1))
+done
+tar -xzf "$archive" -C "$HOME/.opencode/bin"
+rm -f "$archive"
+chmod +x "$HOME/.opencode/bin/opencode"
+# Relative, so the link still points home in a machine restored from the snapshot.
+ln -sf ../../.opencode/bin/opencode "$HOME/.local/bin/opencode"
+v=$("$HOME/.local/bin/opencode" --version)
+[ "$v" = {version_q} ] || {{ echo "golden: installed OpenCode $v, wanted {version}" >&2; exit 1; }}
+echo "golden: OpenCode $v installed after $n attempt(s)"
+"#,
+        url = sh_quote(&url),
+        attempts = spec.attempts,
+        delay = spec.retry_delay_seconds,
+        version_q = sh_quote(version),
+    )
+}
+
+/// Build the image. The answer reports every step; the build machine is removed even when
+/// a step fails (the error says whether it went), and no snapshot is saved unless every
+/// step succeeded.
+pub fn build<P: Programs>(programs: &mut P, ctx: &Context, spec_json: &str) -> ToolResult<Value> {
+    let spec = Spec::parse(spec_json)?;
+    let mut steps: Vec<String> = Vec::new();
+    let version = match &spec.opencode_version {
+        Some(v) => v.clone(),
+        None => laptop_opencode(programs, ctx)?,
+    };
+    let config = spec.config.clone().unwrap_or_else(|| default_config(spec.model.as_deref()));
+    let mut boxd = Boxd::new(programs, ctx.options.boxd_timeout_seconds);
+    if boxd.snapshots().map_err(|f| f.into_error())?.iter().any(|s| s.name == spec.snapshot) {
+        return Err(ToolError::with_next(
+            Code::SnapshotExists,
+            format!("a snapshot named '{}' exists already", spec.snapshot),
+            "Snapshots are immutable: pick another name with --name (and set the snapshot option to it).",
+        ));
+    }
+    if !spec.key_env.is_empty() {
+        let names = boxd.env_names().map_err(|f| f.into_error())?;
+        if let Some(k) = spec.key_env.iter().find(|k| !names.contains(k)) {
+            return Err(ToolError::with_next(
+                Code::GoldenFailed,
+                format!("boxd env has no {k}"),
+                format!("Set it with 'boxd env set {k} <value> --secret' (the plugin never reads it), then run golden again."),
+            ));
+        }
+    }
+    let machine = format!("golden-build-{}", &crate::encode::hex(&ctx.entropy)[..12.min(ctx.entropy.len() * 2)]);
+    steps.push(format!("creating build machine {machine}"));
+    boxd.create_bare(&machine).map_err(|f| f.into_error())?;
+    steps.push(format!("writing the OpenCode config, then installing OpenCode {version}"));
+    let installed = install(&mut boxd, &machine, &spec, &version, &config, &mut steps);
+    steps.push(format!("removing build machine {machine}"));
+    let removed = boxd.remove(&machine).is_ok();
+    let installed = installed.map_err(|mut e| {
+        if !removed {
+            e.message = format!("{}; the build machine {machine} could not be removed: remove it with 'boxd machine remove {machine} -y'", e.message);
+        }
+        e
+    })?;
+    Ok(json!({
+        "snapshot": spec.snapshot,
+        "opencode": version,
+        "install": installed,
+        "buildMachineRemoved": removed,
+        "steps": steps,
+        "boxdCalls": boxd.calls,
+    }))
+}
+
+/// The laptop's OpenCode version: what the host told us, else `opencode --version`.
+fn laptop_opencode<P: Programs>(programs: &mut P, ctx: &Context) -> ToolResult<String> {
+    if let Some(v) = &ctx.facts.opencode_version {
+        return Ok(v.clone());
+    }
+    let req = crate::caps::RunRequest { program: "opencode".into(), args: alloc::vec!["--version".into()], timeout_ms: 60_000, ..Default::default() };
+    let v = programs.run(&req).ok().filter(|o| o.exit_code == Some(0)).map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+    v.filter(|v| is_version(v)).ok_or_else(|| {
+        ToolError::with_next(Code::OpencodeMissing, "no laptop OpenCode answered --version", "Give the version with --opencode-version, or the laptop's OpenCode with --opencode PATH.")
+    })
+}
+
+fn install<P: Programs>(boxd: &mut Boxd<'_, P>, machine: &str, spec: &Spec, version: &str, config: &str, steps: &mut Vec<String>) -> ToolResult<String> {
+    let run = boxd.exec(machine, &["sh", "-c", &script(spec, version)], Some(config.as_bytes().to_vec()), INSTALL_SECONDS).map_err(|f| f.into_error())?;
+    if run.exit_code != Some(0) {
+        let said = String::from_utf8_lossy(&run.stderr);
+        return Err(ToolError::new(
+            Code::GoldenFailed,
+            format!("installing OpenCode on the build machine failed ({}): {}", crate::guest::exit_words(run.exit_code), crate::guest::tail(said.trim().as_bytes())),
+        ));
+    }
+    steps.push(format!("saving snapshot {}", spec.snapshot));
+    boxd.snapshot_save(machine, &spec.snapshot).map_err(|f| f.into_error())?;
+    Ok(String::from_utf8_lossy(&run.stdout).trim().to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_spec_takes_defaults_and_refuses_what_would_reach_a_shell() {
+        let s = Spec::parse(r#"{"snapshot":"opencode-golden"}"#).unwrap();
+        assert_eq!((s.attempts, s.retry_delay_seconds, s.url.as_str()), (3, 5, DEFAULT_URL));
+        assert_eq!(Spec::parse(r#"{"snapshot":"Bad Name"}"#).unwrap_err().code, Code::NameInvalid);
+        assert_eq!(Spec::parse(r#"{"opencodeVersion":"1.0; rm -rf ~"}"#).unwrap_err().code, Code::ArgsInvalid);
+        assert_eq!(Spec::parse(r#"{"keyEnv":["A B"]}"#).unwrap_err().code, Code::ArgsInvalid);
+        assert_eq!(Spec::parse(r#"{"force":true}"#).unwrap_err().code, Code::ArgsInvalid);
+        assert_eq!(Spec::parse(r#"{"attempts":0}"#).unwrap_err().code, Code::ArgsInvalid);
+    }
+
+    #[test]
+    fn a_literal_key_is_refused_wherever_it_sits() {
+        assert!(check_config(r#"{"provider":{"x":{"options":{"apiKey":"{env:KEY}"}}}}"#).is_ok());
+        let e = check_config(r#"{"provider":{"x":{"options":{"apiKey":"sk-123"}}}}"#).unwrap_err();
+        assert!(e.message.contains("/provider/x/options/apiKey"), "{}", e.message);
+        assert!(!e.message.contains("sk-123"));
+        assert_eq!(check_config("not json").unwrap_err().code, Code::ArgsInvalid);
+    }
+
+    #[test]
+    fn the_script_quotes_the_url_and_checks_the_version() {
+        let s = Spec::parse(r#"{"url":"http://h/v{version}/o-{target}.tgz'x"}"#).unwrap();
+        let text = script(&s, "1.18.33");
+        assert!(text.contains(r#"'http://h/v1.18.33/o-{target}.tgz'\''x'"#), "{text}");
+        assert!(text.contains(r#"[ "$v" = 1.18.33 ]"#));
+    }
+}

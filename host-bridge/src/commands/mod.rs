@@ -1,0 +1,25 @@
+//! One file per command; each takes its parsed arguments and returns the exit code
+//! (0 ok, 1 the tool returned an error, 2 is `main`'s for usage and host failures).
+
+mod audit;
+mod call;
+mod describe;
+pub mod golden;
+pub mod mcp;
+pub mod tour;
+
+use anyhow::Result;
+
+use crate::cli::{Cli, Command};
+
+pub fn run(cli: Cli) -> Result<u8> {
+    let grants = &cli.grants;
+    match cli.command {
+        Command::Describe => describe::run(grants),
+        Command::Call { tool, args } => call::run(grants, &tool, args),
+        Command::Audit { json } => audit::run(grants, json),
+        Command::Mcp => mcp::serve(grants),
+        Command::Tour { keep } => tour::run(grants, keep),
+        Command::Golden(args) => golden::run(grants, &args),
+    }
+}

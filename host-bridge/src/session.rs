@@ -1,0 +1,239 @@
+//! A session: what every command builds once — the policy (programs, folders, child
+//! environment) from the grants and the options, the runtime that loads the component
+//! under it, the call context and the audit log — and the calls made through it.
+
+use std::path::{Path, PathBuf};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context as _, Result};
+use serde_json::{json, Value};
+
+use crate::audit::AuditLog;
+use crate::cli::Grants;
+use crate::policy::Policy;
+use crate::runtime::{CallContext, Runtime, ToolError, Trace};
+
+/// The host name the command line gives the component (MCP gives its own).
+pub const HOST_NAME: &str = "boxd-host";
+
+fn home() -> PathBuf {
+    std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/"))
+}
+
+fn data_dir() -> PathBuf {
+    std::env::var_os("XDG_DATA_HOME").map(PathBuf::from).unwrap_or_else(|| home().join(".local/share"))
+}
+
+/// Where compiled components are kept (`BOXD_HOST_CACHE` overrides).
+fn cache_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("BOXD_HOST_CACHE") {
+        return PathBuf::from(dir);
+    }
+    std::env::var_os("XDG_CACHE_HOME").map(PathBuf::from).unwrap_or_else(|| home().join(".cache")).join("opencode-boxd")
+}
+
+/// The ledger folder, created owner-only (WASI cannot set file modes, so the host does).
+fn ensure_private_dir(dir: &Path) -> Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    if !dir.exists() {
+        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).with_context(|| format!("cannot create the ledger folder {}", dir.display()))?;
+    }
+    let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700));
+    private_passwords(dir);
+    Ok(())
+}
+
+/// Every file the component creates in the ledger is made 0600 as it is created (audit.rs);
+/// a ledger written before that kept each work's server password 0644: make those 0600.
+fn private_passwords(ledger: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    for work in std::fs::read_dir(ledger.join("works")).into_iter().flatten().flatten() {
+        let p = work.path().join("password");
+        match std::fs::symlink_metadata(&p) {
+            Ok(m) if m.is_file() && m.permissions().mode() & 0o077 != 0 => {
+                let _ = std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600));
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Everything a command needs, built once: the policy inside the loaded runtime, the call
+/// context, the audit log.
+pub struct Session {
+    pub runtime: Runtime,
+    pub ctx: CallContext,
+    pub audit: AuditLog,
+}
+
+impl Session {
+    /// A session for `host_name` ("boxd-host", "boxd-host-mcp") from the flags and this
+    /// process's environment.
+    pub fn open(f: &Grants, host_name: &str) -> Result<Session> {
+        Self::open_env(f, host_name, std::env::vars().collect())
+    }
+
+    /// Open with an explicit environment: children inherit the policy's share of `vars`.
+    pub fn open_env(f: &Grants, host_name: &str, vars: Vec<(String, String)>) -> Result<Session> {
+        let var = |k: &str| vars.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+        let options: Value = match &f.options {
+            Some(s) => serde_json::from_str(s).context("--options is not valid JSON")?,
+            None => json!({}),
+        };
+        let project = std::fs::canonicalize(f.project.clone().unwrap_or_else(|| std::env::current_dir().unwrap_or_default()))
+            .context("the project folder does not exist")?;
+        let ledger = f
+            .ledger
+            .clone()
+            .or_else(|| options.get("ledgerDir").and_then(Value::as_str).map(PathBuf::from))
+            .unwrap_or_else(|| data_dir().join("opencode-boxd"));
+        ensure_private_dir(&ledger)?;
+        let ledger = std::fs::canonicalize(&ledger)?;
+
+        let path_var = var("PATH");
+        let mut policy = Policy::new();
+        match &f.boxd {
+            Some(p) => policy.program("boxd", p)?,
+            None => policy.program_from_path("boxd", "boxd", path_var.as_deref())?,
+        };
+        match &f.opencode {
+            Some(p) => policy.program("opencode", p)?,
+            None => policy.program_from_path("opencode", "opencode", path_var.as_deref())?,
+        };
+        // Programs granted only when the user opted in (policy.json grantedOnlyWith).
+        for (program, option) in crate::policy::opt_in_programs() {
+            if options.get(option).and_then(Value::as_bool) == Some(true) {
+                policy.program_from_path(program, program, path_var.as_deref())?;
+            }
+        }
+        policy.preopen(&ledger, "ledger")?.preopen(&project, "project")?;
+        // Allowed roots come from the flags and from the options; both are granted.
+        let mut roots: Vec<PathBuf> = f.allow_roots.clone();
+        roots.extend(options.get("allowedRoots").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str).map(PathBuf::from));
+        let mut root_strings = Vec::new();
+        for r in &roots {
+            policy.preopen(r, "allowed")?;
+            root_strings.push(std::fs::canonicalize(r)?.display().to_string());
+        }
+        policy.child_env_from(vars.clone());
+        let mut options = options;
+        if !root_strings.is_empty() {
+            options["allowedRoots"] = json!(root_strings);
+        }
+
+        let wasm = match &f.component {
+            Some(p) => std::fs::read(p).with_context(|| format!("cannot read the component {}", p.display()))?,
+            None => crate::COMPONENT.to_vec(),
+        };
+        let cache = (!f.no_cache).then(cache_dir);
+        let runtime = Runtime::load(&wasm, policy, cache.as_deref())?;
+        let ctx = CallContext {
+            host_name: host_name.into(),
+            host_version: env!("CARGO_PKG_VERSION").into(),
+            options_json: options.to_string(),
+            project: project.display().to_string(),
+            ledger: ledger.display().to_string(),
+            now_ms: 0,
+            entropy: Vec::new(),
+            // The command line is the user's approval of the call it names; an MCP client
+            // asks the user before each call it forwards (docs/hosts.md).
+            approved: true,
+            opencode_version: None,
+        };
+        Ok(Session { runtime, ctx, audit: AuditLog::open(f.audit_log.as_deref())? })
+    }
+
+    /// This call's context: the clock and fresh random bytes.
+    fn fresh_ctx(&self) -> CallContext {
+        let mut ctx = self.ctx.clone();
+        ctx.now_ms = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
+        ctx.entropy = entropy();
+        ctx
+    }
+
+    /// One tool call with the audit line written; the tool's JSON or its error object. A
+    /// trap in the component (a panic, an out-of-memory) is answered as HOST_FAILED with
+    /// the one next step every host gives (policy.json `hostFailed`), never as a backtrace.
+    pub fn call(&mut self, tool: &str, args: &str) -> Result<std::result::Result<Value, Value>> {
+        let ctx = self.fresh_ctx();
+        let started = Instant::now();
+        let (result, trace) = self.runtime.call_traced(tool, args, &ctx);
+        Ok(self.answer(tool, started, result, trace))
+    }
+
+    /// The golden-image operation (`boxd-host golden`, the tour), granted, traced and
+    /// audited like a tool call; `spec` is docs/golden-image.md's spec.
+    pub fn build_golden(&mut self, spec: &Value) -> Result<std::result::Result<Value, Value>> {
+        let ctx = self.fresh_ctx();
+        let started = Instant::now();
+        let (result, trace) = self.runtime.build_golden(&spec.to_string(), &ctx);
+        Ok(self.answer("golden", started, result, trace))
+    }
+
+    /// The host's own use of a granted program (the tour sets boxd-local's env with it):
+    /// the same grant, child environment, bounds and process runner as the component's
+    /// spawns, and an audit line of its own.
+    pub fn run_granted(&mut self, program: &str, args: &[&str]) -> Result<crate::spawn::Output> {
+        let policy = self.runtime.policy();
+        let binary = policy.allows(program).map_err(|r| anyhow::anyhow!("{r:?}"))?.to_path_buf();
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        let started = Instant::now();
+        let out = crate::spawn::run(crate::spawn::Spawn {
+            name: program,
+            binary: &binary,
+            args: &args,
+            env: policy.child_env(),
+            cwd: None,
+            stdin: None,
+            timeout: std::time::Duration::from_secs(60),
+            bounds: crate::policy::bounds(),
+        });
+        let record = crate::runtime::SpawnRecord {
+            program: program.into(),
+            args: crate::runtime::mask_args(&args),
+            exit_code: out.as_ref().ok().and_then(|o| o.exit_code),
+            outcome: if out.is_ok() { "exited".into() } else { "failed".into() },
+            duration_ms: started.elapsed().as_millis() as u64,
+        };
+        let code = match &out {
+            Ok(o) if o.exit_code == Some(0) => Ok(()),
+            _ => Err("HOST_SPAWN_FAILED".to_string()),
+        };
+        self.audit.record(&format!("host:{program}"), record.duration_ms, &code, &Trace { spawns: vec![record], paths: Vec::new() });
+        out.map_err(|f| anyhow::anyhow!("{program} {}: {f:?}", args.join(" ")))
+    }
+
+    /// The answer as JSON (the result, or `{error, message, next}`), with the audit line
+    /// written. A trap in the component (a panic, an out-of-memory) is answered as
+    /// HOST_FAILED with the one next step every host gives (policy.json `hostFailed`),
+    /// never as a backtrace.
+    fn answer(&mut self, what: &str, started: Instant, result: Result<std::result::Result<String, ToolError>>, trace: Trace) -> std::result::Result<Value, Value> {
+        let ms = started.elapsed().as_millis() as u64;
+        let answer = match result {
+            Ok(Ok(s)) => Ok(serde_json::from_str(&s).unwrap_or(Value::String(s))),
+            Ok(Err(e)) => Err(json!({ "error": e.code, "message": e.message, "next": e.next })),
+            Err(trap) => Err(crate::policy::host_failed(what, trap_message(&trap))),
+        };
+        let code = answer.as_ref().map(drop).map_err(|e| e["error"].as_str().unwrap_or_default().to_string());
+        self.audit.record(what, ms, &code, &trace);
+        answer
+    }
+}
+
+/// A trap in one line: wasmtime's own words ("wasm trap: wasm `unreachable` instruction
+/// executed") without the wasm backtrace that follows them.
+pub fn trap_message(e: &anyhow::Error) -> String {
+    let trap = e.downcast_ref::<wasmtime::Trap>().map(|t| t.to_string());
+    let first = format!("{e}");
+    let text = trap.unwrap_or(first);
+    let line = text.lines().next().unwrap_or("").trim();
+    if line.is_empty() { "the component failed".to_string() } else { line.to_string() }
+}
+
+/// 32 bytes from the OS's random source, for the secrets the component makes.
+pub fn entropy() -> Vec<u8> {
+    use std::io::Read;
+    let mut buf = vec![0u8; 32];
+    std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut buf)).expect("read /dev/urandom");
+    buf
+}
