@@ -164,7 +164,11 @@ pub struct World {
 }
 
 /// The guests' OpenCode config: the tour's (the scripted provider, its URL and key from boxd env).
-pub use boxd_host::commands::tour::GUEST_CONFIG;
+/// The guest config the tour builds its image with (the scripted provider): read from the
+/// tour's own file, so the tests and the tour boot the same guest.
+pub fn guest_config() -> String {
+    std::fs::read_to_string(repo().join("host-bridge/tour/guest-opencode.json")).unwrap()
+}
 
 impl World {
     pub fn new(name: &str) -> World {
@@ -203,7 +207,7 @@ impl World {
             .spawn()
             .unwrap();
         use std::io::Write;
-        child.stdin.take().unwrap().write_all(GUEST_CONFIG.as_bytes()).unwrap();
+        child.stdin.take().unwrap().write_all(guest_config().as_bytes()).unwrap();
         assert!(child.wait().unwrap().success());
         self.ok(&["snapshots", "save", "golden-build", name]);
         self.ok(&["machine", "remove", "golden-build", "-y"]);

@@ -23,19 +23,9 @@ const MODEL_JS: &str = include_str!("../../tour/scripted-model.mjs");
 const PLAN: &str = include_str!("../../tour/plan.json");
 
 /// The guest's OpenCode config: the scripted provider, its URL and key from boxd env.
-pub const GUEST_CONFIG: &str = r#"{"$schema":"https://opencode.ai/config.json","provider":{"scripted":{"npm":"@ai-sdk/openai-compatible","name":"Scripted","options":{"baseURL":"{env:SCRIPTED_MODEL_URL}","apiKey":"{env:SCRIPTED_MODEL_KEY}"},"models":{"scripted-model":{"name":"Scripted","tool_call":true}}}},"model":"scripted/scripted-model","small_model":"scripted/scripted-model","autoupdate":false,"share":"disabled"}"#;
-
-pub const BOOKMARKS: &str = r#"[
-  {"title": "boxd", "url": "https://boxd.sh"},
-  {"title": "OpenCode", "url": "https://opencode.ai"},
-  {"title": "WASI", "url": "https://wasi.dev"}
-]
-"#;
-
-/// The SUMMARY.md the guest writes for BOOKMARKS.
-pub fn expected_summary() -> String {
-    "# Bookmarks\n\n- boxd <https://boxd.sh>\n- OpenCode <https://opencode.ai>\n- WASI <https://wasi.dev>\n".into()
-}
+const GUEST_CONFIG: &str = include_str!("../../tour/guest-opencode.json");
+/// What the tour hands the guest to summarise.
+const BOOKMARKS: &str = include_str!("../../tour/bookmarks.json");
 
 struct Killed(Child);
 impl Drop for Killed {
