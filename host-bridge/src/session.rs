@@ -10,6 +10,7 @@ use serde_json::{json, Value};
 
 use crate::audit::AuditLog;
 use crate::cli::Grants;
+use crate::opencode_version::OpencodeVersion;
 use crate::policy::Policy;
 use crate::runtime::{CallContext, Runtime, ToolError, Trace};
 
@@ -64,6 +65,7 @@ pub struct Session {
     pub runtime: Runtime,
     pub ctx: CallContext,
     pub audit: AuditLog,
+    opencode: OpencodeVersion,
 }
 
 impl Session {
@@ -126,6 +128,7 @@ impl Session {
             None => crate::COMPONENT.to_vec(),
         };
         let cache = (!f.no_cache).then(cache_dir);
+        let opencode = OpencodeVersion::new(&policy, cache.as_deref());
         let runtime = Runtime::load(&wasm, policy, cache.as_deref())?;
         let ctx = CallContext {
             host_name: host_name.into(),
@@ -140,12 +143,13 @@ impl Session {
             approved: true,
             opencode_version: None,
         };
-        Ok(Session { runtime, ctx, audit: AuditLog::open(f.audit_log.as_deref())? })
+        Ok(Session { runtime, ctx, audit: AuditLog::open(f.audit_log.as_deref())?, opencode })
     }
 
-    /// This call's context: the clock and fresh random bytes.
-    fn fresh_ctx(&self) -> CallContext {
+    /// This call's context: the clock, fresh random bytes, the laptop OpenCode's version.
+    fn fresh_ctx(&mut self) -> CallContext {
         let mut ctx = self.ctx.clone();
+        ctx.opencode_version = self.opencode.get(self.runtime.policy());
         ctx.now_ms = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
         ctx.entropy = entropy();
         ctx

@@ -99,3 +99,28 @@ fn the_audit_log_records_each_spawn_and_path() {
     let works = format!("{}/works", laptop.ledger.display());
     assert!(paths.iter().any(|p| p["path"] == works.as_str()), "{paths:?}");
 }
+
+/// The laptop OpenCode's version is asked once per binary (path, size, mtime), kept in the
+/// cache folder, passed to the component, and asked again when the binary changes.
+#[test]
+fn the_laptop_opencode_version_is_asked_once_per_binary() {
+    let laptop = Laptop::new("ocversion");
+    let (bin, log, cache) = (laptop.scratch.0.join("opencode"), laptop.scratch.0.join("asked.log"), laptop.scratch.path("cache"));
+    let write_bin = |version: &str| {
+        std::fs::write(&bin, format!("#!/bin/sh\necho \"$@\" >> '{}'\necho {version}\n", log.display())).unwrap();
+        std::fs::set_permissions(&bin, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    };
+    write_bin("1.18.33");
+    let status = |laptop: &Laptop| {
+        let out = laptop.host_with(&["--opencode", bin.to_str().unwrap(), "call", "boxd_status"], &[("BOXD_HOST_CACHE", cache.to_str().unwrap())]);
+        stdout_json(&out)["guest"]["opencode"].clone()
+    };
+    let asked = || std::fs::read_to_string(&log).unwrap_or_default().lines().count();
+    assert_eq!(status(&laptop), "1.18.33");
+    assert_eq!(status(&laptop), "1.18.33");
+    assert_eq!(asked(), 1, "two processes, one --version");
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    write_bin("1.18.34");
+    assert_eq!(status(&laptop), "1.18.34");
+    assert_eq!(asked(), 2, "a changed binary is asked again");
+}
