@@ -16,8 +16,10 @@ pub mod caps;
 pub mod errors;
 pub mod ledger;
 pub mod manifest;
+pub mod opencode;
 pub mod options;
 pub mod paths;
+pub mod schema;
 pub mod tools;
 
 #[cfg(test)]

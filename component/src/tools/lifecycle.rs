@@ -12,25 +12,12 @@ use super::{work_arg, Env};
 use crate::boxd::{Boxd, Failure, State};
 use crate::caps::{Files, Kind, Programs};
 use crate::errors::{Code, ToolError, ToolResult};
-use crate::ledger::{Ledger, Sleep, Work};
+use crate::opencode::Opencode;
+use crate::ledger::{Ledger, Sleep, Work, WorkState};
 use crate::paths;
 
-fn idle_seconds<P: Programs, F: Files>(env: &Env<P, F>) -> u32 {
+fn idle_seconds(env: &Env) -> u32 {
     env.ctx.options.idle_minutes * 60
-}
-
-/// The laptop's OpenCode version: what the host told us, else `opencode --version`.
-pub fn laptop_opencode<P: Programs, F: Files>(env: &mut Env<P, F>) -> Option<String> {
-    if let Some(v) = &env.ctx.facts.opencode_version {
-        return Some(v.clone());
-    }
-    if env.ctx.host_name == "opencode" {
-        return Some(env.ctx.host_version.clone());
-    }
-    let req = crate::caps::RunRequest { program: "opencode".into(), args: alloc::vec!["--version".into()], timeout_ms: 60_000, ..Default::default() };
-    let out = env.programs.run(&req).ok().filter(|o| o.exit_code == Some(0))?;
-    let v = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    (!v.is_empty()).then_some(v)
 }
 
 /// Make the guest side ready: the helper in place, the work tree a git repository, the
@@ -60,10 +47,9 @@ fn work_json(w: &Work, state: &str) -> Value {
 
 /// The work's laptop folder: inside a granted root, an existing directory, reached through
 /// no symlink. Checked before anything is created.
-fn work_directory<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolResult<String> {
+fn work_directory(env: &mut Env, args: &Value) -> ToolResult<String> {
     let ctx = env.ctx;
-    let mut roots: Vec<&str> = alloc::vec![ctx.project.as_str()];
-    roots.extend(ctx.options.allowed_roots.iter().map(String::as_str));
+    let roots = super::laptop_roots(ctx);
     let Some(d) = args.get("directory").and_then(Value::as_str) else { return Ok(ctx.project.clone()) };
     let dir = paths::laptop_path(d, &ctx.project, &roots)?;
     let refused = |why: &str| ToolError::new(Code::PathRefused, format!("directory '{d}' {why}; no machine was created"));
@@ -76,15 +62,15 @@ fn work_directory<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> T
     }
 }
 
-pub fn ensure<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolResult<Value> {
+pub fn ensure(env: &mut Env, args: &Value) -> ToolResult<Value> {
     let (work, machine) = work_arg(args)?;
     let directory = work_directory(env, args)?;
     let ctx = env.ctx;
     let now = env.now();
     let idle = idle_seconds(env);
     let snapshot = ctx.options.snapshot.clone();
-    let version = laptop_opencode(env);
-    let mut ledger = Ledger::for_call(env.files, ctx);
+    let version = Opencode::new(&mut env.programs).version(env.ctx);
+    let mut ledger = Ledger::for_call(&mut env.files, ctx);
     let mut record = ledger.read(&work)?;
     if let Some(w) = &record {
         if w.is_closed() {
@@ -95,7 +81,7 @@ pub fn ensure<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolR
             record = None;
         }
     }
-    let mut boxd = Boxd::new(env.programs, ctx.options.boxd_timeout_seconds);
+    let mut boxd = Boxd::new(&mut env.programs, ctx.options.boxd_timeout_seconds);
     // One read that carries the id: the machine is ours, or it is refused untouched.
     if let Some(info) = boxd.get(&machine).map_err(Failure::into_error)? {
         let Some(w) = record else {
@@ -106,8 +92,8 @@ pub fn ensure<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolR
             ));
         };
         // A create whose answer never came is adopted: the ledger recorded it first.
-        let adopted = w.machine_id.is_none() || w.state == "creating";
-        if w.machine_id.is_none() && w.state != "creating" {
+        let adopted = w.machine_id.is_none() || w.state == WorkState::Creating;
+        if w.machine_id.is_none() && w.state != WorkState::Creating {
             return Err(ToolError::new(Code::NotOurs, format!("{machine} exists, but the ledger recorded no create for work '{work}'")));
         }
         if info.id.is_empty() {
@@ -121,7 +107,7 @@ pub fn ensure<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolR
         let w = ledger.update(&work, |w| {
             w.machine_id = id;
             if st != State::Starting {
-                w.state = "open".into();
+                w.state = WorkState::Open;
             }
         })?;
         if st == State::Starting {
@@ -144,14 +130,14 @@ pub fn ensure<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolR
     }
 
     if let Some(w) = &record {
-        if w.state == "dropping" {
+        if w.state == WorkState::Dropping {
             return Err(ToolError::with_next(
                 Code::MachineGone,
                 format!("work '{work}' was being dropped when its machine was removed"),
                 format!("Call boxd_drop for work '{work}' to finish closing it, then boxd_ensure to start it again."),
             ));
         }
-        if w.state == "open" && w.machine_id.is_some() {
+        if w.state == WorkState::Open && w.machine_id.is_some() {
             return Err(ToolError::new(Code::MachineGone, format!("{machine}, recorded for work '{work}', no longer exists")));
         }
     }
@@ -167,7 +153,7 @@ pub fn ensure<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolR
             Some(w) => w,
             None => Work::new(&work, &dir, &now),
         };
-        w.state = "creating".into();
+        w.state = WorkState::Creating;
         w.machine_id = None;
         w.directory = dir;
         Ok(Some(w))
@@ -179,7 +165,7 @@ pub fn ensure<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolR
             let w = ledger.update(&work, |w| {
                 w.machine_id = created.id;
                 if !boot_timeout {
-                    w.state = "open".into();
+                    w.state = WorkState::Open;
                 }
             })?;
             if boot_timeout {
@@ -201,14 +187,14 @@ pub fn ensure<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolR
     }
 }
 
-pub fn sleep<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolResult<Value> {
+pub fn sleep(env: &mut Env, args: &Value) -> ToolResult<Value> {
     let (work, machine) = work_arg(args)?;
     let now = env.now();
     let ctx = env.ctx;
-    let mut ledger = Ledger::for_call(env.files, ctx);
+    let mut ledger = Ledger::for_call(&mut env.files, ctx);
     let w = ledger.require(&work)?;
     super::require_open(&w)?;
-    let mut boxd = Boxd::new(env.programs, ctx.options.boxd_timeout_seconds);
+    let mut boxd = Boxd::new(&mut env.programs, ctx.options.boxd_timeout_seconds);
     let already = match super::owned_state(&mut boxd, &w)? {
         State::Asleep => true,
         State::Gone => return Err(ToolError::new(Code::MachineGone, format!("{machine} no longer exists"))),
@@ -280,17 +266,17 @@ impl Wake {
     }
 }
 
-pub fn resume<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolResult<Value> {
+pub fn resume(env: &mut Env, args: &Value) -> ToolResult<Value> {
     let (work, machine) = work_arg(args)?;
     let idle = idle_seconds(env);
-    let version = laptop_opencode(env);
+    let version = Opencode::new(&mut env.programs).version(env.ctx);
     let ctx = env.ctx;
-    let mut ledger = Ledger::for_call(env.files, ctx);
+    let mut ledger = Ledger::for_call(&mut env.files, ctx);
     let w = ledger.require(&work)?;
     if w.is_closed() {
         return Err(ToolError::with_next(Code::MachineGone, format!("work '{work}' was dropped"), format!("Call boxd_ensure for work '{work}' to start it again.")));
     }
-    let mut boxd = Boxd::new(env.programs, ctx.options.boxd_timeout_seconds);
+    let mut boxd = Boxd::new(&mut env.programs, ctx.options.boxd_timeout_seconds);
     let action = match super::owned_state(&mut boxd, &w)? {
         State::Asleep => {
             boxd.wake(&machine).map_err(Failure::into_error)?;
@@ -307,7 +293,7 @@ pub fn resume<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolR
         State::Running => Wake::AlreadyRunning,
         State::Starting => return Err(ToolError::new(Code::MachineStarting, format!("{machine} is still starting"))),
         // A drop removed it and was stopped before it closed the work: finish that instead.
-        State::Gone if w.state == "dropping" => {
+        State::Gone if w.state == WorkState::Dropping => {
             return Err(ToolError::with_next(
                 Code::MachineGone,
                 format!("work '{work}' was being dropped when its machine was removed"),
@@ -322,7 +308,7 @@ pub fn resume<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolR
                 return Err(ToolError::new(Code::SnapshotMissing, format!("{machine} is gone and the golden snapshot '{snapshot}' does not exist to rebuild it")));
             }
             ledger.update(&work, |w| {
-                w.state = "creating".into();
+                w.state = WorkState::Creating;
                 w.machine_id = None;
             })?;
             let created = match boxd.create(&machine, &snapshot, idle) {
@@ -335,7 +321,7 @@ pub fn resume<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolR
             ledger.update(&work, |w| {
                 w.machine_id = created.id;
                 if !boot_timeout && has_id {
-                    w.state = "open".into();
+                    w.state = WorkState::Open;
                     w.helper_sha256 = None;
                 }
             })?;
@@ -367,18 +353,18 @@ pub fn resume<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolR
     Ok(out)
 }
 
-pub fn image<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolResult<Value> {
+pub fn image(env: &mut Env, args: &Value) -> ToolResult<Value> {
     let (work, machine) = work_arg(args)?;
     let name = args.get("name").and_then(Value::as_str).unwrap_or_default().to_string();
     if !paths::is_snapshot_name(&name) {
         return Err(ToolError::new(Code::NameInvalid, format!("snapshot name '{name}' must be lowercase [a-z0-9-] starting with a letter")));
     }
     let ctx = env.ctx;
-    let mut ledger = Ledger::for_call(env.files, ctx);
+    let mut ledger = Ledger::for_call(&mut env.files, ctx);
     let w = ledger.require(&work)?;
     super::require_open(&w)?;
     require_proven(&w)?;
-    let mut boxd = Boxd::new(env.programs, ctx.options.boxd_timeout_seconds);
+    let mut boxd = Boxd::new(&mut env.programs, ctx.options.boxd_timeout_seconds);
     if boxd.snapshots().map_err(Failure::into_error)?.iter().any(|s| s.name == name) {
         // This work's own save whose answer was lost (recorded before it ran) is done.
         if w.images_pending.contains(&name) || w.images.contains(&name) {
@@ -439,7 +425,7 @@ fn require_proven(w: &Work) -> ToolResult<()> {
     Err(ToolError::with_next(Code::NotProven, format!("work '{}': {why}", w.work), format!("Call boxd_harvest for work '{}' first.", w.work)))
 }
 
-pub fn drop<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolResult<Value> {
+pub fn drop(env: &mut Env, args: &Value) -> ToolResult<Value> {
     let (work, machine) = work_arg(args)?;
     // Only ever compared with the paths the machine reports, never used to touch a file:
     // any name the guest can list (control characters included) can be given up.
@@ -454,7 +440,7 @@ pub fn drop<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolRes
         .collect();
     let now = env.now();
     let ctx = env.ctx;
-    let mut ledger = Ledger::for_call(env.files, ctx);
+    let mut ledger = Ledger::for_call(&mut env.files, ctx);
     let w = ledger.require(&work)?;
     if w.is_closed() {
         let mut out = work_json(&w, "gone");
@@ -462,7 +448,7 @@ pub fn drop<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolRes
         out["next"] = json!("Nothing to do: this work was already dropped.");
         return Ok(out);
     }
-    if w.state == "creating" {
+    if w.state == WorkState::Creating {
         // Its create never answered: the machine may still appear, and closing the work now
         // would leave it billing with no record.
         return Err(ToolError::with_next(
@@ -471,13 +457,13 @@ pub fn drop<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolRes
             format!("Call boxd_ensure for work '{work}' (it adopts the machine or makes one), then boxd_drop."),
         ));
     }
-    let mut boxd = Boxd::new(env.programs, ctx.options.boxd_timeout_seconds);
+    let mut boxd = Boxd::new(&mut env.programs, ctx.options.boxd_timeout_seconds);
     let Some(info) = boxd.get(&machine).map_err(Failure::into_error)? else {
         // Nothing left to destroy: close the work and say what could not be recovered.
         let covered = w.proofs.last().map_or(0, |p| p.prompts as usize);
         let lost: Vec<String> = w.prompts.iter().skip(covered).map(|p| p.id.clone()).chain(w.owed.iter().cloned()).collect();
         let w = ledger.update(&work, |w| {
-            w.state = "closed".into();
+            w.state = WorkState::Closed;
             w.unrecovered = lost.clone();
         })?;
         let mut out = work_json(&w, "gone");
@@ -505,7 +491,7 @@ pub fn drop<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolRes
     require_proven(&w)?;
     // Intent before effect: from here a submit is refused (the laptop side), and a drop
     // killed anywhere below is finished by the next one.
-    ledger.update(&work, |w| w.state = "dropping".into())?;
+    ledger.update(&work, |w| w.state = WorkState::Dropping)?;
     let checked = (|| {
         // Quiesce and read the live state in one exec: nothing starts or writes after it
         // (the guest also refuses a submit for a while after it).
@@ -524,14 +510,14 @@ pub fn drop<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolRes
     if let Err(e) = checked {
         // Refused: the work is open again (the guest restarts on its next command).
         ledger.update(&work, |w| {
-            if w.state == "dropping" {
-                w.state = "open".into();
+            if w.state == WorkState::Dropping {
+                w.state = WorkState::Open;
             }
         })?;
         return Err(e);
     }
     boxd.remove(&machine).map_err(Failure::into_error)?;
-    let w = ledger.update(&work, |w| w.state = "closed".into())?;
+    let w = ledger.update(&work, |w| w.state = WorkState::Closed)?;
     let mut out = work_json(&w, "gone");
     out["dropped"] = json!(true);
     if let Some(g) = &w.git {
@@ -569,7 +555,7 @@ mod tests {
     fn work_with(git: Option<GitRecord>) -> MemFiles {
         let mut fs = MemFiles::new(&["/p", "/l"]);
         let mut w = Work::new("w1", "/p", "t");
-        w.state = "open".into();
+        w.state = WorkState::Open;
         w.machine_id = Some("vm_1".into());
         w.proofs.push(Proof { prompts: 0, ..Default::default() });
         w.git = git;

@@ -8,24 +8,27 @@ use serde_json::Value;
 
 use crate::caps::{Files, Programs};
 use crate::errors::{Code, ToolError, ToolResult};
-use crate::manifest::{self, Access as ToolAccess};
-use crate::options::{self, Access, Context};
+use crate::options::{self, AccessOption, Context};
+use registry::ToolAccess;
 
 pub mod account;
 pub mod harvest;
 pub mod job;
 pub mod lifecycle;
+pub mod registry;
 pub mod status;
 pub mod submit;
 
-/// What a tool gets: the two capabilities and the call's context.
-pub struct Env<'a, P: Programs, F: Files> {
-    pub programs: &'a mut P,
-    pub files: &'a mut F,
+/// What a tool gets: the two capabilities and the call's context. The capabilities are
+/// trait objects so one table of plain `fn`s (the registry) serves every host; a tool
+/// lends them to the adapters as `&mut env.programs` / `&mut env.files`.
+pub struct Env<'a> {
+    pub programs: &'a mut dyn Programs,
+    pub files: &'a mut dyn Files,
     pub ctx: &'a Context,
 }
 
-impl<P: Programs, F: Files> Env<'_, P, F> {
+impl Env<'_> {
     pub fn now(&self) -> String {
         crate::ledger::iso8601(self.ctx.now_ms)
     }
@@ -46,8 +49,8 @@ pub struct RawContext {
 
 /// One tool call, as every host makes it.
 pub fn call<P: Programs, F: Files>(programs: &mut P, files: &mut F, tool: &str, args_json: &str, raw: RawContext) -> ToolResult<Value> {
-    let spec = manifest::find(tool).ok_or_else(|| {
-        let names: alloc::vec::Vec<&str> = manifest::TOOLS.iter().map(|t| t.name).collect();
+    let spec = registry::find(tool).ok_or_else(|| {
+        let names: alloc::vec::Vec<&str> = registry::TOOLS.iter().map(|t| t.name).collect();
         ToolError::new(Code::ToolUnknown, format!("there is no tool '{tool}'; the tools are {}", names.join(", ")))
     })?;
     let args: Value = if args_json.trim().is_empty() {
@@ -56,7 +59,7 @@ pub fn call<P: Programs, F: Files>(programs: &mut P, files: &mut F, tool: &str, 
         serde_json::from_str(args_json)
             .map_err(|e| ToolError::new(Code::ArgsInvalid, format!("the arguments are not valid JSON: {e}")))?
     };
-    manifest::check(&(spec.schema)(), &args)?;
+    crate::schema::check(&(spec.schema)(), &args)?;
     let ctx = Context {
         options: options::Options::parse(&raw.options_json)?,
         facts: options::HostFacts::parse(&raw.host_facts_json),
@@ -74,29 +77,18 @@ pub fn call<P: Programs, F: Files>(programs: &mut P, files: &mut F, tool: &str, 
     }
     if spec.access == ToolAccess::Change {
         match ctx.options.access {
-            Access::All => {}
-            Access::ReadOnly => {
+            AccessOption::All => {}
+            AccessOption::ReadOnly => {
                 return Err(ToolError::new(Code::AccessDenied, format!("{} changes a machine, and the plugin's access is \"read-only\"", spec.name)));
             }
-            Access::AskChanges if !ctx.facts.approved => {
+            AccessOption::AskChanges if !ctx.facts.approved => {
                 return Err(ToolError::new(Code::ApprovalRequired, format!("{} changes a machine and needs the user's approval first", spec.name)));
             }
-            Access::AskChanges => {}
+            AccessOption::AskChanges => {}
         }
     }
     let mut env = Env { programs, files, ctx: &ctx };
-    match spec.name {
-        "boxd_status" => status::run(&mut env),
-        "boxd_job" => job::run(&mut env, &args),
-        "boxd_ensure" => lifecycle::ensure(&mut env, &args),
-        "boxd_submit" => submit::run(&mut env, &args),
-        "boxd_harvest" => harvest::run(&mut env, &args),
-        "boxd_sleep" => lifecycle::sleep(&mut env, &args),
-        "boxd_resume" => lifecycle::resume(&mut env, &args),
-        "boxd_image" => lifecycle::image(&mut env, &args),
-        "boxd_drop" => lifecycle::drop(&mut env, &args),
-        other => unreachable!("tool {other} is in the manifest but has no module"),
-    }
+    (spec.run)(&mut env, &args)
 }
 
 /// HOST_UNTESTED: OpenCode outside the range our own tests run.
@@ -119,6 +111,13 @@ pub fn work_arg(args: &Value) -> ToolResult<(String, String)> {
     Ok((work.into(), machine))
 }
 
+/// The laptop folders a tool may touch: the project, then each allowed root.
+pub fn laptop_roots(ctx: &Context) -> alloc::vec::Vec<&str> {
+    let mut roots = alloc::vec![ctx.project.as_str()];
+    roots.extend(ctx.options.allowed_roots.iter().map(String::as_str));
+    roots
+}
+
 /// A list argument of work-tree paths (harvest's `files`, drop's `discard`), each checked.
 pub fn guest_paths_arg(args: &Value, key: &str) -> ToolResult<alloc::vec::Vec<String>> {
     args.get(key)
@@ -139,14 +138,6 @@ pub fn require_open(w: &crate::ledger::Work) -> ToolResult<()> {
         ));
     }
     Ok(())
-}
-
-/// The state of `machine` in one `boxd machine list` (Gone when it is not listed). Only
-/// for a machine no work owns yet: the listing carries no id to check.
-pub fn listed_state<P: Programs>(boxd: &mut crate::boxd::Boxd<P>, machine: &str) -> ToolResult<crate::boxd::State> {
-    use crate::boxd::{Failure, State};
-    let list = boxd.list().map_err(Failure::into_error)?;
-    Ok(list.iter().find(|m| m.name == machine).map_or(State::Gone, |m| State::from_status(&m.status)))
 }
 
 /// Refuse a machine we must not drive: not the one the ledger created, shared, isolated.
