@@ -73,6 +73,11 @@ fn invalid(field: &str, why: &str) -> ToolError {
 }
 
 impl Options {
+    /// The idle bound in the unit boxd takes.
+    pub fn idle_seconds(&self) -> u32 {
+        self.idle_minutes * 60
+    }
+
     /// Parse the options object a host passes. Unknown keys are refused, so a typo is
     /// never silently ignored.
     pub fn parse(json: &str) -> ToolResult<Options> {

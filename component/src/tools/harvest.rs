@@ -9,7 +9,8 @@ use alloc::string::{String, ToString};
 use alloc::vec::Vec;
 use serde_json::{json, Value};
 
-use super::{laptop_roots, running_state, work_arg, Env};
+use super::machine::running_state;
+use super::{laptop_roots, work_arg, Env};
 use crate::boxd::Boxd;
 use crate::caps::{Kind, Programs, RunRequest, SpawnError};
 use crate::encode::{sha256_hex, unbase64};

@@ -35,7 +35,7 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
     let w = ledger.require(&work)?;
     super::require_open(&w)?;
     let mut boxd = Boxd::new(&mut env.programs, ctx.options.boxd_timeout_seconds);
-    match super::owned_state(&mut boxd, &w)? {
+    match super::machine::owned_state(&mut boxd, &w)? {
         State::Asleep | State::Stopped => {
             let (by, at): (&str, Value) = if w.asleep_by_tool {
                 ("boxd_sleep", json!(w.sleeps.last().map(|s| s.at.clone())))
@@ -108,9 +108,8 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ledger::{Work, WorkState};
-    use crate::testing::{MemFiles, Scripted};
-    use crate::tools::{call, RawContext};
+    use crate::testing::{open_work, raw_context, Scripted, OURS};
+    use crate::tools::call;
 
     #[test]
     fn task_states_follow_the_run() {
@@ -125,25 +124,11 @@ mod tests {
 
     #[test]
     fn the_job_answer_carries_its_task_state() {
-        let mut fs = MemFiles::new(&["/p", "/l"]);
-        let mut w = Work::new("w1", "/p", "t");
-        (w.state, w.machine_id) = (WorkState::Open, Some("vm_1".into()));
-        Ledger::new(&mut fs, "/l").write(&w).unwrap();
+        let mut fs = open_work(None);
         let mut p = Scripted::default();
-        p.push_exit(0, r#"{"name":"oc-w1","id":"vm_1","status":"running","sharing":"private","isolated":"no"}"#, "");
+        p.push_exit(0, OURS, "");
         p.push_exit(0, r#"{"state":"idle","outcome":"aborted","lastText":"stopped","pending":0}"#, "");
-        let raw = RawContext {
-            host_name: "test".into(),
-            host_version: "1".into(),
-            options_json: "{}".into(),
-            project: "/p".into(),
-            ledger: "/l".into(),
-            session_id: None,
-            now_ms: 0,
-            entropy: alloc::vec![1; 32],
-            host_facts_json: "{}".into(),
-        };
-        let v = call(&mut p, &mut fs, "boxd_job", r#"{"work":"w1"}"#, raw).unwrap();
+        let v = call(&mut p, &mut fs, "boxd_job", r#"{"work":"w1"}"#, raw_context("{}", "{}")).unwrap();
         assert_eq!((v["state"].as_str(), v["outcome"].as_str(), v["taskState"].as_str()), (Some("idle"), Some("aborted"), Some("cancelled")));
     }
 }

@@ -12,9 +12,12 @@ use crate::options::{self, AccessOption, Context};
 use registry::ToolAccess;
 
 pub mod account;
+pub mod drop;
 pub mod harvest;
+pub mod image;
 pub mod job;
 pub mod lifecycle;
+pub mod machine;
 pub mod registry;
 pub mod status;
 pub mod submit;
@@ -140,85 +143,23 @@ pub fn require_open(w: &crate::ledger::Work) -> ToolResult<()> {
     Ok(())
 }
 
-/// Refuse a machine we must not drive: not the one the ledger created, shared, isolated.
-pub fn check_machine(w: &crate::ledger::Work, info: &crate::boxd::MachineInfo) -> ToolResult<()> {
-    match &w.machine_id {
-        Some(id) if &info.id == id => {}
-        Some(id) => {
-            return Err(ToolError::new(
-                Code::NotOurs,
-                format!("{} has id {}, but the ledger recorded {id} for work '{}': it is another machine under the same name", info.name, if info.id.is_empty() { "(none given)" } else { &info.id }, w.work),
-            ));
-        }
-        None => {
-            return Err(ToolError::with_next(
-                Code::NotOurs,
-                format!("{} exists, but the ledger has no machine id for work '{}' (its create never answered)", info.name, w.work),
-                format!("Call boxd_ensure for work '{}': it adopts the machine its own create made.", w.work),
-            ));
-        }
+/// The newest proof covers every prompt: image and drop need the transcript home first.
+pub fn require_proven(w: &crate::ledger::Work) -> ToolResult<()> {
+    if w.proven() {
+        return Ok(());
     }
-    if info.sharing == "shared" {
-        return Err(ToolError::new(Code::MachineShared, format!("machine {} is shared with the organisation", info.name)));
-    }
-    if info.isolated {
-        return Err(ToolError::new(Code::MachineIsolated, format!("machine {} was created with --isolated", info.name)));
-    }
-    Ok(())
-}
-
-/// The work's machine, read once in a form that carries its id (`machine get`), and
-/// checked to be the one the ledger created before anything touches it. Gone when boxd
-/// does not know the name.
-pub fn owned_state<P: Programs>(boxd: &mut crate::boxd::Boxd<P>, w: &crate::ledger::Work) -> ToolResult<crate::boxd::State> {
-    use crate::boxd::{Failure, State};
-    match boxd.get(&w.machine).map_err(Failure::into_error)? {
-        None => Ok(State::Gone),
-        Some(info) => {
-            check_machine(w, &info)?;
-            Ok(State::from_status(&info.status))
-        }
-    }
-}
-
-/// The machine must be up for an exec: asleep, gone and starting are refused without one.
-pub fn running_state<P: Programs>(boxd: &mut crate::boxd::Boxd<P>, w: &crate::ledger::Work) -> ToolResult<()> {
-    use crate::boxd::State;
-    let (machine, work) = (&w.machine, &w.work);
-    match owned_state(boxd, w)? {
-        State::Running | State::Standby => Ok(()),
-        State::Asleep | State::Stopped => Err(ToolError::with_next(
-            Code::MachineAsleep,
-            format!("{machine} is asleep"),
-            format!("Call boxd_resume for work '{work}', then try again."),
-        )),
-        State::Starting => Err(ToolError::new(Code::MachineStarting, format!("{machine} is still starting"))),
-        State::Gone | State::Failed => Err(ToolError::with_next(
-            Code::MachineGone,
-            format!("{machine} no longer exists"),
-            format!("Call boxd_resume for work '{work}' to rebuild it from the proven transcript, or boxd_drop to close the work and see what could not be recovered."),
-        )),
-    }
+    let why = if w.proofs.is_empty() {
+        "no harvest has proven its transcript on this laptop".to_string()
+    } else {
+        alloc::format!("the last proof covers {} of {} prompts", w.proofs.last().map_or(0, |p| p.prompts), w.prompts.len())
+    };
+    Err(ToolError::with_next(Code::NotProven, format!("work '{}': {why}", w.work), format!("Call boxd_harvest for work '{}' first.", w.work)))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::{MemFiles, Scripted};
-
-    fn raw(options: &str, facts: &str) -> RawContext {
-        RawContext {
-            host_name: "test".into(),
-            host_version: "1".into(),
-            options_json: options.into(),
-            project: "/p".into(),
-            ledger: "/l".into(),
-            session_id: None,
-            now_ms: 0,
-            entropy: alloc::vec![7; 32],
-            host_facts_json: facts.into(),
-        }
-    }
+    use crate::testing::{raw_context as raw, MemFiles, Scripted};
 
     #[test]
     fn ask_changes_refuses_a_change_without_approval_before_any_program_runs() {

@@ -4,7 +4,7 @@
 
 use serde_json::{json, Value};
 
-use super::{harvest, job, lifecycle, status, submit, Env};
+use super::{drop, harvest, image, job, lifecycle, status, submit, Env};
 use crate::errors::ToolResult;
 
 /// What a tool does to a machine, which decides whether the `access` option lets it run.
@@ -155,7 +155,7 @@ pub const TOOLS: &[ToolSpec] = &[
         destructive: false,
         long_running: false,
         progress: None,
-        run: lifecycle::image,
+        run: image::run,
         description: "Save a work's machine as a new named snapshot. Refuses until a harvest has proven the transcript since the last prompt.",
         schema: || object(json!({
             "work": work(),
@@ -168,7 +168,7 @@ pub const TOOLS: &[ToolSpec] = &[
         destructive: true,
         long_running: false,
         progress: None,
-        run: lifecycle::drop,
+        run: drop::run,
         description: "Destroy a work's machine, only when the laptop can account for everything on it: the guest is stopped, then its live state is checked in the same call (proven transcript, every commit in the ledger's bundle, uncommitted changes in the stored patch, every new file harvested or sent from the laptop). A work whose machine is gone is closed, naming what could not be recovered.",
         schema: || object(json!({
             "work": work(),

@@ -7,7 +7,8 @@ use alloc::string::{String, ToString};
 use alloc::vec::Vec;
 use serde_json::{json, Value};
 
-use super::{running_state, work_arg, Env};
+use super::machine::running_state;
+use super::{work_arg, Env};
 use crate::boxd::Boxd;
 use crate::caps::Kind;
 use crate::encode::{base64, sha256_hex};
