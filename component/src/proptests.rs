@@ -126,7 +126,7 @@ fn structured_args() -> impl Strategy<Value = Value> {
         })
 }
 
-/// Values that match a tool's JSON Schema (the shapes `manifest::check` knows), with
+/// Values that match a tool's JSON Schema (the shapes `schema::check` knows), with
 /// hostile strings; `work` is mostly the healthy work.
 fn from_schema(key: &str, schema: &Value) -> BoxedStrategy<Value> {
     match schema["type"].as_str() {

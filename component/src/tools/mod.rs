@@ -1,6 +1,8 @@
 //! Tool dispatch: the checks every call passes in the same order (tool known, arguments
-//! match the schema, options valid, host version tested, access allows), then one module
-//! per tool. Tools receive their capabilities as parameters and never reach for a global.
+//! match the schema, options valid, host version tested, access allows), then the tool's
+//! `run` from the registry. Tools receive their capabilities in their `Env` and never
+//! reach for a global; the checks they share on works and machines live here and in
+//! `machine`.
 
 use alloc::format;
 use alloc::string::String;
@@ -149,7 +151,7 @@ pub fn require_proven(w: &crate::ledger::Work) -> ToolResult<()> {
         return Ok(());
     }
     let why = if w.proofs.is_empty() {
-        "no harvest has proven its transcript on this laptop".to_string()
+        String::from("no harvest has proven its transcript on this laptop")
     } else {
         alloc::format!("the last proof covers {} of {} prompts", w.proofs.last().map_or(0, |p| p.prompts), w.prompts.len())
     };
