@@ -47,7 +47,6 @@ impl Failure {
 pub struct Machine {
     pub name: String,
     pub status: String,
-    pub sharing: String,
 }
 
 /// The state words we act on, from boxd's status strings.
@@ -84,7 +83,6 @@ pub struct MachineInfo {
     pub status: String,
     pub sharing: String,
     pub isolated: bool,
-    pub source: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -214,7 +212,6 @@ impl<'a, P: Programs> Boxd<'a, P> {
                 Some(Machine {
                     name: r.get("name")?.as_str()?.to_string(),
                     status: str_field(r, "status"),
-                    sharing: str_field(r, "sharing"),
                 })
             })
             .collect())
@@ -229,7 +226,6 @@ impl<'a, P: Programs> Boxd<'a, P> {
                 status: str_field(&v, "status"),
                 sharing: str_field(&v, "sharing"),
                 isolated: matches!(str_field(&v, "isolated").as_str(), "yes" | "true"),
-                source: str_field(&v, "source"),
             })),
             Err(Failure::NotFound(_)) => Ok(None),
             Err(e) => Err(e),

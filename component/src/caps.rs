@@ -39,6 +39,14 @@ pub trait Programs {
     fn run(&mut self, request: &RunRequest) -> Result<RunOutput, SpawnError>;
 }
 
+// A borrowed capability is the capability: a tool holds `&mut dyn Programs` (one tool
+// table serves every host) and lends it to the adapters, which are generic over it.
+impl<T: Programs + ?Sized> Programs for &mut T {
+    fn run(&mut self, request: &RunRequest) -> Result<RunOutput, SpawnError> {
+        (**self).run(request)
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
     File,
@@ -82,4 +90,31 @@ pub trait Files {
     fn create_new(&mut self, path: &str, bytes: &[u8]) -> Result<bool, FsError>;
     /// Rename `from` over `to` in the same preopen; false when `from` does not exist.
     fn rename(&mut self, from: &str, to: &str) -> Result<bool, FsError>;
+}
+
+impl<T: Files + ?Sized> Files for &mut T {
+    fn read(&mut self, path: &str) -> Result<Option<Vec<u8>>, FsError> {
+        (**self).read(path)
+    }
+    fn write_atomic(&mut self, path: &str, bytes: &[u8]) -> Result<(), FsError> {
+        (**self).write_atomic(path, bytes)
+    }
+    fn create_dir_all(&mut self, path: &str) -> Result<(), FsError> {
+        (**self).create_dir_all(path)
+    }
+    fn list(&mut self, dir: &str) -> Result<Vec<String>, FsError> {
+        (**self).list(dir)
+    }
+    fn stat(&mut self, path: &str) -> Result<Option<Meta>, FsError> {
+        (**self).stat(path)
+    }
+    fn remove_file(&mut self, path: &str) -> Result<(), FsError> {
+        (**self).remove_file(path)
+    }
+    fn create_new(&mut self, path: &str, bytes: &[u8]) -> Result<bool, FsError> {
+        (**self).create_new(path, bytes)
+    }
+    fn rename(&mut self, from: &str, to: &str) -> Result<bool, FsError> {
+        (**self).rename(from, to)
+    }
 }

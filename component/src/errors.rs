@@ -98,10 +98,6 @@ impl ToolError {
     pub fn with_next(code: Code, message: impl Into<String>, next: impl Into<String>) -> Self {
         Self { code, message: message.into(), next: next.into() }
     }
-
-    pub fn to_json(&self) -> serde_json::Value {
-        serde_json::json!({ "error": self.code.as_str(), "message": self.message, "next": self.next })
-    }
 }
 
 pub type ToolResult<T> = Result<T, ToolError>;

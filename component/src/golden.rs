@@ -230,13 +230,10 @@ pub fn build<P: Programs>(programs: &mut P, ctx: &Context, spec_json: &str) -> T
     }))
 }
 
-/// The laptop's OpenCode version: what the host told us, else `opencode --version`.
+/// The laptop's OpenCode version, from the laptop OpenCode adapter (the host's word, else
+/// `opencode --version`), checked before it reaches the install script.
 fn laptop_opencode<P: Programs>(programs: &mut P, ctx: &Context) -> ToolResult<String> {
-    if let Some(v) = &ctx.facts.opencode_version {
-        return Ok(v.clone());
-    }
-    let req = crate::caps::RunRequest { program: "opencode".into(), args: alloc::vec!["--version".into()], timeout_ms: 60_000, ..Default::default() };
-    let v = programs.run(&req).ok().filter(|o| o.exit_code == Some(0)).map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+    let v = crate::opencode::Opencode::new(programs).version(ctx);
     v.filter(|v| is_version(v)).ok_or_else(|| {
         ToolError::with_next(Code::OpencodeMissing, "no laptop OpenCode answered --version", "Give the version with --opencode-version, or the laptop's OpenCode with --opencode PATH.")
     })

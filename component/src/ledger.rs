@@ -43,8 +43,7 @@ pub struct Work {
     /// The laptop folder the work belongs to.
     pub directory: String,
     pub created_at: String,
-    /// creating → open → closed (dropped).
-    pub state: String,
+    pub state: WorkState,
     #[serde(default)]
     pub prompts: Vec<Prompt>,
     #[serde(default)]
@@ -81,6 +80,32 @@ pub struct Work {
     /// What a drop of a vanished machine could not recover (prompt ids after the proof).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unrecovered: Vec<String>,
+}
+
+/// Where a work is in its life: creating → open → (dropping →) closed. Stored as the
+/// lowercase word, as ledgers have always held it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WorkState {
+    /// Its create was recorded and has not answered with an id yet.
+    #[default]
+    Creating,
+    Open,
+    /// A drop is under way: submits are refused, and the next drop finishes it.
+    Dropping,
+    /// Dropped; the id may be ensured again.
+    Closed,
+}
+
+impl WorkState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkState::Creating => "creating",
+            WorkState::Open => "open",
+            WorkState::Dropping => "dropping",
+            WorkState::Closed => "closed",
+        }
+    }
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -188,7 +213,7 @@ impl Work {
             machine: paths::machine_name(work),
             directory: directory.to_string(),
             created_at: now.to_string(),
-            state: "creating".to_string(),
+            state: WorkState::Creating,
             ..Default::default()
         }
     }
@@ -199,7 +224,7 @@ impl Work {
     }
 
     pub fn is_closed(&self) -> bool {
-        self.state == "closed"
+        self.state == WorkState::Closed
     }
 
     /// Prompts the guest may or may not have: recorded before their exec, not yet answered.
@@ -266,10 +291,6 @@ impl<'a, F: Files> Ledger<'a, F> {
         seed.extend_from_slice(b"ledger-lock");
         let owner = format!("{}:{}", ctx.host_name, &crate::encode::sha256_hex(&seed)[..16]);
         Self { files, root: ctx.ledger.clone(), owner }
-    }
-
-    pub fn files(&mut self) -> &mut F {
-        self.files
     }
 
     fn lock_path(&self, work: &str) -> String {
@@ -362,16 +383,22 @@ impl<'a, F: Files> Ledger<'a, F> {
         let path = self.record_path(work);
         let bytes = self.files.read(&path).map_err(|e| ledger_error("read the ledger", e))?;
         let Some(bytes) = bytes else { return Ok(None) };
-        let w: Work = serde_json::from_slice(&bytes).map_err(|e| {
-            ToolError::new(Code::LedgerFailed, format!("{path} is not a ledger record ({e}); it was left as it is"))
-        })?;
-        if w.schema > SCHEMA {
+        // The schema first: a newer record may hold words (a state) this plugin lacks, and
+        // its reader should be told to update rather than that the record is broken.
+        #[derive(Deserialize)]
+        struct Versioned {
+            schema: u32,
+        }
+        if let Some(newer) = serde_json::from_slice::<Versioned>(&bytes).ok().filter(|v| v.schema > SCHEMA) {
             return Err(ToolError::with_next(
                 Code::LedgerFailed,
-                format!("{path} has schema {} but this plugin reads up to {SCHEMA}", w.schema),
+                format!("{path} has schema {} but this plugin reads up to {SCHEMA}", newer.schema),
                 "Update the plugin to the version that wrote this ledger.",
             ));
         }
+        let w: Work = serde_json::from_slice(&bytes).map_err(|e| {
+            ToolError::new(Code::LedgerFailed, format!("{path} is not a ledger record ({e}); it was left as it is"))
+        })?;
         Ok(Some(w))
     }
 
@@ -473,6 +500,61 @@ mod tests {
         assert_eq!(l.read("w1").unwrap().unwrap(), w);
         assert_eq!(l.ids().unwrap(), ["w1"]);
         assert_eq!(l.require("w2").unwrap_err().code, Code::WorkUnknown);
+    }
+
+    /// A record as ledgers written before the state became an enum hold it: it still
+    /// reads, and writes back byte for byte.
+    #[test]
+    fn an_existing_ledger_record_reads_and_writes_back_unchanged() {
+        let old = r#"{
+  "schema": 1,
+  "work": "w1",
+  "machine": "oc-w1",
+  "machineId": "vm_1",
+  "directory": "/p",
+  "createdAt": "2026-01-01T00:00:00.000Z",
+  "state": "dropping",
+  "prompts": [
+    {
+      "id": "p1",
+      "at": "t",
+      "sha256": "00",
+      "bytes": 2,
+      "admitted": true,
+      "atMs": 5
+    }
+  ],
+  "filesIn": [],
+  "filesOut": [],
+  "proofs": [],
+  "sleeps": [],
+  "warnings": [],
+  "git": null,
+  "helperSha256": null,
+  "asleepByTool": false,
+  "owed": []
+}
+"#;
+        let mut fs = MemFiles::new(&["/l"]);
+        fs.put("/l/works/w1/work.json", old.as_bytes());
+        let mut l = Ledger::new(&mut fs, "/l");
+        let w = l.require("w1").unwrap();
+        assert_eq!((w.state, w.prompts.len()), (WorkState::Dropping, 1));
+        for (word, state) in [("creating", WorkState::Creating), ("open", WorkState::Open), ("closed", WorkState::Closed)] {
+            let v: Work = serde_json::from_str(&old.replace("\"dropping\"", &format!("\"{word}\""))).unwrap();
+            assert_eq!((v.state, v.state.as_str()), (state, word));
+        }
+        l.write(&w).unwrap();
+        assert_eq!(fs.text("/l/works/w1/work.json").unwrap(), old);
+    }
+
+    #[test]
+    fn a_newer_record_asks_for_an_update_even_with_words_this_plugin_lacks() {
+        let mut fs = MemFiles::new(&["/l"]);
+        fs.put("/l/works/w1/work.json", br#"{"schema":2,"work":"w1","state":"paused-by-org"}"#);
+        let e = Ledger::new(&mut fs, "/l").read("w1").unwrap_err();
+        assert_eq!(e.code, Code::LedgerFailed);
+        assert!(e.message.contains("schema 2") && e.next.contains("Update the plugin"), "{e:?}");
     }
 
     #[test]

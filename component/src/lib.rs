@@ -17,8 +17,10 @@ pub mod errors;
 pub mod golden;
 pub mod ledger;
 pub mod manifest;
+pub mod opencode;
 pub mod options;
 pub mod paths;
+pub mod schema;
 pub mod tools;
 
 #[cfg(test)]

@@ -9,20 +9,20 @@ use serde_json::Value;
 use crate::errors::{Code, ToolError, ToolResult};
 use crate::paths;
 
-/// Who may change machines. Reads always run.
+/// The `access` option: who may change machines. Reads always run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Access {
+pub enum AccessOption {
     All,
     AskChanges,
     ReadOnly,
 }
 
-impl Access {
+impl AccessOption {
     pub fn as_str(self) -> &'static str {
         match self {
-            Access::All => "all",
-            Access::AskChanges => "ask-changes",
-            Access::ReadOnly => "read-only",
+            AccessOption::All => "all",
+            AccessOption::AskChanges => "ask-changes",
+            AccessOption::ReadOnly => "read-only",
         }
     }
 }
@@ -31,7 +31,7 @@ impl Access {
 pub struct Options {
     pub snapshot: String,
     pub allowed_roots: Vec<String>,
-    pub access: Access,
+    pub access: AccessOption,
     pub allow_untested_host: bool,
     /// The idle bound boxd gets when we create or wake a machine.
     pub idle_minutes: u32,
@@ -54,7 +54,7 @@ impl Default for Options {
         Self {
             snapshot: DEFAULT_SNAPSHOT.to_string(),
             allowed_roots: Vec::new(),
-            access: Access::All,
+            access: AccessOption::All,
             allow_untested_host: false,
             idle_minutes: DEFAULT_IDLE_MINUTES,
             ledger_dir: None,
@@ -73,6 +73,11 @@ fn invalid(field: &str, why: &str) -> ToolError {
 }
 
 impl Options {
+    /// The idle bound in the unit boxd takes.
+    pub fn idle_seconds(&self) -> u32 {
+        self.idle_minutes * 60
+    }
+
     /// Parse the options object a host passes. Unknown keys are refused, so a typo is
     /// never silently ignored.
     pub fn parse(json: &str) -> ToolResult<Options> {
@@ -104,9 +109,9 @@ impl Options {
                 }
                 "access" => {
                     o.access = match v.as_str() {
-                        Some("all") => Access::All,
-                        Some("ask-changes") => Access::AskChanges,
-                        Some("read-only") => Access::ReadOnly,
+                        Some("all") => AccessOption::All,
+                        Some("ask-changes") => AccessOption::AskChanges,
+                        Some("read-only") => AccessOption::ReadOnly,
                         _ => return Err(invalid(key, "must be \"all\", \"ask-changes\" or \"read-only\"")),
                     };
                 }
@@ -220,7 +225,7 @@ mod tests {
         let o = Options::parse("{}").unwrap();
         assert_eq!(o, Options::default());
         assert_eq!(o.snapshot, "opencode-golden");
-        assert_eq!(o.access, Access::All);
+        assert_eq!(o.access, AccessOption::All);
     }
 
     #[test]

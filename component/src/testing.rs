@@ -6,7 +6,39 @@ use alloc::string::{String, ToString};
 use alloc::vec::Vec;
 
 use crate::caps::{Files, FsError, Kind, Meta, Programs, RunOutput, RunRequest, SpawnError};
+use crate::ledger::{GitRecord, Ledger, Proof, Work, WorkState};
 use crate::paths;
+use crate::tools::RawContext;
+
+/// A call's context as a test host passes it: project /p, ledger /l, clock at zero.
+pub fn raw_context(options: &str, facts: &str) -> RawContext {
+    RawContext {
+        host_name: "test".into(),
+        host_version: "1".into(),
+        options_json: options.into(),
+        project: "/p".into(),
+        ledger: "/l".into(),
+        now_ms: 0,
+        entropy: alloc::vec![1; 32],
+        facts: crate::options::HostFacts::from_json(facts),
+    }
+}
+
+/// A ledger holding one open, proven work w1 on machine oc-w1 (id vm_1), with `git` as
+/// its git record.
+pub fn open_work(git: Option<GitRecord>) -> MemFiles {
+    let mut fs = MemFiles::new(&["/p", "/l"]);
+    let mut w = Work::new("w1", "/p", "t");
+    w.state = WorkState::Open;
+    w.machine_id = Some("vm_1".into());
+    w.proofs.push(Proof { prompts: 0, ..Default::default() });
+    w.git = git;
+    Ledger::new(&mut fs, "/l").write(&w).unwrap();
+    fs
+}
+
+/// `boxd machine get oc-w1 --json` for the machine the ledger of `open_work` created.
+pub const OURS: &str = r#"{"name":"oc-w1","id":"vm_1","status":"running","sharing":"private","isolated":"no"}"#;
 
 /// Answers program runs from a queue, in order, and records what was asked.
 #[derive(Default)]

@@ -12,13 +12,13 @@ wit_bindgen::generate!({ world: "plugin", path: "../wit", generate_all });
 
 use boxd::plugin::spawn;
 use exports::boxd::plugin::operations;
-use exports::boxd::plugin::tools::{Context, Guest, ToolError};
+use exports::boxd::plugin::tools::{Context, Guest as ToolsExport, ToolError};
 use wasi::filesystem::preopens::get_directories;
 use wasi::filesystem::types::{Descriptor, DescriptorFlags, DescriptorType, ErrorCode, OpenFlags, PathFlags};
 
 struct Component;
 
-impl Guest for Component {
+impl ToolsExport for Component {
     fn describe() -> String {
         crate::describe()
     }

@@ -1,6 +1,7 @@
-//! boxd_harvest: export → import → verify → git → files. The transcript comes home and
-//! is proven by reading the laptop's copy back; a failure at any step leaves the earlier
-//! steps recorded, and the next harvest resumes. Three boxd calls however many files.
+//! boxd_harvest: export → import and verify → git → files, one phase function each. The
+//! transcript comes home and is proven by reading the laptop's copy back; a failure at any
+//! phase leaves the earlier ones recorded, and the next harvest resumes. Three boxd calls
+//! however many files.
 
 use alloc::collections::{BTreeMap, BTreeSet};
 use alloc::format;
@@ -8,16 +9,16 @@ use alloc::string::{String, ToString};
 use alloc::vec::Vec;
 use serde_json::{json, Value};
 
-use super::{running_state, work_arg, Env};
-use crate::boxd::{first_json, Boxd};
-use crate::caps::{Files, Kind, Programs, RunRequest, SpawnError};
+use super::machine::running_state;
+use super::{laptop_roots, work_arg, Env};
+use crate::boxd::Boxd;
+use crate::caps::{Kind, Programs, RunRequest, SpawnError};
 use crate::encode::{sha256_hex, unbase64};
 use crate::errors::{Code, ToolError, ToolResult};
 use crate::guest::{tail, Guest};
 use crate::ledger::{FileRecord, Ledger, Proof, SessionProof, Work};
+use crate::opencode::Opencode;
 use crate::paths;
-
-const OPENCODE_TIMEOUT_MS: u32 = 180_000;
 
 /// One session as the guest exported it: `{info, messages}`.
 struct Exported {
@@ -105,28 +106,9 @@ fn parse_export(v: &Value) -> ToolResult<Vec<Exported>> {
     Ok(ordered)
 }
 
-fn opencode<P: Programs>(programs: &mut P, args: &[&str], cwd: &str) -> ToolResult<crate::caps::RunOutput> {
-    let req = RunRequest {
-        program: "opencode".into(),
-        args: args.iter().map(|a| a.to_string()).collect(),
-        stdin: None,
-        env: Vec::new(),
-        cwd: Some(cwd.to_string()),
-        timeout_ms: OPENCODE_TIMEOUT_MS,
-    };
-    match programs.run(&req) {
-        Ok(out) => Ok(out),
-        Err(SpawnError::NotAllowed(m)) | Err(SpawnError::NotFound(m)) => {
-            Err(ToolError::new(Code::OpencodeMissing, format!("the laptop's opencode is not available to this host ({m})")))
-        }
-        Err(SpawnError::TimedOut) => Err(ToolError::new(Code::Timeout, format!("opencode {} did not finish in time", args[0]))),
-        Err(SpawnError::Failed(m)) => Err(ToolError::new(Code::ImportFailed, format!("could not run opencode {}: {m}", args[0]))),
-    }
-}
-
 /// Import the sessions that changed since the last proof, then read each back. A session
 /// whose digest equals the last proof's is already proven: no laptop OpenCode runs for it.
-fn import_and_prove<P: Programs, F: Files>(env: &mut Env<P, F>, w: &Work, sessions: &[Exported]) -> ToolResult<(Vec<SessionProof>, Vec<Value>)> {
+fn import_and_prove(env: &mut Env, w: &Work, sessions: &[Exported]) -> ToolResult<(Vec<SessionProof>, Vec<Value>)> {
     let last: BTreeMap<String, (String, Option<String>)> = w
         .proofs
         .last()
@@ -143,18 +125,13 @@ fn import_and_prove<P: Programs, F: Files>(env: &mut Env<P, F>, w: &Work, sessio
         }
         let bytes = serde_json::to_vec(&s.json).expect("serialises");
         let name = format!("export-{}.json", &sha256_hex(&bytes)[..16]);
-        let mut ledger = Ledger::for_call(&mut *env.files, env.ctx);
+        let mut ledger = Ledger::for_call(&mut env.files, env.ctx);
         ledger.put_blob(&w.work, &name, &bytes)?;
         let file = format!("{}/{name}", ledger.work_dir(&w.work));
-        let out = opencode(env.programs, &["import", &file], &w.directory)?;
-        if out.exit_code != Some(0) {
-            return Err(ToolError::new(Code::ImportFailed, format!("opencode import of session {} failed: {}", s.id, tail(&out.stderr))));
-        }
+        let mut opencode = Opencode::new(&mut env.programs);
+        opencode.import(&file, &s.id, &w.directory)?;
         // The proof: the laptop's own copy, read back, matches the guest's.
-        let out = opencode(env.programs, &["export", &s.id], &w.directory)?;
-        let back = first_json(&out.stdout).filter(|_| out.exit_code == Some(0)).ok_or_else(|| {
-            ToolError::new(Code::ProofFailed, format!("the laptop has no readable copy of session {}: {}", s.id, tail(&out.stderr)))
-        })?;
+        let back = opencode.export(&s.id, &w.directory)?;
         let msgs = back["messages"].as_array().cloned().unwrap_or_default();
         let digest = canonical_digest(&msgs);
         if msgs.len() as u64 != s.messages || digest != s.digest {
@@ -199,129 +176,22 @@ fn fetch_commits<P: Programs>(programs: &mut P, w: &Work, bundle: &str) -> Value
 /// every prompt resolves it.
 pub const UNHARVESTED_SLEEP: &str = "before the newest prompt was harvested";
 
-pub fn run<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolResult<Value> {
+pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
     let (work, machine) = work_arg(args)?;
-    let ctx = env.ctx;
-    let now = env.now();
     let wanted = super::guest_paths_arg(args, "files")?;
-    let w = Ledger::for_call(&mut *env.files, ctx).require(&work)?;
+    let w = Ledger::for_call(&mut env.files, env.ctx).require(&work)?;
     super::require_open(&w)?;
-    let mut roots: Vec<&str> = alloc::vec![ctx.project.as_str()];
-    roots.extend(ctx.options.allowed_roots.iter().map(String::as_str));
-    let dest_dir = match args.get("to").and_then(Value::as_str) {
-        Some(t) => paths::laptop_path(t, &ctx.project, &roots)?,
-        None => w.directory.clone(),
-    };
-    if !roots.iter().any(|r| paths::is_within(&dest_dir, r)) {
-        return Err(ToolError::new(Code::PathRefused, format!("the work's folder {dest_dir} is outside the project and the allowed roots")));
-    }
-
-    // 1. the machine is ours and up; export (one exec)
-    let mut boxd = Boxd::new(&mut *env.programs, ctx.options.boxd_timeout_seconds);
-    running_state(&mut boxd, &w)?;
-    if !wanted.is_empty() {
-        // Owed from now until they are on the laptop: drop refuses while any is.
-        Ledger::for_call(&mut *env.files, ctx).update(&work, |w| {
-            for f in &wanted {
-                if !w.owed.contains(f) {
-                    w.owed.push(f.clone());
-                }
-            }
-        })?;
-    }
-    let mut boxd = Boxd::new(&mut *env.programs, ctx.options.boxd_timeout_seconds);
-    let (export, known) = Guest::new(&mut boxd, &machine, &work).call_resolving("export", &w.unresolved())?;
-    let w = if known.is_empty() { w } else { Ledger::for_call(&mut *env.files, ctx).update(&work, |w| w.resolve_prompts(&known, &now, ctx.now_ms))? };
-    let sessions = parse_export(&export)?;
-    let admitted = w.prompts.iter().filter(|p| p.admitted).count();
-    if admitted > 0 && sessions.first().is_none_or(|s| s.messages == 0) {
-        return Err(invalid(format!("{admitted} prompts were admitted but the export holds no messages")));
-    }
-
-    // 2–3. import and verify; the proof is recorded before git and files. It covers the
-    // prompts the guest had when it exported, not any submitted since.
-    // The proof covers the prompts up to the newest one the guest had admitted when it
-    // exported — not one a concurrent submit recorded but had not delivered yet.
-    let newest = export.get("newestPrompt").and_then(Value::as_str).map(String::from);
-    // A guest that admitted none (a rebuilt machine holds the restored transcript) covers
-    // what the last proof did.
-    let before = w.proofs.last().map_or(0, |p| p.prompts);
-    let covered = match newest.as_ref().and_then(|id| w.prompts.iter().position(|p| &p.id == id)) {
-        Some(i) => (i as u64 + 1).max(before),
-        None => before,
-    };
-    let (proofs, report) = import_and_prove(env, &w, &sessions)?;
-    let w = Ledger::for_call(&mut *env.files, ctx).update(&work, |w| {
-        w.proofs.push(Proof { at: now.clone(), prompts: covered, sessions: proofs, newest_prompt: newest.clone() });
-        if w.proven() {
-            w.warnings.retain(|t| !t.contains(UNHARVESTED_SLEEP));
-        }
-    })?;
-
-    // 4. git (and every commit, as a bundle), with the wanted files in the same exec.
-    let mut boxd = Boxd::new(&mut *env.programs, ctx.options.boxd_timeout_seconds);
-    let have = w.git.as_ref().filter(|g| g.bundle.is_some()).map(|g| g.refs.clone()).unwrap_or_default();
-    let stdin = serde_json::to_vec(&json!({ "files": wanted, "haveRefs": have })).expect("serialises");
-    let git = Guest::new(&mut boxd, &machine, &work).call("git", &["--files-stdin"], Some(stdin))?;
-    let mut ledger = Ledger::for_call(&mut *env.files, ctx);
-    let record = super::account::record(&mut ledger, &w, &git, &now)?;
-    let w = ledger.update(&work, |w| w.git = record.clone())?;
-    let fetched = match record.as_ref().and_then(|r| r.bundle.clone()) {
-        Some(bundle) if ctx.options.fetch_commits => Some(fetch_commits(env.programs, &w, &format!("{}/{bundle}", ledger.work_dir(&work)))),
-        _ => None,
-    };
-
-    // 5. files: every conflict is found before anything is written.
-    let mut incoming = Vec::new();
-    for f in git["files"].as_array().into_iter().flatten() {
-        let rel = paths::guest_relative(f["path"].as_str().unwrap_or_default())?;
-        let bytes = unbase64(f["data"].as_str().unwrap_or_default()).ok_or_else(|| invalid(format!("file {rel} is not base64")))?;
-        let sha = sha256_hex(&bytes);
-        if f["sha256"].as_str() != Some(sha.as_str()) {
-            return Err(invalid(format!("file {rel} arrived damaged (digest mismatch)")));
-        }
-        let dest = paths::laptop_path(&rel, &dest_dir, &roots)?;
-        incoming.push((rel, dest, bytes, sha));
-    }
-    for (rel, dest, _, sha) in &incoming {
-        match ledger.files().stat(dest).map_err(|_| ToolError::new(Code::PathRefused, format!("{dest} cannot be checked")))? {
-            None => {}
-            Some(m) if m.kind == Kind::Symlink => return Err(ToolError::new(Code::PathRefused, format!("{dest} is a symlink on the laptop, which is never followed"))),
-            Some(m) if m.kind != Kind::File => return Err(ToolError::new(Code::PathRefused, format!("{dest} exists and is not a file"))),
-            Some(_) => {
-                let current = ledger.files().read(dest).ok().flatten().map(|b| sha256_hex(&b)).unwrap_or_default();
-                let last = w.files_out.iter().rev().find(|r| &r.laptop == dest).map(|r| r.sha256.clone());
-                if &current != sha && last.as_deref() != Some(current.as_str()) {
-                    return Err(ToolError::with_next(
-                        Code::FileConflict,
-                        format!("{dest} (from {rel}) differs from what this work last brought home there (another work, or an edit on the laptop); it was not overwritten, and {rel} stays owed"),
-                        format!("Move {dest} aside, or call boxd_harvest for work '{work}' with \"to\" naming another folder."),
-                    ));
-                }
-            }
-        }
-    }
-    let mut written = Vec::new();
-    let mut records = Vec::new();
-    for (rel, dest, bytes, sha) in incoming {
-        let parent = paths::parent(&dest).to_string();
-        ledger.files().create_dir_all(&parent).map_err(|_| ToolError::new(Code::PathRefused, format!("cannot create {parent}")))?;
-        ledger.files().write_atomic(&dest, &bytes).map_err(|_| ToolError::new(Code::PathRefused, format!("cannot write {dest}")))?;
-        records.push(FileRecord { guest: rel.clone(), laptop: dest.clone(), size: bytes.len() as u64, sha256: sha.clone(), at: now.clone() });
-        written.push(json!({ "path": rel, "laptop": dest, "size": bytes.len(), "sha256": sha }));
-    }
-    let w = ledger.update(&work, |w| {
-        w.owed.retain(|o| !records.iter().any(|r| &r.guest == o));
-        w.files_out.extend(records);
-    })?;
-
-    let git_json = match &w.git {
+    let dest_dir = destination(env, args, &w)?;
+    let (w, export, sessions) = export(env, w, &wanted)?;
+    let (w, report) = prove(env, w, &export, &sessions)?;
+    let (w, git, fetched) = record_git(env, w, &wanted)?;
+    let (w, written) = bring_files(env, w, &git, &dest_dir)?;
+    let mut git_json = match &w.git {
         Some(g) => json!({ "repo": true, "head": g.head, "branch": g.branch, "dirty": g.dirty, "patch": g.patch, "bundle": g.bundle,
             "untracked": g.untracked.iter().map(|e| e.path.clone()).collect::<Vec<_>>(),
             "ignored": g.ignored.iter().map(|e| e.path.clone()).collect::<Vec<_>>() }),
         None => json!({ "repo": false, "warning": "GIT_UNKNOWN: the work tree is not a git repository, so boxd_drop will refuse it" }),
     };
-    let mut git_json = git_json;
     if let Some(f) = fetched {
         git_json["fetched"] = f;
     }
@@ -334,8 +204,152 @@ pub fn run<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolResu
         "git": git_json,
         "files": written,
         "owed": w.owed,
-        "next": format!("The transcript is on this laptop. boxd_sleep keeps the machine; boxd_drop destroys it once everything is accounted for."),
+        "next": "The transcript is on this laptop. boxd_sleep keeps the machine; boxd_drop destroys it once everything is accounted for.",
     }))
+}
+
+/// The laptop folder the files come home to: `to`, else the work's folder; inside the
+/// project or an allowed root either way.
+fn destination(env: &Env, args: &Value, w: &Work) -> ToolResult<String> {
+    let ctx = env.ctx;
+    let roots = laptop_roots(ctx);
+    let dest_dir = match args.get("to").and_then(Value::as_str) {
+        Some(t) => paths::laptop_path(t, &ctx.project, &roots)?,
+        None => w.directory.clone(),
+    };
+    if !roots.iter().any(|r| paths::is_within(&dest_dir, r)) {
+        return Err(ToolError::new(Code::PathRefused, format!("the work's folder {dest_dir} is outside the project and the allowed roots")));
+    }
+    Ok(dest_dir)
+}
+
+/// Phase 1: the machine is ours and up; the wanted files are owed from now; the guest
+/// exports its session tree (one exec), which is checked and ordered parents first.
+fn export(env: &mut Env, w: Work, wanted: &[String]) -> ToolResult<(Work, Value, Vec<Exported>)> {
+    let (ctx, now) = (env.ctx, env.now());
+    let mut boxd = Boxd::new(&mut env.programs, ctx.options.boxd_timeout_seconds);
+    running_state(&mut boxd, &w)?;
+    if !wanted.is_empty() {
+        // Owed from now until they are on the laptop: drop refuses while any is.
+        Ledger::for_call(&mut env.files, ctx).update(&w.work, |w| {
+            for f in wanted {
+                if !w.owed.contains(f) {
+                    w.owed.push(f.clone());
+                }
+            }
+        })?;
+    }
+    let (export, known) = Guest::new(&mut boxd, &w.machine, &w.work).call_resolving("export", &w.unresolved())?;
+    let w = if known.is_empty() { w } else { Ledger::for_call(&mut env.files, ctx).update(&w.work, |w| w.resolve_prompts(&known, &now, ctx.now_ms))? };
+    let sessions = parse_export(&export)?;
+    let admitted = w.prompts.iter().filter(|p| p.admitted).count();
+    if admitted > 0 && sessions.first().is_none_or(|s| s.messages == 0) {
+        return Err(invalid(format!("{admitted} prompts were admitted but the export holds no messages")));
+    }
+    Ok((w, export, sessions))
+}
+
+/// Phases 2–3: import and verify, then record the proof (before git and files). It covers
+/// the prompts up to the newest one the guest had admitted when it exported — not one a
+/// concurrent submit recorded but had not delivered yet.
+fn prove(env: &mut Env, w: Work, export: &Value, sessions: &[Exported]) -> ToolResult<(Work, Vec<Value>)> {
+    let newest = export.get("newestPrompt").and_then(Value::as_str).map(String::from);
+    // A guest that admitted none (a rebuilt machine holds the restored transcript) covers
+    // what the last proof did.
+    let before = w.proofs.last().map_or(0, |p| p.prompts);
+    let covered = match newest.as_ref().and_then(|id| w.prompts.iter().position(|p| &p.id == id)) {
+        Some(i) => (i as u64 + 1).max(before),
+        None => before,
+    };
+    let (proofs, report) = import_and_prove(env, &w, sessions)?;
+    let now = env.now();
+    let w = Ledger::for_call(&mut env.files, env.ctx).update(&w.work, |w| {
+        w.proofs.push(Proof { at: now, prompts: covered, sessions: proofs, newest_prompt: newest });
+        if w.proven() {
+            w.warnings.retain(|t| !t.contains(UNHARVESTED_SLEEP));
+        }
+    })?;
+    Ok((w, report))
+}
+
+/// Phase 4: the guest's git state and every commit (as a bundle), with the wanted files in
+/// the same exec; recorded in the ledger, and fetched into the project with `fetchCommits`.
+/// Returns the guest's answer (which carries the files) and what the fetch did.
+fn record_git(env: &mut Env, w: Work, wanted: &[String]) -> ToolResult<(Work, Value, Option<Value>)> {
+    let (ctx, now) = (env.ctx, env.now());
+    let mut boxd = Boxd::new(&mut env.programs, ctx.options.boxd_timeout_seconds);
+    let have = w.git.as_ref().filter(|g| g.bundle.is_some()).map(|g| g.refs.clone()).unwrap_or_default();
+    let stdin = serde_json::to_vec(&json!({ "files": wanted, "haveRefs": have })).expect("serialises");
+    let git = Guest::new(&mut boxd, &w.machine, &w.work).call("git", &["--files-stdin"], Some(stdin))?;
+    let mut ledger = Ledger::for_call(&mut env.files, ctx);
+    let record = super::account::record(&mut ledger, &w, &git, &now)?;
+    let w = ledger.update(&w.work, |w| w.git = record.clone())?;
+    let fetched = match record.and_then(|r| r.bundle) {
+        Some(bundle) if ctx.options.fetch_commits => Some(fetch_commits(&mut env.programs, &w, &format!("{}/{bundle}", ledger.work_dir(&w.work)))),
+        _ => None,
+    };
+    Ok((w, git, fetched))
+}
+
+/// One file of the guest's answer, checked and placed: (work-tree path, laptop path,
+/// bytes, sha256).
+type Incoming = (String, String, Vec<u8>, String);
+
+/// Phase 5: the files in the guest's answer come home. Every one is checked, and every
+/// conflict found, before anything is written.
+fn bring_files(env: &mut Env, w: Work, git: &Value, dest_dir: &str) -> ToolResult<(Work, Vec<Value>)> {
+    let roots = laptop_roots(env.ctx);
+    let mut incoming: Vec<Incoming> = Vec::new();
+    for f in git["files"].as_array().into_iter().flatten() {
+        let rel = paths::guest_relative(f["path"].as_str().unwrap_or_default())?;
+        let bytes = unbase64(f["data"].as_str().unwrap_or_default()).ok_or_else(|| invalid(format!("file {rel} is not base64")))?;
+        let sha = sha256_hex(&bytes);
+        if f["sha256"].as_str() != Some(sha.as_str()) {
+            return Err(invalid(format!("file {rel} arrived damaged (digest mismatch)")));
+        }
+        let dest = paths::laptop_path(&rel, dest_dir, &roots)?;
+        incoming.push((rel, dest, bytes, sha));
+    }
+    for file in &incoming {
+        check_overwrite(env, &w, file)?;
+    }
+    let now = env.now();
+    let mut written = Vec::new();
+    let mut records = Vec::new();
+    for (rel, dest, bytes, sha) in incoming {
+        let parent = paths::parent(&dest).to_string();
+        env.files.create_dir_all(&parent).map_err(|_| ToolError::new(Code::PathRefused, format!("cannot create {parent}")))?;
+        env.files.write_atomic(&dest, &bytes).map_err(|_| ToolError::new(Code::PathRefused, format!("cannot write {dest}")))?;
+        records.push(FileRecord { guest: rel.clone(), laptop: dest.clone(), size: bytes.len() as u64, sha256: sha.clone(), at: now.clone() });
+        written.push(json!({ "path": rel, "laptop": dest, "size": bytes.len(), "sha256": sha }));
+    }
+    let w = Ledger::for_call(&mut env.files, env.ctx).update(&w.work, |w| {
+        w.owed.retain(|o| !records.iter().any(|r| &r.guest == o));
+        w.files_out.extend(records);
+    })?;
+    Ok((w, written))
+}
+
+/// A laptop file may be replaced only by the same bytes or when it is what this work last
+/// brought home there; a symlink or a folder never.
+fn check_overwrite(env: &mut Env, w: &Work, (rel, dest, _, sha): &Incoming) -> ToolResult<()> {
+    match env.files.stat(dest).map_err(|_| ToolError::new(Code::PathRefused, format!("{dest} cannot be checked")))? {
+        None => Ok(()),
+        Some(m) if m.kind == Kind::Symlink => Err(ToolError::new(Code::PathRefused, format!("{dest} is a symlink on the laptop, which is never followed"))),
+        Some(m) if m.kind != Kind::File => Err(ToolError::new(Code::PathRefused, format!("{dest} exists and is not a file"))),
+        Some(_) => {
+            let current = env.files.read(dest).ok().flatten().map(|b| sha256_hex(&b)).unwrap_or_default();
+            let last = w.files_out.iter().rev().find(|r| &r.laptop == dest).map(|r| r.sha256.clone());
+            if &current != sha && last.as_deref() != Some(current.as_str()) {
+                return Err(ToolError::with_next(
+                    Code::FileConflict,
+                    format!("{dest} (from {rel}) differs from what this work last brought home there (another work, or an edit on the laptop); it was not overwritten, and {rel} stays owed"),
+                    format!("Move {dest} aside, or call boxd_harvest for work '{}' with \"to\" naming another folder.", w.work),
+                ));
+            }
+            Ok(())
+        }
+    }
 }
 
 #[cfg(test)]

@@ -8,7 +8,6 @@ use serde_json::{json, Value};
 
 use super::{work_arg, Env};
 use crate::boxd::{Boxd, State};
-use crate::caps::{Files, Programs};
 use crate::errors::{Code, ToolResult};
 use crate::guest::Guest;
 use crate::ledger::Ledger;
@@ -16,15 +15,27 @@ use crate::redact::redact;
 
 pub const LAST_TEXT_MAX: usize = 300;
 
-pub fn run<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolResult<Value> {
+/// The run as a generic task state (MCP's task words), so a host can show how a job is
+/// going without knowing this tool: None while there is no run to speak of.
+pub fn task_state(state: &str, outcome: Option<&str>) -> Option<&'static str> {
+    match (state, outcome) {
+        ("busy" | "starting", _) => Some("working"),
+        ("idle", Some("completed")) => Some("completed"),
+        ("idle", Some("failed")) => Some("failed"),
+        ("idle", Some("aborted")) => Some("cancelled"),
+        _ => None,
+    }
+}
+
+pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
     let (work, machine) = work_arg(args)?;
     let ctx = env.ctx;
     let now = env.now();
-    let mut ledger = Ledger::for_call(env.files, ctx);
+    let mut ledger = Ledger::for_call(&mut env.files, ctx);
     let w = ledger.require(&work)?;
     super::require_open(&w)?;
-    let mut boxd = Boxd::new(env.programs, ctx.options.boxd_timeout_seconds);
-    match super::owned_state(&mut boxd, &w)? {
+    let mut boxd = Boxd::new(&mut env.programs, ctx.options.boxd_timeout_seconds);
+    match super::machine::owned_state(&mut boxd, &w)? {
         State::Asleep | State::Stopped => {
             let (by, at): (&str, Value) = if w.asleep_by_tool {
                 ("boxd_sleep", json!(w.sleeps.last().map(|s| s.at.clone())))
@@ -32,23 +43,23 @@ pub fn run<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolResu
                 ("idle_or_cli", Value::Null)
             };
             return Ok(json!({
-                "work": work, "machine": machine, "state": "asleep", "asleepBy": by, "sleptAt": at,
+                "work": work, "machine": machine, "state": "asleep", "asleepBy": by, "sleptAt": at, "taskState": Value::Null,
                 "next": format!("Call boxd_resume for work '{work}' to wake it (waking starts billing)."),
             }));
         }
         State::Gone | State::Failed => {
             return Ok(json!({
-                "work": work, "machine": machine, "state": "gone",
+                "work": work, "machine": machine, "state": "gone", "taskState": Value::Null,
                 "next": format!("Call boxd_resume for work '{work}' to rebuild it from the golden image and the proven transcript, or boxd_drop to close the work."),
             }));
         }
         State::Starting => {
-            return Ok(json!({ "work": work, "machine": machine, "state": "starting", "next": "Call boxd_job again in a later turn." }));
+            return Ok(json!({ "work": work, "machine": machine, "state": "starting", "taskState": task_state("starting", None), "next": "Call boxd_job again in a later turn." }));
         }
         // An exec would wake a paused machine: report it as it is.
         State::Standby => {
             return Ok(json!({
-                "work": work, "machine": machine, "state": "standby",
+                "work": work, "machine": machine, "state": "standby", "taskState": Value::Null,
                 "next": format!("Call boxd_resume for work '{work}' to continue it (resuming starts billing)."),
             }));
         }
@@ -65,11 +76,14 @@ pub fn run<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolResu
     let outcome = s.get("outcome").and_then(Value::as_str).map(String::from);
     let last_text = redact(s.get("lastText").and_then(Value::as_str).unwrap_or(""), LAST_TEXT_MAX);
     let pending = s.get("pending").cloned().unwrap_or(json!(0));
+    let state = if busy { "busy" } else { "idle" };
+    let outcome = if busy { None } else { outcome };
     let mut out = json!({
         "work": work,
         "machine": machine,
-        "state": if busy { "busy" } else { "idle" },
-        "outcome": if busy { Value::Null } else { json!(outcome) },
+        "state": state,
+        "outcome": outcome,
+        "taskState": task_state(state, outcome.as_deref()),
         "lastText": last_text,
         "lastActivityAt": s.get("lastActivityAt").cloned().unwrap_or(Value::Null),
         "pending": pending,
@@ -89,4 +103,32 @@ pub fn run<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolResu
         out["next"] = json!(format!("{} (work '{work}')", code.next()));
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::{open_work, raw_context, Scripted, OURS};
+    use crate::tools::call;
+
+    #[test]
+    fn task_states_follow_the_run() {
+        assert_eq!(task_state("busy", None), Some("working"));
+        assert_eq!(task_state("starting", None), Some("working"));
+        assert_eq!(task_state("idle", Some("completed")), Some("completed"));
+        assert_eq!(task_state("idle", Some("failed")), Some("failed"));
+        assert_eq!(task_state("idle", Some("aborted")), Some("cancelled"));
+        assert_eq!(task_state("idle", None), None);
+        assert_eq!(task_state("asleep", None), None);
+    }
+
+    #[test]
+    fn the_job_answer_carries_its_task_state() {
+        let mut fs = open_work(None);
+        let mut p = Scripted::default();
+        p.push_exit(0, OURS, "");
+        p.push_exit(0, r#"{"state":"idle","outcome":"aborted","lastText":"stopped","pending":0}"#, "");
+        let v = call(&mut p, &mut fs, "boxd_job", r#"{"work":"w1"}"#, raw_context("{}", "{}")).unwrap();
+        assert_eq!((v["state"].as_str(), v["outcome"].as_str(), v["taskState"].as_str()), (Some("idle"), Some("aborted"), Some("cancelled")));
+    }
 }

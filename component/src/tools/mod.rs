@@ -1,6 +1,8 @@
 //! Tool dispatch: the checks every call passes in the same order (tool known, arguments
-//! match the schema, options valid, host version tested, access allows), then one module
-//! per tool. Tools receive their capabilities as parameters and never reach for a global.
+//! match the schema, options valid, host version tested, access allows), then the tool's
+//! `run` from the registry. Tools receive their capabilities in their `Env` and never
+//! reach for a global; the checks they share on works and machines live here and in
+//! `machine`.
 
 use alloc::format;
 use alloc::string::String;
@@ -8,24 +10,30 @@ use serde_json::Value;
 
 use crate::caps::{Files, Programs};
 use crate::errors::{Code, ToolError, ToolResult};
-use crate::manifest::{self, Access as ToolAccess};
-use crate::options::{self, Access, Context};
+use crate::options::{self, AccessOption, Context};
+use registry::ToolAccess;
 
 pub mod account;
+pub mod drop;
 pub mod harvest;
+pub mod image;
 pub mod job;
 pub mod lifecycle;
+pub mod machine;
+pub mod registry;
 pub mod status;
 pub mod submit;
 
-/// What a tool gets: the two capabilities and the call's context.
-pub struct Env<'a, P: Programs, F: Files> {
-    pub programs: &'a mut P,
-    pub files: &'a mut F,
+/// What a tool gets: the two capabilities and the call's context. The capabilities are
+/// trait objects so one table of plain `fn`s (the registry) serves every host; a tool
+/// lends them to the adapters as `&mut env.programs` / `&mut env.files`.
+pub struct Env<'a> {
+    pub programs: &'a mut dyn Programs,
+    pub files: &'a mut dyn Files,
     pub ctx: &'a Context,
 }
 
-impl<P: Programs, F: Files> Env<'_, P, F> {
+impl Env<'_> {
     pub fn now(&self) -> String {
         crate::ledger::iso8601(self.ctx.now_ms)
     }
@@ -59,8 +67,8 @@ pub fn context(raw: RawContext) -> ToolResult<Context> {
 
 /// One tool call, as every host makes it.
 pub fn call<P: Programs, F: Files>(programs: &mut P, files: &mut F, tool: &str, args_json: &str, raw: RawContext) -> ToolResult<Value> {
-    let spec = manifest::find(tool).ok_or_else(|| {
-        let names: alloc::vec::Vec<&str> = manifest::TOOLS.iter().map(|t| t.name).collect();
+    let spec = registry::find(tool).ok_or_else(|| {
+        let names: alloc::vec::Vec<&str> = registry::TOOLS.iter().map(|t| t.name).collect();
         ToolError::new(Code::ToolUnknown, format!("there is no tool '{tool}'; the tools are {}", names.join(", ")))
     })?;
     let args: Value = if args_json.trim().is_empty() {
@@ -69,7 +77,7 @@ pub fn call<P: Programs, F: Files>(programs: &mut P, files: &mut F, tool: &str, 
         serde_json::from_str(args_json)
             .map_err(|e| ToolError::new(Code::ArgsInvalid, format!("the arguments are not valid JSON: {e}")))?
     };
-    manifest::check(&(spec.schema)(), &args)?;
+    crate::schema::check(&(spec.schema)(), &args)?;
     let ctx = context(raw)?;
     // boxd_status still answers on an untested host: it is how the user finds out.
     if spec.name != "boxd_status" {
@@ -77,29 +85,18 @@ pub fn call<P: Programs, F: Files>(programs: &mut P, files: &mut F, tool: &str, 
     }
     if spec.access == ToolAccess::Change {
         match ctx.options.access {
-            Access::All => {}
-            Access::ReadOnly => {
+            AccessOption::All => {}
+            AccessOption::ReadOnly => {
                 return Err(ToolError::new(Code::AccessDenied, format!("{} changes a machine, and the plugin's access is \"read-only\"", spec.name)));
             }
-            Access::AskChanges if !ctx.facts.approved => {
+            AccessOption::AskChanges if !ctx.facts.approved => {
                 return Err(ToolError::new(Code::ApprovalRequired, format!("{} changes a machine and needs the user's approval first", spec.name)));
             }
-            Access::AskChanges => {}
+            AccessOption::AskChanges => {}
         }
     }
     let mut env = Env { programs, files, ctx: &ctx };
-    match spec.name {
-        "boxd_status" => status::run(&mut env),
-        "boxd_job" => job::run(&mut env, &args),
-        "boxd_ensure" => lifecycle::ensure(&mut env, &args),
-        "boxd_submit" => submit::run(&mut env, &args),
-        "boxd_harvest" => harvest::run(&mut env, &args),
-        "boxd_sleep" => lifecycle::sleep(&mut env, &args),
-        "boxd_resume" => lifecycle::resume(&mut env, &args),
-        "boxd_image" => lifecycle::image(&mut env, &args),
-        "boxd_drop" => lifecycle::drop(&mut env, &args),
-        other => unreachable!("tool {other} is in the manifest but has no module"),
-    }
+    (spec.run)(&mut env, &args)
 }
 
 /// HOST_UNTESTED: OpenCode outside the range our own tests run.
@@ -120,6 +117,13 @@ pub fn work_arg(args: &Value) -> ToolResult<(String, String)> {
     let work = args.get("work").and_then(Value::as_str).unwrap_or_default();
     let machine = crate::paths::work_id(work)?;
     Ok((work.into(), machine))
+}
+
+/// The laptop folders a tool may touch: the project, then each allowed root.
+pub fn laptop_roots(ctx: &Context) -> alloc::vec::Vec<&str> {
+    let mut roots = alloc::vec![ctx.project.as_str()];
+    roots.extend(ctx.options.allowed_roots.iter().map(String::as_str));
+    roots
 }
 
 /// A list argument of work-tree paths (harvest's `files`, drop's `discard`), each checked.
@@ -144,92 +148,23 @@ pub fn require_open(w: &crate::ledger::Work) -> ToolResult<()> {
     Ok(())
 }
 
-/// The state of `machine` in one `boxd machine list` (Gone when it is not listed). Only
-/// for a machine no work owns yet: the listing carries no id to check.
-pub fn listed_state<P: Programs>(boxd: &mut crate::boxd::Boxd<P>, machine: &str) -> ToolResult<crate::boxd::State> {
-    use crate::boxd::{Failure, State};
-    let list = boxd.list().map_err(Failure::into_error)?;
-    Ok(list.iter().find(|m| m.name == machine).map_or(State::Gone, |m| State::from_status(&m.status)))
-}
-
-/// Refuse a machine we must not drive: not the one the ledger created, shared, isolated.
-pub fn check_machine(w: &crate::ledger::Work, info: &crate::boxd::MachineInfo) -> ToolResult<()> {
-    match &w.machine_id {
-        Some(id) if &info.id == id => {}
-        Some(id) => {
-            return Err(ToolError::new(
-                Code::NotOurs,
-                format!("{} has id {}, but the ledger recorded {id} for work '{}': it is another machine under the same name", info.name, if info.id.is_empty() { "(none given)" } else { &info.id }, w.work),
-            ));
-        }
-        None => {
-            return Err(ToolError::with_next(
-                Code::NotOurs,
-                format!("{} exists, but the ledger has no machine id for work '{}' (its create never answered)", info.name, w.work),
-                format!("Call boxd_ensure for work '{}': it adopts the machine its own create made.", w.work),
-            ));
-        }
+/// The newest proof covers every prompt: image and drop need the transcript home first.
+pub fn require_proven(w: &crate::ledger::Work) -> ToolResult<()> {
+    if w.proven() {
+        return Ok(());
     }
-    if info.sharing == "shared" {
-        return Err(ToolError::new(Code::MachineShared, format!("machine {} is shared with the organisation", info.name)));
-    }
-    if info.isolated {
-        return Err(ToolError::new(Code::MachineIsolated, format!("machine {} was created with --isolated", info.name)));
-    }
-    Ok(())
-}
-
-/// The work's machine, read once in a form that carries its id (`machine get`), and
-/// checked to be the one the ledger created before anything touches it. Gone when boxd
-/// does not know the name.
-pub fn owned_state<P: Programs>(boxd: &mut crate::boxd::Boxd<P>, w: &crate::ledger::Work) -> ToolResult<crate::boxd::State> {
-    use crate::boxd::{Failure, State};
-    match boxd.get(&w.machine).map_err(Failure::into_error)? {
-        None => Ok(State::Gone),
-        Some(info) => {
-            check_machine(w, &info)?;
-            Ok(State::from_status(&info.status))
-        }
-    }
-}
-
-/// The machine must be up for an exec: asleep, gone and starting are refused without one.
-pub fn running_state<P: Programs>(boxd: &mut crate::boxd::Boxd<P>, w: &crate::ledger::Work) -> ToolResult<()> {
-    use crate::boxd::State;
-    let (machine, work) = (&w.machine, &w.work);
-    match owned_state(boxd, w)? {
-        State::Running | State::Standby => Ok(()),
-        State::Asleep | State::Stopped => Err(ToolError::with_next(
-            Code::MachineAsleep,
-            format!("{machine} is asleep"),
-            format!("Call boxd_resume for work '{work}', then try again."),
-        )),
-        State::Starting => Err(ToolError::new(Code::MachineStarting, format!("{machine} is still starting"))),
-        State::Gone | State::Failed => Err(ToolError::with_next(
-            Code::MachineGone,
-            format!("{machine} no longer exists"),
-            format!("Call boxd_resume for work '{work}' to rebuild it from the proven transcript, or boxd_drop to close the work and see what could not be recovered."),
-        )),
-    }
+    let why = if w.proofs.is_empty() {
+        String::from("no harvest has proven its transcript on this laptop")
+    } else {
+        alloc::format!("the last proof covers {} of {} prompts", w.proofs.last().map_or(0, |p| p.prompts), w.prompts.len())
+    };
+    Err(ToolError::with_next(Code::NotProven, format!("work '{}': {why}", w.work), format!("Call boxd_harvest for work '{}' first.", w.work)))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::{MemFiles, Scripted};
-
-    fn raw(options: &str, facts: &str) -> RawContext {
-        RawContext {
-            host_name: "test".into(),
-            host_version: "1".into(),
-            options_json: options.into(),
-            project: "/p".into(),
-            ledger: "/l".into(),
-            now_ms: 0,
-            entropy: alloc::vec![7; 32],
-            facts: crate::options::HostFacts::from_json(facts),
-        }
-    }
+    use crate::testing::{raw_context as raw, MemFiles, Scripted};
 
     #[test]
     fn ask_changes_refuses_a_change_without_approval_before_any_program_runs() {

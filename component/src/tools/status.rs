@@ -9,16 +9,15 @@ use serde_json::{json, Value};
 
 use super::Env;
 use crate::boxd::{Boxd, Failure, State};
-use crate::caps::{Files, Programs};
 use crate::errors::{Code, ToolError, ToolResult};
 use crate::ledger::Ledger;
-use crate::manifest::{self, Access as ToolAccess};
-use crate::options::{self, Access};
+use crate::options::{self, AccessOption};
+use super::registry::{ToolAccess, TOOLS};
 
-pub fn run<P: Programs, F: Files>(env: &mut Env<P, F>) -> ToolResult<Value> {
+pub fn run(env: &mut Env, _args: &Value) -> ToolResult<Value> {
     let ctx = env.ctx;
     let opts = &ctx.options;
-    let mut boxd = Boxd::new(env.programs, opts.boxd_timeout_seconds);
+    let mut boxd = Boxd::new(&mut env.programs, opts.boxd_timeout_seconds);
 
     // The sign-in row is the machine listing: it is what every tool needs to work.
     let listing = boxd.list();
@@ -50,7 +49,7 @@ pub fn run<P: Programs, F: Files>(env: &mut Env<P, F>) -> ToolResult<Value> {
         json!({ "name": opts.snapshot, "present": Value::Null, "reason": "the boxd CLI did not answer" })
     };
 
-    let mut ledger = Ledger::new(env.files, &ctx.ledger);
+    let mut ledger = Ledger::new(&mut env.files, &ctx.ledger);
     let ids = ledger.ids().map_err(|e| ToolError::new(Code::StatusUnavailable, format!("the ledger could not be read: {}", e.message)))?;
     let mut works = Vec::new();
     for id in ids {
@@ -92,20 +91,20 @@ pub fn run<P: Programs, F: Files>(env: &mut Env<P, F>) -> ToolResult<Value> {
         }));
     }
 
-    let tools: Vec<Value> = manifest::TOOLS
+    let tools: Vec<Value> = TOOLS
         .iter()
         .map(|t| {
             let runs = match (t.access, opts.access) {
-                (ToolAccess::Read, _) | (_, Access::All) => "runs",
-                (_, Access::AskChanges) => "asks",
-                (_, Access::ReadOnly) => "denied",
+                (ToolAccess::Read, _) | (_, AccessOption::All) => "runs",
+                (_, AccessOption::AskChanges) => "asks",
+                (_, AccessOption::ReadOnly) => "denied",
             };
-            json!({ "name": t.name, "access": if t.access == ToolAccess::Read { "read" } else { "change" }, "runs": runs })
+            json!({ "name": t.name, "access": t.access.as_str(), "runs": runs })
         })
         .collect();
 
     let bridge = ctx.facts.opencode.clone().unwrap_or_default();
-    let laptop_opencode = ctx.facts.opencode_version.clone().or_else(|| (ctx.host_name == "opencode").then(|| ctx.host_version.clone()));
+    let laptop_opencode = crate::opencode::known_version(ctx);
     let (lo, hi) = options::TESTED_OPENCODE;
     let host_ok = ctx.host_name != "opencode" || options::in_tested_range(&ctx.host_version);
     if !host_ok && !opts.allow_untested_host {

@@ -7,13 +7,14 @@ use alloc::string::{String, ToString};
 use alloc::vec::Vec;
 use serde_json::{json, Value};
 
-use super::{running_state, work_arg, Env};
+use super::machine::running_state;
+use super::{work_arg, Env};
 use crate::boxd::Boxd;
-use crate::caps::{Files, Kind, Programs};
+use crate::caps::Kind;
 use crate::encode::{base64, sha256_hex};
 use crate::errors::{Code, ToolError, ToolResult};
 use crate::guest::Guest;
-use crate::ledger::{FileRecord, Ledger, Prompt};
+use crate::ledger::{FileRecord, Ledger, Prompt, WorkState};
 use crate::paths;
 
 pub const FILE_CAP: u64 = 8 << 20;
@@ -29,10 +30,9 @@ struct Incoming {
 }
 
 /// Check and read every file before any boxd call: a refusal sends nothing.
-fn read_files<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolResult<Vec<Incoming>> {
+fn read_files(env: &mut Env, args: &Value) -> ToolResult<Vec<Incoming>> {
     let ctx = env.ctx;
-    let mut roots: Vec<&str> = alloc::vec![ctx.project.as_str()];
-    roots.extend(ctx.options.allowed_roots.iter().map(String::as_str));
+    let roots = super::laptop_roots(ctx);
     let mut out = Vec::new();
     let mut total = 0u64;
     for (i, f) in args.get("files").and_then(Value::as_array).into_iter().flatten().enumerate() {
@@ -64,7 +64,7 @@ fn refused(path: &str, why: &str) -> ToolError {
     ToolError::new(Code::PathRefused, format!("laptop file '{path}' {why}"))
 }
 
-pub fn run<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolResult<Value> {
+pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
     let (work, machine) = work_arg(args)?;
     let prompt = args.get("prompt").and_then(Value::as_str).unwrap_or_default().to_string();
     if prompt.trim().is_empty() {
@@ -80,10 +80,10 @@ pub fn run<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolResu
     let files = read_files(env, args)?;
     let now = env.now();
     let ctx = env.ctx;
-    let mut ledger = Ledger::for_call(env.files, ctx);
+    let mut ledger = Ledger::for_call(&mut env.files, ctx);
     let w = ledger.require(&work)?;
     super::require_open(&w)?;
-    let mut boxd = Boxd::new(env.programs, ctx.options.boxd_timeout_seconds);
+    let mut boxd = Boxd::new(&mut env.programs, ctx.options.boxd_timeout_seconds);
     running_state(&mut boxd, &w)?;
 
     // A prompt recorded before its exec whose answer never came (the host was killed, boxd
@@ -108,10 +108,10 @@ pub fn run<P: Programs, F: Files>(env: &mut Env<P, F>, args: &Value) -> ToolResu
         let p = sent.clone();
         ledger.upsert(&work, |cur| {
             let mut w = cur.ok_or_else(|| ToolError::new(Code::WorkUnknown, format!("the ledger has no work '{work}'")))?;
-            if w.state != "open" {
+            if w.state != WorkState::Open {
                 return Err(ToolError::with_next(
                     Code::SessionBusy,
-                    format!("work '{work}' is {}: a drop is under way or its machine is being created", w.state),
+                    format!("work '{work}' is {}: a drop is under way or its machine is being created", w.state.as_str()),
                     format!("Call boxd_status in a later turn; boxd_ensure for work '{work}' reopens it if the drop was refused."),
                 ));
             }

@@ -1,0 +1,134 @@
+//! The laptop's OpenCode, in one adapter beside the boxd one: the version a guest must
+//! match, and the `import`/`export` pair harvest proves a transcript with. No tool builds
+//! an `opencode` argument list itself.
+
+use alloc::format;
+use alloc::string::{String, ToString};
+use alloc::vec::Vec;
+use serde_json::Value;
+
+use crate::boxd::first_json;
+use crate::caps::{Programs, RunOutput, RunRequest, SpawnError};
+use crate::errors::{Code, ToolError, ToolResult};
+use crate::guest::tail;
+use crate::options::Context;
+
+/// One import or export of a session tree (a large one takes a while to write).
+const SESSION_TIMEOUT_MS: u32 = 180_000;
+const VERSION_TIMEOUT_MS: u32 = 60_000;
+
+/// The laptop's OpenCode version when the host already knows it: told in its facts, or
+/// the host is OpenCode itself. Runs nothing.
+pub fn known_version(ctx: &Context) -> Option<String> {
+    ctx.facts.opencode_version.clone().or_else(|| (ctx.host_name == "opencode").then(|| ctx.host_version.clone()))
+}
+
+/// Drives the laptop's `opencode` CLI through the `Programs` capability.
+pub struct Opencode<'a, P: Programs> {
+    programs: &'a mut P,
+}
+
+impl<'a, P: Programs> Opencode<'a, P> {
+    pub fn new(programs: &'a mut P) -> Self {
+        Self { programs }
+    }
+
+    /// The version a guest must run: `known_version`, else `opencode --version`; None when
+    /// neither answers.
+    pub fn version(&mut self, ctx: &Context) -> Option<String> {
+        if let Some(v) = known_version(ctx) {
+            return Some(v);
+        }
+        let req = RunRequest { program: "opencode".into(), args: alloc::vec!["--version".into()], timeout_ms: VERSION_TIMEOUT_MS, ..Default::default() };
+        let out = self.programs.run(&req).ok().filter(|o| o.exit_code == Some(0))?;
+        let v = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        (!v.is_empty()).then_some(v)
+    }
+
+    /// `opencode import FILE` in the work's folder (which names the project it lands in).
+    pub fn import(&mut self, file: &str, session: &str, cwd: &str) -> ToolResult<()> {
+        let out = self.run(&["import", file], cwd)?;
+        if out.exit_code != Some(0) {
+            return Err(ToolError::new(Code::ImportFailed, format!("opencode import of session {session} failed: {}", tail(&out.stderr))));
+        }
+        Ok(())
+    }
+
+    /// `opencode export SESSION`: the laptop's own copy, or PROOF_FAILED when it has none
+    /// it can print.
+    pub fn export(&mut self, session: &str, cwd: &str) -> ToolResult<Value> {
+        let out = self.run(&["export", session], cwd)?;
+        first_json(&out.stdout).filter(|_| out.exit_code == Some(0)).ok_or_else(|| {
+            ToolError::new(Code::ProofFailed, format!("the laptop has no readable copy of session {session}: {}", tail(&out.stderr)))
+        })
+    }
+
+    fn run(&mut self, args: &[&str], cwd: &str) -> ToolResult<RunOutput> {
+        let req = RunRequest {
+            program: "opencode".into(),
+            args: args.iter().map(|a| a.to_string()).collect(),
+            stdin: None,
+            env: Vec::new(),
+            cwd: Some(cwd.to_string()),
+            timeout_ms: SESSION_TIMEOUT_MS,
+        };
+        self.programs.run(&req).map_err(|e| match e {
+            SpawnError::NotAllowed(m) | SpawnError::NotFound(m) => {
+                ToolError::new(Code::OpencodeMissing, format!("the laptop's opencode is not available to this host ({m})"))
+            }
+            SpawnError::TimedOut => ToolError::new(Code::Timeout, format!("opencode {} did not finish in time", args[0])),
+            SpawnError::Failed(m) => ToolError::new(Code::ImportFailed, format!("could not run opencode {}: {m}", args[0])),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::options::{HostFacts, Options};
+    use crate::testing::Scripted;
+
+    fn ctx(host: &str, facts_version: Option<&str>) -> Context {
+        Context {
+            host_name: host.into(),
+            host_version: "1.18.40".into(),
+            options: Options::default(),
+            project: "/p".into(),
+            ledger: "/l".into(),
+            now_ms: 0,
+            entropy: Vec::new(),
+            facts: HostFacts { opencode_version: facts_version.map(String::from), ..Default::default() },
+        }
+    }
+
+    #[test]
+    fn the_version_is_asked_only_when_no_host_knows_it() {
+        let mut p = Scripted::default();
+        assert_eq!(Opencode::new(&mut p).version(&ctx("boxd-host", Some("1.18.33"))).as_deref(), Some("1.18.33"));
+        assert_eq!(Opencode::new(&mut p).version(&ctx("opencode", None)).as_deref(), Some("1.18.40"));
+        assert!(p.requests.is_empty());
+        p.push_exit(0, "1.18.7\n", "");
+        assert_eq!(Opencode::new(&mut p).version(&ctx("boxd-host", None)).as_deref(), Some("1.18.7"));
+        p.push_spawn_error(SpawnError::NotFound("opencode".into()));
+        assert_eq!(Opencode::new(&mut p).version(&ctx("boxd-host", None)), None);
+        assert_eq!(p.requests[0].args, ["--version"]);
+    }
+
+    #[test]
+    fn import_and_export_run_in_the_works_folder_and_name_their_failures() {
+        let mut p = Scripted::default();
+        p.push_exit(0, "Imported session ses_1", "");
+        p.push_fail(1, "Error: bad file");
+        p.push_exit(0, "Exporting…\n{\"info\":{\"id\":\"ses_1\"},\"messages\":[]}\n", "");
+        p.push_exit(1, "", "Session not found");
+        p.push_spawn_error(SpawnError::NotAllowed("opencode".into()));
+        let mut o = Opencode::new(&mut p);
+        assert!(o.import("/l/x.json", "ses_1", "/p").is_ok());
+        assert_eq!(o.import("/l/x.json", "ses_1", "/p").unwrap_err().code, Code::ImportFailed);
+        assert_eq!(o.export("ses_1", "/p").unwrap()["info"]["id"], "ses_1");
+        let e = o.export("ses_1", "/p").unwrap_err();
+        assert!(e.code == Code::ProofFailed && e.message.contains("Session not found"), "{e:?}");
+        assert_eq!(o.export("ses_1", "/p").unwrap_err().code, Code::OpencodeMissing);
+        assert!(p.requests.iter().all(|r| r.program == "opencode" && r.cwd.as_deref() == Some("/p")));
+    }
+}

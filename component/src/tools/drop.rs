@@ -1,0 +1,177 @@
+//! boxd_drop: destroy a work's machine only when the laptop can account for everything on
+//! it. The drop is recorded before the machine is sealed and checked (`account`), so one
+//! killed midway is finished by the next; a work whose machine is gone is closed, naming
+//! what could not be recovered.
+
+use alloc::format;
+use alloc::string::{String, ToString};
+use alloc::vec::Vec;
+use serde_json::{json, Value};
+
+use super::machine::{check_machine, work_json};
+use super::{require_proven, work_arg, Env};
+use crate::boxd::{Boxd, Failure, State};
+use crate::errors::{Code, ToolError, ToolResult};
+use crate::ledger::{Ledger, WorkState};
+
+pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
+    let (work, machine) = work_arg(args)?;
+    // Only ever compared with the paths the machine reports, never used to touch a file:
+    // any name the guest can list (control characters included) can be given up.
+    let discard: Vec<String> = args
+        .get("discard")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .map(|p| p.trim_start_matches("./").trim_end_matches('/').to_string())
+        .filter(|p| !p.is_empty())
+        .collect();
+    let now = env.now();
+    let ctx = env.ctx;
+    let mut ledger = Ledger::for_call(&mut env.files, ctx);
+    let w = ledger.require(&work)?;
+    if w.is_closed() {
+        let mut out = work_json(&w, "gone");
+        out["dropped"] = json!(false);
+        out["next"] = json!("Nothing to do: this work was already dropped.");
+        return Ok(out);
+    }
+    if w.state == WorkState::Creating {
+        // Its create never answered: the machine may still appear, and closing the work now
+        // would leave it billing with no record.
+        return Err(ToolError::with_next(
+            Code::CreateUncertain,
+            format!("work '{work}': the create of {machine} never answered, so it may still appear"),
+            format!("Call boxd_ensure for work '{work}' (it adopts the machine or makes one), then boxd_drop."),
+        ));
+    }
+    let mut boxd = Boxd::new(&mut env.programs, ctx.options.boxd_timeout_seconds);
+    let Some(info) = boxd.get(&machine).map_err(Failure::into_error)? else {
+        // Nothing left to destroy: close the work and say what could not be recovered.
+        let covered = w.proofs.last().map_or(0, |p| p.prompts as usize);
+        let lost: Vec<String> = w.prompts.iter().skip(covered).map(|p| p.id.clone()).chain(w.owed.iter().cloned()).collect();
+        let w = ledger.update(&work, |w| {
+            w.state = WorkState::Closed;
+            w.unrecovered = lost.clone();
+        })?;
+        let mut out = work_json(&w, "gone");
+        out["dropped"] = json!(true);
+        out["machineWasGone"] = json!(true);
+        out["unrecovered"] = json!({
+            "prompts": w.prompts.iter().skip(covered).map(|p| p.id.clone()).collect::<Vec<_>>(),
+            "files": w.owed,
+        });
+        out["next"] = json!("Done: the machine was already gone; the work is closed. The prompts listed as unrecovered never reached this laptop.");
+        return Ok(out);
+    };
+    check_machine(&w, &info)?;
+    match State::from_status(&info.status) {
+        State::Running | State::Standby => {}
+        State::Starting => return Err(ToolError::new(Code::MachineStarting, format!("{machine} is still starting"))),
+        state => {
+            return Err(ToolError::with_next(
+                Code::MachineAsleep,
+                format!("{machine} is {}: drop checks the live machine before destroying it, which needs it awake", super::status::job_state(state)),
+                format!("Call boxd_resume for work '{work}', then boxd_drop again."),
+            ));
+        }
+    }
+    require_proven(&w)?;
+    // Intent before effect: from here a submit is refused (the laptop side), and a drop
+    // killed anywhere below is finished by the next one.
+    ledger.update(&work, |w| w.state = WorkState::Dropping)?;
+    let checked = (|| {
+        // Quiesce and read the live state in one exec: nothing starts or writes after it
+        // (the guest also refuses a submit for a while after it).
+        let (live, known) = crate::guest::Guest::new(&mut boxd, &machine, &work).call_resolving("seal", &w.unresolved())?;
+        let w = if known.is_empty() { w.clone() } else { ledger.update(&work, |w| w.resolve_prompts(&known, &now, ctx.now_ms))? };
+        if let Some(p) = w.unresolved().first() {
+            return Err(ToolError::with_next(
+                Code::SessionBusy,
+                format!("work '{work}': prompt {p} may still be on its way to the machine"),
+                format!("Call boxd_job for work '{work}' in a later turn, harvest, then drop."),
+            ));
+        }
+        require_proven(&w)?;
+        super::account::check_live(&w, &live, &discard)
+    })();
+    if let Err(e) = checked {
+        // Refused: the work is open again (the guest restarts on its next command).
+        ledger.update(&work, |w| {
+            if w.state == WorkState::Dropping {
+                w.state = WorkState::Open;
+            }
+        })?;
+        return Err(e);
+    }
+    boxd.remove(&machine).map_err(Failure::into_error)?;
+    let w = ledger.update(&work, |w| w.state = WorkState::Closed)?;
+    let mut out = work_json(&w, "gone");
+    out["dropped"] = json!(true);
+    if let Some(g) = &w.git {
+        out["patch"] = json!(g.patch);
+        out["bundle"] = json!(g.bundle);
+        out["head"] = json!(g.head);
+    }
+    out["discarded"] = json!(discard);
+    out["next"] = json!("Done: the machine is destroyed and the work is closed in the ledger. Its commits are in the ledger's bundle (git fetch <bundle>), its uncommitted changes in the stored patch.");
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ledger::GitRecord;
+    use crate::testing::{open_work as work_with, raw_context, Scripted, OURS};
+    use crate::tools::{call, RawContext};
+
+    fn raw() -> RawContext {
+        raw_context("{}", "{}")
+    }
+
+    #[test]
+    fn drop_checks_the_live_tree_and_refuses_a_change_the_patch_does_not_hold() {
+        let mut fs = work_with(Some(GitRecord { dirty: false, ..Default::default() }));
+        let mut p = Scripted::default();
+        p.push_exit(0, OURS, "");
+        p.push_exit(0, r#"{"ok":true,"repo":true,"refs":{},"dirty":true,"diffSha256":"abc","changed":["README.md"],"untracked":[],"ignored":[]}"#, "");
+        let e = call(&mut p, &mut fs, "boxd_drop", r#"{"work":"w1"}"#, raw()).unwrap_err();
+        assert_eq!(e.code, Code::Dirty);
+        assert!(e.message.contains("README.md"), "{}", e.message);
+        assert_eq!(p.commands().len(), 2, "get and the sealing exec; nothing removed: {:?}", p.commands());
+        assert!(p.commands()[1].contains("seal"), "{:?}", p.commands());
+    }
+
+    #[test]
+    fn drop_removes_only_the_machine_the_ledger_recorded() {
+        let mut fs = work_with(Some(GitRecord::default()));
+        let mut p = Scripted::default();
+        p.push_exit(0, r#"{"name":"oc-w1","id":"vm_other","status":"running","sharing":"private","isolated":"no"}"#, "");
+        let e = call(&mut p, &mut fs, "boxd_drop", r#"{"work":"w1"}"#, raw()).unwrap_err();
+        assert_eq!(e.code, Code::NotOurs);
+        assert_eq!(p.commands(), ["machine get oc-w1 --json"], "nothing was sealed or removed");
+        p.requests.clear();
+        p.push_exit(0, OURS, "");
+        p.push_exit(0, r#"{"ok":true,"repo":true,"refs":{},"dirty":false,"untracked":[],"ignored":[]}"#, "");
+        p.push_exit(0, r#"{"name":"oc-w1","status":"destroyed"}"#, "");
+        let v = call(&mut p, &mut fs, "boxd_drop", r#"{"work":"w1"}"#, raw()).unwrap();
+        assert_eq!(v["dropped"], true);
+        assert_eq!(p.commands().len(), 3, "at most three boxd calls for a drop");
+        assert_eq!(p.commands().last().unwrap(), "machine remove oc-w1 -y --json");
+    }
+
+    #[test]
+    fn a_gone_work_closes_naming_what_was_not_recovered() {
+        let mut fs = work_with(None);
+        let mut w = Ledger::new(&mut fs, "/l").require("w1").unwrap();
+        w.prompts.push(crate::ledger::Prompt { id: "p1".into(), admitted: true, ..Default::default() });
+        Ledger::new(&mut fs, "/l").write(&w).unwrap();
+        let mut p = Scripted::default();
+        p.push_fail(1, "error: VM 'oc-w1' not found");
+        let v = call(&mut p, &mut fs, "boxd_drop", r#"{"work":"w1"}"#, raw()).unwrap();
+        assert_eq!(v["dropped"], true);
+        assert_eq!(v["unrecovered"]["prompts"], json!(["p1"]));
+        assert!(Ledger::new(&mut fs, "/l").require("w1").unwrap().is_closed());
+    }
+}

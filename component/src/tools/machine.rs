@@ -1,0 +1,217 @@
+//! A work's machine, seen from the tools: checked to be the one the ledger created before
+//! anything touches it, created in one place (a new work's, or a gone one rebuilt), and
+//! its guest prepared. Every create is recorded in the ledger before it runs.
+
+use alloc::format;
+use alloc::string::ToString;
+use alloc::vec::Vec;
+use serde_json::{json, Value};
+
+use crate::boxd::{Boxd, Failure, MachineInfo, State};
+use crate::caps::{Files, Programs};
+use crate::errors::{Code, ToolError, ToolResult};
+use crate::ledger::{iso8601, Ledger, Work, WorkState};
+use crate::options::Context;
+use crate::paths;
+
+/// Refuse a machine we must not drive: not the one the ledger created, shared, isolated.
+pub fn check_machine(w: &Work, info: &MachineInfo) -> ToolResult<()> {
+    match &w.machine_id {
+        Some(id) if &info.id == id => {}
+        Some(id) => {
+            return Err(ToolError::new(
+                Code::NotOurs,
+                format!("{} has id {}, but the ledger recorded {id} for work '{}': it is another machine under the same name", info.name, if info.id.is_empty() { "(none given)" } else { &info.id }, w.work),
+            ));
+        }
+        None => {
+            return Err(ToolError::with_next(
+                Code::NotOurs,
+                format!("{} exists, but the ledger has no machine id for work '{}' (its create never answered)", info.name, w.work),
+                format!("Call boxd_ensure for work '{}': it adopts the machine its own create made.", w.work),
+            ));
+        }
+    }
+    if info.sharing == "shared" {
+        return Err(ToolError::new(Code::MachineShared, format!("machine {} is shared with the organisation", info.name)));
+    }
+    if info.isolated {
+        return Err(ToolError::new(Code::MachineIsolated, format!("machine {} was created with --isolated", info.name)));
+    }
+    Ok(())
+}
+
+/// The work's machine, read once in a form that carries its id (`machine get`), and
+/// checked to be the one the ledger created before anything touches it. Gone when boxd
+/// does not know the name.
+pub fn owned_state<P: Programs>(boxd: &mut Boxd<P>, w: &Work) -> ToolResult<State> {
+    match boxd.get(&w.machine).map_err(Failure::into_error)? {
+        None => Ok(State::Gone),
+        Some(info) => {
+            check_machine(w, &info)?;
+            Ok(State::from_status(&info.status))
+        }
+    }
+}
+
+/// The machine must be up for an exec: asleep, gone and starting are refused without one.
+pub fn running_state<P: Programs>(boxd: &mut Boxd<P>, w: &Work) -> ToolResult<()> {
+    let (machine, work) = (&w.machine, &w.work);
+    match owned_state(boxd, w)? {
+        State::Running | State::Standby => Ok(()),
+        State::Asleep | State::Stopped => Err(ToolError::with_next(
+            Code::MachineAsleep,
+            format!("{machine} is asleep"),
+            format!("Call boxd_resume for work '{work}', then try again."),
+        )),
+        State::Starting => Err(ToolError::new(Code::MachineStarting, format!("{machine} is still starting"))),
+        State::Gone | State::Failed => Err(ToolError::with_next(
+            Code::MachineGone,
+            format!("{machine} no longer exists"),
+            format!("Call boxd_resume for work '{work}' to rebuild it from the proven transcript, or boxd_drop to close the work and see what could not be recovered."),
+        )),
+    }
+}
+
+/// Why a machine is made: a work's first (or a dropped id's fresh start) in its laptop
+/// folder, or a gone machine rebuilt under its name.
+#[derive(Clone, Copy)]
+pub enum Build<'d> {
+    New { directory: &'d str },
+    Rebuild,
+}
+
+/// Create the work's machine from the golden snapshot. Intent before effect: the work is
+/// recorded as creating (no id) first, so a create that lands after boxd stops answering
+/// is adopted by the next ensure instead of becoming a second machine; it opens only with
+/// an id to check later.
+pub fn create_machine<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F>, ctx: &Context, work: &str, build: Build) -> ToolResult<Work> {
+    let (machine, snapshot) = (paths::machine_name(work), &ctx.options.snapshot);
+    let snapshots = boxd.snapshots().map_err(Failure::into_error)?;
+    if !snapshots.iter().any(|s| &s.name == snapshot) {
+        return Err(ToolError::new(Code::SnapshotMissing, match build {
+            Build::New { .. } => format!("the golden snapshot '{snapshot}' does not exist, so no machine was created"),
+            Build::Rebuild => format!("{machine} is gone and the golden snapshot '{snapshot}' does not exist to rebuild it"),
+        }));
+    }
+    let now = iso8601(ctx.now_ms);
+    ledger.upsert(work, |cur| {
+        let mut w = match (cur.filter(|w| !w.is_closed()), build) {
+            (Some(w), _) => w,
+            (None, Build::New { directory }) => Work::new(work, directory, &now),
+            (None, Build::Rebuild) => return Err(ToolError::new(Code::WorkUnknown, format!("the ledger has no open work '{work}' to rebuild"))),
+        };
+        if let Build::New { directory } = build {
+            w.directory = directory.to_string();
+        }
+        w.state = WorkState::Creating;
+        w.machine_id = None;
+        Ok(Some(w))
+    })?;
+    let created = boxd.create(&machine, snapshot, ctx.options.idle_seconds()).map_err(|e| match e {
+        Failure::Timeout(m) => ToolError::new(Code::CreateUncertain, match build {
+            Build::New { .. } => format!("boxd machine new did not answer ({m}); the machine may still appear"),
+            Build::Rebuild => format!("rebuilding {machine}: {m}"),
+        }),
+        Failure::Other(m) if m.contains("already exists") => {
+            ToolError::new(Code::CreateUncertain, format!("boxd says {machine} already exists but did not show it a moment ago"))
+        }
+        e => e.into_error(),
+    })?;
+    let landed = !created.boot_timeout && created.id.is_some();
+    let w = ledger.update(work, |w| {
+        w.machine_id = created.id;
+        if landed {
+            w.state = WorkState::Open;
+            // A new machine holds no helper yet.
+            w.helper_sha256 = None;
+        }
+    })?;
+    if !landed {
+        return Err(ToolError::new(Code::CreateUncertain, match build {
+            Build::New { .. } => format!("boxd created {machine} but its boot timed out or its answer carried no id; it may still come up"),
+            Build::Rebuild => format!("boxd rebuilt {machine} but its boot timed out or its answer carried no id"),
+        }));
+    }
+    Ok(w)
+}
+
+/// Make the guest side ready: the helper in place, the work tree a git repository, the
+/// OpenCode server (same version as the laptop's) with the work's password, and the pump.
+/// One exec (two the first time, when the helper is uploaded). Only ever called after the
+/// machine's id was checked against the ledger: the password goes to no other machine.
+pub fn prepare_guest<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F>, w: &Work, entropy: &[u8], version: Option<&str>) -> ToolResult<Value> {
+    if entropy.len() < 16 {
+        return Err(ToolError::new(Code::StatusUnavailable, "the host gave no random bytes for the server password"));
+    }
+    let password = ledger.password_or_create(&w.work, &crate::encode::hex(entropy))?;
+    let mut flags: Vec<&str> = Vec::new();
+    if let Some(v) = version {
+        flags.extend(["--opencode-version", v]);
+    }
+    let mut stdin = password.into_bytes();
+    stdin.push(b'\n');
+    let answer = crate::guest::Guest::new(boxd, &w.machine, &w.work).call("prepare", &flags, Some(stdin))?;
+    let sha = crate::encode::sha256_hex(crate::guest::HELPER);
+    ledger.update(&w.work, |w| w.helper_sha256 = Some(sha))?;
+    Ok(answer)
+}
+
+pub fn work_json(w: &Work, state: &str) -> Value {
+    json!({ "work": w.work, "machine": w.machine, "machineId": w.machine_id, "directory": w.directory, "state": state })
+}
+
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ledger::GitRecord;
+    use crate::testing::{open_work, raw_context, Scripted, OURS};
+    use crate::tools::call;
+
+    #[test]
+    fn every_tool_refuses_a_machine_with_another_id_before_touching_it() {
+        for (tool, args) in [
+            ("boxd_job", r#"{"work":"w1"}"#),
+            ("boxd_submit", r#"{"work":"w1","prompt":"hi"}"#),
+            ("boxd_harvest", r#"{"work":"w1"}"#),
+            ("boxd_sleep", r#"{"work":"w1"}"#),
+            ("boxd_resume", r#"{"work":"w1"}"#),
+            ("boxd_drop", r#"{"work":"w1"}"#),
+            ("boxd_ensure", r#"{"work":"w1"}"#),
+        ] {
+            let mut fs = open_work(Some(GitRecord::default()));
+            let mut p = Scripted::default();
+            p.push_exit(0, "0.0.0", "");
+            p.push_exit(0, r#"{"name":"oc-w1","id":"vm_new","status":"running","sharing":"private","isolated":"no"}"#, "");
+            let mut r = raw_context("{}", "{}");
+            r.facts = crate::options::HostFacts::from_json(r#"{"opencodeVersion":"1.18.33"}"#);
+            p.answers.pop_front();
+            let e = call(&mut p, &mut fs, tool, args, r).unwrap_err();
+            assert_eq!(e.code, Code::NotOurs, "{tool}: {e:?}");
+            assert_eq!(p.commands(), ["machine get oc-w1 --json"], "{tool} made one read and nothing else");
+        }
+    }
+
+    /// A gone machine is rebuilt through the one create: intent first, and a create whose
+    /// answer carries no id leaves the work creating for ensure to adopt.
+    #[test]
+    fn a_rebuild_without_an_id_stays_creating_until_ensure_adopts_it() {
+        let mut fs = open_work(Some(GitRecord::default()));
+        let mut p = Scripted::default();
+        p.push_exit(0, "1.18.33", "");
+        p.push_fail(1, "error: VM 'oc-w1' not found");
+        p.push_exit(0, r#"[{"name":"opencode-golden","version":"1","status":"ready"}]"#, "");
+        p.push_exit(0, r#"{"name":"oc-w1"}"#, "");
+        let e = call(&mut p, &mut fs, "boxd_resume", r#"{"work":"w1"}"#, raw_context("{}", "{}")).unwrap_err();
+        assert_eq!(e.code, Code::CreateUncertain, "{e:?}");
+        assert!(e.message.contains("rebuilt oc-w1"), "{}", e.message);
+        assert!(p.commands()[3].starts_with("machine new oc-w1 --from-snapshot opencode-golden"), "{:?}", p.commands());
+        let w = Ledger::new(&mut fs, "/l").require("w1").unwrap();
+        assert_eq!((w.state, w.machine_id), (WorkState::Creating, None));
+        p.push_exit(0, OURS, "");
+        p.push_exit(0, r#"{"ok":true}"#, "");
+        let v = call(&mut p, &mut fs, "boxd_ensure", r#"{"work":"w1"}"#, raw_context("{}", r#"{"opencodeVersion":"1.18.33"}"#)).unwrap();
+        assert_eq!((v["adopted"].as_bool(), v["created"].as_bool(), v["machineId"].as_str()), (Some(true), Some(false), Some("vm_1")));
+    }
+}
