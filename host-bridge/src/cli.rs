@@ -12,6 +12,8 @@ use clap::{Args, Parser, Subcommand};
     name = "boxd-host",
     version,
     about,
+    // A flag given twice takes the last value, as a script that adds one expects.
+    args_override_self = true,
     after_help = "exit codes: 0 ok, 1 the tool returned an error, 2 usage or host failure"
 )]
 pub struct Cli {
