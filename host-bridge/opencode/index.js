@@ -14,12 +14,13 @@ import { opencodeVersion } from "./lib/version.js";
 
 const SKILLS = fileURLToPath(new URL("./dist/skills", import.meta.url));
 
-// Tools that can take minutes: a progress title at the start and the end.
-const PROGRESS = {
-  boxd_ensure: (a) => `ensuring machine oc-${a.work}…`,
-  boxd_submit: (a) => (Array.isArray(a.files) && a.files.length ? `copying ${a.files.length} file(s) to oc-${a.work} and submitting…` : undefined),
-  boxd_harvest: (a) => `harvesting work ${a.work}…`,
-};
+// A tool the manifest marks `longRunning` (it can take minutes) shows a title at its start
+// and its end: the manifest's `progress` template with the work filled in.
+function progressTitle(spec, args) {
+  if (!spec.longRunning) return undefined;
+  const work = typeof args.work === "string" ? args.work : "";
+  return (spec.progress ?? `${spec.name}…`).replaceAll("{work}", work);
+}
 
 const STATUS_COMMAND = {
   description: "boxd status: sign-in, golden snapshot, every work and its machine, the tools, the next step",
@@ -75,7 +76,7 @@ async function server(input, options) {
       await ctx.ask({ permission: tool, patterns: [target], always: [target], metadata: { tool, work: args.work ?? null } });
       approved = true;
     }
-    const progress = PROGRESS[tool]?.(args);
+    const progress = progressTitle(spec, args);
     if (progress) ctx.metadata?.({ title: progress, metadata: { step: "start" } });
     // Asked once; an "unknown" (the server did not answer) is asked again next call.
     version ??= opencodeVersion(input);
@@ -99,7 +100,7 @@ async function server(input, options) {
       entropy: new Uint8Array(randomBytes(32)),
       hostFactsJson: JSON.stringify(facts),
     }, ctx.abort);
-    if (progress) ctx.metadata?.({ title: progress.replace(/…$/, ": done"), metadata: { step: "done" } });
+    if (progress) ctx.metadata?.({ title: `${progress.replace(/…$/, "")}: done`, metadata: { step: "done" } });
     if (r.aborted) throw new Error(`${tool} was aborted`);
     if (r.toolError) return errorResult(tool, r.toolError, extra);
     // A trap (a panic, an out-of-memory, any failure inside the component) is HOST_FAILED
