@@ -6,7 +6,7 @@ import assert from "node:assert/strict";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
-import { BOXD_LOCAL, PLUGIN, REPO, missingPrerequisite } from "./harness.mjs";
+import { BOXD_LOCAL, PLUGIN, REPO, missingPrerequisite, probeWrite } from "./harness.mjs";
 
 const built = fs.existsSync(path.join(PLUGIN, "dist/worker.js"));
 const skipNoBuild = built ? false : "host-bridge/opencode/dist is missing: run npm run build there";
@@ -237,8 +237,8 @@ describe("the worker pool with the real component", { skip: missingPrerequisite(
   });
 
   test("the shim write workaround: a write with mutateDirectory succeeds in the worker", async () => {
-    const { pool, g } = setup("probe");
-    assert.equal((await pool.probe(g.ledger)).ok, "probe");
+    const { g } = setup("probe");
+    assert.equal((await probeWrite(g, g.ledger)).ok, "probe");
   });
 
   test("a second call does not wait behind a 5-second one", async () => {

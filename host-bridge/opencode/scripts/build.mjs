@@ -1,7 +1,7 @@
 // npm run build: turn the WASI component into what the plugin loads at run time, in dist/.
 //
 //   dist/boxd_component*.wasm   core modules, from `jco transpile --instantiation async`
-//   dist/worker.js              worker.js + the jco glue + preview2-shim, one esbuild bundle
+//   dist/worker.js              worker.js + sandbox.js + the jco glue + preview2-shim, one esbuild bundle
 //   dist/worker-thread.bundle.js the shim's own I/O thread (it starts it by URL next to itself)
 //   dist/policy.json            host-bridge/policy.json, the grants every host applies
 //   dist/skills/boxd/SKILL.md   the skill, from the repo's skills/ folder
