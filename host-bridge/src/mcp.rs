@@ -19,7 +19,7 @@ use rmcp::model::{
 };
 use rmcp::service::{RequestContext, RoleServer};
 use rmcp::{ErrorData, ServerHandler, ServiceExt as _};
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use crate::cli::{Flags, Host};
 
@@ -171,6 +171,7 @@ impl ServerHandler for Server {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn annotations_and_progress_follow_the_manifest() {
