@@ -135,7 +135,7 @@ export function ensurePrivateDir(dir) {
   }
 }
 
-// Every file the component creates in the ledger is made 0600 as it is created (worker.js);
+// Every file the component creates in the ledger is made 0600 as it is created (sandbox.js);
 // a ledger written before that kept each work's server password 0644: make those 0600.
 function privatePasswords(ledger) {
   let works = [];
