@@ -11,15 +11,17 @@ import { Pool } from "./lib/pool.js";
 import { addDefaultRules } from "./lib/rules.js";
 import { checkSkill } from "./lib/skill.js";
 import { opencodeVersion } from "./lib/version.js";
+import { checkWorld } from "./lib/wit.js";
 
 const SKILLS = fileURLToPath(new URL("./dist/skills", import.meta.url));
 
-// Tools that can take minutes: a progress title at the start and the end.
-const PROGRESS = {
-  boxd_ensure: (a) => `ensuring machine oc-${a.work}…`,
-  boxd_submit: (a) => (Array.isArray(a.files) && a.files.length ? `copying ${a.files.length} file(s) to oc-${a.work} and submitting…` : undefined),
-  boxd_harvest: (a) => `harvesting work ${a.work}…`,
-};
+// A tool the manifest marks `longRunning` (it can take minutes) shows a title at its start
+// and its end: the manifest's `progress` template with the work filled in.
+function progressTitle(spec, args) {
+  if (!spec.longRunning) return undefined;
+  const work = typeof args.work === "string" ? args.work : "";
+  return (spec.progress ?? `${spec.name}…`).replaceAll("{work}", work);
+}
 
 const STATUS_COMMAND = {
   description: "boxd status: sign-in, golden snapshot, every work and its machine, the tools, the next step",
@@ -51,6 +53,12 @@ async function server(input, options) {
     throw new Error(`opencode-boxd: the component did not describe itself (${described.trap ?? "no answer"}); rebuild the plugin with npm run build`);
   }
   const manifest = JSON.parse(described.ok);
+  try {
+    checkWorld(manifest);
+  } catch (e) {
+    pool.close();
+    throw e;
+  }
   const specs = new Map(manifest.tools.map((t) => [t.name, t]));
   const access = options.access ?? "all"; // an invalid value reaches the component: OPTIONS_INVALID
   const state = { agentsWithoutRules: [], rulesNotAdded: false, skillsInvalid: checkSkill(path.join(SKILLS, "boxd", "SKILL.md")) };
@@ -75,31 +83,30 @@ async function server(input, options) {
       await ctx.ask({ permission: tool, patterns: [target], always: [target], metadata: { tool, work: args.work ?? null } });
       approved = true;
     }
-    const progress = PROGRESS[tool]?.(args);
+    const progress = progressTitle(spec, args);
     if (progress) ctx.metadata?.({ title: progress, metadata: { step: "start" } });
     // Asked once; an "unknown" (the server did not answer) is asked again next call.
     version ??= opencodeVersion(input);
     const hostVersion = await version;
     if (hostVersion === "unknown") version = undefined;
-    const facts = {
-      approved,
-      opencodeVersion: hostVersion,
-      agentsWithoutRules: state.agentsWithoutRules,
-      rulesNotAdded: state.rulesNotAdded,
-      ...(state.skillsInvalid ? { skillsInvalid: state.skillsInvalid } : {}),
-    };
+    // The WIT context (wit/plugin.wit): typed, with OpenCode's own facts grouped.
     const r = await pool.call(tool, JSON.stringify(args), {
       hostName: "opencode",
       hostVersion,
       optionsJson: JSON.stringify(grants.componentOptions),
       project: grants.project,
       ledger: grants.ledger,
-      sessionId: typeof ctx.sessionID === "string" ? ctx.sessionID : undefined,
       nowMs: Date.now(),
       entropy: new Uint8Array(randomBytes(32)),
-      hostFactsJson: JSON.stringify(facts),
+      approved,
+      opencodeVersion: hostVersion,
+      opencode: {
+        agentsWithoutRules: state.agentsWithoutRules,
+        rulesNotAdded: state.rulesNotAdded,
+        skillsInvalid: state.skillsInvalid || undefined,
+      },
     }, ctx.abort);
-    if (progress) ctx.metadata?.({ title: progress.replace(/…$/, ": done"), metadata: { step: "done" } });
+    if (progress) ctx.metadata?.({ title: `${progress.replace(/…$/, "")}: done`, metadata: { step: "done" } });
     if (r.aborted) throw new Error(`${tool} was aborted`);
     if (r.toolError) return errorResult(tool, r.toolError, extra);
     // A trap (a panic, an out-of-memory, any failure inside the component) is HOST_FAILED

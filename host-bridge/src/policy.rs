@@ -1,87 +1,156 @@
 //! The policy: which programs the component may run (name → absolute binary), which
-//! folders it may touch (the preopens), and what environment a child gets. Built once,
-//! deny by default, shared by every Rust host (and mirrored by the JS bridge). A grant
-//! exists only because a builder call made it; `audit` prints every one.
+//! folders it may touch (the preopens), and what environment a child gets. Deny by
+//! default: a grant exists only because `resolve` (or a builder call) made it, and
+//! `audit` prints the programs and preopens granted. The OpenCode bridge resolves the
+//! same request in lib/policy.js; tests/vectors/policy.json holds both to one outcome.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context as _, Result};
+use serde::Deserialize;
+use serde_json::{json, Value};
 
 /// The policy data every host shares (host-bridge/policy.json; the OpenCode bridge reads
 /// the same file), so the program names and the child-environment allow-list have one source.
 pub const POLICY_JSON: &str = include_str!("../policy.json");
 
-struct Shared {
-    programs: Vec<String>,
+/// host-bridge/policy.json, typed. docs/architecture.md ("Policy") explains each key.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct PolicyFile {
+    pub programs: Vec<String>,
     /// program → the plugin option that must be true for a host to grant it.
-    opt_in: Vec<(String, String)>,
-    child_env: Vec<String>,
-    bounds: crate::spawn::Bounds,
-    host_failed_next: String,
+    pub granted_only_with: BTreeMap<String, String>,
+    pub child_env: Vec<String>,
+    pub output_caps: OutputCaps,
+    pub after_exit: AfterExit,
+    pub host_failed: HostError,
+    pub options_invalid: HostError,
+    pub ledger_failed: HostError,
 }
 
-fn shared() -> &'static Shared {
-    static SHARED: std::sync::OnceLock<Shared> = std::sync::OnceLock::new();
-    SHARED.get_or_init(|| {
-        let v: serde_json::Value = serde_json::from_str(POLICY_JSON).expect("policy.json is JSON");
-        let list = |k: &str| -> Vec<String> {
-            v[k].as_array().expect("policy.json lists it").iter().map(|s| s.as_str().expect("a string").to_string()).collect()
-        };
-        let bytes = |k: &str| v["outputCaps"][k].as_u64().expect("policy.json outputCaps has it") as usize;
-        let bounds = crate::spawn::Bounds {
-            stdout_cap: bytes("stdout"),
-            stderr_cap: bytes("stderr"),
-            after_exit: std::time::Duration::from_millis(v["afterExit"]["graceMs"].as_u64().expect("policy.json afterExit.graceMs")),
-        };
-        let host_failed_next = v["hostFailed"]["next"].as_str().expect("policy.json hostFailed.next").to_string();
-        let opt_in = v["grantedOnlyWith"]
-            .as_object()
-            .expect("policy.json grantedOnlyWith")
-            .iter()
-            .filter(|(program, _)| program.as_str() != "about")
-            .filter_map(|(program, option)| Some((program.clone(), option.as_str()?.to_string())))
-            .collect();
-        Shared { programs: list("programs"), opt_in, child_env: list("childEnv"), bounds, host_failed_next }
-    })
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutputCaps {
+    pub stdout: u64,
+    pub stderr: u64,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct AfterExit {
+    pub grace_ms: u64,
+}
+
+/// An error a host answers by itself (the component's errors.rs has the same code and next).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostError {
+    pub code: String,
+    pub next: String,
+}
+
+impl PolicyFile {
+    /// Parse and check a policy document: every problem is named, nothing is skipped.
+    pub fn parse(text: &str) -> Result<PolicyFile> {
+        let file: PolicyFile = serde_json::from_str(text).context("policy.json does not have the policy's shape")?;
+        file.validate()?;
+        Ok(file)
+    }
+
+    fn validate(&self) -> Result<()> {
+        let word = |s: &str, extra: char| !s.is_empty() && s.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == extra);
+        if self.programs.is_empty() {
+            bail!("policy.json programs is empty");
+        }
+        for (i, p) in self.programs.iter().enumerate() {
+            if !word(p, '-') || self.programs[..i].contains(p) {
+                bail!("policy.json programs: '{p}' is not a lowercase program name, or is listed twice");
+            }
+        }
+        for (program, option) in &self.granted_only_with {
+            if !self.programs.contains(program) {
+                bail!("policy.json grantedOnlyWith names '{program}', which programs does not list");
+            }
+            if option.is_empty() || !option.chars().all(|c| c.is_ascii_alphanumeric()) {
+                bail!("policy.json grantedOnlyWith.{program}: '{option}' is not a plugin option name");
+            }
+        }
+        for name in &self.child_env {
+            if name.is_empty() || !name.chars().all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_') {
+                bail!("policy.json childEnv: '{name}' is not an environment variable name");
+            }
+        }
+        if self.output_caps.stdout == 0 || self.output_caps.stderr == 0 {
+            bail!("policy.json outputCaps must be positive byte counts");
+        }
+        if self.after_exit.grace_ms > 10_000 {
+            bail!("policy.json afterExit.graceMs is {} ms; at most 10000", self.after_exit.grace_ms);
+        }
+        for (key, e, code) in [
+            ("hostFailed", &self.host_failed, "HOST_FAILED"),
+            ("optionsInvalid", &self.options_invalid, "OPTIONS_INVALID"),
+            ("ledgerFailed", &self.ledger_failed, "LEDGER_FAILED"),
+        ] {
+            if e.code != code || e.next.trim().is_empty() {
+                bail!("policy.json {key} must have code {code} and a next step");
+            }
+        }
+        if !self.options_invalid.next.contains("{field}") {
+            bail!("policy.json optionsInvalid.next must name the option as {{field}}");
+        }
+        Ok(())
+    }
+}
+
+/// The shared policy data, parsed and checked once.
+pub fn file() -> &'static PolicyFile {
+    static FILE: std::sync::OnceLock<PolicyFile> = std::sync::OnceLock::new();
+    FILE.get_or_init(|| PolicyFile::parse(POLICY_JSON).unwrap_or_else(|e| panic!("host-bridge/policy.json is built in and invalid: {e:#}")))
 }
 
 /// The caps on a child's output and the grace after it exits, from policy.json.
 pub fn bounds() -> crate::spawn::Bounds {
-    shared().bounds
+    let f = file();
+    crate::spawn::Bounds {
+        stdout_cap: f.output_caps.stdout as usize,
+        stderr_cap: f.output_caps.stderr as usize,
+        after_exit: std::time::Duration::from_millis(f.after_exit.grace_ms),
+    }
 }
 
 /// HOST_FAILED's one next step (policy.json `hostFailed.next`, equal to the component's
 /// errors.rs): what every host answers when the component traps.
 pub fn host_failed_next() -> &'static str {
-    &shared().host_failed_next
+    &file().host_failed.next
 }
 
 /// A host failure (a trap, a runtime error) in the tools' own error shape; every Rust
 /// host (`call`, MCP) answers with this, and the OpenCode bridge with the same text.
-pub fn host_failed(tool: &str, message: impl std::fmt::Display) -> serde_json::Value {
-    serde_json::json!({
-        "error": "HOST_FAILED",
+pub fn host_failed(tool: &str, message: impl std::fmt::Display) -> Value {
+    json!({
+        "error": file().host_failed.code,
         "message": format!("the component stopped while running {tool}: {message}"),
         "next": host_failed_next(),
     })
 }
 
 /// The programs a host grants only when the named plugin option is true (policy.json
-/// `grantedOnlyWith`): (program, option).
-pub fn opt_in_programs() -> &'static [(String, String)] {
-    &shared().opt_in
+/// `grantedOnlyWith`): program → option.
+pub fn opt_in_programs() -> &'static BTreeMap<String, String> {
+    &file().granted_only_with
 }
 
 /// The program names the component may ask for. Any other name is refused.
 pub fn program_names() -> &'static [String] {
-    &shared().programs
+    &file().programs
 }
 
 /// Variables a child may inherit from the host's environment, and nothing else: what the
 /// boxd CLI and OpenCode need to find their own config and data.
 pub fn child_env_names() -> &'static [String] {
-    &shared().child_env
+    &file().child_env
 }
 
 fn is_program_name(name: &str) -> bool {
@@ -186,11 +255,196 @@ impl Policy {
     }
 }
 
+/// The first executable regular file called `binary` in the absolute folders of `path_var`.
+/// A relative entry ("", ".", "bin") is skipped: it would name a different program in
+/// every working directory.
 pub fn find_on_path(binary: &str, path_var: Option<&str>) -> Option<PathBuf> {
     use std::os::unix::fs::PermissionsExt;
-    path_var?.split(':').filter(|d| !d.is_empty()).map(|d| Path::new(d).join(binary)).find(|p| {
+    path_var?.split(':').filter(|d| d.starts_with('/')).map(|d| Path::new(d).join(binary)).find(|p| {
         p.metadata().map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false)
     })
+}
+
+/// Plugin options only the host reads (an explicit binary per program); the component
+/// refuses unknown keys, so they never reach it.
+pub const HOST_ONLY_OPTIONS: [&str; 2] = ["boxd", "opencode"];
+
+/// What a host is asked to grant: its flags, the plugin options, its environment.
+#[derive(Debug, Default)]
+pub struct GrantRequest {
+    /// Programs given explicitly (boxd-host `--boxd`/`--opencode`); the options key of
+    /// the same name is the fallback, then PATH.
+    pub programs: Vec<(String, PathBuf)>,
+    pub project: PathBuf,
+    /// The ledger folder from a flag; else options `ledgerDir`; else the default.
+    pub ledger: Option<PathBuf>,
+    /// Allowed roots from flags; options `allowedRoots` are added.
+    pub allow_roots: Vec<PathBuf>,
+    /// The plugin options as JSON text (None: `{}`).
+    pub options: Option<String>,
+    /// The host's environment: PATH, the data folder and what children inherit.
+    pub env: Vec<(String, String)>,
+    /// Where relative flag paths are taken from (the host's working directory).
+    pub cwd: PathBuf,
+}
+
+/// Everything one host grants, and what the component is told.
+#[derive(Debug)]
+pub struct Grants {
+    pub policy: Policy,
+    pub project: PathBuf,
+    pub ledger: PathBuf,
+    /// The options without host-only keys, allowed roots canonical (options_json).
+    pub component_options: Value,
+}
+
+/// A grant the host cannot make, as the tools' error (code, message, next step).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostProblem {
+    pub code: String,
+    pub message: String,
+    pub next: String,
+}
+
+impl HostProblem {
+    fn options(field: &str, why: impl std::fmt::Display) -> Self {
+        let e = &file().options_invalid;
+        HostProblem { code: e.code.clone(), message: format!("plugin option '{field}' {why}"), next: e.next.replace("{field}", field) }
+    }
+
+    fn ledger(dir: &Path, why: impl std::fmt::Display) -> Self {
+        let e = &file().ledger_failed;
+        HostProblem { code: e.code.clone(), message: format!("cannot create the ledger folder {}: {why}", dir.display()), next: e.next.clone() }
+    }
+
+    /// The tools' error shape: `{"error","message","next"}`.
+    pub fn to_json(&self) -> Value {
+        json!({ "error": self.code, "message": self.message, "next": self.next })
+    }
+}
+
+impl std::fmt::Display for HostProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}. {}", self.code, self.message, self.next)
+    }
+}
+
+impl std::error::Error for HostProblem {}
+
+/// Resolve a request into grants, or the problem that stops every call. Creates the
+/// ledger folder owner-only (WASI cannot set modes, so the host does).
+pub fn resolve(req: &GrantRequest) -> Result<Grants, HostProblem> {
+    let var = |k: &str| req.env.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str()).filter(|v| !v.is_empty());
+    let absolute = |p: &Path| if p.is_absolute() { p.to_path_buf() } else { req.cwd.join(p) };
+    let mut options = match req.options.as_deref() {
+        None => json!({}),
+        Some(text) => serde_json::from_str(text).map_err(|_| HostProblem::options("(options)", "is not valid JSON"))?,
+    };
+    let Some(opts) = options.as_object_mut() else { return Err(HostProblem::options("(options)", "must be a JSON object")) };
+    // An absolute path in the options, or a problem naming the option.
+    let option_path = |key: &str, why: &str| -> Result<Option<PathBuf>, HostProblem> {
+        match opts.get(key) {
+            None => Ok(None),
+            Some(Value::String(s)) if s.starts_with('/') => Ok(Some(PathBuf::from(s))),
+            Some(_) => Err(HostProblem::options(key, why)),
+        }
+    };
+
+    let mut policy = Policy::new();
+    let path_var = var("PATH");
+    for name in HOST_ONLY_OPTIONS {
+        let given = req.programs.iter().find(|(n, _)| n == name).map(|(_, p)| absolute(p));
+        let explicit = match given {
+            Some(p) => Some(p),
+            None => option_path(name, "must be an absolute path to the program")?,
+        };
+        match explicit {
+            Some(p) => policy.program(name, &p).map_err(|_| HostProblem::options(name, format!("names {}, which does not exist", p.display())))?,
+            None => policy.program_from_path(name, name, path_var).map_err(|e| HostProblem::options(name, e))?,
+        };
+    }
+    // Programs granted only when the user opted in (policy.json grantedOnlyWith).
+    for (program, option) in opt_in_programs() {
+        if opts.get(option) == Some(&Value::Bool(true)) {
+            policy.program_from_path(program, program, path_var).map_err(|e| HostProblem::options(option, e))?;
+        }
+    }
+
+    let ledger = match &req.ledger {
+        Some(p) => absolute(p),
+        None => match option_path("ledgerDir", "must be an absolute path")? {
+            Some(p) => p,
+            None => data_home(var("XDG_DATA_HOME"), var("HOME")).join("opencode-boxd"),
+        },
+    };
+    let ledger = ensure_private_dir(&ledger)?;
+    let project = canonical_dir(&absolute(&req.project), "(project)")?;
+    let mut roots: Vec<PathBuf> = req.allow_roots.iter().map(|r| canonical_dir(&absolute(r), "allowedRoots")).collect::<Result<_, _>>()?;
+    match opts.get("allowedRoots") {
+        None => {}
+        Some(Value::Array(list)) => {
+            for r in list {
+                let Some(r) = r.as_str().filter(|r| r.starts_with('/')) else {
+                    return Err(HostProblem::options("allowedRoots", "must hold absolute folder paths"));
+                };
+                roots.push(canonical_dir(Path::new(r), "allowedRoots")?);
+            }
+        }
+        Some(_) => return Err(HostProblem::options("allowedRoots", "must be an array of absolute folder paths")),
+    }
+    policy.preopen(&ledger, "ledger").map_err(|e| HostProblem::ledger(&ledger, e))?;
+    policy.preopen(&project, "project").map_err(|e| HostProblem::options("(project)", e))?;
+    for r in &roots {
+        policy.preopen(r, "allowed").map_err(|e| HostProblem::options("allowedRoots", e))?;
+    }
+    policy.child_env_from(req.env.iter().cloned());
+
+    // What the component gets: the options without host-only keys, roots canonical.
+    opts.retain(|k, _| !HOST_ONLY_OPTIONS.contains(&k.as_str()));
+    if !roots.is_empty() {
+        opts.insert("allowedRoots".into(), json!(roots.iter().map(|r| r.display().to_string()).collect::<Vec<_>>()));
+    }
+    Ok(Grants { policy, project, ledger, component_options: options })
+}
+
+/// $XDG_DATA_HOME, else $HOME/.local/share (an empty or relative value counts as unset).
+fn data_home(xdg: Option<&str>, home: Option<&str>) -> PathBuf {
+    match xdg.filter(|x| x.starts_with('/')) {
+        Some(x) => PathBuf::from(x),
+        None => PathBuf::from(home.unwrap_or("/")).join(".local/share"),
+    }
+}
+
+fn canonical_dir(p: &Path, field: &str) -> Result<PathBuf, HostProblem> {
+    let real = std::fs::canonicalize(p).map_err(|_| HostProblem::options(field, format!("names {}, which does not exist", p.display())))?;
+    if !real.is_dir() {
+        return Err(HostProblem::options(field, format!("names {}, which is not a folder", p.display())));
+    }
+    Ok(real)
+}
+
+/// The ledger folder, created (or narrowed to) owner-only; its canonical path.
+fn ensure_private_dir(dir: &Path) -> Result<PathBuf, HostProblem> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(|e| HostProblem::ledger(dir, e))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(|e| HostProblem::ledger(dir, e))?;
+    private_passwords(dir);
+    std::fs::canonicalize(dir).map_err(|e| HostProblem::ledger(dir, e))
+}
+
+/// Every file the component creates in the ledger is made 0600 as it is created (audit.rs);
+/// a ledger written before that kept each work's server password 0644: make those 0600.
+fn private_passwords(ledger: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    for work in std::fs::read_dir(ledger.join("works")).into_iter().flatten().flatten() {
+        let p = work.path().join("password");
+        match std::fs::symlink_metadata(&p) {
+            Ok(m) if m.is_file() && m.permissions().mode() & 0o077 != 0 => {
+                let _ = std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600));
+            }
+            _ => {}
+        }
+    }
 }
 
 #[cfg(test)]
@@ -214,7 +468,7 @@ mod tests {
     #[test]
     fn the_shared_policy_file_names_the_programs_and_variables() {
         assert_eq!(program_names(), ["boxd", "opencode", "git"]);
-        assert_eq!(opt_in_programs(), [("git".to_string(), "fetchCommits".to_string())]);
+        assert_eq!(opt_in_programs().iter().collect::<Vec<_>>(), [(&"git".to_string(), &"fetchCommits".to_string())]);
         for must in ["PATH", "HOME", "XDG_DATA_HOME", "BOXD_TOKEN"] {
             assert!(child_env_names().iter().any(|n| n == must), "{must}");
         }
@@ -230,6 +484,40 @@ mod tests {
         let errors = include_str!("../../component/src/errors.rs");
         let line = errors.lines().find(|l| l.trim_start().starts_with("HostFailed = \"HOST_FAILED\"")).expect("errors.rs lists HOST_FAILED");
         assert!(line.contains(&format!("=> \"{}\";", host_failed_next())), "policy.json hostFailed.next differs from errors.rs: {line}");
+    }
+
+    #[test]
+    fn host_made_errors_say_what_the_component_says() {
+        let errors = include_str!("../../component/src/errors.rs");
+        let ledger = errors.lines().find(|l| l.contains("LedgerFailed = \"LEDGER_FAILED\"")).expect("errors.rs lists LEDGER_FAILED");
+        assert!(ledger.contains(&format!("=> \"{}\";", file().ledger_failed.next)), "policy.json ledgerFailed.next differs: {ledger}");
+        // The component words its own OPTIONS_INVALID per field (options.rs `invalid`).
+        let options = include_str!("../../component/src/options.rs");
+        assert!(options.contains(&format!("format!(\"{}\")", file().options_invalid.next)), "policy.json optionsInvalid.next differs from options.rs");
+    }
+
+    #[test]
+    fn a_policy_file_with_prose_unknown_keys_or_bad_values_is_refused() {
+        let good: Value = serde_json::from_str(POLICY_JSON).unwrap();
+        let with = |edit: &dyn Fn(&mut Value)| {
+            let mut v = good.clone();
+            edit(&mut v);
+            PolicyFile::parse(&v.to_string()).map(drop).map_err(|e| format!("{e:#}"))
+        };
+        assert_eq!(with(&|_| {}), Ok(()));
+        for (why, edit, says) in [
+            ("prose key", &(|v: &mut Value| v["about"] = json!("text")) as &dyn Fn(&mut Value), "unknown field `about`"),
+            ("prose inside a map of names", &|v: &mut Value| v["grantedOnlyWith"]["about"] = json!("text"), "'about', which programs does not list"),
+            ("a missing key", &|v: &mut Value| drop(v.as_object_mut().unwrap().remove("childEnv")), "missing field `childEnv`"),
+            ("a cap of the wrong type", &|v: &mut Value| v["outputCaps"]["stdout"] = json!("64 MiB"), "invalid type"),
+            ("an unknown program opted in", &|v: &mut Value| v["grantedOnlyWith"]["sh"] = json!("x"), "'sh', which programs does not list"),
+            ("a variable name", &|v: &mut Value| v["childEnv"][0] = json!("path"), "'path' is not an environment variable name"),
+            ("a code", &|v: &mut Value| v["hostFailed"]["code"] = json!("FAILED"), "hostFailed must have code HOST_FAILED"),
+            ("a grace", &|v: &mut Value| v["afterExit"]["graceMs"] = json!(60000), "graceMs"),
+        ] {
+            let err = with(edit).expect_err(why);
+            assert!(err.contains(says), "{why}: {err}");
+        }
     }
 
     #[test]

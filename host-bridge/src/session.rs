@@ -2,7 +2,7 @@
 //! environment) from the grants and the options, the runtime that loads the component
 //! under it, the call context and the audit log — and the calls made through it.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context as _, Result};
@@ -11,7 +11,6 @@ use serde_json::{json, Value};
 use crate::audit::AuditLog;
 use crate::cli::Grants;
 use crate::opencode_version::OpencodeVersion;
-use crate::policy::Policy;
 use crate::runtime::{CallContext, Runtime, ToolError, Trace};
 
 /// The host name the command line gives the component (MCP gives its own).
@@ -21,42 +20,12 @@ fn home() -> PathBuf {
     std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/"))
 }
 
-fn data_dir() -> PathBuf {
-    std::env::var_os("XDG_DATA_HOME").map(PathBuf::from).unwrap_or_else(|| home().join(".local/share"))
-}
-
 /// Where compiled components are kept (`BOXD_HOST_CACHE` overrides).
 fn cache_dir() -> PathBuf {
     if let Some(dir) = std::env::var_os("BOXD_HOST_CACHE") {
         return PathBuf::from(dir);
     }
     std::env::var_os("XDG_CACHE_HOME").map(PathBuf::from).unwrap_or_else(|| home().join(".cache")).join("opencode-boxd")
-}
-
-/// The ledger folder, created owner-only (WASI cannot set file modes, so the host does).
-fn ensure_private_dir(dir: &Path) -> Result<()> {
-    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-    if !dir.exists() {
-        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).with_context(|| format!("cannot create the ledger folder {}", dir.display()))?;
-    }
-    let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700));
-    private_passwords(dir);
-    Ok(())
-}
-
-/// Every file the component creates in the ledger is made 0600 as it is created (audit.rs);
-/// a ledger written before that kept each work's server password 0644: make those 0600.
-fn private_passwords(ledger: &Path) {
-    use std::os::unix::fs::PermissionsExt;
-    for work in std::fs::read_dir(ledger.join("works")).into_iter().flatten().flatten() {
-        let p = work.path().join("password");
-        match std::fs::symlink_metadata(&p) {
-            Ok(m) if m.is_file() && m.permissions().mode() & 0o077 != 0 => {
-                let _ = std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600));
-            }
-            _ => {}
-        }
-    }
 }
 
 /// Everything a command needs, built once: the policy inside the loaded runtime, the call
@@ -77,51 +46,16 @@ impl Session {
 
     /// Open with an explicit environment: children inherit the policy's share of `vars`.
     pub fn open_env(f: &Grants, host_name: &str, vars: Vec<(String, String)>) -> Result<Session> {
-        let var = |k: &str| vars.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
-        let options: Value = match &f.options {
-            Some(s) => serde_json::from_str(s).context("--options is not valid JSON")?,
-            None => json!({}),
+        let request = crate::policy::GrantRequest {
+            programs: [("boxd", &f.boxd), ("opencode", &f.opencode)].into_iter().filter_map(|(n, p)| Some((n.to_string(), p.clone()?))).collect(),
+            project: f.project.clone().unwrap_or_default(),
+            ledger: f.ledger.clone(),
+            allow_roots: f.allow_roots.clone(),
+            options: f.options.clone(),
+            env: vars,
+            cwd: std::env::current_dir().context("the current directory is gone")?,
         };
-        let project = std::fs::canonicalize(f.project.clone().unwrap_or_else(|| std::env::current_dir().unwrap_or_default()))
-            .context("the project folder does not exist")?;
-        let ledger = f
-            .ledger
-            .clone()
-            .or_else(|| options.get("ledgerDir").and_then(Value::as_str).map(PathBuf::from))
-            .unwrap_or_else(|| data_dir().join("opencode-boxd"));
-        ensure_private_dir(&ledger)?;
-        let ledger = std::fs::canonicalize(&ledger)?;
-
-        let path_var = var("PATH");
-        let mut policy = Policy::new();
-        match &f.boxd {
-            Some(p) => policy.program("boxd", p)?,
-            None => policy.program_from_path("boxd", "boxd", path_var.as_deref())?,
-        };
-        match &f.opencode {
-            Some(p) => policy.program("opencode", p)?,
-            None => policy.program_from_path("opencode", "opencode", path_var.as_deref())?,
-        };
-        // Programs granted only when the user opted in (policy.json grantedOnlyWith).
-        for (program, option) in crate::policy::opt_in_programs() {
-            if options.get(option).and_then(Value::as_bool) == Some(true) {
-                policy.program_from_path(program, program, path_var.as_deref())?;
-            }
-        }
-        policy.preopen(&ledger, "ledger")?.preopen(&project, "project")?;
-        // Allowed roots come from the flags and from the options; both are granted.
-        let mut roots: Vec<PathBuf> = f.allow_roots.clone();
-        roots.extend(options.get("allowedRoots").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str).map(PathBuf::from));
-        let mut root_strings = Vec::new();
-        for r in &roots {
-            policy.preopen(r, "allowed")?;
-            root_strings.push(std::fs::canonicalize(r)?.display().to_string());
-        }
-        policy.child_env_from(vars.clone());
-        let mut options = options;
-        if !root_strings.is_empty() {
-            options["allowedRoots"] = json!(root_strings);
-        }
+        let crate::policy::Grants { policy, project, ledger, component_options: options } = crate::policy::resolve(&request)?;
 
         let wasm = match &f.component {
             Some(p) => std::fs::read(p).with_context(|| format!("cannot read the component {}", p.display()))?,

@@ -3,7 +3,10 @@
 Python SDK and write each step's raw result (the tool's JSON, or its error object) to
 --out as a JSON array. The comparison with the other hosts is in tests/host/conformance.rs.
 
-    mcp_runner.py --host BOXD_HOST --out FILE -- <boxd-host flags…>
+    mcp_runner.py --host BOXD_HOST --probe PROBE_WASM --out FILE -- <boxd-host flags…>
+
+A step with "host" runs on its own server, started with that setup's flags (scenario
+`hosts`: other plugin options, or the probe component).
 """
 
 import argparse
@@ -11,27 +14,53 @@ import json
 import os
 import sys
 
+import contextlib
+
 import anyio
 from mcp import ClientSession, StdioServerParameters, stdio_client
 
 
-async def main(a, flags):
-    scenario = json.load(open(os.path.join(os.path.dirname(__file__), "scenario.json")))
+@contextlib.asynccontextmanager
+async def session(a, flags):
     params = StdioServerParameters(command=a.host, args=flags + ["mcp"], env=dict(os.environ))
-    results = []
     async with stdio_client(params) as (read, write):
         async with ClientSession(read, write) as s:
             await s.initialize()
-            for step in scenario["steps"]:
-                for _ in range(240):
-                    r = await s.call_tool(step["tool"], step["args"])
-                    value = json.loads(r.content[0].text)
-                    until = step.get("until", {})
-                    if not r.is_error and until and all(value.get(k) == v for k, v in until.items()):
-                        await anyio.sleep(0.5)
-                        continue
-                    break
-                results.append({"tool": step["tool"], "isError": bool(r.is_error), "value": value})
+            yield s
+
+
+def setup_flags(a, scenario, name):
+    """The boxd-host flags of a host setup (scenario `hosts`)."""
+    setup = scenario["hosts"][name]
+    flags = []
+    if "options" in setup:
+        flags += ["--options", json.dumps(setup["options"])]
+    if setup.get("component") == "probe":
+        flags += ["--component", a.probe]
+    return flags
+
+
+async def run_step(s, step):
+    for _ in range(240):
+        r = await s.call_tool(step["tool"], step["args"])
+        value = json.loads(r.content[0].text)
+        until = step.get("until", {})
+        if not r.is_error and until and all(value.get(k) == v for k, v in until.items()):
+            await anyio.sleep(0.5)
+            continue
+        return {"tool": step["tool"], "isError": bool(r.is_error), "value": value}
+
+
+async def main(a, flags):
+    scenario = json.load(open(os.path.join(os.path.dirname(__file__), "scenario.json")))
+    results = []
+    async with session(a, flags) as s:
+        for step in scenario["steps"]:
+            if "host" in step:
+                async with session(a, flags + setup_flags(a, scenario, step["host"])) as other:
+                    results.append(await run_step(other, step))
+            else:
+                results.append(await run_step(s, step))
     json.dump(results, open(a.out, "w"), indent=1)
 
 
@@ -40,5 +69,6 @@ if __name__ == "__main__":
     split = argv.index("--") if "--" in argv else len(argv)
     p = argparse.ArgumentParser()
     p.add_argument("--host", required=True)
+    p.add_argument("--probe", required=True)
     p.add_argument("--out", required=True)
     anyio.run(main, p.parse_args(argv[:split]), argv[split + 1:])

@@ -310,7 +310,7 @@ fn dist_is_current(bridge: &Path, wasm: &[u8]) -> bool {
         return false;
     }
     let built = modified(&bridge.join("dist/build.json"));
-    let inputs = ["worker.js", "scripts/build.mjs", "package-lock.json", "../policy.json", "../../skills/boxd/SKILL.md"];
+    let inputs = ["worker.js", "sandbox.js", "scripts/build.mjs", "package-lock.json", "../policy.json", "../../skills/boxd/SKILL.md"];
     inputs.iter().all(|i| modified(&bridge.join(i)) <= built)
 }
 

@@ -19,3 +19,4 @@ mod mcp;
 mod opencode;
 mod faults_matrix;
 mod secrets;
+mod policy_vectors;

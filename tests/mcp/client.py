@@ -24,7 +24,6 @@ import traceback
 import anyio
 from mcp import ClientSession, StdioServerParameters, stdio_client
 
-LONG_TOOLS = {"boxd_ensure", "boxd_submit", "boxd_harvest", "boxd_resume"}
 TIMEOUT = 300  # seconds for one tool call; a first ensure starts a guest OpenCode
 
 args = None
@@ -69,11 +68,11 @@ def ok(result):
 
 
 def err(result, code):
-    """A tool error: isError with {"error","message","next"} (boxd_job may add mcpTaskState)."""
+    """A tool error: isError with exactly {"error","message","next"}."""
     value = answer(result)
     assert result.is_error, value
     assert value.get("error") == code, value
-    assert set(value) - {"mcpTaskState"} == {"error", "message", "next"}, value
+    assert set(value) == {"error", "message", "next"}, value
     assert value["message"] and value["next"], value
     return value
 
@@ -146,7 +145,7 @@ async def a_failing_tool_gives_its_code_and_next_step():
         e = err(await s.call_tool("boxd_drop", {"work": "nosuch"}), "WORK_UNKNOWN")
         assert "nosuch" in e["message"], e
         e = err(await s.call_tool("boxd_job", {"work": "nosuch"}), "WORK_UNKNOWN")
-        assert "mcpTaskState" not in e, "only a failed run maps to a task state"
+        assert "taskState" not in e, "an error is not a run: it has no task state"
 
 
 @check
@@ -185,13 +184,13 @@ async def the_audit_log_flag_works_as_in_call():
 
 
 async def job_until_settled(s, work):
-    """boxd_job until its mcpTaskState is no longer working (bounded): the client polls
+    """boxd_job until its taskState is no longer working (bounded): the client polls
     across calls, as an agent does across turns; no call waits."""
     with anyio.fail_after(120):
         while True:
             result = await s.call_tool("boxd_job", {"work": work})
             value = answer(result)
-            if value.get("mcpTaskState") != "working":
+            if value.get("taskState") != "working":
                 return result, value
             await anyio.sleep(0.5)
 
@@ -207,32 +206,32 @@ async def lifecycle_ensure_submit_job_sleep_resume():
         assert v["created"] is True and v["state"] == "running", v
         assert [x[0] for x in p.seen] == [0, 1], p.seen
         job = ok(await s.call_tool("boxd_job", w1))
-        assert (job["state"], job["mcpTaskState"]) == ("idle", None), job
+        assert (job["state"], job["taskState"]) == ("idle", None), job
 
         # A failed run is a fact about the run, not a failed read: idle, outcome failed,
         # the run's error as fields, and the task state failed.
         ok(await s.call_tool("boxd_submit", {"work": "w1", "prompt": "break @@fail:500@@"}))
         result, e = await job_until_settled(s, "w1")
         assert not result.is_error, e
-        assert (e["state"], e["outcome"], e["errorCode"], e["mcpTaskState"]) == ("idle", "failed", "GUEST_RUN_FAILED", "failed"), e
+        assert (e["state"], e["outcome"], e["errorCode"], e["taskState"]) == ("idle", "failed", "GUEST_RUN_FAILED", "failed"), e
 
         # A run that takes a while: working while busy, then completed.
         p = Progress()
         v = ok(await s.call_tool("boxd_submit", {"work": "w1", "prompt": "mcp task @@sleep:2500@@"}, progress_callback=p))
         assert v["admitted"] is True and len(p.seen) == 2, (v, p.seen)
         job = ok(await s.call_tool("boxd_job", w1))
-        assert (job["state"], job["mcpTaskState"]) == ("busy", "working"), job
+        assert (job["state"], job["taskState"]) == ("busy", "working"), job
         _, job = await job_until_settled(s, "w1")
-        assert (job["state"], job["outcome"], job["mcpTaskState"]) == ("idle", "completed", "completed"), job
+        assert (job["state"], job["outcome"], job["taskState"]) == ("idle", "completed", "completed"), job
 
         v = ok(await s.call_tool("boxd_sleep", w1))
         assert v["state"] == "asleep", v
         job = ok(await s.call_tool("boxd_job", w1))
-        assert (job["state"], job["mcpTaskState"]) == ("asleep", None), job
+        assert (job["state"], job["taskState"]) == ("asleep", None), job
         v = ok(await s.call_tool("boxd_resume", w1))
         assert v["action"] == "woken", v
         job = ok(await s.call_tool("boxd_job", w1))
-        assert job["state"] == "idle" and job["mcpTaskState"] in (None, "completed"), job
+        assert job["state"] == "idle" and job["taskState"] in (None, "completed"), job
         # Nothing was harvested: drop refuses, as from the command line.
         err(await s.call_tool("boxd_drop", w1), "NOT_PROVEN")
 

@@ -8,7 +8,7 @@ import { execFileSync } from "node:child_process";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
-import { BOXD_LOCAL, PLUGIN, REPO, missingPrerequisite } from "./harness.mjs";
+import { BOXD_LOCAL, PLUGIN, REPO, missingPrerequisite, probeWrite } from "./harness.mjs";
 
 const built = fs.existsSync(path.join(PLUGIN, "dist/worker.js"));
 const skip = built ? false : "host-bridge/opencode/dist is missing: run npm run build there";
@@ -127,7 +127,7 @@ describe("the component in the pool", { skip: missingPrerequisite() ?? false }, 
     cleanup.push(() => pool.close());
     const ctx = () => ({
       hostName: "opencode", hostVersion: "1.18.33", optionsJson: JSON.stringify(g.componentOptions), project: g.project, ledger: g.ledger,
-      sessionId: "ses_test", nowMs: Date.now(), entropy: new Uint8Array(32).fill(7), hostFactsJson: JSON.stringify({ approved: true }),
+      nowMs: Date.now(), entropy: new Uint8Array(32).fill(7), approved: true,
     });
     return { dir, g, pool, ctx };
   }
@@ -143,9 +143,9 @@ describe("the component in the pool", { skip: missingPrerequisite() ?? false }, 
   });
 
   test("a file created in the ledger is 0600; one created in the project keeps the usual mode", async () => {
-    const { g, pool } = setup("modes");
-    const inLedger = await pool.probe(g.ledger);
-    const inProject = await pool.probe(g.project);
+    const { g } = setup("modes");
+    const inLedger = await probeWrite(g, g.ledger);
+    const inProject = await probeWrite(g, g.project);
     assert.equal(inLedger.ok, "probe");
     assert.equal(inLedger.mode, 0o600);
     assert.notEqual(inProject.mode, 0o600);

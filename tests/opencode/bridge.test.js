@@ -6,7 +6,7 @@ import assert from "node:assert/strict";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
-import { BOXD_LOCAL, PLUGIN, REPO, missingPrerequisite } from "./harness.mjs";
+import { BOXD_LOCAL, PLUGIN, REPO, missingPrerequisite, probeWrite } from "./harness.mjs";
 
 const built = fs.existsSync(path.join(PLUGIN, "dist/worker.js"));
 const skipNoBuild = built ? false : "host-bridge/opencode/dist is missing: run npm run build there";
@@ -201,7 +201,8 @@ describe("the worker pool with the real component", { skip: missingPrerequisite(
     cleanup.push(() => pool.close());
     const ctx = (facts = {}) => ({
       hostName: "opencode", hostVersion: "1.18.33", optionsJson: JSON.stringify(g.componentOptions), project: g.project, ledger: g.ledger,
-      sessionId: "ses_test", nowMs: Date.now(), entropy: new Uint8Array(32).fill(7), hostFactsJson: JSON.stringify({ approved: true, ...facts }),
+      nowMs: Date.now(), entropy: new Uint8Array(32).fill(7), approved: true, opencodeVersion: "1.18.33",
+      opencode: { agentsWithoutRules: [], rulesNotAdded: false, ...facts },
     });
     return { dir, g, pool, ctx, env };
   }
@@ -237,8 +238,8 @@ describe("the worker pool with the real component", { skip: missingPrerequisite(
   });
 
   test("the shim write workaround: a write with mutateDirectory succeeds in the worker", async () => {
-    const { pool, g } = setup("probe");
-    assert.equal((await pool.probe(g.ledger)).ok, "probe");
+    const { g } = setup("probe");
+    assert.equal((await probeWrite(g, g.ledger)).ok, "probe");
   });
 
   test("a second call does not wait behind a 5-second one", async () => {
@@ -265,12 +266,35 @@ describe("the worker pool with the real component", { skip: missingPrerequisite(
     const pool = new lib.pool.Pool(g);
     try {
       const r = await pool.call("boxd_status", "{}", {
-        hostName: "opencode", hostVersion: "1.18.33", optionsJson: "{}", project: g.project, ledger: g.ledger, sessionId: undefined,
-        nowMs: Date.now(), entropy: new Uint8Array(32), hostFactsJson: "{}",
+        hostName: "opencode", hostVersion: "1.18.33", optionsJson: "{}", project: g.project, ledger: g.ledger,
+        nowMs: Date.now(), entropy: new Uint8Array(32), approved: false,
       });
       const status = JSON.parse(r.ok);
       assert.notEqual(status.boxd.cli, "signed in");
       assert.match(status.boxd.reason, /boxd/);
+    } finally {
+      pool.close();
+    }
+  });
+});
+
+describe("world version", () => {
+  test("the bridge speaks wit/plugin.wit's package and refuses a component of another", async () => {
+    const { WIT_PACKAGE, checkWorld } = await import(path.join(PLUGIN, "lib/wit.js"));
+    const wit = fs.readFileSync(path.join(REPO, "wit/plugin.wit"), "utf8");
+    const pkg = wit.split("\n").map((l) => l.trim()).find((l) => l.startsWith("package ")).slice(8).replace(/;$/, "");
+    assert.equal(WIT_PACKAGE, pkg);
+    checkWorld({ wit: pkg });
+    assert.throws(() => checkWorld({ wit: "boxd:plugin@0.1.9" }), /speaks boxd:plugin@0\.1\.9, this plugin speaks boxd:plugin@0\.1\.0; rebuild the plugin/);
+    assert.throws(() => checkWorld({}), /no boxd:plugin world/);
+  });
+
+  test("the built component describes the world this bridge speaks", { skip: skipNoBuild }, async () => {
+    const { WIT_PACKAGE } = await import(path.join(PLUGIN, "lib/wit.js"));
+    const g = lib.policy.resolveGrants({ options: {}, directory: scratch("wit"), env: { PATH: "/nonexistent", HOME: scratch("wit-home") } });
+    const pool = new lib.pool.Pool(g);
+    try {
+      assert.equal(JSON.parse((await pool.describe()).ok).wit, WIT_PACKAGE);
     } finally {
       pool.close();
     }

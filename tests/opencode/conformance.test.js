@@ -2,17 +2,53 @@
 // the scripted model makes in a real opencode, each result read from the stored tool part.
 // The raw results go to target/conformance-opencode.json, which tests/host/conformance.rs
 // normalises and compares with `boxd-host call` and the MCP server; the facts every host
-// must show are also checked here, so this suite stands on its own.
+// must show are also checked here, so this suite stands on its own. A step with "host"
+// runs on the bridge's plugin module (index.js) set up as scenario `hosts` names it —
+// other options, or a copy of the plugin built around the test-only probe component
+// ($BOXD_PROBE_WASM) — called the way OpenCode calls a tool, without a second opencode.
 import { test, describe, before, after } from "node:test";
 import assert from "node:assert/strict";
+import { execFileSync } from "node:child_process";
 import { createHash } from "node:crypto";
 import fs from "node:fs";
 import path from "node:path";
-import { Laptop, REPO, helperIsPlaceholder, missingPrerequisite, outputJson } from "./harness.mjs";
+import { pathToFileURL } from "node:url";
+import { BOXD_LOCAL, Laptop, OC_VERSION, PLUGIN, REPO, copyShippedPlugin, helperIsPlaceholder, missingPrerequisite, outputJson } from "./harness.mjs";
 
 const SCENARIO = JSON.parse(fs.readFileSync(path.join(REPO, "tests/conformance/scenario.json"), "utf8"));
 const RESULTS = path.join(REPO, "target/conformance-opencode.json");
-const skip = missingPrerequisite() ?? (helperIsPlaceholder() && "component/guest/helper.py is still the placeholder");
+const PROBE = process.env.BOXD_PROBE_WASM;
+const skip = missingPrerequisite() || (helperIsPlaceholder() && "component/guest/helper.py is still the placeholder") ||
+  (!PROBE && "BOXD_PROBE_WASM is not set (tests/host/conformance.rs sets it to the built probe component)") || false;
+
+/** The shipped plugin in `dir`, its dist/ built around the probe component. */
+function probePlugin(dir) {
+  copyShippedPlugin(dir);
+  execFileSync(process.execPath, [path.join(PLUGIN, "scripts/build.mjs")], {
+    env: { ...process.env, BOXD_COMPONENT_WASM: PROBE, BOXD_PLUGIN_DIST: path.join(dir, "dist") },
+    stdio: ["ignore", "ignore", "inherit"],
+  });
+  return dir;
+}
+
+/** The plugin's hooks for a host setup, as OpenCode would load them for this laptop. */
+async function setupHooks(l, setup) {
+  const dir = setup.component === "probe" ? probePlugin(path.join(l.root, "probe-plugin")) : PLUGIN;
+  const { default: plugin } = await import(pathToFileURL(path.join(dir, "index.js")).href);
+  const client = { _client: { get: async () => ({ data: { version: OC_VERSION } }) } };
+  return plugin.server({ directory: l.project, client }, { boxd: BOXD_LOCAL, ledgerDir: l.ledger, ...setup.options });
+}
+
+/** One tool call through the hooks, as OpenCode makes it; the JSON (or text) the model reads. */
+async function callHook(hooks, tool, args) {
+  const ctx = { sessionID: "ses_conformance", abort: new AbortController().signal, metadata() {}, async ask() {} };
+  const r = await hooks.tool[tool].execute(args, ctx);
+  try {
+    return JSON.parse(r.output);
+  } catch {
+    return r.output;
+  }
+}
 
 describe("the conformance scenario through the OpenCode bridge", { skip }, () => {
   let l;
@@ -29,6 +65,16 @@ describe("the conformance scenario through the OpenCode bridge", { skip }, () =>
   test("every step, as the other hosts run it", { timeout: 600000 }, async () => {
     const results = [];
     for (const step of SCENARIO.steps) {
+      if (step.host !== undefined) {
+        const hooks = await setupHooks(l, SCENARIO.hosts[step.host]);
+        try {
+          const value = await callHook(hooks, step.tool, step.args);
+          results.push({ tool: step.tool, isError: value?.error !== undefined, value });
+        } finally {
+          await hooks.dispose();
+        }
+        continue;
+      }
       let value;
       for (let i = 0; i < 240; i++) {
         value = outputJson(await l.callTool(step.tool, step.args));
@@ -52,6 +98,9 @@ describe("the conformance scenario through the OpenCode bridge", { skip }, () =>
     assert.equal(v[9].action, "woken");
     assert.deepEqual(v.slice(10, 14).map((x) => x.error), ["NAME_INVALID", "WORK_UNKNOWN", "ARGS_INVALID", "PATH_REFUSED"]);
     assert.equal(v[14].dropped, true, JSON.stringify(v[14]));
+    assert.equal(v[15].error, "OPTIONS_INVALID", JSON.stringify(v[15]));
+    assert.equal(v[16], "not-allowed: {}: not in the host's policy (allowed: boxd, opencode, git)");
+    assert.equal(v[17].error, "HOST_FAILED", JSON.stringify(v[17]));
     fs.mkdirSync(path.dirname(RESULTS), { recursive: true });
     fs.writeFileSync(RESULTS, JSON.stringify(results, null, 1));
   });

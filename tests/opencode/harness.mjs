@@ -4,6 +4,7 @@
 // tests/node_modules). Everything is driven over HTTP with timeouts (a request can hang
 // while the server starts: opencode.md §8.6), and assertions read the stored session.
 import { spawn, execFileSync } from "node:child_process";
+import { Worker } from "node:worker_threads";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
@@ -313,4 +314,16 @@ export function changeCommands(calls) {
     const words = argv.filter((a) => !a.startsWith("-"));
     return !reads.has(words.slice(0, 2).join(" ")) && !reads.has(words[0]);
   });
+}
+
+/**
+ * A write through the bridge's patched filesystem shim into preopen `dir` of `grants`, in
+ * a worker as the component's calls run: {ok: the bytes read back, mode} or {error}.
+ */
+export function probeWrite(grants, dir) {
+  const worker = new Worker(new URL("./probe-worker.mjs", import.meta.url), { workerData: { grants: { preopens: grants.preopens, ledger: grants.ledger }, dir } });
+  return new Promise((resolve, reject) => {
+    worker.once("message", resolve);
+    worker.once("error", reject);
+  }).finally(() => worker.terminate());
 }

@@ -30,7 +30,7 @@ describe("the ledger through the worker pool", { skip }, () => {
   // A fresh context per call, as the plugin makes one: its own entropy.
   const ctx = () => ({
     hostName: "opencode", hostVersion: "1.18.33", optionsJson: JSON.stringify(g.componentOptions), project: g.project, ledger: g.ledger,
-    sessionId: "ses_test", nowMs: Date.now(), entropy: new Uint8Array(randomBytes(32)), hostFactsJson: JSON.stringify({ approved: true, opencodeVersion: "1.18.33" }),
+    nowMs: Date.now(), entropy: new Uint8Array(randomBytes(32)), approved: true, opencodeVersion: "1.18.33",
   });
 
   test("three submits at once record every admitted prompt exactly once", { timeout: 300000 }, async () => {

@@ -1,20 +1,68 @@
 // The bridge's grants, mirroring host-bridge/src/policy.rs and spawn.rs: which binary each
 // program name means, which folders are preopened, what environment a child gets, and
 // running one child (argument list, no shell, its own process group, killed as a group on
-// timeout). Deny by default; the data (names, env allow-list) is dist/policy.json, a copy
-// of host-bridge/policy.json, so every host applies the same list.
+// timeout). Deny by default; the data (names, env allow-list, host-made errors) is
+// dist/policy.json, a copy of host-bridge/policy.json, checked here at load.
+// tests/vectors/policy.json holds resolveGrants and policy.rs `resolve` to one outcome.
 import { spawn } from "node:child_process";
 import { randomBytes } from "node:crypto";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 
+const HOST_ERRORS = { hostFailed: "HOST_FAILED", optionsInvalid: "OPTIONS_INVALID", ledgerFailed: "LEDGER_FAILED" };
+
+/**
+ * Check a policy document has exactly the policy's shape (policy.rs `PolicyFile`, with
+ * the same rules); throws naming the first problem.
+ */
+export function validatePolicy(doc) {
+  const fail = (why) => {
+    throw new Error(`policy.json ${why}`);
+  };
+  const isObject = (v) => v !== null && typeof v === "object" && !Array.isArray(v);
+  const exactly = (v, keys, where) => {
+    if (!isObject(v)) fail(`${where} must be an object`);
+    for (const k of Object.keys(v)) if (!keys.includes(k)) fail(`${where} has an unknown key '${k}'`);
+    for (const k of keys) if (!(k in v)) fail(`${where} is missing '${k}'`);
+  };
+  const strings = (v, where) => Array.isArray(v) && v.every((s) => typeof s === "string") ? v : fail(`${where} must be a list of strings`);
+  exactly(doc, ["programs", "grantedOnlyWith", "childEnv", "outputCaps", "afterExit", ...Object.keys(HOST_ERRORS)], "(document)");
+  const programs = strings(doc.programs, "programs");
+  if (!programs.length) fail("programs is empty");
+  programs.forEach((p, i) => {
+    if (!/^[a-z0-9-]+$/.test(p) || programs.indexOf(p) !== i) fail(`programs: '${p}' is not a lowercase program name, or is listed twice`);
+  });
+  if (!isObject(doc.grantedOnlyWith)) fail("grantedOnlyWith must be an object");
+  for (const [program, option] of Object.entries(doc.grantedOnlyWith)) {
+    if (!programs.includes(program)) fail(`grantedOnlyWith names '${program}', which programs does not list`);
+    if (typeof option !== "string" || !/^[A-Za-z0-9]+$/.test(option)) fail(`grantedOnlyWith.${program}: '${option}' is not a plugin option name`);
+  }
+  for (const name of strings(doc.childEnv, "childEnv")) if (!/^[A-Z0-9_]+$/.test(name)) fail(`childEnv: '${name}' is not an environment variable name`);
+  exactly(doc.outputCaps, ["stdout", "stderr"], "outputCaps");
+  for (const k of ["stdout", "stderr"]) if (!Number.isSafeInteger(doc.outputCaps[k]) || doc.outputCaps[k] <= 0) fail("outputCaps must be positive byte counts");
+  exactly(doc.afterExit, ["graceMs"], "afterExit");
+  if (!Number.isSafeInteger(doc.afterExit.graceMs) || doc.afterExit.graceMs < 0 || doc.afterExit.graceMs > 10000) fail("afterExit.graceMs must be 0 to 10000 ms");
+  for (const [key, code] of Object.entries(HOST_ERRORS)) {
+    exactly(doc[key], ["code", "next"], key);
+    if (doc[key].code !== code || typeof doc[key].next !== "string" || !doc[key].next.trim()) fail(`${key} must have code ${code} and a next step`);
+  }
+  if (!doc.optionsInvalid.next.includes("{field}")) fail("optionsInvalid.next must name the option as {field}");
+  return doc;
+}
+
 function readPolicy() {
   const file = new URL("../dist/policy.json", import.meta.url);
+  let text;
   try {
-    return JSON.parse(fs.readFileSync(file, "utf8"));
+    text = fs.readFileSync(file, "utf8");
   } catch (e) {
     throw new Error(`opencode-boxd is not built (${e.message}): run npm ci && npm run build in ${path.dirname(path.dirname(file.pathname))}`);
+  }
+  try {
+    return validatePolicy(JSON.parse(text));
+  } catch (e) {
+    throw new Error(`opencode-boxd: ${file.pathname} is not a valid policy (${e.message}); rebuild the plugin with npm run build`);
   }
 }
 
@@ -57,10 +105,15 @@ export class HostProblem extends Error {
 }
 
 const invalid = (field, why) =>
-  new HostProblem("OPTIONS_INVALID", `plugin option '${field}' ${why}`, `Fix '${field}' in the plugin options (docs/configuration.md lists them), then restart OpenCode.`);
+  new HostProblem(POLICY.optionsInvalid.code, `plugin option '${field}' ${why}`, POLICY.optionsInvalid.next.replaceAll("{field}", field));
 
+/**
+ * The first executable regular file called `binary` in the absolute folders of `pathVar`.
+ * A relative entry ("", ".", "bin") is skipped: it would name a different program in
+ * every working directory (as policy.rs find_on_path).
+ */
 export function findOnPath(binary, pathVar) {
-  for (const dir of (pathVar ?? "").split(":").filter(Boolean)) {
+  for (const dir of (pathVar ?? "").split(":").filter((d) => d.startsWith("/"))) {
     const p = path.join(dir, binary);
     try {
       const st = fs.statSync(p);
@@ -70,15 +123,19 @@ export function findOnPath(binary, pathVar) {
   return undefined;
 }
 
-/** The ledger folder, created owner-only (WASI cannot set modes, so the host does). */
+/** The ledger folder, created (or narrowed to) owner-only; its canonical path. */
 export function ensurePrivateDir(dir) {
-  fs.mkdirSync(dir, { recursive: true, mode: 0o700 });
-  fs.chmodSync(dir, 0o700);
-  privatePasswords(dir);
-  return fs.realpathSync(dir);
+  try {
+    fs.mkdirSync(dir, { recursive: true, mode: 0o700 });
+    fs.chmodSync(dir, 0o700);
+    privatePasswords(dir);
+    return fs.realpathSync(dir);
+  } catch (e) {
+    throw new HostProblem(POLICY.ledgerFailed.code, `cannot create the ledger folder ${dir}: ${e.message}`, POLICY.ledgerFailed.next);
+  }
 }
 
-// Every file the component creates in the ledger is made 0600 as it is created (worker.js);
+// Every file the component creates in the ledger is made 0600 as it is created (sandbox.js);
 // a ledger written before that kept each work's server password 0644: make those 0600.
 function privatePasswords(ledger) {
   let works = [];
@@ -106,14 +163,22 @@ function canonicalDir(p, field) {
 }
 
 /**
- * Everything one plugin instance grants. `env` is the host's environment (process.env);
- * `insideOpencode` says process.execPath is the opencode binary (true in a plugin).
+ * Everything one plugin instance grants, or the HostProblem that stops every call (the
+ * same request → outcome as policy.rs `resolve`). `env` is the host's environment
+ * (process.env); `insideOpencode` says process.execPath is the opencode binary (true in a plugin).
  */
 export function resolveGrants({ options, directory, env = process.env, insideOpencode = false }) {
   if (options === null || typeof options !== "object" || Array.isArray(options)) throw invalid("(options)", "must be a JSON object");
+  const var_ = (k) => (env[k] ? env[k] : undefined);
+  // An absolute path in the options, or a problem naming the option.
+  const optionPath = (key, why) => {
+    const v = options[key];
+    if (v === undefined) return undefined;
+    if (typeof v !== "string" || !v.startsWith("/")) throw invalid(key, why);
+    return v;
+  };
   const programs = {};
   const grant = (name, file, field) => {
-    if (!POLICY.programs.includes(name)) throw new Error(`'${name}' is not a program the plugin uses`);
     try {
       programs[name] = fs.realpathSync(file);
     } catch {
@@ -121,45 +186,32 @@ export function resolveGrants({ options, directory, env = process.env, insideOpe
     }
   };
   for (const name of HOST_ONLY_OPTIONS) {
-    if (options[name] !== undefined && (typeof options[name] !== "string" || !path.isAbsolute(options[name]))) {
-      throw invalid(name, "must be an absolute path to the program");
+    const explicit = optionPath(name, "must be an absolute path to the program");
+    if (explicit) grant(name, explicit, name);
+    // Inside a plugin process.execPath IS the opencode binary: the laptop's own OpenCode.
+    else if (name === "opencode" && insideOpencode) programs.opencode = process.execPath;
+    else {
+      const found = findOnPath(name, var_("PATH"));
+      if (found) grant(name, found, name);
     }
-  }
-  if (options.boxd) grant("boxd", options.boxd, "boxd");
-  else {
-    const found = findOnPath("boxd", env.PATH);
-    if (found) grant("boxd", found, "boxd");
   }
   // Programs granted only when the user opted in (policy.json grantedOnlyWith).
   for (const [program, option] of Object.entries(POLICY.grantedOnlyWith)) {
-    if (program === "about" || options[option] !== true) continue;
-    const found = findOnPath(program, env.PATH);
+    if (options[option] !== true) continue;
+    const found = findOnPath(program, var_("PATH"));
     if (found) grant(program, found, option);
   }
-  // Inside a plugin process.execPath IS the opencode binary: the laptop's own OpenCode.
-  if (options.opencode) grant("opencode", options.opencode, "opencode");
-  else if (insideOpencode) programs.opencode = process.execPath;
-  else {
-    const found = findOnPath("opencode", env.PATH);
-    if (found) grant("opencode", found, "opencode");
-  }
 
-  const dataHome = env.XDG_DATA_HOME || path.join(env.HOME || os.homedir(), ".local/share");
-  if (options.ledgerDir !== undefined && (typeof options.ledgerDir !== "string" || !path.isAbsolute(options.ledgerDir))) {
-    throw invalid("ledgerDir", "must be an absolute path");
-  }
-  let ledger;
-  try {
-    ledger = ensurePrivateDir(options.ledgerDir ?? path.join(dataHome, "opencode-boxd"));
-  } catch (e) {
-    throw new HostProblem("LEDGER_FAILED", `cannot create the ledger folder: ${e.message}`, "Check that the ledger folder is writable, then restart OpenCode.");
-  }
+  // $XDG_DATA_HOME, else $HOME/.local/share (an empty or relative value counts as unset).
+  const xdg = var_("XDG_DATA_HOME");
+  const dataHome = xdg?.startsWith("/") ? xdg : path.join(var_("HOME") ?? "/", ".local/share");
+  const ledger = ensurePrivateDir(optionPath("ledgerDir", "must be an absolute path") ?? path.join(dataHome, "opencode-boxd"));
   const project = canonicalDir(directory, "(project)");
   const roots = [];
   if (options.allowedRoots !== undefined) {
     if (!Array.isArray(options.allowedRoots)) throw invalid("allowedRoots", "must be an array of absolute folder paths");
     for (const r of options.allowedRoots) {
-      if (typeof r !== "string" || !path.isAbsolute(r)) throw invalid("allowedRoots", "must hold absolute folder paths");
+      if (typeof r !== "string" || !r.startsWith("/")) throw invalid("allowedRoots", "must hold absolute folder paths");
       roots.push(canonicalDir(r, "allowedRoots"));
     }
   }
@@ -177,14 +229,25 @@ export function resolveGrants({ options, directory, env = process.env, insideOpe
 
 const err = (tag, val) => ({ tag: "err", val: val === undefined ? { tag } : { tag, val } });
 
-function withinPreopen(cwd, preopens) {
+/** The binary granted for a program name, or why not ({binary} | {refused}), as Policy::allows. */
+export function allowsProgram(grants, program) {
+  if (Object.hasOwn(grants.programs, program)) return { binary: grants.programs[program] };
+  return {
+    refused: POLICY.programs.includes(program)
+      ? `${program}: not found on this host (set the "${program}" plugin option or put it on PATH)`
+      : `${program}: not in the host's policy (allowed: ${POLICY.programs.join(", ")})`,
+  };
+}
+
+/** A child's working directory must lie inside a preopen ({cwd} | {refused}), as Policy::allows_cwd. */
+export function allowsCwd(grants, cwd) {
   let real;
   try {
     real = fs.realpathSync(cwd);
   } catch {
     return { refused: `${cwd} does not exist` };
   }
-  if (preopens.some((p) => real === p || real.startsWith(p.endsWith("/") ? p : `${p}/`))) return { cwd: real };
+  if (grants.preopens.some((p) => real === p || real.startsWith(p.endsWith("/") ? p : `${p}/`))) return { cwd: real };
   return { refused: `${cwd} is outside the preopened folders` };
 }
 
@@ -194,16 +257,12 @@ function withinPreopen(cwd, preopens) {
  * `track` receives a kill function while the child runs (for aborts).
  */
 export function runChild(req, grants, track = () => () => {}) {
-  const binary = Object.hasOwn(grants.programs, req.program) ? grants.programs[req.program] : undefined;
-  if (!binary) {
-    const why = POLICY.programs.includes(req.program)
-      ? `${req.program}: not found on this host (set the "${req.program}" plugin option or put it on PATH)`
-      : `${req.program}: not in the host's policy (allowed: ${POLICY.programs.join(", ")})`;
-    return Promise.resolve(err("not-allowed", why));
-  }
+  const program = allowsProgram(grants, req.program);
+  if (program.refused) return Promise.resolve(err("not-allowed", program.refused));
+  const binary = program.binary;
   let cwd;
   if (req.cwd != null) {
-    const c = withinPreopen(req.cwd, grants.preopens);
+    const c = allowsCwd(grants, req.cwd);
     if (c.refused) return Promise.resolve(err("not-allowed", c.refused));
     cwd = c.cwd;
   }

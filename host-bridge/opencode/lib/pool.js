@@ -36,11 +36,6 @@ export class Pool {
     return this.#run({ type: "call", tool, args, ctx }, signal);
   }
 
-  /** A write through a worker's patched filesystem shim into preopen `dir` (tests): {ok, mode}. */
-  probe(dir) {
-    return this.#run({ type: "probe", dir });
-  }
-
   get size() {
     return this.#workers.length;
   }

@@ -1,7 +1,7 @@
 // npm run build: turn the WASI component into what the plugin loads at run time, in dist/.
 //
 //   dist/boxd_component*.wasm   core modules, from `jco transpile --instantiation async`
-//   dist/worker.js              worker.js + the jco glue + preview2-shim, one esbuild bundle
+//   dist/worker.js              worker.js + sandbox.js + the jco glue + preview2-shim, one esbuild bundle
 //   dist/worker-thread.bundle.js the shim's own I/O thread (it starts it by URL next to itself)
 //   dist/policy.json            host-bridge/policy.json, the grants every host applies
 //   dist/skills/boxd/SKILL.md   the skill, from the repo's skills/ folder
@@ -9,7 +9,9 @@
 //
 // After this the plugin folder needs no node_modules: the shipped plugin does no npm
 // install and no build step. Component path: $BOXD_COMPONENT_WASM, else the one
-// `cargo build -p boxd-host` leaves in target/wasm-component.
+// `cargo build -p boxd-host` leaves in target/wasm-component. Output folder:
+// $BOXD_PLUGIN_DIST, else dist/ here (tests build a copy of the plugin around another
+// component that way).
 import { execFileSync } from "node:child_process";
 import { createHash } from "node:crypto";
 import fs from "node:fs";
@@ -18,7 +20,7 @@ import { fileURLToPath } from "node:url";
 
 const here = path.dirname(path.dirname(fileURLToPath(import.meta.url)));
 const repo = path.resolve(here, "../..");
-const dist = path.join(here, "dist");
+const dist = process.env.BOXD_PLUGIN_DIST ? path.resolve(process.env.BOXD_PLUGIN_DIST) : path.join(here, "dist");
 const wasm = process.env.BOXD_COMPONENT_WASM ?? path.join(repo, "target/wasm-component/wasm32-wasip2/wasm/boxd_component.wasm");
 
 function fail(msg) {

@@ -6,8 +6,10 @@
 //! Results: the tool's JSON as pretty text and as `structuredContent`. Errors are tool
 //! results with `isError: true` (not JSON-RPC errors, which clients show opaquely), whose
 //! text is `{"error","message","next"}` so the model sees the code and the one next step.
-//! boxd_job results carry `mcpTaskState` (see `task_state` and docs/hosts.md).
+//! Which tools are destructive or long-running comes from the manifest, never from here;
+//! a run's `taskState` (boxd_job) is the component's own field, passed on as is.
 
+use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use anyhow::{Context as _, Result};
@@ -17,7 +19,7 @@ use rmcp::model::{
 };
 use rmcp::service::{RequestContext, RoleServer};
 use rmcp::{ErrorData, ServerHandler, ServiceExt as _};
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use crate::cli::Grants;
 use crate::session::Session;
@@ -25,20 +27,12 @@ use crate::session::Session;
 /// The host name the component sees for MCP calls (boxd-host's `call` says `boxd-host`).
 pub const HOST_NAME: &str = "boxd-host-mcp";
 
-/// Tools that can take minutes (machine creation, uploads, export/import): the client
-/// gets a progress notification when they start and when they end. The component runs a
-/// call to the end without yielding, so there are no intermediate steps to report.
-pub const LONG_TOOLS: &[&str] = &["boxd_ensure", "boxd_submit", "boxd_harvest", "boxd_resume"];
-
-/// The one tool that destroys something the laptop cannot get back from boxd.
-const DESTRUCTIVE_TOOLS: &[&str] = &["boxd_drop"];
-
 pub const INSTRUCTIONS: &str = "opencode-boxd runs OpenCode sessions on private boxd \
 machines while the transcript comes home to this laptop. The workflow: boxd_status to see \
 sign-in, the golden snapshot and the open works; boxd_ensure to create (or adopt) the \
 machine for a work; boxd_submit to hand it a task, which returns as soon as the guest has \
 admitted the prompt; boxd_job in later turns to see how the run is going (its \
-mcpTaskState says working, completed, failed or cancelled); boxd_harvest when it is idle \
+taskState says working, completed, failed or cancelled); boxd_harvest when it is idle \
 to bring the transcript and files home; then boxd_sleep to stop billing or boxd_drop to \
 destroy the machine. Never wait or poll inside one call: do other work and check \
 boxd_job in a later turn. Every error names its code and the one next step to take.";
@@ -52,7 +46,8 @@ pub fn serve(grants: &Grants) -> Result<u8> {
     // docs/hosts.md says so, and says to use access "read-only" with a client that does not ask.
     let manifest: Value = serde_json::from_str(&host.runtime.describe()?).context("the component's manifest is not JSON")?;
     let tools = tools_from_manifest(&manifest)?;
-    let server = Server { host: Arc::new(Mutex::new(host)), tools: Arc::new(tools) };
+    let long_running = Arc::new(long_running_from_manifest(&manifest));
+    let server = Server { host: Arc::new(Mutex::new(host)), tools: Arc::new(tools), long_running };
 
     // One thread drives the protocol; tool calls run on tokio's blocking pool.
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("cannot start the async runtime")?;
@@ -68,7 +63,7 @@ pub fn serve(grants: &Grants) -> Result<u8> {
 }
 
 /// The MCP tool list from the component's manifest: name, description, the JSON Schema
-/// as `inputSchema`, and annotations from the tool's access.
+/// as `inputSchema`, and annotations from the tool's access and `destructive`.
 pub fn tools_from_manifest(manifest: &Value) -> Result<Vec<Tool>> {
     let list = manifest.get("tools").and_then(Value::as_array).context("the manifest has no tools")?;
     list.iter()
@@ -80,52 +75,23 @@ pub fn tools_from_manifest(manifest: &Value) -> Result<Vec<Tool>> {
                 _ => anyhow::bail!("tool {name} has no inputSchema object"),
             };
             let read_only = t.get("access").and_then(Value::as_str) == Some("read");
-            let annotations = ToolAnnotations::new().read_only(read_only).destructive(DESTRUCTIVE_TOOLS.contains(&name.as_str()));
+            let annotations = ToolAnnotations::new().read_only(read_only).destructive(flag(t, "destructive"));
             Ok(Tool::new(name, description, Arc::new(schema)).with_annotations(annotations))
         })
         .collect()
 }
 
-/// The MCP task state for a boxd_job answer (its result or its error), or null when the
-/// state says nothing about a run: asleep, gone, or idle before any run ended.
-///
-/// busy, starting → working; idle + completed → completed; idle + aborted → cancelled;
-/// a failed run (boxd_job's GUEST_RUN_FAILED / GUEST_AUTH_FAILED) → failed.
-/// input_required is never used: a guest run does not stop to ask.
-pub fn task_state(answer: &std::result::Result<Value, Value>) -> Value {
-    match answer {
-        Ok(v) => match (v.get("state").and_then(Value::as_str), v.get("outcome").and_then(Value::as_str)) {
-            (Some("busy" | "starting"), _) => json!("working"),
-            (Some("idle"), Some("completed")) => json!("completed"),
-            (Some("idle"), Some("failed")) => json!("failed"),
-            (Some("idle"), Some("aborted")) => json!("cancelled"),
-            _ => Value::Null,
-        },
-        Err(e) => match e.get("error").and_then(Value::as_str) {
-            Some("GUEST_RUN_FAILED" | "GUEST_AUTH_FAILED") => json!("failed"),
-            _ => Value::Null,
-        },
-    }
+/// The tools whose manifest entry says `longRunning`: the client gets a progress
+/// notification when they start and when they end. The component runs a call to the end
+/// without yielding, so there are no intermediate steps to report.
+pub fn long_running_from_manifest(manifest: &Value) -> BTreeSet<String> {
+    let tools = manifest.get("tools").and_then(Value::as_array).into_iter().flatten();
+    tools.filter(|t| flag(t, "longRunning")).filter_map(|t| t.get("name").and_then(Value::as_str)).map(str::to_string).collect()
 }
 
-/// Add `mcpTaskState` to a boxd_job answer; other tools' answers pass through.
-fn with_task_state(tool: &str, answer: std::result::Result<Value, Value>) -> std::result::Result<Value, Value> {
-    if tool != "boxd_job" {
-        return answer;
-    }
-    let state = task_state(&answer);
-    // A failed run's error gets the field only when it maps; other errors stay as they are.
-    match answer {
-        Ok(Value::Object(mut o)) => {
-            o.insert("mcpTaskState".into(), state);
-            Ok(Value::Object(o))
-        }
-        Err(Value::Object(mut o)) if !state.is_null() => {
-            o.insert("mcpTaskState".into(), state);
-            Err(Value::Object(o))
-        }
-        other => other,
-    }
+/// A manifest tool's boolean field; absent is false.
+fn flag(tool: &Value, key: &str) -> bool {
+    tool.get(key).and_then(Value::as_bool).unwrap_or(false)
 }
 
 /// A host failure (a trap, a policy or runtime error) in the tools' own error shape, with
@@ -155,11 +121,12 @@ struct Server {
     /// on one work (submit, then drop) must not interleave.
     host: Arc<Mutex<Session>>,
     tools: Arc<Vec<Tool>>,
+    long_running: Arc<BTreeSet<String>>,
 }
 
 impl Server {
     async fn progress(&self, ctx: &RequestContext<RoleServer>, tool: &str, done: bool) {
-        if !LONG_TOOLS.contains(&tool) {
+        if !self.long_running.contains(tool) {
             return;
         }
         let Some(token) = ctx.meta.get_progress_token() else { return };
@@ -197,54 +164,31 @@ impl ServerHandler for Server {
             Err(e) => Err(host_failed(&tool, format!("the call panicked ({e})"))),
         };
         self.progress(&ctx, &tool, true).await;
-        Ok(to_result(with_task_state(&tool, answer)).into())
+        Ok(to_result(answer).into())
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
-    fn job_states_map_to_task_states() {
-        let ok = |state: &str, outcome: Value| task_state(&Ok(json!({ "state": state, "outcome": outcome })));
-        assert_eq!(ok("busy", Value::Null), "working");
-        assert_eq!(ok("starting", Value::Null), "working");
-        assert_eq!(ok("idle", json!("completed")), "completed");
-        assert_eq!(ok("idle", json!("aborted")), "cancelled");
-        assert_eq!(ok("idle", Value::Null), Value::Null);
-        assert_eq!(ok("asleep", Value::Null), Value::Null);
-        assert_eq!(ok("gone", Value::Null), Value::Null);
-        assert_eq!(task_state(&Err(json!({ "error": "GUEST_RUN_FAILED" }))), "failed");
-        assert_eq!(task_state(&Err(json!({ "error": "WORK_UNKNOWN" }))), Value::Null);
-    }
-
-    #[test]
-    fn only_boxd_job_gets_a_task_state() {
-        let v = with_task_state("boxd_job", Ok(json!({ "state": "busy" }))).unwrap();
-        assert_eq!(v["mcpTaskState"], "working");
-        let v = with_task_state("boxd_status", Ok(json!({ "state": "busy" }))).unwrap();
-        assert!(v.get("mcpTaskState").is_none());
-        let e = with_task_state("boxd_job", Err(json!({ "error": "WORK_UNKNOWN" }))).unwrap_err();
-        assert!(e.get("mcpTaskState").is_none());
-    }
-
-    #[test]
-    fn annotations_follow_access_and_drop_is_destructive() {
+    fn annotations_and_progress_follow_the_manifest() {
         let manifest = json!({ "tools": [
-            { "name": "boxd_status", "access": "read", "description": "d", "inputSchema": { "type": "object" } },
-            { "name": "boxd_drop", "access": "change", "description": "d", "inputSchema": { "type": "object" } },
+            { "name": "look", "access": "read", "description": "d", "inputSchema": { "type": "object" } },
+            { "name": "wreck", "access": "change", "destructive": true, "description": "d", "inputSchema": { "type": "object" } },
+            { "name": "build", "access": "change", "longRunning": true, "progress": "building {work}…", "description": "d", "inputSchema": { "type": "object" } },
         ]});
         let tools = tools_from_manifest(&manifest).unwrap();
-        let a = tools[0].annotations.clone().unwrap();
-        assert_eq!((a.read_only_hint, a.destructive_hint), (Some(true), Some(false)));
-        let a = tools[1].annotations.clone().unwrap();
-        assert_eq!((a.read_only_hint, a.destructive_hint), (Some(false), Some(true)));
+        let hints: Vec<_> = tools.iter().map(|t| t.annotations.clone().map(|a| (a.read_only_hint, a.destructive_hint))).collect();
+        assert_eq!(hints, [Some((Some(true), Some(false))), Some((Some(false), Some(true))), Some((Some(false), Some(false)))]);
+        assert_eq!(long_running_from_manifest(&manifest).into_iter().collect::<Vec<_>>(), ["build"]);
     }
 
     #[test]
     fn errors_are_tool_results_with_the_error_json() {
-        let r = to_result(Err(host_failed("boxd_status", "trap")));
+        let r = to_result(Err(host_failed("look", "trap")));
         assert_eq!(r.is_error, Some(true));
         let v = r.structured_content.unwrap();
         assert_eq!(v["error"], "HOST_FAILED");

@@ -3,7 +3,8 @@
 //!   read      arg = "<preopen>|<path>"    → "ok N bytes" | "err <code>"
 //!   write     arg = "<preopen>|<path>"    → "ok" | "err <code>"
 //!   preopens  → the preopen names, one per line
-//!   trap      → traps (the panic handler's `unreachable`), as a bug in a component would
+//!   trap      → traps (the panic handler's `unreachable`), as a bug in a component would;
+//!               `boxd_status` too (the conformance scenario's trap in the status tool)
 //!   oom       → allocates until memory runs out (a trap), as hostile input might make it
 
 extern crate alloc;
@@ -27,7 +28,12 @@ fn fail(m: String) -> ToolError {
 
 impl Guest for Probe {
     fn describe() -> String {
-        "{\"plugin\":\"boxd-probe\",\"tools\":[]}".into()
+        // Hosts that offer only described tools (the OpenCode bridge) need these two; the
+        // status tool's name traps, so every host's answer to a trap in it can be compared.
+        r#"{"plugin":"boxd-probe","tools":[
+            {"name":"spawn","access":"read","description":"spawn the program named by the argument text","inputSchema":{"type":"object"}},
+            {"name":"boxd_status","access":"read","description":"traps","inputSchema":{"type":"object"}}]}"#
+            .into()
     }
 
     fn call(tool: String, arg: String, _ctx: Context) -> Result<String, ToolError> {
@@ -67,7 +73,7 @@ impl Guest for Probe {
                     Err(e) => Ok(format!("err {e:?}")),
                 }
             }
-            "trap" => panic!("the probe traps on purpose"),
+            "trap" | "boxd_status" => panic!("the probe traps on purpose"),
             "oom" => {
                 let mut hoard: Vec<Vec<u8>> = Vec::new();
                 loop {
