@@ -21,8 +21,10 @@ fn the_opencode_bridge_suite_passes_against_the_real_opencode() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "node --test tests/opencode/ failed:\n{}\n{}", tail(&stdout), tail(&stderr));
-    // A failed before() hook cancels its tests without failing one: count both.
+    // A failed before() hook cancels its tests without failing one: count both. A skipped
+    // suite (a missing prerequisite) counts as no test at all, so any SKIP fails here.
     assert!(stdout.contains("# fail 0") && stdout.contains("# cancelled 0"), "{}", tail(&stdout));
+    assert!(!stdout.contains("# SKIP"), "a bridge test was skipped:\n{}", tail(&stdout));
 }
 
 /// The last 30 KB of a long report.

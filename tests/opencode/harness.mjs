@@ -14,7 +14,7 @@ export const REPO = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "
 export const PLUGIN = path.join(REPO, "host-bridge/opencode");
 export const OPENCODE = path.join(REPO, "tests/node_modules/.bin/opencode");
 export const BOXD_LOCAL = process.env.BOXD_LOCAL_BIN ?? path.join(REPO, "target/debug/boxd-local");
-export const MODEL = path.join(REPO, "tests/model/scripted-model.mjs");
+export const MODEL = path.join(REPO, "host-bridge/tour/scripted-model.mjs");
 export const OC_VERSION = JSON.parse(fs.readFileSync(path.join(REPO, "tests/package.json"), "utf8")).dependencies["opencode-ai"];
 
 /** Why the OpenCode tests cannot run here, or undefined. */
@@ -22,7 +22,7 @@ export function missingPrerequisite() {
   if (!fs.existsSync(path.join(PLUGIN, "dist/worker.js"))) return "host-bridge/opencode/dist is missing: run `npm run build` in host-bridge/opencode";
   if (!fs.existsSync(OPENCODE)) return "tests/node_modules/.bin/opencode is missing: run tests/bootstrap.sh";
   if (!fs.existsSync(BOXD_LOCAL)) return `${BOXD_LOCAL} is missing: run cargo build -p boxd-local`;
-  if (!fs.existsSync(MODEL)) return "tests/model/scripted-model.mjs is missing";
+  if (!fs.existsSync(MODEL)) return "host-bridge/tour/scripted-model.mjs is missing";
   return undefined;
 }
 

@@ -30,10 +30,13 @@ impl Guest for Probe {
     fn describe() -> String {
         // Hosts that offer only described tools (the OpenCode bridge) need these two; the
         // status tool's name traps, so every host's answer to a trap in it can be compared.
-        r#"{"plugin":"boxd-probe","tools":[
-            {"name":"spawn","access":"read","description":"spawn the program named by the argument text","inputSchema":{"type":"object"}},
-            {"name":"boxd_status","access":"read","description":"traps","inputSchema":{"type":"object"}}]}"#
-            .into()
+        // The world version, as the real component reports it: from wit/plugin.wit.
+        let wit = include_str!("../../../wit/plugin.wit").lines().find_map(|l| l.trim().strip_prefix("package ")).unwrap_or("").trim_end_matches(';');
+        format!(
+            r#"{{"plugin":"boxd-probe","wit":"{wit}","tools":[
+            {{"name":"spawn","access":"read","description":"spawn the program named by the argument text","inputSchema":{{"type":"object"}}}},
+            {{"name":"boxd_status","access":"read","description":"traps","inputSchema":{{"type":"object"}}}}]}}"#
+        )
     }
 
     fn call(tool: String, arg: String, _ctx: Context) -> Result<String, ToolError> {
