@@ -232,7 +232,7 @@ fn tour(f: &Grants, dir: &Path, boxd_local: &Path, opencode: &Path, kept: bool) 
     if kept {
         println!("\nkept in {}. To go on there:", dir.display());
         println!("   export BOXD_LOCAL_HOME={} HOME={l} XDG_DATA_HOME={l}/data XDG_CONFIG_HOME={l}/config XDG_CACHE_HOME={l}/cache XDG_STATE_HOME={l}/state", boxd_home.display());
-        println!("   boxd-host --project {} --ledger {} --boxd {} --opencode {} call boxd_status", project.display(), ledger.display(), boxd_local.display(), opencode.display());
+        println!("   boxd-host call boxd_status --project {} --ledger {} --boxd {} --opencode {}", project.display(), ledger.display(), boxd_local.display(), opencode.display());
         println!("   (the scripted model has stopped; start it again with: node {}/scripted-model.mjs)", dir.display());
     }
     let code = if steps.iter().all(|s| s["ok"] == true) { 0 } else { 1 };
