@@ -124,3 +124,15 @@ fn the_laptop_opencode_version_is_asked_once_per_binary() {
     assert_eq!(status(&laptop), "1.18.34");
     assert_eq!(asked(), 2, "a changed binary is asked again");
 }
+
+/// A grant the host cannot make is a tool-shaped answer, with its next step, not a crash.
+#[test]
+fn a_grant_the_host_cannot_make_is_answered_like_a_tool_error() {
+    let laptop = Laptop::new("hostproblem");
+    let out = laptop.host(&["--options", r#"{"allowedRoots":["/no/such/root"]}"#, "call", "boxd_status"]);
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+    let v = stdout_json(&out);
+    assert_eq!(v["error"], "OPTIONS_INVALID", "{v:#}");
+    assert!(v["next"].as_str().unwrap().contains("allowedRoots"), "{v:#}");
+    assert!(laptop.boxd_calls().is_empty(), "nothing ran");
+}

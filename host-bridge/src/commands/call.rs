@@ -12,7 +12,18 @@ pub fn run(grants: &Grants, tool: &str, mut args: String) -> Result<u8> {
         args.clear();
         std::io::Read::read_to_string(&mut std::io::stdin(), &mut args).context("reading ARGS_JSON from stdin")?;
     }
-    let mut session = Session::open(grants, crate::session::HOST_NAME)?;
+    let mut session = match Session::open(grants, crate::session::HOST_NAME) {
+        Ok(s) => s,
+        // A grant the host cannot make (a relative ledgerDir, a missing allowed root) is
+        // answered in the tools' own shape, as the OpenCode bridge answers every call.
+        Err(e) => match e.downcast_ref::<crate::policy::HostProblem>() {
+            Some(p) => {
+                println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "error": p.code, "message": p.message, "next": p.next }))?);
+                return Ok(1);
+            }
+            None => return Err(e),
+        },
+    };
     let (answer, code) = match session.call(tool, &args)? {
         Ok(v) => (v, 0),
         Err(e) => (e, 1),
