@@ -94,7 +94,7 @@ def cut_text(text, limit):
 
 class Work:
     def __init__(self, work_id):
-        if not isinstance(work_id, str) or not WORK_RE.match(work_id) or len(work_id) > WORK_ID_MAX:
+        if not isinstance(work_id, str) or not WORK_RE.fullmatch(work_id) or len(work_id) > WORK_ID_MAX:
             raise Fail("NAME_INVALID", "work id %r is not valid: use [a-z0-9-], start with a letter, end with a letter "
                                        "or digit, at most %d characters" % (work_id, WORK_ID_MAX))
         self.id = work_id
