@@ -1,4 +1,4 @@
-//! The guest side of a work, seen from the laptop: the helper script we upload, and the
+//! The guest side of a work, seen from the laptop: the helper zipapp we upload, and the
 //! one-exec-per-call protocol we speak with it (docs/guest.md). Every call is
 //! `python3 <helper> <command> --work <id> …` through `boxd machine exec`, payloads on
 //! stdin, one JSON object back.

@@ -354,6 +354,15 @@ class T1Commands(unittest.TestCase):
         r = self.g.run("git", "alpha", b"", "--files", "a.txt")
         self.assertEqual((r.rc, r.json["error"]), (2, "ARGS_INVALID"), "paths travel only on stdin: %r" % r)
 
+    def test_the_zipapp_runs_through_a_symlinked_folder(self):
+        # The zip's loader must find protocol.json under the path it was started with.
+        linked = self.g.root / "linked"
+        os.symlink(str(HELPER.parent), linked)
+        p = subprocess.run([sys.executable, str(linked / HELPER.name), "git", "--work", "alpha"], capture_output=True,
+                           env=self.g.env, timeout=60)
+        r = Result(p.returncode, p.stdout, p.stderr.decode("utf-8", "replace"), 0)
+        self.assertEqual((r.rc, r.json["error"], r.err), (3, "WORK_UNKNOWN", ""), r)
+
     def test_work_ids_follow_the_protocol(self):
         rule = PROTOCOL["workId"]
         self.assertEqual(rule["maxLength"], 40)

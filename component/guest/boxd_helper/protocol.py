@@ -14,8 +14,9 @@ ENTRY = os.path.realpath(os.path.dirname(os.path.dirname(os.path.abspath(__file_
 
 
 def _load():
-    # The package's own loader reads the file from the zip or from the folder alike.
-    raw = __loader__.get_data(os.path.join(ENTRY, "protocol.json"))
+    # The package's own loader reads the file from the zip or from the folder alike; the
+    # path must start as the loader's own does (unresolved), or a zip will not find it.
+    raw = __loader__.get_data(os.path.join(os.path.dirname(os.path.dirname(__file__)), "protocol.json"))
     doc = json.loads(raw.decode("utf-8"))
     units = {name: limit["unit"] for name, limit in doc["limits"].items()}
     want = {"prompt": "bytes", "file": "bytes", "call": "bytes", "listing": "entries", "lastText": "characters"}
