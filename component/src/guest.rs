@@ -1,4 +1,4 @@
-//! The guest side of a work, seen from the laptop: the helper script we upload, and the
+//! The guest side of a work, seen from the laptop: the helper zipapp we upload, and the
 //! one-exec-per-call protocol we speak with it (docs/guest.md). Every call is
 //! `python3 <helper> <command> --work <id> …` through `boxd machine exec`, payloads on
 //! stdin, one JSON object back.
@@ -14,20 +14,22 @@ use crate::caps::Programs;
 use crate::encode::sha256_hex;
 use crate::errors::{Code, ToolError, ToolResult};
 
-/// The guest helper, embedded so what we upload is exactly what we built.
-pub const HELPER: &[u8] = include_bytes!("../guest/helper.py");
+/// The guest helper, embedded so what we upload is exactly what we built: one zipapp that
+/// build.rs makes from component/guest (the `boxd_helper` package and protocol.json).
+pub const HELPER: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/helper.pyz"));
 
 /// Where the helper lives on the guest, relative to its home: named by its sha256, so a
 /// present file is the right file (the upload verifies the digest before the rename).
 pub fn helper_path() -> String {
-    format!(".boxd-helper/helper-{}.py", sha256_hex(HELPER))
+    format!(".boxd-helper/helper-{}.pyz", sha256_hex(HELPER))
 }
 
-/// The codes the guest helper reports (docs/guest.md); any other name is GUEST_FAILED.
+/// The error kinds the guest helper reports: exactly the `errorKinds` of
+/// component/guest/protocol.json (a unit test keeps the two equal).
 pub const GUEST_CODES: &[Code] = &[
-    Code::GuestFailed, Code::GuestWorkspace, Code::GuestVersion, Code::GuestRunFailed, Code::GuestAuthFailed,
-    Code::GuestUnresponsive, Code::GuestServerDown, Code::SessionBusy, Code::RunInterrupted, Code::ExportInvalid,
-    Code::NameInvalid, Code::PathRefused, Code::FileTooLarge, Code::ArgsInvalid, Code::WorkUnknown,
+    Code::ArgsInvalid, Code::ExportInvalid, Code::FileTooLarge, Code::GuestFailed, Code::GuestServerDown,
+    Code::GuestUnresponsive, Code::GuestVersion, Code::GuestWorkspace, Code::NameInvalid, Code::PathRefused,
+    Code::RunInterrupted, Code::SessionBusy, Code::WorkUnknown,
 ];
 
 /// "exited with 5" / "was killed by a signal", for messages.
@@ -58,7 +60,7 @@ impl<'b, 'a, P: Programs> Guest<'b, 'a, P> {
         let script = format!(
             "mkdir -p .boxd-helper && cat > .boxd-helper/upload.tmp && \
              [ \"$(sha256sum .boxd-helper/upload.tmp | cut -d' ' -f1)\" = {sha} ] && \
-             mv .boxd-helper/upload.tmp .boxd-helper/helper-{sha}.py"
+             mv .boxd-helper/upload.tmp .boxd-helper/helper-{sha}.pyz"
         );
         let out = self.boxd.exec(&self.machine, &["sh", "-c", &script], Some(HELPER.to_vec()), 60).map_err(Failure::into_error)?;
         if out.exit_code == Some(0) {
@@ -95,13 +97,23 @@ impl<'b, 'a, P: Programs> Guest<'b, 'a, P> {
                 ToolError::new(code, format!("the guest helper's {command} printed no JSON: {}", tail(&out.stderr)))
             }),
             Some(3) => {
-                let v = first_json(&out.stdout).unwrap_or(Value::Null);
-                let kind = v.get("error").and_then(Value::as_str).unwrap_or("GUEST_FAILED");
-                let message = v.get("message").and_then(Value::as_str).unwrap_or("the guest helper failed").to_string();
-                // Only the codes the helper speaks: a guest cannot claim a laptop's code
+                let (kind, message) = reply(&out.stdout);
+                let message = message.unwrap_or_else(|| "the guest helper failed".to_string());
+                // Only the kinds the helper speaks: a guest cannot claim a laptop's code
                 // (HOST_FAILED, ACCESS_DENIED, …) and its next step.
-                let code = Code::parse(kind).filter(|c| GUEST_CODES.contains(c)).unwrap_or(Code::GuestFailed);
-                Err(ToolError::new(code, format!("{}: {message}", self.machine)))
+                match Code::parse(&kind).filter(|c| GUEST_CODES.contains(c)) {
+                    Some(code) => Err(ToolError::new(code, format!("{}: {message}", self.machine))),
+                    None => Err(ToolError::new(
+                        Code::GuestFailed,
+                        format!("{}: {message} (the guest helper reported '{kind}', which is not one of its error kinds)", self.machine),
+                    )),
+                }
+            }
+            // A command line the helper refused is a laptop/helper mismatch, not the
+            // caller's arguments: its message is on stdout like every other answer.
+            Some(2) => {
+                let message = reply(&out.stdout).1.unwrap_or_else(|| tail(&out.stderr));
+                Err(ToolError::new(Code::GuestFailed, format!("the guest helper refused the command line of {command}: {message}")))
             }
             Some(86) => Err(ToolError::new(Code::GuestFailed, format!("{}: the guest helper does not match its digest even after a fresh upload", self.machine))),
             Some(127) => Err(ToolError::new(Code::GuestFailed, format!("{} has no python3, which the guest helper needs", self.machine))),
@@ -123,6 +135,14 @@ impl<'b, 'a, P: Programs> Guest<'b, 'a, P> {
     }
 }
 
+/// The error kind and message of a failed helper's one JSON answer (GUEST_FAILED when it
+/// names none).
+fn reply(stdout: &[u8]) -> (String, Option<String>) {
+    let v = first_json(stdout).unwrap_or(Value::Null);
+    let kind = v.get("error").and_then(Value::as_str).unwrap_or("GUEST_FAILED").to_string();
+    (kind, v.get("message").and_then(Value::as_str).map(str::to_string))
+}
+
 /// The guest's word on the prompt ids a call asked about: id → admitted.
 pub fn resolved(answer: &Value) -> BTreeMap<String, bool> {
     answer
@@ -139,4 +159,85 @@ pub fn tail(bytes: &[u8]) -> String {
     let start = lines.len().saturating_sub(2);
     let s = lines[start..].join(" | ");
     if s.len() > 400 { format!("{}…", &s[..s.char_indices().nth(400).map_or(s.len(), |(i, _)| i)]) } else { s }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::Scripted;
+    use serde_json::json;
+
+    /// The one protocol file the helper reads from inside its zipapp.
+    const PROTOCOL: &str = include_str!("../guest/protocol.json");
+
+    fn protocol() -> Value {
+        serde_json::from_str(PROTOCOL).expect("component/guest/protocol.json is JSON")
+    }
+
+    fn limit(name: &str, unit: &str) -> u64 {
+        let l = &protocol()["limits"][name];
+        assert_eq!(l["unit"], unit, "protocol.json limits.{name}.unit");
+        l["max"].as_u64().unwrap_or_else(|| panic!("protocol.json limits.{name}.max"))
+    }
+
+    #[test]
+    fn the_protocol_file_states_the_components_limits() {
+        use crate::tools::{job, submit};
+        assert_eq!(limit("prompt", "bytes"), submit::PROMPT_CAP as u64);
+        assert_eq!(limit("file", "bytes"), submit::FILE_CAP);
+        assert_eq!(limit("call", "bytes"), submit::CALL_CAP);
+        assert_eq!(limit("lastText", "characters"), job::LAST_TEXT_MAX as u64);
+        assert_eq!(protocol()["workId"]["maxLength"], crate::paths::WORK_ID_MAX);
+    }
+
+    #[test]
+    fn every_error_kind_of_the_helper_is_a_guest_code() {
+        let kinds: Vec<String> = protocol()["errorKinds"]
+            .as_array()
+            .expect("protocol.json errorKinds is a list")
+            .iter()
+            .map(|k| k.as_str().expect("an error kind is a string").to_string())
+            .collect();
+        let codes: Vec<String> = GUEST_CODES.iter().map(|c| c.as_str().to_string()).collect();
+        assert_eq!(kinds, codes, "GUEST_CODES must list protocol.json's errorKinds, in order");
+        for kind in &kinds {
+            assert!(Code::parse(kind).is_some(), "{kind} is not a Code in errors.rs");
+        }
+    }
+
+    #[test]
+    fn the_embedded_helper_is_a_zipapp_with_the_protocol_file() {
+        assert!(HELPER.starts_with(b"PK\x03\x04"), "helper.pyz is not a zip");
+        // Entries are stored, so each file's bytes appear in the zipapp as they are.
+        let holds = |bytes: &[u8]| HELPER.windows(bytes.len()).any(|w| w == bytes);
+        assert!(holds(PROTOCOL.as_bytes()), "the zipapp does not carry protocol.json as it is");
+        for name in ["__main__.py", "boxd_helper/cli.py", "boxd_helper/protocol.py", "protocol.json"] {
+            assert!(holds(name.as_bytes()), "the zipapp has no {name}");
+        }
+        assert!(helper_path().ends_with(".pyz"));
+    }
+
+    fn failing(exit: i32, stdout: &str) -> ToolError {
+        let mut p = Scripted::default();
+        p.push_exit(exit, stdout, "");
+        let mut b = Boxd::new(&mut p, 10);
+        Guest::new(&mut b, "oc-w1", "w1").call("status", &[], None).unwrap_err()
+    }
+
+    #[test]
+    fn a_usage_error_is_read_from_stdout_where_the_helper_prints_it() {
+        let e = failing(2, &json!({ "ok": false, "error": "ARGS_INVALID", "message": "--work is required" }).to_string());
+        assert_eq!(e.code, Code::GuestFailed);
+        assert!(e.message.contains("--work is required"), "{}", e.message);
+        assert!(e.message.contains("status"), "{}", e.message);
+    }
+
+    #[test]
+    fn an_unknown_error_kind_is_guest_failed_and_named() {
+        let e = failing(3, &json!({ "ok": false, "error": "HOST_FAILED", "message": "claimed" }).to_string());
+        assert_eq!(e.code, Code::GuestFailed);
+        assert!(e.message.contains("'HOST_FAILED'") && e.message.contains("claimed"), "{}", e.message);
+        let e = failing(3, &json!({ "ok": false, "error": "SESSION_BUSY", "message": "a run" }).to_string());
+        assert_eq!((e.code, e.message.as_str()), (Code::SessionBusy, "oc-w1: a run"));
+    }
 }

@@ -1,5 +1,7 @@
-"""The guest helper (component/guest/helper.py) run directly, without boxd, against a real
-`opencode serve` (pinned 1.18.33) and the scripted model (tests/model/scripted-model.mjs).
+"""The guest helper (component/guest: the boxd_helper package and protocol.json) run
+directly, without boxd, against a real `opencode serve` (pinned 1.18.33) and the scripted
+model (tests/model/scripted-model.mjs). Every test runs it as it ships: one zipapp, made
+from component/guest at the start of the module the way component/build.rs makes it.
 
     cd /work/main && python3 -m unittest discover -s tests/guest -v
 
@@ -23,10 +25,13 @@ import sys
 import tempfile
 import time
 import unittest
+import zipapp
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-HELPER = ROOT / "component" / "guest" / "helper.py"
+SOURCE = ROOT / "component" / "guest"
+HELPER = Path(tempfile.mkdtemp(prefix="boxd-helper-")) / "helper.pyz"
+PROTOCOL = json.loads((SOURCE / "protocol.json").read_text())
 MODEL = ROOT / "tests" / "model" / "scripted-model.mjs"
 OPENCODE_VERSION = "1.18.33"
 CONFIG = {
@@ -90,8 +95,14 @@ def _cleanup():
 atexit.register(_cleanup)
 
 
+def build_helper():
+    """The zipapp of component/guest: its .py and .json files, like component/build.rs."""
+    zipapp.create_archive(SOURCE, HELPER, filter=lambda p: p.suffix in (".py", ".json") and "__pycache__" not in p.parts)
+
+
 def setUpModule():
     find_opencode()
+    build_helper()
     log = Path(tempfile.mkdtemp(prefix="boxd-model-")) / "model.jsonl"
     proc = subprocess.Popen(["node", str(MODEL)], env={**os.environ, "PORT": "0", "MODEL_LOG": str(log)},
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -105,6 +116,7 @@ def setUpModule():
 
 def tearDownModule():
     _cleanup()
+    shutil.rmtree(HELPER.parent, ignore_errors=True)
     shutil.rmtree(_MODEL.get("log", Path("/nonexistent")).parent, ignore_errors=True)
 
 
@@ -335,13 +347,41 @@ class T1Commands(unittest.TestCase):
         self.assertEqual((r.rc, r.json["error"]), (3, "NAME_INVALID"), r)
         r = self.g.run("status", "never-prepared")
         self.assertEqual((r.rc, r.json["error"]), (3, "WORK_UNKNOWN"), r)
-        r = self.g.run("frobnicate", "alpha")
-        self.assertEqual((r.rc, r.json["error"]), (2, "ARGS_INVALID"), r)
-        r = self.g.run("status", None)
-        self.assertEqual((r.rc, r.json["error"]), (2, "ARGS_INVALID"), r)
-        r = self.g.run("version", None)
-        self.assertEqual(r.rc, 0, r)
-        self.assertEqual(r.json["sha256"], hashlib.sha256(HELPER.read_bytes()).hexdigest())
+        # usage errors answer on stdout, where the component reads every answer; stderr stays empty
+        for command, work in (("frobnicate", "alpha"), ("status", None), ("version", None)):
+            r = self.g.run(command, work)
+            self.assertEqual((r.rc, r.json["error"], r.count, r.err), (2, "ARGS_INVALID", 1, ""), r)
+        r = self.g.run("git", "alpha", b"", "--files", "a.txt")
+        self.assertEqual((r.rc, r.json["error"]), (2, "ARGS_INVALID"), "paths travel only on stdin: %r" % r)
+
+    def test_the_zipapp_runs_through_a_symlinked_folder(self):
+        # The zip's loader must find protocol.json under the path it was started with.
+        linked = self.g.root / "linked"
+        os.symlink(str(HELPER.parent), linked)
+        p = subprocess.run([sys.executable, str(linked / HELPER.name), "git", "--work", "alpha"], capture_output=True,
+                           env=self.g.env, timeout=60)
+        r = Result(p.returncode, p.stdout, p.stderr.decode("utf-8", "replace"), 0)
+        self.assertEqual((r.rc, r.json["error"], r.err), (3, "WORK_UNKNOWN", ""), r)
+
+    def test_work_ids_follow_the_protocol(self):
+        rule = PROTOCOL["workId"]
+        self.assertEqual(rule["maxLength"], 40)
+        for work, kind in (("a" * 40, "WORK_UNKNOWN"), ("w-1", "WORK_UNKNOWN"), ("a" * 41, "NAME_INVALID"),
+                           ("ends-", "NAME_INVALID"), ("1st", "NAME_INVALID"), ("a_b", "NAME_INVALID")):
+            r = self.g.run("git", work)
+            self.assertEqual((r.rc, r.json["error"]), (3, kind), (work, r))
+            if kind == "NAME_INVALID":
+                self.assertIn("at most 40 characters", r.json["message"])
+
+    def test_a_prompt_over_the_protocols_limit_is_file_too_large_and_admits_nothing(self):
+        work = "bigprompt"
+        (self.g.boxd(work) / "inbox").mkdir(parents=True)
+        limit = PROTOCOL["limits"]["prompt"]["max"]
+        self.assertEqual(limit, 4 * 1024 * 1024)
+        r = self.g.submit(work, "x" * (limit + 1))
+        self.assertEqual((r.rc, r.json["error"]), (3, "FILE_TOO_LARGE"), r)
+        self.assertIn("4 MiB", r.json["message"])
+        self.assertEqual(os.listdir(self.g.boxd(work) / "inbox"), [])
 
     def test_unwritable_home_is_guest_workspace(self):
         g = Guest("ws")
@@ -431,7 +471,7 @@ class T1Commands(unittest.TestCase):
         (tree / "build").mkdir()
         (tree / "build" / "out.o").write_bytes(b"\0\1")                             # ignored folder
         os.symlink("README.md", tree / "readme-link")                                 # untracked symlink
-        r = g.run("git", work, b"", "--files", "src/keep.py,blob.bin")
+        r = g.run("git", work, {"files": ["src/keep.py", "blob.bin"]}, "--files-stdin")
         self.assertEqual(r.rc, 0, r)
         j = r.json
         self.assertEqual(j["head"], head)
@@ -471,17 +511,17 @@ class T1Commands(unittest.TestCase):
         for req, kind in (("outside-link", "PATH_REFUSED"), ("readme-link", "PATH_REFUSED"), ("../x", "PATH_REFUSED"),
                           ("/etc/hostname", "PATH_REFUSED"), (".boxd/password", "PATH_REFUSED"), ("src", "PATH_REFUSED"),
                           ("no/such.txt", "NAME_INVALID")):
-            r = g.run("git", work, b"", "--files", req)
+            r = g.run("git", work, {"files": [req]}, "--files-stdin")
             self.assertEqual((r.rc, r.json["error"]), (3, kind), (req, r))
             self.assertIn(req.strip("/").split("/")[-1], r.json["message"])
-        # paths with commas go on stdin
+        # any name travels on stdin, commas included
         (tree / "a,b.txt").write_text("comma\n")
         r = g.run("git", work, {"files": ["a,b.txt"]}, "--files-stdin")
         self.assertEqual(r.rc, 0, r)
         self.assertEqual(base64.b64decode(r.json["files"][0]["data"]), b"comma\n")
         # size caps
         (tree / "big.bin").write_bytes(b"x" * (8 * 1024 * 1024 + 1))
-        r = g.run("git", work, b"", "--files", "big.bin")
+        r = g.run("git", work, {"files": ["big.bin"]}, "--files-stdin")
         self.assertEqual((r.rc, r.json["error"]), (3, "FILE_TOO_LARGE"), r)
         (tree / "big.bin").unlink()
 
@@ -760,7 +800,7 @@ class T2Lifecycle(OneWork):
         self.assertEqual(state["current"]["promptId"], "pump-a")
         self.assertEqual(len(os.listdir(g.boxd(self.W) / "inbox")), 1, "the queued prompt waits on disk")
         # a newer helper (another file, as an upload of a new version would be) takes over the pump
-        newer = g.root / "helper-newer.py"
+        newer = g.root / "helper-newer.pyz"
         shutil.copy(HELPER, newer)
         env = dict(g.env)
         p = subprocess.run([sys.executable, str(newer), "status", "--work", self.W], capture_output=True, env=env, timeout=60)

@@ -8,7 +8,7 @@ use crate::common::*;
 
 /// The guest helper is a placeholder until it lands; ensure needs the real one.
 fn helper_placeholder() -> Option<String> {
-    let path = repo().join("component/guest/helper.py");
+    let path = repo().join("component/guest/boxd_helper/cli.py");
     let text = std::fs::read_to_string(&path).unwrap_or_default();
     (text.lines().count() <= 4 && text.contains("placeholder"))
         .then(|| format!("{} is still the placeholder: boxd_ensure cannot start a guest", path.display()))

@@ -28,7 +28,7 @@ export function missingPrerequisite() {
 
 /** The guest helper is still the placeholder (the guest-side tools cannot run yet). */
 export function helperIsPlaceholder() {
-  const file = path.join(REPO, "component/guest/helper.py");
+  const file = path.join(REPO, "component/guest/boxd_helper/cli.py");
   return !fs.existsSync(file) || fs.statSync(file).size < 1000 || /placeholder/.test(fs.readFileSync(file, "utf8").slice(0, 300));
 }
 

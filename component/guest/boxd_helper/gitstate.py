@@ -1,0 +1,210 @@
+"""The work tree as git sees it, for harvest and drop: HEAD, refs, status, the patch
+against HEAD, every untracked and ignored file with its digest, and a verified bundle of
+every commit. .boxd/ never appears in any of it."""
+
+import base64
+import hashlib
+import os
+import subprocess
+import tempfile
+
+from .disk import sha256_hex
+from .protocol import CALL_MAX, LIST_MAX, Fail, mib
+
+GIT_IDENTITY = ("opencode-boxd", "opencode-boxd@localhost")
+
+
+def git(work, argv, check=True, timeout=120):
+    env = dict(os.environ)
+    for k in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_OBJECT_DIRECTORY", "GIT_COMMON_DIR", "GIT_PREFIX"):
+        env.pop(k, None)
+    env.update({"GIT_OPTIONAL_LOCKS": "0", "LC_ALL": "C", "GIT_TERMINAL_PROMPT": "0", "GIT_PAGER": "cat", "PAGER": "cat"})
+    cmd = ["git", "-C", work.tree, "-c", "core.quotePath=false", "-c", "color.ui=false",
+           "-c", "safe.directory=" + work.tree, "-c", "core.fsmonitor=false"] + argv
+    try:
+        r = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise Fail("GUEST_FAILED", "git %s: %s" % (argv[0], e))
+    if check and r.returncode != 0:
+        raise Fail("GUEST_FAILED", "git %s failed (exit %d): %s" % (" ".join(argv[:3]), r.returncode,
+                                                                     r.stderr.decode("utf-8", "replace")[-500:].strip()))
+    return r
+
+
+def is_boxd_path(path):
+    return path == ".boxd" or path.startswith(".boxd/")
+
+
+def digest_entry(work, rel_bytes):
+    rel = rel_bytes.decode("utf-8", "replace")
+    entry = {"path": rel}
+    if "\ufffd" in rel:
+        entry["lossyName"] = True
+    full = os.path.join(os.fsencode(work.tree), rel_bytes.rstrip(b"/"))
+    if rel.endswith("/"):
+        entry.update({"dir": True, "sha256": None, "size": None})
+        return entry
+    try:
+        st = os.lstat(full)
+    except OSError:
+        return None
+    if os.path.islink(full):
+        target = os.readlink(full)
+        entry.update({"symlink": True, "size": len(target), "sha256": sha256_hex(target)})
+        return entry
+    # Something that is there but cannot be digested (a FIFO, a socket, a file this user
+    # cannot read) is listed without a digest, so nothing can count it as accounted for.
+    if not os.path.isfile(full):
+        entry.update({"special": True, "sha256": None, "size": None})
+        return entry
+    h = hashlib.sha256()
+    try:
+        with open(full, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+    except OSError as e:
+        entry.update({"unreadable": e.strerror or str(e), "sha256": None, "size": st.st_size})
+        return entry
+    entry.update({"size": st.st_size, "sha256": h.hexdigest()})
+    return entry
+
+
+def list_paths(work, *argvs):
+    names = []
+    for argv in argvs:
+        names += git(work, argv).stdout.split(b"\0")
+    out, truncated, seen = [], False, set()
+    for rel in sorted(set(names)):
+        if not rel or rel in seen:
+            continue
+        seen.add(rel)
+        if is_boxd_path(rel.decode("utf-8", "replace")):
+            continue
+        if len(out) >= LIST_MAX:
+            truncated = True
+            break
+        e = digest_entry(work, rel)
+        if e:
+            out.append(e)
+    return out, truncated
+
+
+def inventory(work):
+    """The tree as git sees it: HEAD, every ref, status, the diff against HEAD (bytes),
+    and every untracked or ignored path with its digest. repo False when the tree is not
+    (the top of) a repository."""
+    out = {"repo": False, "head": None, "branch": None, "status": [], "untracked": [], "ignored": [],
+           "dirty": False, "refs": {}, "changed": []}
+    top = git(work, ["rev-parse", "--show-toplevel"], check=False)
+    if top.returncode != 0 or os.path.realpath(top.stdout.decode("utf-8", "replace").strip()) != os.path.realpath(work.tree):
+        return out, None
+    ensure_git_exclude(work)
+    out["repo"] = True
+    head = git(work, ["rev-parse", "--verify", "-q", "HEAD^{commit}"], check=False)
+    out["head"] = head.stdout.decode().strip() if head.returncode == 0 else None
+    br = git(work, ["symbolic-ref", "--short", "-q", "HEAD"], check=False)
+    out["branch"] = br.stdout.decode("utf-8", "replace").strip() if br.returncode == 0 else None
+    refs = {}
+    if out["head"]:
+        refs["HEAD"] = out["head"]
+    for line in git(work, ["for-each-ref", "--format=%(objectname) %(refname)"]).stdout.decode("utf-8", "replace").splitlines():
+        sha, _, name = line.partition(" ")
+        if sha and name:
+            refs[name] = sha
+    out["refs"] = refs
+    st = git(work, ["status", "--porcelain=v1", "--untracked-files=all"])
+    lines = []
+    for line in st.stdout.decode("utf-8", "replace").splitlines():
+        paths = line[3:].split(" -> ")
+        if any(is_boxd_path(p.strip('"')) for p in paths):
+            continue
+        lines.append(line)
+    out["status"] = lines
+    out["dirty"] = any(not line.startswith("??") for line in lines)
+    out["changed"] = [line[3:] for line in lines if not line.startswith("??")][:200]
+    others = ["ls-files", "-z", "--others", "--exclude-standard"]
+    if out["head"]:
+        out["untracked"], tu = list_paths(work, others)
+    else:  # nothing is committed yet: every file, staged or not, is untracked as far as history goes
+        out["untracked"], tu = list_paths(work, others, ["ls-files", "-z", "--cached"])
+    out["ignored"], ti = list_paths(work, ["ls-files", "-z", "--others", "--ignored", "--exclude-standard", "--directory"])
+    # Repositories inside the tree: a committed gitlink (mode 160000) carries none of the
+    # inner repository's commits or files, so the laptop cannot hold them through ours.
+    nested = []
+    for rec in git(work, ["ls-files", "-z", "-s"]).stdout.split(b"\0"):
+        if rec.startswith(b"160000 "):
+            nested.append(rec.split(b"\t", 1)[-1].decode("utf-8", "replace"))
+    out["nested"] = sorted(nested)
+    if tu:
+        out["untrackedTruncated"] = True
+    if ti:
+        out["ignoredTruncated"] = True
+    diff = None
+    if out["head"]:
+        diff = git(work, ["diff", "HEAD", "--binary", "--full-index", "--no-color", "--no-ext-diff", "--no-textconv",
+                          "--src-prefix=a/", "--dst-prefix=b/", "--", ".", ":(exclude).boxd"]).stdout
+    return out, diff
+
+
+def make_bundle(work):
+    """Every commit on the machine (all refs and HEAD) as one self-contained bundle,
+    verified here before it travels: {"data": base64, "sha256", "size"}."""
+    with tempfile.TemporaryDirectory(prefix="boxd-bundle-") as tmp:
+        path = os.path.join(tmp, "harvest.bundle")
+        git(work, ["bundle", "create", "-q", path, "HEAD", "--all"])
+        git(work, ["bundle", "verify", "-q", path])
+        with open(path, "rb") as f:
+            data = f.read()
+    if len(data) > CALL_MAX:
+        raise Fail("FILE_TOO_LARGE", "the work's commits make a %d-byte bundle; the limit is %s per call" % (len(data), mib(CALL_MAX)))
+    return {"data": base64.b64encode(data).decode("ascii"), "sha256": sha256_hex(data), "size": len(data)}
+
+
+def ensure_git_exclude(work):
+    """Make git ignore .boxd/ whenever the tree is (now) a repository."""
+    dotgit = os.path.join(work.tree, ".git")
+    if os.path.isdir(dotgit) and not os.path.islink(dotgit):
+        exclude = os.path.join(dotgit, "info", "exclude")
+    elif os.path.isfile(dotgit):
+        r = git(work, ["rev-parse", "--git-path", "info/exclude"], check=False)
+        if r.returncode != 0:
+            return
+        exclude = r.stdout.decode("utf-8", "replace").strip()
+        if not os.path.isabs(exclude):
+            exclude = os.path.join(work.tree, exclude)
+    else:
+        return
+    try:
+        current = ""
+        if os.path.exists(exclude):
+            with open(exclude, "r", encoding="utf-8", errors="replace") as f:
+                current = f.read()
+        if any(line.strip() in (".boxd/", "/.boxd/", ".boxd", "/.boxd") for line in current.splitlines()):
+            return
+        os.makedirs(os.path.dirname(exclude), exist_ok=True)
+        with open(exclude, "a", encoding="utf-8") as f:
+            if current and not current.endswith("\n"):
+                f.write("\n")
+            f.write(".boxd/\n")
+    except OSError:
+        pass
+
+
+
+def ensure_repo(work):
+    """Make the work tree a git repository with a first commit of what it starts with, so
+    every later change can be accounted for. A tree that already is one is left alone."""
+    top = git(work, ["rev-parse", "--show-toplevel"], check=False)
+    if top.returncode == 0 and os.path.realpath(top.stdout.decode("utf-8", "replace").strip()) == os.path.realpath(work.tree):
+        ensure_git_exclude(work)
+        return "existing"
+    git(work, ["init", "-q"])
+    ensure_git_exclude(work)
+    # An identity for this repository when the image configures none, so the agent's own
+    # commits work too (they are what drop later asks the laptop to hold).
+    if git(work, ["config", "user.email"], check=False).returncode != 0:
+        git(work, ["config", "user.name", GIT_IDENTITY[0]])
+        git(work, ["config", "user.email", GIT_IDENTITY[1]])
+    git(work, ["add", "-A"])
+    git(work, ["commit", "-q", "--allow-empty", "--no-verify", "-m", "opencode-boxd: the work tree as it started"])
+    return "created"

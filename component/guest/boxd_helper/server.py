@@ -1,0 +1,130 @@
+"""The work's `opencode serve`: started detached in the work tree, found again through
+server.json, probed for health, and restarted when it died, but not on a machine short of
+memory (what most likely killed it) and never while it merely hangs."""
+
+import os
+import re
+import subprocess
+import time
+
+from .disk import FileLock, now_iso, write_json
+from .opencode import Api, ApiError, find_opencode, opencode_env
+from .procs import free_port, identity, kill_group, largest_processes, machine_health, owned_alive, port_listening
+from .protocol import Fail
+
+LISTEN_TIMEOUT = 60.0
+HEALTH_TIMEOUT = 5.0
+
+
+def start_server(work, password):
+    binary = find_opencode()
+    if not binary:
+        raise Fail("GUEST_VERSION", "opencode is not installed on this machine (not on PATH nor in ~/.opencode/bin)")
+    log_path = work.p("server.log")
+    for attempt in range(3):
+        port = free_port()
+        if os.path.exists(log_path):
+            os.replace(log_path, log_path + ".1")
+        with open(log_path, "ab") as logf:
+            proc = subprocess.Popen(
+                [binary, "serve", "--hostname", "127.0.0.1", "--port", str(port)],
+                cwd=work.tree, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
+                env=opencode_env(password), start_new_session=True, close_fds=True)
+        info = dict(identity(proc.pid, work.tree), port=port, startedAt=now_iso(), binary=binary, ready=False)
+        write_json(work.p("server.json"), info)
+        port_seen, text = wait_listening(proc, log_path)
+        if port_seen:
+            info.update(port=port_seen, ready=True)
+            write_json(work.p("server.json"), info)
+            return info
+        # another process took the port between our probe and the server's bind: try another
+        if not re.search(r"in use|EADDRINUSE|address already|ServeError", text, re.IGNORECASE) or attempt == 2:
+            raise Fail("GUEST_FAILED", "the OpenCode server exited with code %s before listening: %s" % (proc.poll(), text[-600:].strip()))
+
+
+def wait_listening(proc, log_path):
+    """(port, text): the port from the server's "listening on" line, or (None, log) if it exited."""
+    deadline = time.monotonic() + LISTEN_TIMEOUT
+    while True:
+        with open(log_path, "rb") as f:
+            text = f.read().decode("utf-8", "replace")
+        m = re.search(r"listening on https?://[^\s:/]+:(\d+)", text)
+        if m:
+            return int(m.group(1)), text
+        if proc.poll() is not None:
+            return None, text
+        if time.monotonic() > deadline:
+            kill_group(proc.pid)
+            raise Fail("GUEST_FAILED", "the OpenCode server did not start listening within %d s: %s" % (LISTEN_TIMEOUT, text[-600:].strip()))
+        time.sleep(0.1)
+
+
+def probe_server(work, password):
+    """('up'|'absent'|'dead'|'hung'|'badauth', info, detail)."""
+    info = work.server_info()
+    if not info or not info.get("pid") or not info.get("port"):
+        return "absent", None, "no server was started"
+    if not owned_alive(info, work.tree):
+        return "dead", info, "the server process %d is gone" % info["pid"]
+    try:
+        health = Api(info["port"], password).get("/global/health", timeout=HEALTH_TIMEOUT)
+        if isinstance(health, dict) and health.get("healthy"):
+            info["health"] = health
+            return "up", info, ""
+        return "hung", info, "the server answered /global/health with %s" % (str(health)[:200],)
+    except ApiError as e:
+        if e.status in (401, 403):
+            return "badauth", info, "the server refused the stored password"
+        if e.kind == "timeout":
+            return "hung", info, "the server on port %d accepts connections but did not answer within %.0f s" % (info["port"], HEALTH_TIMEOUT)
+        if not port_listening(info["port"]):
+            return "dead", info, "nothing listens on port %d (server pid %d)" % (info["port"], info["pid"])
+        return "hung", info, "the server on port %d did not answer: %s" % (info["port"], e)
+
+
+def record_interruption(work, reason):
+    """A run in flight lost its server: record it as aborted/interrupted (reported once by status)."""
+    with work.state_lock():
+        st = work.state()
+        if st.current:
+            work.finish_run(st, "aborted", None, "", interrupted=True, note=reason)
+            st.interrupt_pending = True
+            work.save_state(st)
+
+
+def ensure_server(work, password, want_version=None):
+    """Make sure the work's server runs. Returns (how, info): how is 'up', 'started' or 'restarted'.
+
+    Raises GUEST_UNRESPONSIVE when the machine is short of memory or overloaded and the server
+    is not answering, GUEST_FAILED when it hangs on a healthy machine or cannot start."""
+    with FileLock(work.p("server.lock"), timeout=LISTEN_TIMEOUT + 30):
+        how, info, detail = probe_server(work, password)
+        if how == "up" and want_version and (info.get("health") or {}).get("version") not in (None, want_version):
+            how, detail = "stale", "the server runs OpenCode %s, not %s" % (info["health"]["version"], want_version)
+        if how == "up":
+            if not info.get("ready"):
+                info["ready"] = True
+                info.pop("health", None)
+                write_json(work.p("server.json"), info)
+            return "up", info
+        if how == "hung":
+            short, over, why = machine_health()
+            if short or over:
+                raise Fail("GUEST_UNRESPONSIVE", "%s; the machine is %s; largest processes: %s" % (
+                    detail, why, ", ".join(largest_processes())))
+            raise Fail("GUEST_FAILED", detail)
+        if how == "dead":
+            # a dead server is restarted on a busy machine (load passes, the start is cheap), but
+            # not when memory is short: that is most likely what killed it
+            short, _, why = machine_health()
+            if short:
+                raise Fail("GUEST_UNRESPONSIVE", "%s and the machine is %s, so it was not restarted; largest processes: %s" % (
+                    detail, why, ", ".join(largest_processes())))
+        st = work.state()
+        if st.current and how != "absent":
+            record_interruption(work, detail)
+        if info and owned_alive(info, work.tree):
+            kill_group(info["pid"])
+        new = start_server(work, password)
+        work.log("helper.log", "server %s (%s): pid %d port %d" % ("started" if how == "absent" else "restarted", detail, new["pid"], new["port"]))
+        return ("started" if how == "absent" else "restarted"), new

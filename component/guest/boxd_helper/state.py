@@ -1,0 +1,225 @@
+"""One work on the guest: its tree, its .boxd folder, the inbox of admitted prompts and the
+state of its runs (state.json), which the commands and the pump share under the state lock."""
+
+import json
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Optional, TypedDict
+
+from .disk import FileLock, atomic_write, now_iso, read_json, read_text, write_json
+from .protocol import LAST_TEXT_MAX, WORK_ID_MAX, WORK_RE, Fail
+
+STATE_VERSION = 1                   # the format of state.json
+SEEN_PROMPTS = 500                  # promptIds remembered for duplicate submits
+SEAL_HOLD_SECONDS = 60              # how long a seal refuses new prompts
+PROMPT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,79}$")
+SESSION_ID_RE = re.compile(r"^ses_[A-Za-z0-9]{1,64}$")
+INBOX_RE = re.compile(r"^(\d{12})-.*\.json$")
+
+
+class Run(TypedDict, total=False):
+    """The run in flight: the prompt OpenCode accepted, and what the pump has seen of it."""
+    seq: int
+    promptId: str
+    sessionId: Optional[str]
+    sentAt: str
+    baseCount: int                  # messages in the session before this prompt
+    idleTicks: int
+    idleSince: Optional[float]
+    retry: Optional[dict]           # OpenCode's retry entry while it waits on a provider
+    activity: float                 # OpenCode's last session update, seconds
+    server: dict                    # the identity of the server that accepted it
+
+
+class Finished(TypedDict, total=False):
+    """The last finished run, as status reports it (and one line of runs.jsonl)."""
+    seq: Optional[int]
+    promptId: Optional[str]
+    sessionId: Optional[str]
+    outcome: str                    # completed | failed | aborted
+    failure: Optional[dict]         # {"kind": "auth"|"other", "message"}
+    lastText: str
+    interrupted: bool
+    startedAt: Optional[str]
+    finishedAt: str
+    note: str
+
+
+@dataclass
+class State:
+    """state.json: sequence numbers of the inbox, the run in flight, the last finished run."""
+    next_seq: int = 1
+    dispatched_seq: int = 0
+    runs: int = 0
+    current: Optional[Run] = None
+    last: Optional[Finished] = None
+    last_activity_at: Optional[str] = None
+    interrupt_pending: bool = False
+    seen: list = field(default_factory=list)
+
+    # attribute -> key in state.json
+    KEYS = {"next_seq": "nextSeq", "dispatched_seq": "dispatchedSeq", "runs": "runs", "current": "current",
+            "last": "last", "last_activity_at": "lastActivityAt", "interrupt_pending": "interruptPending",
+            "seen": "seen"}
+
+    @classmethod
+    def from_json(cls, doc):
+        doc = doc if isinstance(doc, dict) else {}
+        return cls(**{attr: doc[key] for attr, key in cls.KEYS.items() if key in doc})
+
+    def to_json(self):
+        out = {"version": STATE_VERSION}
+        out.update({key: getattr(self, attr) for attr, key in self.KEYS.items()})
+        return out
+
+    @property
+    def newest_prompt(self):
+        return self.seen[-1] if self.seen else None
+
+
+def cut_text(text, limit):
+    """At most `limit` characters. A word the cut would split is left out whole, so the
+    laptop's redaction still sees whole words (half a token may not look like one)."""
+    if len(text) <= limit:
+        return text
+    cut = text[:limit]
+    if not text[limit].isspace():
+        whole = re.match(r"(?s)(.*\s)\S*$", cut)
+        if whole:
+            cut = whole.group(1)
+    return cut.rstrip()
+
+
+class Work:
+    def __init__(self, work_id):
+        if not isinstance(work_id, str) or not WORK_RE.fullmatch(work_id) or len(work_id) > WORK_ID_MAX:
+            raise Fail("NAME_INVALID", "work id %r is not valid: use [a-z0-9-], start with a letter, end with a letter "
+                                       "or digit, at most %d characters" % (work_id, WORK_ID_MAX))
+        self.id = work_id
+        self.home = os.path.expanduser("~")
+        self.tree = os.path.join(self.home, "work", work_id)
+        self.boxd = os.path.join(self.tree, ".boxd")
+        self.inbox = os.path.join(self.boxd, "inbox")
+
+    def p(self, *names):
+        return os.path.join(self.boxd, *names)
+
+    def exists(self):
+        return os.path.isdir(self.boxd)
+
+    def require(self):
+        if not self.exists():
+            raise Fail("WORK_UNKNOWN", "work %s was never prepared on this machine (%s is missing)" % (self.id, self.boxd))
+
+    def create(self):
+        try:
+            os.makedirs(self.tree, exist_ok=True)
+            os.makedirs(self.inbox, exist_ok=True)
+            os.makedirs(self.p("tmp"), exist_ok=True)
+            os.chmod(self.boxd, 0o700)
+            probe = self.p(".write-probe")
+            with open(probe, "wb") as f:
+                f.write(b"ok")
+            os.unlink(probe)
+        except OSError as e:
+            raise Fail("GUEST_WORKSPACE", "cannot create the work tree %s: %s" % (self.tree, e.strerror or e))
+
+    # -- files
+    def password(self):
+        pw = read_text(self.p("password"))
+        if pw is None:
+            raise Fail("WORK_UNKNOWN", "work %s has no server password: run prepare" % self.id)
+        return pw
+
+    def session_id(self):
+        sid = (read_text(self.p("session")) or "").strip()
+        return sid or None
+
+    def set_session_id(self, sid):
+        atomic_write(self.p("session"), (sid + "\n").encode("ascii"))
+
+    def server_info(self):
+        return read_json(self.p("server.json"))
+
+    def state(self):
+        return State.from_json(read_json(self.p("state.json"), None))
+
+    def save_state(self, st):
+        write_json(self.p("state.json"), st.to_json())
+
+    def inbox_entries(self):
+        """[(seq, filename)] oldest first."""
+        out = []
+        try:
+            names = os.listdir(self.inbox)
+        except FileNotFoundError:
+            return out
+        for n in names:
+            m = INBOX_RE.match(n)
+            if m:
+                out.append((int(m.group(1)), n))
+        out.sort()
+        return out
+
+    def waiting(self, st):
+        """The inbox entries OpenCode has not accepted yet."""
+        return [e for e in self.inbox_entries() if e[0] > st.dispatched_seq]
+
+    def state_lock(self, timeout=30.0):
+        return FileLock(self.p("state.lock"), timeout)
+
+    def log(self, name, text):
+        try:
+            path = self.p(name)
+            if os.path.exists(path) and os.path.getsize(path) > 2 * 1024 * 1024:
+                os.replace(path, path + ".1")
+            with open(path, "a", encoding="utf-8") as f:
+                f.write("%s %s\n" % (now_iso(), text))
+        except OSError:
+            pass
+
+    # -- runs
+    def finish_run(self, st, outcome, failure, text, interrupted=False, note=None):
+        cur = st.current or {}
+        ts = time.time()
+        st.last = {
+            "seq": cur.get("seq"), "promptId": cur.get("promptId"), "sessionId": cur.get("sessionId"),
+            "outcome": outcome, "failure": failure, "lastText": cut_text(text or "", LAST_TEXT_MAX),
+            "interrupted": bool(interrupted), "startedAt": cur.get("sentAt"), "finishedAt": now_iso(ts),
+        }
+        if note:
+            st.last["note"] = note
+        st.current = None
+        st.last_activity_at = now_iso(ts)
+        try:
+            with open(self.p("runs.jsonl"), "a", encoding="utf-8") as f:
+                f.write(json.dumps(st.last, ensure_ascii=True) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError:
+            pass
+
+    def resolved(self, ids):
+        """{promptId: admitted?} for ids the laptop recorded but never heard back about."""
+        if not ids:
+            return {}
+        seen = set(self.state().seen) if self.exists() else set()
+        for _, name in self.inbox_entries():
+            seen.add(name.split("-", 1)[1][:-len(".json")])
+        return {i: i in seen for i in ids if isinstance(i, str) and PROMPT_ID_RE.match(i)}
+
+    def sealed_recently(self):
+        """A seal younger than SEAL_HOLD_SECONDS: a drop may be removing this machine."""
+        try:
+            age = time.time() - os.stat(self.p("sealed")).st_mtime
+        except FileNotFoundError:
+            return False
+        if 0 <= age < SEAL_HOLD_SECONDS:
+            return True
+        try:
+            os.unlink(self.p("sealed"))
+        except OSError:
+            pass
+        return False
