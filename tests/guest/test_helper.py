@@ -1,6 +1,6 @@
 """The guest helper (component/guest: the boxd_helper package and protocol.json) run
 directly, without boxd, against a real `opencode serve` (pinned 1.18.33) and the scripted
-model (tests/model/scripted-model.mjs). Every test runs it as it ships: one zipapp, made
+model (host-bridge/tour/scripted-model.mjs). Every test runs it as it ships: one zipapp, made
 from component/guest at the start of the module the way component/build.rs makes it.
 
     cd /work/main && python3 -m unittest discover -s tests/guest -v
@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SOURCE = ROOT / "component" / "guest"
 HELPER = Path(tempfile.mkdtemp(prefix="boxd-helper-")) / "helper.pyz"
 PROTOCOL = json.loads((SOURCE / "protocol.json").read_text())
-MODEL = ROOT / "tests" / "model" / "scripted-model.mjs"
+MODEL = ROOT / "host-bridge" / "tour" / "scripted-model.mjs"
 OPENCODE_VERSION = "1.18.33"
 CONFIG = {
     "$schema": "https://opencode.ai/config.json",

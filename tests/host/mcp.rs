@@ -6,29 +6,13 @@ use std::process::Command;
 
 use crate::common::*;
 
-/// The guest helper is a placeholder until it lands; ensure needs the real one.
-fn helper_placeholder() -> Option<String> {
-    let path = repo().join("component/guest/boxd_helper/cli.py");
-    let text = std::fs::read_to_string(&path).unwrap_or_default();
-    (text.lines().count() <= 4 && text.contains("placeholder"))
-        .then(|| format!("{} is still the placeholder: boxd_ensure cannot start a guest", path.display()))
-}
-
 #[test]
 fn a_real_mcp_client_lists_calls_and_sees_errors_progress_and_a_lifecycle() {
     let python = repo().join("tests/.venv/bin/python");
     assert!(python.exists(), "{} is missing: run bash tests/bootstrap.sh (it installs tests/mcp/requirements.txt)", python.display());
-    let skip = helper_placeholder();
-    // The lifecycle needs a golden image and the scripted model (World); the rest does not.
-    let world = skip.is_none().then(|| World::new("mcp"));
-    let plain;
-    let laptop = match &world {
-        Some(w) => &w.laptop,
-        None => {
-            plain = Laptop::new("mcp");
-            &plain
-        }
-    };
+    // The lifecycle needs a golden image and the scripted model (World).
+    let w = World::new("mcp");
+    let laptop = &w.laptop;
 
     let mut cmd = Command::new(&python);
     cmd.arg(repo().join("tests/mcp/client.py"))
@@ -45,7 +29,7 @@ fn a_real_mcp_client_lists_calls_and_sees_errors_progress_and_a_lifecycle() {
         // The script passes its environment on to the server it starts.
         .env("BOXD_LOCAL_HOME", &laptop.boxd_home)
         .env("BOXD_HOST_CACHE", cache_dir());
-    if let Some(w) = &world {
+    {
         // As World::call_with: the laptop's own OpenCode data and the pinned opencode.
         let oc = opencode_bin();
         let h = w.home.display().to_string();
@@ -56,10 +40,6 @@ fn a_real_mcp_client_lists_calls_and_sees_errors_progress_and_a_lifecycle() {
             cmd.env(k, format!("{h}/{sub}"));
         }
         cmd.env("OPENCODE_DISABLE_MODELS_FETCH", "1").env("OPENCODE_DISABLE_AUTOUPDATE", "1");
-    } else {
-        let reason = skip.as_deref().unwrap_or_default();
-        eprintln!("lifecycle skipped: {reason}");
-        cmd.arg("--skip-lifecycle").arg(reason);
     }
     let out = cmd.output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);

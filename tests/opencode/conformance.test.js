@@ -13,12 +13,12 @@ import { createHash } from "node:crypto";
 import fs from "node:fs";
 import path from "node:path";
 import { pathToFileURL } from "node:url";
-import { BOXD_LOCAL, Laptop, OC_VERSION, PLUGIN, REPO, copyShippedPlugin, helperIsPlaceholder, missingPrerequisite, outputJson } from "./harness.mjs";
+import { BOXD_LOCAL, Laptop, OC_VERSION, PLUGIN, REPO, copyShippedPlugin, missingPrerequisite, outputJson } from "./harness.mjs";
 
 const SCENARIO = JSON.parse(fs.readFileSync(path.join(REPO, "tests/conformance/scenario.json"), "utf8"));
 const RESULTS = path.join(REPO, "target/conformance-opencode.json");
 const PROBE = process.env.BOXD_PROBE_WASM;
-const skip = missingPrerequisite() || (helperIsPlaceholder() && "component/guest/helper.py is still the placeholder") ||
+const skip = missingPrerequisite() ||
   (!PROBE && "BOXD_PROBE_WASM is not set (tests/host/conformance.rs sets it to the built probe component)") || false;
 
 /** The shipped plugin in `dir`, its dist/ built around the probe component. */

@@ -26,12 +26,6 @@ export function missingPrerequisite() {
   return undefined;
 }
 
-/** The guest helper is still the placeholder (the guest-side tools cannot run yet). */
-export function helperIsPlaceholder() {
-  const file = path.join(REPO, "component/guest/boxd_helper/cli.py");
-  return !fs.existsSync(file) || fs.statSync(file).size < 1000 || /placeholder/.test(fs.readFileSync(file, "utf8").slice(0, 300));
-}
-
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
 function waitForLine(child, re, ms, what) {

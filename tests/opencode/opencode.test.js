@@ -7,7 +7,7 @@ import { test, describe, before, after } from "node:test";
 import assert from "node:assert/strict";
 import fs from "node:fs";
 import path from "node:path";
-import { Laptop, OC_VERSION, changeCommands, copyShippedPlugin, helperIsPlaceholder, missingPrerequisite, outputJson } from "./harness.mjs";
+import { Laptop, OC_VERSION, changeCommands, copyShippedPlugin, missingPrerequisite, outputJson } from "./harness.mjs";
 
 const skip = missingPrerequisite() ?? false;
 const T = { timeout: 180000 };
@@ -208,7 +208,7 @@ describe("in OpenCode, access ask-changes", { skip }, () => {
   });
 });
 
-const guestSkip = skip || (helperIsPlaceholder() && "component/guest/helper.py is still the placeholder: ensure/submit/job/harvest need the real guest helper");
+const guestSkip = skip;
 
 describe("in OpenCode, a work end to end: ensure → submit → job → harvest", { skip: guestSkip }, () => {
   let l;
