@@ -2,7 +2,7 @@
 // project whose opencode.json loads the plugin by path with the given options, boxd-local
 // as the boxd CLI with its own state folder, and a real `opencode serve` (opencode-ai from
 // tests/node_modules). Everything is driven over HTTP with timeouts (a request can hang
-// while the server starts: opencode.md §8.6), and assertions read the stored session.
+// while the server starts, seen with opencode-ai 1.18.33), and assertions read the stored session.
 import { spawn, execFileSync } from "node:child_process";
 import { Worker } from "node:worker_threads";
 import fs from "node:fs";
@@ -50,7 +50,7 @@ function waitForLine(child, re, ms, what) {
 }
 
 // OpenCode installs @opencode-ai/plugin into every config dir unless it finds these
-// (opencode.md §8.6); the plugin imports nothing, so an empty node_modules is enough.
+// (seen with opencode-ai 1.18.33); the plugin imports nothing, so an empty node_modules is enough.
 function seedConfigDir(dir) {
   fs.mkdirSync(path.join(dir, "node_modules"), { recursive: true });
   fs.writeFileSync(path.join(dir, "package.json"), JSON.stringify({ dependencies: { "@opencode-ai/plugin": OC_VERSION } }));

@@ -36,6 +36,9 @@ pub struct ToolSpec {
     /// The title a host shows while it runs; `{work}` (the work argument) is its only
     /// placeholder.
     pub progress: Option<&'static str>,
+    /// Answers on an OpenCode outside the tested range (HOST_UNTESTED stops every other
+    /// tool): how the user finds out what is wrong.
+    pub on_untested_host: bool,
     pub run: Run,
     pub description: &'static str,
     /// Builds the JSON Schema of the arguments.
@@ -61,6 +64,7 @@ pub const TOOLS: &[ToolSpec] = &[
         destructive: false,
         long_running: false,
         progress: None,
+        on_untested_host: true,
         run: status::run,
         description: "Show the boxd CLI sign-in, the golden snapshot, every open work with its machine state and warnings, the tools, and one next step. Starts nothing.",
         schema: || object(json!({}), &[]),
@@ -71,6 +75,7 @@ pub const TOOLS: &[ToolSpec] = &[
         destructive: false,
         long_running: false,
         progress: None,
+        on_untested_host: false,
         run: job::run,
         description: "How a work's run is going: busy, idle, asleep, gone or starting; when idle the last outcome (completed, failed, aborted), the newest assistant text (redacted, at most 300 characters), the last activity time and the prompts waiting. Never wakes a machine.",
         schema: only_work,
@@ -81,6 +86,7 @@ pub const TOOLS: &[ToolSpec] = &[
         destructive: false,
         long_running: true,
         progress: Some("ensuring machine oc-{work}…"),
+        on_untested_host: false,
         run: lifecycle::ensure,
         description: "Create (or adopt) the private boxd machine oc-<work> for a work, from the golden snapshot, and record it in the ledger. Cheap and idempotent on a healthy work.",
         schema: || object(json!({
@@ -94,6 +100,7 @@ pub const TOOLS: &[ToolSpec] = &[
         destructive: false,
         long_running: true,
         progress: Some("submitting to oc-{work}…"),
+        on_untested_host: false,
         run: submit::run,
         description: "Send a task to a work's guest OpenCode session, optionally copying laptop files into the work tree first. Returns once the guest admitted the prompt (queued: true when a run was busy); call boxd_job in a later turn.",
         schema: || object(json!({
@@ -116,6 +123,7 @@ pub const TOOLS: &[ToolSpec] = &[
         destructive: false,
         long_running: true,
         progress: Some("harvesting work {work}…"),
+        on_untested_host: false,
         run: harvest::run,
         description: "Bring a work home: export the guest's session tree, import it into this laptop's OpenCode (parents first) and prove it by reading it back, record the guest's git state (storing uncommitted changes as a patch), then copy the named files back.",
         schema: || object(json!({
@@ -135,6 +143,7 @@ pub const TOOLS: &[ToolSpec] = &[
         destructive: false,
         long_running: false,
         progress: None,
+        on_untested_host: false,
         run: lifecycle::sleep,
         description: "Hibernate a work's machine. Destroys nothing and keeps the disk; always allowed. Records a warning when the newest prompt is not yet harvested.",
         schema: only_work,
@@ -145,6 +154,7 @@ pub const TOOLS: &[ToolSpec] = &[
         destructive: false,
         long_running: true,
         progress: Some("waking oc-{work}…"),
+        on_untested_host: false,
         run: lifecycle::resume,
         description: "Wake a hibernated work's machine (resetting its idle bound), or rebuild a gone one from the golden snapshot.",
         schema: only_work,
@@ -155,6 +165,7 @@ pub const TOOLS: &[ToolSpec] = &[
         destructive: false,
         long_running: false,
         progress: None,
+        on_untested_host: false,
         run: image::run,
         description: "Save a work's machine as a new named snapshot. Refuses until a harvest has proven the transcript since the last prompt.",
         schema: || object(json!({
@@ -168,6 +179,7 @@ pub const TOOLS: &[ToolSpec] = &[
         destructive: true,
         long_running: false,
         progress: None,
+        on_untested_host: false,
         run: drop::run,
         description: "Destroy a work's machine, only when the laptop can account for everything on it: the guest is stopped, then its live state is checked in the same call (proven transcript, every commit in the ledger's bundle, uncommitted changes in the stored patch, every new file harvested or sent from the laptop). A work whose machine is gone is closed, naming what could not be recovered.",
         schema: || object(json!({

@@ -1,6 +1,6 @@
 // The default permission rules the plugin adds in OpenCode's `config` hook.
 //
-// How OpenCode evaluates (opencode.md §2, checked in the 1.18.33 bundle): every agent's
+// How OpenCode evaluates (read in the opencode-ai 1.18.33 bundle): every agent's
 // ruleset is OpenCode's defaults (which start with permission "*" pattern "*" → allow,
 // except explore/compaction/title/summary, which add "*" → deny), then the global
 // `permission`, then `agent.<name>.permission`, each object flattened in key order; the
