@@ -136,3 +136,27 @@ fn a_grant_the_host_cannot_make_is_answered_like_a_tool_error() {
     assert!(v["next"].as_str().unwrap().contains("allowedRoots"), "{v:#}");
     assert!(laptop.boxd_calls().is_empty(), "nothing ran");
 }
+
+/// On a terminal a long tool shows the manifest's progress title on stderr; piped (as every
+/// other test runs it) stdout is the bare JSON and stderr stays empty.
+#[test]
+fn a_long_tool_shows_progress_only_on_a_terminal() {
+    let laptop = Laptop::new("progress");
+    let piped = laptop.host(&["call", "boxd_ensure", r#"{"work":"w1"}"#]);
+    assert!(piped.stderr.is_empty(), "{}", String::from_utf8_lossy(&piped.stderr));
+    assert_eq!(stdout_json(&piped)["error"], "SNAPSHOT_MISSING");
+    if !std::path::Path::new("/usr/bin/script").exists() {
+        return; // util-linux's script gives the child a terminal; without it only the piped half runs
+    }
+    let line = format!(
+        "{} --project {} --ledger {} --boxd {} call boxd_ensure '{{\"work\":\"w1\"}}'",
+        boxd_host().display(),
+        laptop.project.display(),
+        laptop.ledger.display(),
+        boxd_local().display()
+    );
+    let tty = std::process::Command::new("/usr/bin/script").args(["-qec", &line, "/dev/null"]).env("BOXD_LOCAL_HOME", &laptop.boxd_home).env("BOXD_HOST_CACHE", cache_dir()).output().unwrap();
+    let text = String::from_utf8_lossy(&tty.stdout);
+    assert!(text.contains("ensuring machine oc-w1"), "{text}");
+    assert!(text.contains("SNAPSHOT_MISSING"), "{text}");
+}

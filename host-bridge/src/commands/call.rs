@@ -1,5 +1,5 @@
 //! `boxd-host call TOOL [ARGS_JSON]`: one tool call; the result or the error object on
-//! stdout, exit 1 for a tool error.
+//! stdout, exit 1 for a tool error; on a terminal, a spinner on stderr while a long tool runs.
 
 use anyhow::{Context as _, Result};
 
@@ -24,10 +24,34 @@ pub fn run(grants: &Grants, tool: &str, mut args: String) -> Result<u8> {
             None => return Err(e),
         },
     };
-    let (answer, code) = match session.call(tool, &args)? {
+    let spinner = progress(&session, tool, &args);
+    let answer = session.call(tool, &args);
+    if let Some(s) = spinner {
+        s.finish_and_clear();
+    }
+    let (answer, code) = match answer? {
         Ok(v) => (v, 0),
         Err(e) => (e, 1),
     };
     println!("{}", serde_json::to_string_pretty(&answer)?);
     Ok(code)
+}
+
+/// On a terminal, a spinner with the manifest's progress title for a long-running tool
+/// (scripts that read stdout see nothing of it: stderr only, and only on a TTY).
+fn progress(session: &Session, tool: &str, args: &str) -> Option<indicatif::ProgressBar> {
+    use std::io::IsTerminal;
+    if !std::io::stderr().is_terminal() {
+        return None;
+    }
+    let manifest: serde_json::Value = serde_json::from_str(&session.runtime.describe().ok()?).ok()?;
+    let spec = manifest["tools"].as_array()?.iter().find(|t| t["name"] == tool)?;
+    if spec["longRunning"] != true {
+        return None;
+    }
+    let work = serde_json::from_str::<serde_json::Value>(args).ok().and_then(|a| a["work"].as_str().map(String::from)).unwrap_or_default();
+    let title = spec["progress"].as_str().unwrap_or(tool).replace("{work}", &work);
+    let bar = indicatif::ProgressBar::new_spinner().with_message(title);
+    bar.enable_steady_tick(std::time::Duration::from_millis(120));
+    Some(bar)
 }
