@@ -83,7 +83,11 @@ fn session(world: &World, ledger: &Path) -> Session {
         opencode: Some(opencode_bin()),
         ..Default::default()
     };
-    let mut vars: Vec<(String, String)> = std::env::vars().collect();
+    // As World::call: the pinned opencode first on PATH, which the guests use too.
+    let oc = opencode_bin();
+    let path = format!("{}:{}", oc.parent().unwrap().display(), std::env::var("PATH").unwrap_or_default());
+    let mut vars: Vec<(String, String)> = std::env::vars().filter(|(k, _)| k != "PATH").collect();
+    vars.push(("PATH".into(), path));
     vars.extend(world.laptop_env());
     vars.push(("BOXD_LOCAL_HOME".into(), world.laptop.boxd_home.display().to_string()));
     Session::open_env(&grants, "boxd-host-mcp", vars).unwrap()
