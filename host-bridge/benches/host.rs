@@ -1,72 +1,296 @@
-//! Host benchmarks (not run by the tests; `cargo bench -p boxd-host`): cold start with
-//! and without the compiled-component cache, and per-call overhead of a trivial tool
-//! call and of boxd_status against boxd-local. Prints times and ratios.
+//! `cargo bench -p boxd-host`: issue 15's table in one run (docs/performance.md). Every
+//! row is a measured value beside its baseline and the ratio. The baseline of a tool is
+//! the same boxd CLI invocations, replayed directly from boxd-local's call log; a tool
+//! that changes state is replayed as a pair that ends where it began (sleep + resume), or
+//! has no baseline. Needs what the host tests need (tests/bootstrap.sh) and boxd-local in
+//! the same profile (built here when missing). Not run by the tests.
 
-use std::path::PathBuf;
+#[allow(dead_code)]
+#[path = "../../tests/host/common.rs"]
+mod common;
+
+/// What tests/host/common.rs asks of its crate.
+mod guest {
+    pub fn sha256(bytes: &[u8]) -> String {
+        use sha2::Digest;
+        sha2::Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+    }
+}
+
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use boxd_host::policy::Policy;
-use boxd_host::runtime::{CallContext, Runtime};
+use boxd_host::cli::Grants;
+use boxd_host::session::Session;
+use common::*;
+use serde_json::{json, Value};
 
 fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();
     v[v.len() / 2]
 }
 
-fn policy(dir: &PathBuf, boxd: Option<&PathBuf>) -> Policy {
-    let mut p = Policy::new();
-    if let Some(b) = boxd {
-        p.program("boxd", b).unwrap();
+fn timed(n: usize, mut f: impl FnMut()) -> Duration {
+    median((0..n).map(|_| {
+        let t = Instant::now();
+        f();
+        t.elapsed()
+    }).collect())
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.2} ms", d.as_secs_f64() * 1e3)
+}
+
+/// One table row: what, measured, baseline, ratio, note.
+fn row(what: &str, measured: &str, baseline: &str, ratio: Option<f64>, note: &str) {
+    let r = ratio.map_or("".into(), |r| format!("{r:.2}×"));
+    println!("| {what} | {measured} | {baseline} | {r} | {note} |");
+}
+
+fn ratio(a: Duration, b: Duration) -> Option<f64> {
+    Some(a.as_secs_f64() / b.as_secs_f64())
+}
+
+/// boxd-local beside this bench (target/<profile>/), built when missing.
+fn ensure_boxd_local() {
+    if target_dir().join("boxd-local").exists() {
+        return;
     }
-    p.preopen(dir, "project").unwrap();
-    p.child_env_from(std::env::vars());
-    p
+    let release = target_dir().ends_with("release");
+    let mut cargo = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    cargo.args(["build", "--quiet", "-p", "boxd-local"]).current_dir(repo());
+    if release {
+        cargo.arg("--release");
+    }
+    assert!(cargo.status().unwrap().success(), "building boxd-local failed");
+}
+
+/// Replay boxd CLI invocations directly (no stdin; the guest helper keeps a work's password).
+fn replay(world: &World, calls: &[Vec<String>]) {
+    for argv in calls {
+        Command::new(boxd_local()).args(argv).env("BOXD_LOCAL_HOME", &world.laptop.boxd_home).stdin(Stdio::null()).output().unwrap();
+    }
+}
+
+/// The in-process session a long-lived host (MCP) keeps, on this world's laptop.
+fn session(world: &World, ledger: &Path) -> Session {
+    let grants = Grants {
+        project: Some(world.laptop.project.clone()),
+        ledger: Some(ledger.to_path_buf()),
+        boxd: Some(boxd_local()),
+        opencode: Some(opencode_bin()),
+        ..Default::default()
+    };
+    // As World::call: the pinned opencode first on PATH, which the guests use too.
+    let oc = opencode_bin();
+    let path = format!("{}:{}", oc.parent().unwrap().display(), std::env::var("PATH").unwrap_or_default());
+    let mut vars: Vec<(String, String)> = std::env::vars().filter(|(k, _)| k != "PATH").collect();
+    vars.push(("PATH".into(), path));
+    vars.extend(world.laptop_env());
+    vars.push(("BOXD_LOCAL_HOME".into(), world.laptop.boxd_home.display().to_string()));
+    Session::open_env(&grants, "boxd-host-mcp", vars).unwrap()
+}
+
+struct Tool {
+    trips: Vec<Vec<String>>,
+    one_shot: Duration,
+}
+
+/// One one-shot `boxd-host call`; its time and the boxd invocations it made.
+fn one_shot(world: &World, tool: &str, args: &str) -> Tool {
+    world.forget_calls();
+    let t = Instant::now();
+    let (code, v) = world.call(tool, args);
+    let one_shot = t.elapsed();
+    assert_eq!(code, 0, "{tool}: {v:#}");
+    Tool { trips: world.laptop.boxd_calls(), one_shot }
+}
+
+/// A read-like tool: one-shot and in-process times against the replay of its calls.
+/// Returns its boxd round trips.
+fn read_tool(world: &World, s: &mut Session, what: &str, tool: &str, args: &str, version: Duration) -> usize {
+    let first = one_shot(world, tool, args);
+    let n = 7;
+    let shot = timed(n, || drop(one_shot(world, tool, args)));
+    let inproc = timed(n, || drop(s.call(tool, args).unwrap().unwrap()));
+    let direct = timed(n, || replay(world, &first.trips));
+    row(&format!("{what}, long-lived host"), &ms(inproc), &ms(direct), ratio(inproc, direct), &format!("{} boxd calls", first.trips.len()));
+    row(&format!("{what}, one-shot call"), &ms(shot), &format!("{} + {}", ms(direct), ms(version)), ratio(shot, direct + version), "baseline: replay plus a process start");
+    first.trips.len()
+}
+
+/// Peak RSS (KiB) of one one-shot call, through /usr/bin/time; arguments on stdin.
+fn rss_call(world: &World, tool: &str, args: &str) -> u64 {
+    let out_file = world.laptop.scratch.0.join("time.txt");
+    let mut env = world.laptop_env();
+    let oc = opencode_bin();
+    env.push(("PATH".into(), format!("{}:{}", oc.parent().unwrap().display(), std::env::var("PATH").unwrap_or_default())));
+    env.push(("BOXD_LOCAL_HOME".into(), world.laptop.boxd_home.display().to_string()));
+    let mut child = Command::new("/usr/bin/time")
+        .args(["-f", "%M", "-o"])
+        .arg(&out_file)
+        .arg(boxd_host())
+        .arg("--opencode").arg(&oc).arg("--project").arg(&world.laptop.project).arg("--ledger").arg(&world.laptop.ledger).arg("--boxd").arg(boxd_local())
+        .args(["call", tool, "-"])
+        .envs(env)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut child.stdin.take().unwrap(), args.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{tool}: {}", String::from_utf8_lossy(&out.stdout));
+    std::fs::read_to_string(&out_file).unwrap().trim().parse().unwrap()
+}
+
+/// 32 MiB in (submit) and out (harvest): 3 × 8 MiB + 200 × 40 KiB, time and peak RSS,
+/// beside one `machine cp -r` of the same folder and a sha256sum over it.
+fn files_32mib(world: &World) {
+    let src = world.laptop.project.join("big");
+    std::fs::create_dir_all(&src).unwrap();
+    let mut files = Vec::new();
+    let mut names = Vec::new();
+    for (i, size) in (0..3).map(|i| (i, 8 << 20)).chain((3..203).map(|i| (i, 40 << 10))) {
+        let name = format!("f{i:03}.bin");
+        std::fs::write(src.join(&name), vec![(i % 251) as u8; size]).unwrap();
+        files.push(json!({ "from": format!("big/{name}"), "to": format!("big/{name}") }));
+        names.push(format!("big/{name}"));
+    }
+    let submit = json!({ "work": "w1", "prompt": "files", "files": files }).to_string();
+    let t = Instant::now();
+    let rss_in = rss_call(world, "boxd_submit", &submit);
+    let t_in = t.elapsed();
+    world.job_until_idle("w1");
+    let t = Instant::now();
+    let rss_out = rss_call(world, "boxd_harvest", &json!({ "work": "w1", "files": names, "to": "back" }).to_string());
+    let t_out = t.elapsed();
+    let cp_in = timed(3, || {
+        let ok = world.laptop.boxd(&["machine", "cp", "-r", src.to_str().unwrap(), "oc-w1:copy-in"]).status.success();
+        assert!(ok, "machine cp -r");
+    });
+    let dest = world.laptop.scratch.0.join("copy-out");
+    let cp_out = timed(3, || {
+        let _ = std::fs::remove_dir_all(&dest);
+        assert!(world.laptop.boxd(&["machine", "cp", "-r", "oc-w1:copy-in", dest.to_str().unwrap()]).status.success());
+        assert!(Command::new("sh").arg("-c").arg(format!("find {} -type f -exec sha256sum {{}} + >/dev/null", dest.display())).status().unwrap().success());
+    });
+    row("32 MiB in (submit, whole call)", &ms(t_in), &format!("{} (one machine cp -r)", ms(cp_in)), ratio(t_in, cp_in), &format!("peak RSS {} MiB (goal ≤ 64)", rss_in / 1024));
+    row("32 MiB out (harvest, whole call)", &ms(t_out), &format!("{} (cp -r + sha256sum)", ms(cp_out)), ratio(t_out, cp_out), &format!("peak RSS {} MiB (goal ≤ 64)", rss_out / 1024));
+}
+
+/// boxd_status with `n` works in a ledger of their own (copies of w1's record).
+fn status_at(world: &World, n: usize) -> (Duration, Duration) {
+    let ledger = world.laptop.scratch.0.join(format!("ledger-{n}"));
+    let record: Value = serde_json::from_slice(&std::fs::read(world.laptop.ledger.join("works/w1/work.json")).unwrap()).unwrap();
+    for i in 0..n {
+        let dir = ledger.join(format!("works/s{i}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut w = record.clone();
+        w["work"] = json!(format!("s{i}"));
+        w["machine"] = json!(format!("oc-s{i}"));
+        std::fs::write(dir.join("work.json"), serde_json::to_vec(&w).unwrap()).unwrap();
+    }
+    let mut s = session(world, &ledger);
+    s.call("boxd_status", "{}").unwrap().unwrap();
+    let took = timed(7, || drop(s.call("boxd_status", "{}").unwrap().unwrap()));
+    let direct = timed(7, || replay(world, &[vec!["machine".into(), "list".into(), "--json".into()], vec!["snapshots".into(), "list".into(), "--json".into()]]));
+    (took, direct)
+}
+
+fn process(args: &[&str], env: &[(&str, &Path)]) -> Duration {
+    timed(9, || {
+        let out = Command::new(boxd_host()).args(args).envs(env.iter().copied()).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    })
+}
+
+fn bridge(world: &World) {
+    let bridge = repo().join("host-bridge/opencode");
+    if !bridge.join("dist/worker.js").exists() {
+        return row("OpenCode bridge, boxd_status", "n/a", "", None, "run npm run build in host-bridge/opencode");
+    }
+    let dir = world.laptop.scratch.0.join("bridge");
+    let out = Command::new("node").arg(repo().join("host-bridge/benches/bridge.mjs")).arg(boxd_local()).arg(&dir).arg("30").output().unwrap();
+    assert!(out.status.success(), "bridge.mjs: {}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (b, d) = (v["bridgeMs"].as_f64().unwrap(), v["directMs"].as_f64().unwrap());
+    row("OpenCode bridge, boxd_status (goal ≤ 1.15×)", &format!("{b:.2} ms"), &format!("{d:.2} ms"), Some(b / d), "jco in a worker, a ready instance per call");
 }
 
 fn main() {
-    let dir = std::env::temp_dir().join(format!("boxd-bench-{}", std::process::id()));
-    let cache = dir.join("cache");
-    // SAFETY: set before any thread starts; children of the policy inherit it.
-    unsafe { std::env::set_var("BOXD_LOCAL_HOME", dir.join("boxd")) };
-    std::fs::create_dir_all(&cache).unwrap();
-    let wasm = boxd_host::COMPONENT;
-    println!("component: {} bytes", wasm.len());
+    ensure_boxd_local();
+    let started = Instant::now();
+    let world = World::new("bench");
+    let cache = cache_dir();
+    println!("component: {} bytes; boxd-local: {}", boxd_host::COMPONENT.len(), boxd_local().display());
+    println!();
+    println!("| what | measured | baseline | ratio | note |");
+    println!("|---|---|---|---|---|");
 
-    let t = Instant::now();
-    let rt = Runtime::load(wasm, policy(&dir, None), None).unwrap();
-    let cold_compile = t.elapsed();
-    drop(rt);
-    Runtime::load(wasm, policy(&dir, None), Some(&cache)).unwrap(); // fills the cache
-    let cached = median((0..5).map(|_| {
-        let t = Instant::now();
-        let rt = Runtime::load(wasm, policy(&dir, None), Some(&cache)).unwrap();
-        assert!(!rt.compiled);
-        t.elapsed()
-    }).collect());
-    println!("load, compiling:          {cold_compile:>10.2?}");
-    println!("load, from the cache:     {cached:>10.2?}   ({:.0}x faster)", cold_compile.as_secs_f64() / cached.as_secs_f64());
+    // Process start and describe, cold (compiling) and warm (the compiled cache).
+    let version = process(&["--version"], &[]);
+    let empty = world.laptop.scratch.0.join("empty-cache");
+    let cold = timed(3, || {
+        let _ = std::fs::remove_dir_all(&empty);
+        let out = Command::new(boxd_host()).arg("describe").env("BOXD_HOST_CACHE", &empty).output().unwrap();
+        assert!(out.status.success());
+    });
+    let warm = process(&["describe"], &[("BOXD_HOST_CACHE", cache)]);
+    row("`boxd-host --version` (process start)", &ms(version), "", None, "");
+    row("describe, cold / warm cache", &format!("{} / {}", ms(cold), ms(warm)), "", ratio(cold, warm), "cold compiles with Cranelift");
 
-    let rt = Runtime::load(wasm, policy(&dir, None), Some(&cache)).unwrap();
-    let ctx = CallContext { host_name: "bench".into(), project: dir.display().to_string(), ledger: dir.display().to_string(), options_json: "{}".into(), ..Default::default() };
-    let describe = median((0..200).map(|_| { let t = Instant::now(); rt.describe().unwrap(); t.elapsed() }).collect());
-    let unknown = median((0..200).map(|_| { let t = Instant::now(); let _ = rt.call("boxd_nope", "{}", &ctx).unwrap(); t.elapsed() }).collect());
-    println!("describe (fresh instance):{describe:>10.2?}");
-    println!("trivial call (instance + argument check + error): {unknown:.2?}");
+    world.ok_call("boxd_ensure", r#"{"work":"w1"}"#);
+    let mut s = session(&world, &world.laptop.ledger);
+    let mut trips = vec![
+        ("status", read_tool(&world, &mut s, "boxd_status", "boxd_status", "{}", version)),
+        ("ensure-adopt", read_tool(&world, &mut s, "boxd_ensure (adopt)", "boxd_ensure", r#"{"work":"w1"}"#, version)),
+        ("job", read_tool(&world, &mut s, "boxd_job", "boxd_job", r#"{"work":"w1"}"#, version)),
+    ];
 
-    let boxd_local = std::env::current_exe().unwrap().parent().unwrap().parent().unwrap().join("boxd-local");
-    if boxd_local.exists() {
-        let rt = Runtime::load(wasm, policy(&dir, Some(&boxd_local)), Some(&cache)).unwrap();
-        let status = median((0..20).map(|_| { let t = Instant::now(); rt.call("boxd_status", "{}", &ctx).unwrap().0.unwrap(); t.elapsed() }).collect());
-        let direct = median((0..20).map(|_| {
-            let t = Instant::now();
-            for args in [["machine", "list", "--json"], ["snapshots", "list", "--json"]] {
-                std::process::Command::new(&boxd_local).args(args).env("BOXD_LOCAL_HOME", dir.join("boxd")).output().unwrap();
-            }
-            t.elapsed()
-        }).collect());
-        println!("boxd_status via the component: {status:.2?}; the same two boxd-local calls run directly: {direct:.2?} (overhead ratio {:.2})", status.as_secs_f64() / direct.as_secs_f64());
-    } else {
-        println!("(build boxd-local in the same profile to time boxd_status: cargo build --release -p boxd-local)");
+    std::fs::write(world.laptop.project.join("a.txt"), "a").unwrap();
+    let submit = one_shot(&world, "boxd_submit", r#"{"work":"w1","prompt":"hello","files":[{"from":"a.txt","to":"a.txt"}]}"#);
+    world.job_until_idle("w1");
+    row("boxd_submit, one-shot", &ms(submit.one_shot), "", None, &format!("{} boxd calls; no replay (it queues a prompt)", submit.trips.len()));
+    let harvest = one_shot(&world, "boxd_harvest", r#"{"work":"w1"}"#);
+    row("boxd_harvest (a new prompt), one-shot", &ms(harvest.one_shot), "", None, &format!("{} boxd calls; imports and proves on the laptop", harvest.trips.len()));
+    // Its replay gives the guest's git step no stdin (the helper answers at once), so this
+    // baseline is a little low.
+    trips.push(("harvest", read_tool(&world, &mut s, "boxd_harvest, nothing new", "boxd_harvest", r#"{"work":"w1"}"#, version)));
+
+    // Sleep and resume as a pair that ends where it began, against their calls replayed.
+    let pair = |world: &World| -> (Tool, Tool) { (one_shot(world, "boxd_sleep", r#"{"work":"w1"}"#), one_shot(world, "boxd_resume", r#"{"work":"w1"}"#)) };
+    let (sleep, resume) = pair(&world);
+    let shot = timed(5, || drop(pair(&world)));
+    let inproc = timed(5, || {
+        s.call("boxd_sleep", r#"{"work":"w1"}"#).unwrap().unwrap();
+        s.call("boxd_resume", r#"{"work":"w1"}"#).unwrap().unwrap();
+    });
+    let calls: Vec<Vec<String>> = sleep.trips.iter().chain(&resume.trips).cloned().collect();
+    let direct = timed(5, || replay(&world, &calls));
+    let note = format!("{} + {} boxd calls", sleep.trips.len(), resume.trips.len());
+    row("boxd_sleep + boxd_resume, long-lived host", &ms(inproc), &ms(direct), ratio(inproc, direct), &note);
+    row("boxd_sleep + boxd_resume, one-shot", &ms(shot), &format!("{} + 2 × {}", ms(direct), ms(version)), ratio(shot, direct + version * 2), &note);
+
+    let image = one_shot(&world, "boxd_image", r#"{"work":"w1","name":"bench-image"}"#);
+    row("boxd_image, one-shot", &ms(image.one_shot), "", None, &format!("{} boxd calls", image.trips.len()));
+
+    for n in [1, 50, 500] {
+        let (took, direct) = status_at(&world, n);
+        row(&format!("boxd_status at {n} works, long-lived host"), &ms(took), &ms(direct), ratio(took, direct), &format!("{} beyond its two CLI calls", ms(took.saturating_sub(direct))));
     }
-    let _ = std::fs::remove_dir_all(&dir);
+    bridge(&world);
+    files_32mib(&world);
+    world.ok_call("boxd_harvest", r#"{"work":"w1"}"#);
+    world.forget_calls();
+    let t = Instant::now();
+    let (_, v) = world.call("boxd_drop", r#"{"work":"w1"}"#);
+    let answer = v["error"].as_str().map_or("dropped".to_string(), |e| format!("answered {e}"));
+    row("boxd_drop, one-shot", &ms(t.elapsed()), "", None, &format!("{} boxd calls; {answer}", world.laptop.boxd_calls().len()));
+    trips.extend([("submit", submit.trips.len()), ("sleep", sleep.trips.len()), ("resume (wake)", resume.trips.len()), ("image", image.trips.len()), ("drop", world.laptop.boxd_calls().len())]);
+    println!();
+    let trips: Vec<String> = trips.iter().map(|(t, n)| format!("{t} {n}")).collect();
+    println!("boxd round trips per tool: {}", trips.join(", "));
+    println!("whole run: {:.0} s", started.elapsed().as_secs_f64());
 }

@@ -9,7 +9,8 @@
 // on an Atomics flag until the reply is on its port (the synckit pattern the shim uses).
 //
 // Each call gets a fresh instance (as in the Rust host): a trap cannot poison the next
-// call, and guest state never outlives the call. The core modules compile once per worker.
+// call, and guest state never outlives the call. The core modules compile once per worker,
+// and the next call's instance is made as soon as a call ends, so a call finds it ready.
 import { parentPort, workerData, receiveMessageOnPort, MessageChannel } from "node:worker_threads";
 import fs from "node:fs";
 import { instantiate } from "./dist/boxd_component.js";
@@ -61,11 +62,27 @@ async function fresh() {
   return (await instantiate(getCoreModule, imports)).tools;
 }
 
+// The instance the next call takes: made while the worker waits, never used twice.
+let ready = null;
+function prepareNext() {
+  ready = fresh();
+  ready.catch(() => {}); // a failure is retried by the call that takes it
+}
+function take() {
+  const made = ready ?? fresh();
+  ready = null;
+  return made.catch(() => fresh());
+}
+prepareNext();
+
 parentPort.on("message", async (m) => {
   currentCall = m.id;
-  const done = (r) => parentPort.postMessage({ type: "done", id: m.id, ...r });
+  const done = (r) => {
+    parentPort.postMessage({ type: "done", id: m.id, ...r });
+    prepareNext();
+  };
   try {
-    const tools = await fresh();
+    const tools = await take();
     if (m.type === "describe") return done({ ok: tools.describe() });
     const ctx = { ...m.ctx, nowMs: BigInt(m.ctx.nowMs), entropy: new Uint8Array(m.ctx.entropy) };
     try {

@@ -251,14 +251,10 @@ pub fn resume(env: &mut Env, args: &Value) -> ToolResult<Value> {
         boxd.set_idle(&machine, ctx.options.idle_seconds()).map_err(Failure::into_error)?;
     }
     let w = ledger.update(&work, |w| w.asleep_by_tool = false)?;
+    // Prepare starts a server that is not running; a run it interrupted is reported once,
+    // by the next boxd_job (no status exec here: resume stays within four round trips).
     prepare_guest(&mut boxd, &mut ledger, &w, &ctx.entropy, version.as_deref())?;
-    let mut restored = 0;
-    if action == Wake::Rebuilt {
-        restored = restore_transcript(&mut boxd, &mut ledger, &w)?;
-    } else {
-        // A server that died mid-run is reported once, here or by boxd_job.
-        crate::guest::Guest::new(&mut boxd, &machine, &work).call("status", &[], None)?;
-    }
+    let restored = if action == Wake::Rebuilt { restore_transcript(&mut boxd, &mut ledger, &w)? } else { 0 };
     let mut out = work_json(&w, "running");
     out["action"] = json!(action.word());
     out["restoredSessions"] = json!(restored);

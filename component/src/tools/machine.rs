@@ -138,8 +138,8 @@ pub fn create_machine<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Le
 
 /// Make the guest side ready: the helper in place, the work tree a git repository, the
 /// OpenCode server (same version as the laptop's) with the work's password, and the pump.
-/// One exec (two the first time, when the helper is uploaded). Only ever called after the
-/// machine's id was checked against the ledger: the password goes to no other machine.
+/// One exec (two when the ledger has not seen this helper on the machine: it is uploaded
+/// first). Only ever called after the machine's id was checked against the ledger: the password goes to no other machine.
 pub fn prepare_guest<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F>, w: &Work, entropy: &[u8], version: Option<&str>) -> ToolResult<Value> {
     if entropy.len() < 16 {
         return Err(ToolError::new(Code::StatusUnavailable, "the host gave no random bytes for the server password"));
@@ -151,8 +151,14 @@ pub fn prepare_guest<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Led
     }
     let mut stdin = password.into_bytes();
     stdin.push(b'\n');
-    let answer = crate::guest::Guest::new(boxd, &w.machine, &w.work).call("prepare", &flags, Some(stdin))?;
     let sha = crate::encode::sha256_hex(crate::guest::HELPER);
+    let mut guest = crate::guest::Guest::new(boxd, &w.machine, &w.work);
+    if w.helper_sha256.as_deref() != Some(sha.as_str()) {
+        // Not known to hold this helper (a new machine, or a new plugin): upload first
+        // rather than learn it from a refused call and retry, one exec fewer.
+        guest.upload()?;
+    }
+    let answer = guest.call("prepare", &flags, Some(stdin))?;
     ledger.update(&w.work, |w| w.helper_sha256 = Some(sha))?;
     Ok(answer)
 }
@@ -210,8 +216,13 @@ mod tests {
         let w = Ledger::new(&mut fs, "/l").require("w1").unwrap();
         assert_eq!((w.state, w.machine_id), (WorkState::Creating, None));
         p.push_exit(0, OURS, "");
+        p.push_exit(0, "", "");
         p.push_exit(0, r#"{"ok":true}"#, "");
         let v = call(&mut p, &mut fs, "boxd_ensure", r#"{"work":"w1"}"#, raw_context("{}", r#"{"opencodeVersion":"1.18.33"}"#)).unwrap();
         assert_eq!((v["adopted"].as_bool(), v["created"].as_bool(), v["machineId"].as_str()), (Some(true), Some(false), Some("vm_1")));
+        // The adopted machine is not known to hold the helper: uploaded first, then one prepare.
+        let c = p.commands();
+        let last = &c[c.len() - 3..];
+        assert!(last[0] == "machine get oc-w1 --json" && last[1].contains("upload.tmp") && last[2].contains("prepare --work w1"), "{last:?}");
     }
 }
