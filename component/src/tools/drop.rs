@@ -12,7 +12,20 @@ use super::machine::{check_machine, work_json};
 use super::{require_proven, work_arg, Env};
 use crate::boxd::{Boxd, Failure, State};
 use crate::errors::{Code, ToolError, ToolResult};
-use crate::ledger::{Ledger, WorkState};
+use crate::ledger::{amount, Ledger, Work, WorkState};
+
+/// The cost and lifetime a drop fixed in the closed record.
+fn settled_json(w: &Work) -> Value {
+    match &w.settled {
+        Some(s) => json!({ "cost": amount(s.cost_micros), "lifetimeHours": hours(s.lifetime_ms), "runningHours": hours(s.running_ms) }),
+        None => Value::Null,
+    }
+}
+
+/// Milliseconds as hours with two decimals (what a person reads).
+pub fn hours(ms: u64) -> f64 {
+    (ms / 36_000) as f64 / 100.0
+}
 
 pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
     let (work, machine) = work_arg(args)?;
@@ -54,10 +67,13 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
         let w = ledger.update(&work, |w| {
             w.state = WorkState::Closed;
             w.unrecovered = lost.clone();
+            w.seen_not_running(ctx.now_ms, ctx.options.idle_ms(), true);
+            w.settle(&ctx.options.prices, ctx.now_ms);
         })?;
         let mut out = work_json(&w, "gone");
         out["dropped"] = json!(true);
         out["machineWasGone"] = json!(true);
+        out["settled"] = settled_json(&w);
         out["unrecovered"] = json!({
             "prompts": w.prompts.iter().skip(covered).map(|p| p.id.clone()).collect::<Vec<_>>(),
             "files": w.owed,
@@ -106,9 +122,13 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
         return Err(e);
     }
     boxd.remove(&machine).map_err(Failure::into_error)?;
-    let w = ledger.update(&work, |w| w.state = WorkState::Closed)?;
+    let w = ledger.update(&work, |w| {
+        w.state = WorkState::Closed;
+        w.settle(&ctx.options.prices, ctx.now_ms);
+    })?;
     let mut out = work_json(&w, "gone");
     out["dropped"] = json!(true);
+    out["settled"] = settled_json(&w);
     if let Some(g) = &w.git {
         out["patch"] = json!(g.patch);
         out["bundle"] = json!(g.bundle);

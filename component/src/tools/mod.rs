@@ -14,6 +14,7 @@ use crate::options::{self, AccessOption, Context};
 use registry::ToolAccess;
 
 pub mod account;
+pub mod admission;
 pub mod drop;
 pub mod harvest;
 pub mod image;
