@@ -50,6 +50,25 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
         out["next"] = json!("Nothing to do: this work was already dropped.");
         return Ok(out);
     }
+    if w.state == WorkState::Queued {
+        // A queued fork never had a machine: nothing on boxd to account for.
+        let w = ledger.update(&work, |w| {
+            w.state = WorkState::Closed;
+            w.settle(&ctx.options.prices, ctx.now_ms);
+        })?;
+        let mut out = work_json(&w, "gone");
+        out["dropped"] = json!(true);
+        out["settled"] = settled_json(&w);
+        out["next"] = json!("Done: the fork was still queued and had no machine; it is closed.");
+        return Ok(out);
+    }
+    if let (WorkState::Creating, Some(f)) = (w.state, &w.fork) {
+        return Err(ToolError::with_next(
+            Code::CreateUncertain,
+            format!("work '{work}': the fork of {machine} never answered, so it may still appear"),
+            format!("Call boxd_fork for work '{}' (it adopts the fork or makes it), then boxd_drop.", f.parent),
+        ));
+    }
     if w.state == WorkState::Creating {
         // Its create never answered: the machine may still appear, and closing the work now
         // would leave it billing with no record.

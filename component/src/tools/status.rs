@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 use super::Env;
 use crate::boxd::{Boxd, Failure, State};
 use crate::errors::{Code, ToolError, ToolResult};
-use crate::ledger::{amount, Ledger, Work};
+use crate::ledger::{amount, Ledger, Work, WorkState};
 use crate::options::{self, AccessOption, Context};
 use super::registry::{ToolAccess, TOOLS};
 
@@ -68,6 +68,7 @@ pub fn run(env: &mut Env, _args: &Value) -> ToolResult<Value> {
             continue;
         }
         let state = match (&listing, states.get(&w.machine)) {
+            _ if w.state == WorkState::Queued => "queued".to_string(),
             (Err(_), _) => "unknown".to_string(),
             (Ok(_), None) => "gone".to_string(),
             (Ok(_), Some(s)) => job_state(State::from_status(s)).to_string(),
@@ -95,8 +96,12 @@ pub fn run(env: &mut Env, _args: &Value) -> ToolResult<Value> {
         if !w.owed.is_empty() {
             warnings.push(format!("files a harvest was asked for are still on the machine: {}", w.owed.join(", ")));
         }
+        if let Some(f) = w.fork.as_ref().filter(|_| state == "queued") {
+            warnings.push(format!("a fork of '{}' waiting for a free slot", f.parent));
+        }
         if !warnings.is_empty() {
             next.get_or_insert_with(|| match state.as_str() {
+                "queued" => format!("Sleep or drop a running work, then call boxd_fork for work '{}' to admit its queued forks.", w.fork.as_ref().map_or("", |f| f.parent.as_str())),
                 "asleep" | "stopped" => format!("Call boxd_resume for work '{}', then boxd_harvest to bring its transcript home.", w.work),
                 "gone" => format!("Call boxd_resume for work '{}' to rebuild it, or boxd_drop to close it and see what could not be recovered.", w.work),
                 _ => format!("Call boxd_harvest for work '{}' to bring its transcript home.", w.work),
