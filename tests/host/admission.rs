@@ -73,3 +73,49 @@ fn ensure_with_another_folder_is_a_conflict_never_a_second_machine() {
     let v = world.ok_call("boxd_job", r#"{"work":"w1"}"#);
     assert!(v["spend"]["burnPerHour"].as_f64().is_some_and(|b| (b - 0.218).abs() < 1e-9), "{v:#}");
 }
+
+/// A fork of a proven work runs its own prompt in its own session (its harvest brings home
+/// only its messages, not the parent's again); forks past a cap wait queued and a later
+/// boxd_fork admits them in order once a slot frees.
+#[test]
+fn forks_of_a_proven_work_run_their_own_prompts_and_the_queue_admits_in_order() {
+    let world = World::new("admission-fork");
+    let two = r#"{"maxRunningPerLedger":2}"#;
+    world.ok_call("boxd_ensure", r#"{"work":"w1"}"#);
+    let setup = format!("set up @@tool:bash:{}@@", serde_json::json!({ "command": "echo base > base.txt", "description": "set up" }));
+    world.ok_call("boxd_submit", &serde_json::json!({ "work": "w1", "prompt": setup }).to_string());
+    assert_eq!(world.job_until_idle("w1")["outcome"], "completed");
+    // An unharvested parent is not copied.
+    world.err_call("boxd_fork", r#"{"work":"w1","forks":["fa"]}"#, "NOT_PROVEN");
+    let parent = world.ok_call("boxd_harvest", r#"{"work":"w1"}"#);
+    let parent_session = parent["sessions"][0]["id"].as_str().unwrap().to_string();
+
+    let (code, v) = with(&world, two, "boxd_fork", r#"{"work":"w1","forks":["fa","fb"]}"#);
+    assert_eq!(code, 0, "{v:#}");
+    assert_eq!((v["queued"].clone(), v["waiting"]["error"].as_str()), (serde_json::json!(["fb"]), Some("CAP_REACHED")), "{v:#}");
+    let tree = world.on_machine("oc-fa", "cat work/fa/base.txt && test ! -e work/fa/.boxd/session && echo clean");
+    assert_eq!(String::from_utf8_lossy(&tree.stdout), "base\nclean\n", "the fork has the parent's tree and its own guest state");
+    world.err_call("boxd_submit", r#"{"work":"fb","prompt":"variant b"}"#, "CAP_REACHED");
+
+    world.ok_call("boxd_submit", r#"{"work":"fa","prompt":"variant a"}"#);
+    assert_eq!(world.job_until_idle("fa")["outcome"], "completed");
+    let h = world.ok_call("boxd_harvest", r#"{"work":"fa"}"#);
+    let sessions = h["sessions"].as_array().unwrap();
+    assert_eq!(sessions.len(), 1, "{h:#}");
+    assert_ne!(sessions[0]["id"].as_str().unwrap(), parent_session, "the fork's own session, not the parent's again");
+    assert_eq!(sessions[0]["messages"], 2, "only the fork's prompt and its answer: {h:#}");
+
+    // The slot frees: the queued fork is admitted by the next call for the parent.
+    assert_eq!(with(&world, two, "boxd_sleep", r#"{"work":"fa"}"#).0, 0);
+    let (code, v) = with(&world, two, "boxd_fork", r#"{"work":"w1"}"#);
+    assert_eq!(code, 0, "{v:#}");
+    assert_eq!(v["queued"], serde_json::json!([]), "{v:#}");
+    let fb = v["forks"].as_array().unwrap().iter().find(|f| f["work"] == "fb").unwrap();
+    assert_eq!((fb["state"].as_str(), fb["admittedNow"].as_bool(), fb["parent"].as_str()), (Some("running"), Some(true), Some("w1")), "{v:#}");
+    // Drop guards hold for each fork: fb's copied tree is unaccounted until fb is harvested.
+    world.err_call("boxd_drop", r#"{"work":"fb"}"#, "NOT_PROVEN");
+    world.ok_call("boxd_harvest", r#"{"work":"fb"}"#);
+    // The copied new file is the parent's, not fb's to account for: losing fb's copy is said.
+    world.err_call("boxd_drop", r#"{"work":"fb"}"#, "UNTRACKED");
+    world.ok_call("boxd_drop", r#"{"work":"fb","discard":["base.txt"]}"#);
+}
