@@ -1,6 +1,7 @@
 //! Admission and spend through the real host, guest and boxd-local: a cap reached and
 //! freed, a ceiling crossed (the work over it still sleeps, harvests and drops), an ensure
-//! with another spec refused, and spend shown by status, job and drop. Exact figures are
+//! with another spec refused, spend shown by status, job and drop, and forks (queued, admitted
+//! in order, each harvested on its own). Exact figures are
 //! the unit tests' (component/src/ledger/spend.rs, fixed clocks); here the clock is real.
 
 use crate::common::*;
