@@ -11,7 +11,9 @@ use serde_json::{json, Value};
 use super::machine::{check_machine, work_json};
 use super::{require_proven, work_arg, Env};
 use crate::boxd::{Boxd, Failure, State};
+use crate::caps::Files;
 use crate::errors::{Code, ToolError, ToolResult};
+use crate::options::Context;
 use crate::ledger::{amount, Ledger, Work, WorkState};
 
 /// The cost and lifetime a drop fixed in the closed record.
@@ -20,6 +22,18 @@ fn settled_json(w: &Work) -> Value {
         Some(s) => json!({ "cost": amount(s.cost_micros), "lifetimeHours": hours(s.lifetime_ms), "runningHours": hours(s.running_ms) }),
         None => Value::Null,
     }
+}
+
+/// Close the work with its settled cost: the record as written, and the answer's start.
+fn close<F: Files>(ledger: &mut Ledger<F>, work: &str, ctx: &Context) -> ToolResult<(Work, Value)> {
+    let w = ledger.update(work, |w| {
+        w.state = WorkState::Closed;
+        w.settle(&ctx.options.prices, ctx.now_ms);
+    })?;
+    let mut out = work_json(&w, "gone");
+    out["dropped"] = json!(true);
+    out["settled"] = settled_json(&w);
+    Ok((w, out))
 }
 
 /// Milliseconds as hours with two decimals (what a person reads).
@@ -52,13 +66,7 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
     }
     if w.state == WorkState::Queued {
         // A queued fork never had a machine: nothing on boxd to account for.
-        let w = ledger.update(&work, |w| {
-            w.state = WorkState::Closed;
-            w.settle(&ctx.options.prices, ctx.now_ms);
-        })?;
-        let mut out = work_json(&w, "gone");
-        out["dropped"] = json!(true);
-        out["settled"] = settled_json(&w);
+        let (_, mut out) = close(&mut ledger, &work, ctx)?;
         out["next"] = json!("Done: the fork was still queued and had no machine; it is closed.");
         return Ok(out);
     }
@@ -141,13 +149,7 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
         return Err(e);
     }
     boxd.remove(&machine).map_err(Failure::into_error)?;
-    let w = ledger.update(&work, |w| {
-        w.state = WorkState::Closed;
-        w.settle(&ctx.options.prices, ctx.now_ms);
-    })?;
-    let mut out = work_json(&w, "gone");
-    out["dropped"] = json!(true);
-    out["settled"] = settled_json(&w);
+    let (w, mut out) = close(&mut ledger, &work, ctx)?;
     if let Some(g) = &w.git {
         out["patch"] = json!(g.patch);
         out["bundle"] = json!(g.bundle);
