@@ -99,6 +99,14 @@ pub struct Created {
     pub boot_timeout: bool,
 }
 
+/// The answer of `machine new` or `machine fork` (the same shape).
+fn created(v: &Value) -> Created {
+    Created {
+        id: v.get("id").and_then(Value::as_str).map(String::from),
+        boot_timeout: v.get("boot").and_then(Value::as_str) == Some("timeout"),
+    }
+}
+
 /// Quote one argument for the guest's `sh -c`: boxd joins exec arguments into one
 /// command line, so every argument we pass is single-quoted.
 pub fn sh_quote(arg: &str) -> String {
@@ -252,10 +260,7 @@ impl<'a, P: Programs> Boxd<'a, P> {
         let v = self.run_json(argv(&[
             "machine", "new", name, "--from-snapshot", snapshot, "--auto-hibernate-timeout", &idle, "--json",
         ]))?;
-        Ok(Created {
-            id: v.get("id").and_then(Value::as_str).map(String::from),
-            boot_timeout: v.get("boot").and_then(Value::as_str) == Some("timeout"),
-        })
+        Ok(created(&v))
     }
 
     pub fn set_idle(&mut self, name: &str, idle_seconds: u32) -> Result<(), Failure> {
@@ -285,6 +290,13 @@ impl<'a, P: Programs> Boxd<'a, P> {
     }
 
     /// A machine from boxd's stock image (the golden image's build machine).
+    /// Copy `source`'s home (on boxd also its memory and processes) into a new machine
+    /// `name`, with our idle bound (a fork inherits the source's otherwise).
+    pub fn fork(&mut self, source: &str, name: &str, idle_seconds: u32) -> Result<Created, Failure> {
+        let idle = idle_seconds.to_string();
+        let v = self.run_json(argv(&["machine", "fork", source, name, "--auto-hibernate-timeout", &idle, "--json"]))?;
+        Ok(created(&v))
+    }
     pub fn create_bare(&mut self, name: &str) -> Result<(), Failure> {
         self.run_json(argv(&["machine", "new", name, "--json"])).map(drop)
     }

@@ -23,6 +23,9 @@ use crate::caps::{Files, FsError};
 use crate::errors::{Code, ToolError, ToolResult};
 use crate::paths;
 
+mod spend;
+pub use spend::{amount, micros, Prices, RunInterval, Settled, MACHINE_SIZE};
+
 pub const SCHEMA: u32 = 1;
 
 /// Attempts that see one unchanged lock before its owner is taken as dead. A live owner
@@ -80,6 +83,41 @@ pub struct Work {
     /// What a drop of a vanished machine could not recover (prompt ids after the proof).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unrecovered: Vec<String>,
+    /// When the work was created (the creating call's clock); 0 in records older than
+    /// the spend ledger, whose lifetime and asleep time are then unknown.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub created_ms: u64,
+    /// The golden snapshot its machine was made from: ensure with another is a conflict.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<String>,
+    /// Every interval its machine ran (`spend`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub runs: Vec<RunInterval>,
+    /// The cost and lifetime fixed when a drop closed it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub settled: Option<Settled>,
+    /// The work it was forked from, when boxd_fork made it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fork: Option<ForkOrigin>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// Where a fork came from: its parent work, the parent's newest prompt it forked at, and
+/// the parent's proven sessions it started with (their messages are the parent's, not new).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ForkOrigin {
+    pub parent: String,
+    pub at_prompt: Option<String>,
+    /// Session id → how many of its messages the parent had proven at the fork.
+    #[serde(default)]
+    pub inherited: BTreeMap<String, u64>,
+    /// Its place in the fork's queue (forks over a cap wait, admitted in this order).
+    #[serde(default)]
+    pub order: u64,
 }
 
 /// Where a work is in its life: creating → open → (dropping →) closed. Stored as the
@@ -95,6 +133,8 @@ pub enum WorkState {
     Dropping,
     /// Dropped; the id may be ensured again.
     Closed,
+    /// A fork over a cap or ceiling: recorded, no machine yet; a later boxd_fork admits it.
+    Queued,
 }
 
 impl WorkState {
@@ -104,6 +144,7 @@ impl WorkState {
             WorkState::Open => "open",
             WorkState::Dropping => "dropping",
             WorkState::Closed => "closed",
+            WorkState::Queued => "queued",
         }
     }
 }

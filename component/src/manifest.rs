@@ -72,7 +72,7 @@ mod tests {
         let names = |key: &str| -> alloc::vec::Vec<&str> {
             tools.iter().filter(|t| t[key] == true).map(|t| t["name"].as_str().unwrap()).collect()
         };
-        assert_eq!(names("longRunning"), ["boxd_ensure", "boxd_submit", "boxd_harvest", "boxd_resume"]);
+        assert_eq!(names("longRunning"), ["boxd_ensure", "boxd_submit", "boxd_harvest", "boxd_resume", "boxd_fork"]);
         assert_eq!(names("destructive"), ["boxd_drop"]);
         let progress: alloc::vec::Vec<(&str, &Value)> = tools.iter().map(|t| (t["name"].as_str().unwrap(), &t["progress"])).collect();
         for (name, title) in progress {
@@ -81,6 +81,7 @@ mod tests {
                 "boxd_submit" => json!("submitting to oc-{work}…"),
                 "boxd_harvest" => json!("harvesting work {work}…"),
                 "boxd_resume" => json!("waking oc-{work}…"),
+                "boxd_fork" => json!("forking work {work}…"),
                 _ => Value::Null,
             };
             assert_eq!(title, &want, "{name}");

@@ -7,6 +7,7 @@ use alloc::vec::Vec;
 use serde_json::Value;
 
 use crate::errors::{Code, ToolError, ToolResult};
+use crate::ledger::{micros, Prices};
 use crate::paths;
 
 /// The `access` option: who may change machines. Reads always run.
@@ -43,7 +44,30 @@ pub struct Options {
     /// `refs/boxd/<work>` (off by default: the plugin writes nothing into a repository
     /// unless asked; the bundle in the ledger already keeps every commit).
     pub fetch_commits: bool,
+    /// The most machines running at once (running, starting or standby) per ledger, per
+    /// project and per boxd account (counting `oc-` machines only).
+    pub max_running: Caps,
+    pub prices: Prices,
+    /// Millionths per hour across the ledger's running machines; None: no ceiling.
+    pub burn_rate_ceiling: Option<u64>,
+    /// Millionths one work may spend before its machine is no longer created or woken.
+    pub work_spend_ceiling: Option<u64>,
+    /// A work older than this takes no more prompts; None: no limit.
+    pub max_lifetime_hours: Option<u32>,
 }
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Caps {
+    pub ledger: u32,
+    pub project: u32,
+    pub account: u32,
+}
+
+pub const DEFAULT_CAPS: Caps = Caps { ledger: 6, project: 4, account: 10 };
+/// 1.50 an hour: the six machines of the ledger cap at boxd's default size (1.308).
+pub const DEFAULT_BURN_RATE_CEILING: u64 = 1_500_000;
+/// 20.00: about 90 running hours of one default-size machine.
+pub const DEFAULT_WORK_SPEND_CEILING: u64 = 20_000_000;
 
 pub const DEFAULT_SNAPSHOT: &str = "opencode-golden";
 pub const DEFAULT_IDLE_MINUTES: u32 = 30;
@@ -60,6 +84,11 @@ impl Default for Options {
             ledger_dir: None,
             boxd_timeout_seconds: DEFAULT_BOXD_TIMEOUT_SECONDS,
             fetch_commits: false,
+            max_running: DEFAULT_CAPS,
+            prices: Prices::default(),
+            burn_rate_ceiling: Some(DEFAULT_BURN_RATE_CEILING),
+            work_spend_ceiling: Some(DEFAULT_WORK_SPEND_CEILING),
+            max_lifetime_hours: None,
         }
     }
 }
@@ -76,6 +105,10 @@ impl Options {
     /// The idle bound in the unit boxd takes.
     pub fn idle_seconds(&self) -> u32 {
         self.idle_minutes * 60
+    }
+
+    pub fn idle_ms(&self) -> u64 {
+        self.idle_seconds() as u64 * 1000
     }
 
     /// Parse the options object a host passes. Unknown keys are refused, so a typo is
@@ -134,11 +167,55 @@ impl Options {
                 "fetchCommits" => {
                     o.fetch_commits = v.as_bool().ok_or_else(|| invalid(key, "must be true or false"))?;
                 }
+                "maxRunningPerLedger" => o.max_running.ledger = cap(key, v)?,
+                "maxRunningPerProject" => o.max_running.project = cap(key, v)?,
+                "maxRunningPerAccount" => o.max_running.account = cap(key, v)?,
+                "prices" => o.prices = prices(key, v)?,
+                "burnRateCeiling" => o.burn_rate_ceiling = money_or_off(key, v)?,
+                "workSpendCeiling" => o.work_spend_ceiling = money_or_off(key, v)?,
+                "maxLifetimeHours" => {
+                    o.max_lifetime_hours = match v {
+                        Value::Null => None,
+                        _ => Some(v.as_u64().filter(|n| (1..=8760).contains(n)).ok_or_else(|| invalid(key, "must be null or a whole number of hours from 1 to 8760"))? as u32),
+                    };
+                }
                 other => return Err(invalid(other, "is not a known option")),
             }
         }
         Ok(o)
     }
+}
+
+fn cap(key: &str, v: &Value) -> ToolResult<u32> {
+    Ok(v.as_u64().filter(|n| (1..=1000).contains(n)).ok_or_else(|| invalid(key, "must be a whole number of machines from 1 to 1000"))? as u32)
+}
+
+fn money(key: &str, v: &Value) -> ToolResult<u64> {
+    v.as_f64().and_then(micros).ok_or_else(|| invalid(key, "must be a number of at least 0"))
+}
+
+fn money_or_off(key: &str, v: &Value) -> ToolResult<Option<u64>> {
+    if v.is_null() { Ok(None) } else { money(key, v).map(Some) }
+}
+
+/// `prices`: any of its keys overrides the default table's; a size row may be added.
+fn prices(key: &str, v: &Value) -> ToolResult<Prices> {
+    let map = v.as_object().ok_or_else(|| invalid(key, "must be an object (runningPerHour, asleepPerGbHour, storedGb)"))?;
+    let mut p = Prices::default();
+    for (k, v) in map {
+        match k.as_str() {
+            "runningPerHour" => {
+                let rows = v.as_object().ok_or_else(|| invalid("prices.runningPerHour", "must map sizes (\"2x8\") to prices per hour"))?;
+                for (size, price) in rows {
+                    p.running_per_hour.insert(size.clone(), money("prices.runningPerHour", price)?);
+                }
+            }
+            "asleepPerGbHour" => p.asleep_per_gb_hour = money("prices.asleepPerGbHour", v)?,
+            "storedGb" => p.stored_gb = v.as_u64().filter(|n| *n <= 100_000).ok_or_else(|| invalid("prices.storedGb", "must be a whole number of GB"))?,
+            other => return Err(invalid(&format!("prices.{other}"), "is not a known price")),
+        }
+    }
+    Ok(p)
 }
 
 /// What the host tells the component about one call.
@@ -237,11 +314,24 @@ mod tests {
             (r#"{"allowUntestedHost":"yes"}"#, "'allowUntestedHost'"),
             (r#"{"idleMinutes":0}"#, "'idleMinutes'"),
             (r#"{"snapshott":"x"}"#, "'snapshott'"),
+            (r#"{"maxRunningPerProject":0}"#, "'maxRunningPerProject'"),
+            (r#"{"burnRateCeiling":-1}"#, "'burnRateCeiling'"),
+            (r#"{"prices":{"runningPerHour":{"2x8":"cheap"}}}"#, "'prices.runningPerHour'"),
+            (r#"{"prices":{"perMonth":1}}"#, "'prices.perMonth'"),
+            (r#"{"maxLifetimeHours":0}"#, "'maxLifetimeHours'"),
         ] {
             let e = Options::parse(json).unwrap_err();
             assert_eq!(e.code, Code::OptionsInvalid);
             assert!(e.message.contains(field), "{json}: {}", e.message);
         }
+    }
+
+    #[test]
+    fn admission_options_override_the_defaults_and_null_turns_a_ceiling_off() {
+        let o = Options::parse(r#"{"maxRunningPerAccount":3,"prices":{"runningPerHour":{"2x8":0.5},"storedGb":20},"burnRateCeiling":null,"workSpendCeiling":2.5,"maxLifetimeHours":48}"#).unwrap();
+        assert_eq!(o.max_running, Caps { account: 3, ..DEFAULT_CAPS });
+        assert_eq!((o.prices.running_rate("2x8"), o.prices.running_rate("1x4"), o.prices.asleep_rate()), (500_000, 109_000, 2_000));
+        assert_eq!((o.burn_rate_ceiling, o.work_spend_ceiling, o.max_lifetime_hours), (None, Some(2_500_000), Some(48)));
     }
 
     #[test]

@@ -44,6 +44,7 @@ fn normalise(step: &Value, value: &Value) -> Value {
         "boxd_sleep" => pick(&["state", "asleepBy", "alreadyAsleep"]),
         "boxd_resume" => pick(&["state", "action"]),
         "boxd_drop" => pick(&["state", "dropped"]),
+        "boxd_fork" => json!({ "tool": tool, "queued": value["queued"], "forks": value["forks"].as_array().map(|f| f.iter().map(|x| json!([x["work"], x["state"], x["parent"]])).collect::<Vec<_>>()) }),
         _ => pick(&["state"]),
     }
 }
@@ -133,18 +134,20 @@ fn every_host_gives_the_same_results() {
     assert_eq!(cli[1]["created"], true);
     assert_eq!(cli[2]["created"], false, "the second ensure is idempotent");
     assert_eq!(cli[4]["outcome"], "completed");
+    assert_eq!(cli[6]["forks"], json!([["conf-b", "running", "conf"]]), "a proven work forks");
+    assert_eq!(cli[8]["dropped"], true, "the fork drops once harvested: {:#}", cli[8]);
     assert_eq!(cli[5]["files"][0][1], crate::guest::sha256(b"conformance input\ndone\n").as_str());
-    assert_eq!(cli[7]["asleepBy"], "boxd_sleep");
-    assert_eq!(cli[8]["error"], "MACHINE_ASLEEP", "drop checks a live machine: an asleep one is resumed first");
-    assert_eq!(cli[9]["action"], "woken");
-    let codes: Vec<&str> = cli[10..14].iter().map(|v| v["error"].as_str().unwrap_or("-")).collect();
+    assert_eq!(cli[10]["asleepBy"], "boxd_sleep");
+    assert_eq!(cli[11]["error"], "MACHINE_ASLEEP", "drop checks a live machine: an asleep one is resumed first");
+    assert_eq!(cli[12]["action"], "woken");
+    let codes: Vec<&str> = cli[13..17].iter().map(|v| v["error"].as_str().unwrap_or("-")).collect();
     assert_eq!(codes, ["NAME_INVALID", "WORK_UNKNOWN", "ARGS_INVALID", "PATH_REFUSED"]);
-    assert_eq!(cli[14]["dropped"], true, "everything on the machine is accounted for: {:#}", cli[14]);
+    assert_eq!(cli[17]["dropped"], true, "everything on the machine is accounted for: {:#}", cli[17]);
     // Host setups: an options error, a program the policy does not grant, a trap.
-    assert_eq!(cli[15]["error"], "OPTIONS_INVALID");
-    assert!(cli[15]["next"].as_str().unwrap().contains("'access'"), "{:#}", cli[15]);
-    assert_eq!(cli[16]["text"], "not-allowed: {}: not in the host's policy (allowed: boxd, opencode, git)");
-    assert_eq!((cli[17]["error"].as_str(), cli[17]["next"].as_str()), (Some("HOST_FAILED"), Some(boxd_host::policy::host_failed_next())));
+    assert_eq!(cli[18]["error"], "OPTIONS_INVALID");
+    assert!(cli[18]["next"].as_str().unwrap().contains("'access'"), "{:#}", cli[18]);
+    assert_eq!(cli[19]["text"], "not-allowed: {}: not in the host's policy (allowed: boxd, opencode, git)");
+    assert_eq!((cli[20]["error"].as_str(), cli[20]["next"].as_str()), (Some("HOST_FAILED"), Some(boxd_host::policy::host_failed_next())));
     assert_eq!(mcp, cli, "the MCP server differs from boxd-host call");
     let oc = opencode.expect("the OpenCode runner failed");
     assert_eq!(oc, cli, "the OpenCode bridge differs from boxd-host call");

@@ -11,6 +11,7 @@ mod conformance;
 mod guest;
 mod harvest;
 mod lifecycle;
+mod admission;
 mod nothing_lost;
 mod kill_matrix;
 mod concurrency;

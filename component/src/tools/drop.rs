@@ -11,8 +11,35 @@ use serde_json::{json, Value};
 use super::machine::{check_machine, work_json};
 use super::{require_proven, work_arg, Env};
 use crate::boxd::{Boxd, Failure, State};
+use crate::caps::Files;
 use crate::errors::{Code, ToolError, ToolResult};
-use crate::ledger::{Ledger, WorkState};
+use crate::options::Context;
+use crate::ledger::{amount, Ledger, Work, WorkState};
+
+/// The cost and lifetime a drop fixed in the closed record.
+fn settled_json(w: &Work) -> Value {
+    match &w.settled {
+        Some(s) => json!({ "cost": amount(s.cost_micros), "lifetimeHours": hours(s.lifetime_ms), "runningHours": hours(s.running_ms) }),
+        None => Value::Null,
+    }
+}
+
+/// Close the work with its settled cost: the record as written, and the answer's start.
+fn close<F: Files>(ledger: &mut Ledger<F>, work: &str, ctx: &Context) -> ToolResult<(Work, Value)> {
+    let w = ledger.update(work, |w| {
+        w.state = WorkState::Closed;
+        w.settle(&ctx.options.prices, ctx.now_ms);
+    })?;
+    let mut out = work_json(&w, "gone");
+    out["dropped"] = json!(true);
+    out["settled"] = settled_json(&w);
+    Ok((w, out))
+}
+
+/// Milliseconds as hours with two decimals (what a person reads).
+pub fn hours(ms: u64) -> f64 {
+    (ms / 36_000) as f64 / 100.0
+}
 
 pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
     let (work, machine) = work_arg(args)?;
@@ -37,6 +64,19 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
         out["next"] = json!("Nothing to do: this work was already dropped.");
         return Ok(out);
     }
+    if w.state == WorkState::Queued {
+        // A queued fork never had a machine: nothing on boxd to account for.
+        let (_, mut out) = close(&mut ledger, &work, ctx)?;
+        out["next"] = json!("Done: the fork was still queued and had no machine; it is closed.");
+        return Ok(out);
+    }
+    if let (WorkState::Creating, Some(f)) = (w.state, &w.fork) {
+        return Err(ToolError::with_next(
+            Code::CreateUncertain,
+            format!("work '{work}': the fork of {machine} never answered, so it may still appear"),
+            format!("Call boxd_fork for work '{}' (it adopts the fork or makes it), then boxd_drop.", f.parent),
+        ));
+    }
     if w.state == WorkState::Creating {
         // Its create never answered: the machine may still appear, and closing the work now
         // would leave it billing with no record.
@@ -54,10 +94,13 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
         let w = ledger.update(&work, |w| {
             w.state = WorkState::Closed;
             w.unrecovered = lost.clone();
+            w.seen_not_running(ctx.now_ms, ctx.options.idle_ms(), true);
+            w.settle(&ctx.options.prices, ctx.now_ms);
         })?;
         let mut out = work_json(&w, "gone");
         out["dropped"] = json!(true);
         out["machineWasGone"] = json!(true);
+        out["settled"] = settled_json(&w);
         out["unrecovered"] = json!({
             "prompts": w.prompts.iter().skip(covered).map(|p| p.id.clone()).collect::<Vec<_>>(),
             "files": w.owed,
@@ -106,9 +149,7 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
         return Err(e);
     }
     boxd.remove(&machine).map_err(Failure::into_error)?;
-    let w = ledger.update(&work, |w| w.state = WorkState::Closed)?;
-    let mut out = work_json(&w, "gone");
-    out["dropped"] = json!(true);
+    let (w, mut out) = close(&mut ledger, &work, ctx)?;
     if let Some(g) = &w.git {
         out["patch"] = json!(g.patch);
         out["bundle"] = json!(g.bundle);

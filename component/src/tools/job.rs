@@ -34,6 +34,7 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
     let mut ledger = Ledger::for_call(&mut env.files, ctx);
     let w = ledger.require(&work)?;
     super::require_open(&w)?;
+    let spend = super::status::spend_json(&w, ctx);
     let mut boxd = Boxd::new(&mut env.programs, ctx.options.boxd_timeout_seconds);
     match super::machine::owned_state(&mut boxd, &w)? {
         State::Asleep | State::Stopped => {
@@ -43,23 +44,23 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
                 ("idle_or_cli", Value::Null)
             };
             return Ok(json!({
-                "work": work, "machine": machine, "state": "asleep", "asleepBy": by, "sleptAt": at, "taskState": Value::Null,
+                "work": work, "machine": machine, "state": "asleep", "asleepBy": by, "sleptAt": at, "taskState": Value::Null, "spend": spend,
                 "next": format!("Call boxd_resume for work '{work}' to wake it (waking starts billing)."),
             }));
         }
         State::Gone | State::Failed => {
             return Ok(json!({
-                "work": work, "machine": machine, "state": "gone", "taskState": Value::Null,
+                "work": work, "machine": machine, "state": "gone", "taskState": Value::Null, "spend": spend,
                 "next": format!("Call boxd_resume for work '{work}' to rebuild it from the golden image and the proven transcript, or boxd_drop to close the work."),
             }));
         }
         State::Starting => {
-            return Ok(json!({ "work": work, "machine": machine, "state": "starting", "taskState": task_state("starting", None), "next": "Call boxd_job again in a later turn." }));
+            return Ok(json!({ "work": work, "machine": machine, "state": "starting", "taskState": task_state("starting", None), "spend": spend, "next": "Call boxd_job again in a later turn." }));
         }
         // An exec would wake a paused machine: report it as it is.
         State::Standby => {
             return Ok(json!({
-                "work": work, "machine": machine, "state": "standby", "taskState": Value::Null,
+                "work": work, "machine": machine, "state": "standby", "taskState": Value::Null, "spend": spend,
                 "next": format!("Call boxd_resume for work '{work}' to continue it (resuming starts billing)."),
             }));
         }
@@ -87,6 +88,7 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
         "lastText": last_text,
         "lastActivityAt": s.get("lastActivityAt").cloned().unwrap_or(Value::Null),
         "pending": pending,
+        "spend": spend,
         "next": if busy {
             format!("Call boxd_job for work '{work}' again in a later turn.")
         } else {

@@ -14,6 +14,7 @@ use crate::caps::{Files, Kind, Programs};
 use crate::errors::{Code, ToolError, ToolResult};
 use crate::ledger::{Ledger, Sleep, Work, WorkState};
 use crate::opencode::Opencode;
+use crate::options::Context;
 use crate::paths;
 
 /// The work's laptop folder: inside a granted root, an existing directory, reached through
@@ -49,6 +50,9 @@ pub fn ensure(env: &mut Env, args: &Value) -> ToolResult<Value> {
             record = None;
         }
     }
+    if let Some(w) = &record {
+        refuse_other_spec(w, args, &directory, &ctx.options.snapshot)?;
+    }
     let mut boxd = Boxd::new(&mut env.programs, ctx.options.boxd_timeout_seconds);
     // One read that carries the id: the machine is ours, or it is refused untouched.
     if let Some(info) = boxd.get(&machine).map_err(Failure::into_error)? {
@@ -59,7 +63,7 @@ pub fn ensure(env: &mut Env, args: &Value) -> ToolResult<Value> {
                 format!("Pick another work id, or remove {machine} yourself if it is yours ('boxd machine remove {machine} -y')."),
             ));
         };
-        let (w, st, adopted) = adopt(&mut ledger, w, &info)?;
+        let (w, st, adopted) = adopt(&mut ledger, w, &info, ctx)?;
         let guest = if matches!(st, State::Running | State::Standby) {
             prepare_guest(&mut boxd, &mut ledger, &w, &ctx.entropy, version.as_deref())?
         } else {
@@ -91,7 +95,7 @@ pub fn ensure(env: &mut Env, args: &Value) -> ToolResult<Value> {
 /// Take up the machine under the work's name, which exists: the ledger's own (its id
 /// matches), or the one a create whose answer never came made (the ledger recorded the
 /// create first). Returns the record, the machine's state, and whether it was adopted.
-fn adopt<F: Files>(ledger: &mut Ledger<F>, w: Work, info: &MachineInfo) -> ToolResult<(Work, State, bool)> {
+fn adopt<F: Files>(ledger: &mut Ledger<F>, w: Work, info: &MachineInfo, ctx: &Context) -> ToolResult<(Work, State, bool)> {
     let (work, machine) = (&w.work, &info.name);
     let adopted = w.machine_id.is_none() || w.state == WorkState::Creating;
     if w.machine_id.is_none() && w.state != WorkState::Creating {
@@ -109,11 +113,34 @@ fn adopt<F: Files>(ledger: &mut Ledger<F>, w: Work, info: &MachineInfo) -> ToolR
         if st != State::Starting {
             w.state = WorkState::Open;
         }
+        match st {
+            State::Running | State::Standby => w.open_run(ctx.now_ms),
+            State::Asleep | State::Stopped => w.seen_not_running(ctx.now_ms, ctx.options.idle_ms(), false),
+            _ => {}
+        }
     })?;
     if st == State::Starting {
         return Err(ToolError::new(Code::MachineStarting, format!("{machine} is still starting")));
     }
     Ok((w, st, adopted))
+}
+
+/// An ensure must ask for the work the ledger holds: the same folder (when one is named)
+/// and golden snapshot, and not a fork's (boxd_fork owns those). Else nothing is made.
+fn refuse_other_spec(w: &Work, args: &Value, directory: &str, snapshot: &str) -> ToolResult<()> {
+    let conflict = |what: String| {
+        ToolError::new(Code::WorkConflict, format!("work '{}' is in the ledger with {what}; no machine was created or adopted", w.work))
+    };
+    if args.get("directory").is_some() && w.directory != directory {
+        return Err(conflict(format!("folder {} (this call asked for {directory})", w.directory)));
+    }
+    if let Some(recorded) = w.snapshot.as_deref().filter(|s| *s != snapshot) {
+        return Err(conflict(format!("snapshot {recorded} (the snapshot option now says {snapshot})")));
+    }
+    if let Some(f) = &w.fork {
+        return Err(conflict(format!("parent work '{}' (a fork: boxd_fork with that parent admits and adopts it)", f.parent)));
+    }
+    Ok(())
 }
 
 /// boxd_ensure's answer: the work, its machine's state and guest, and how it came to be.
@@ -153,6 +180,9 @@ pub fn sleep(env: &mut Env, args: &Value) -> ToolResult<Value> {
         if !already {
             w.sleeps.push(Sleep { by: "boxd_sleep".into(), at: now.clone() });
             w.asleep_by_tool = true;
+            w.close_run(ctx.now_ms, "boxd_sleep");
+        } else {
+            w.seen_not_running(ctx.now_ms, ctx.options.idle_ms(), false);
         }
     })?;
     let mut out = work_json(&w, "asleep");
@@ -215,17 +245,21 @@ pub fn resume(env: &mut Env, args: &Value) -> ToolResult<Value> {
         return Err(ToolError::with_next(Code::MachineGone, format!("work '{work}' was dropped"), format!("Call boxd_ensure for work '{work}' to start it again.")));
     }
     let mut boxd = Boxd::new(&mut env.programs, ctx.options.boxd_timeout_seconds);
-    let action = match owned_state(&mut boxd, &w)? {
+    let state = owned_state(&mut boxd, &w)?;
+    if matches!(state, State::Asleep | State::Standby | State::Stopped | State::Failed) {
+        super::admission::admit(&mut boxd, &mut ledger, ctx, &work, &w.directory)?;
+    }
+    let action = match state {
         State::Asleep => {
-            boxd.wake(&machine).map_err(Failure::into_error)?;
+            boxd.wake(&machine).map_err(super::admission::refused)?;
             Wake::Woken
         }
         State::Standby => {
-            boxd.resume(&machine).map_err(Failure::into_error)?;
+            boxd.resume(&machine).map_err(super::admission::refused)?;
             Wake::Resumed
         }
         State::Stopped | State::Failed => {
-            boxd.start(&machine).map_err(Failure::into_error)?;
+            boxd.start(&machine).map_err(super::admission::refused)?;
             Wake::Started
         }
         State::Running => Wake::AlreadyRunning,
@@ -250,7 +284,14 @@ pub fn resume(env: &mut Env, args: &Value) -> ToolResult<Value> {
         // must not leave the default bound behind.
         boxd.set_idle(&machine, ctx.options.idle_seconds()).map_err(Failure::into_error)?;
     }
-    let w = ledger.update(&work, |w| w.asleep_by_tool = false)?;
+    let w = ledger.update(&work, |w| {
+        w.asleep_by_tool = false;
+        if matches!(action, Wake::Woken | Wake::Started) {
+            // It was down: whatever the ledger thought ran ended an idle bound after use.
+            w.seen_not_running(ctx.now_ms, ctx.options.idle_ms(), false);
+        }
+        w.open_run(ctx.now_ms);
+    })?;
     // Prepare starts a server that is not running; a run it interrupted is reported once,
     // by the next boxd_job (no status exec here: resume stays within four round trips).
     prepare_guest(&mut boxd, &mut ledger, &w, &ctx.entropy, version.as_deref())?;

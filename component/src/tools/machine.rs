@@ -87,6 +87,11 @@ pub enum Build<'d> {
 /// an id to check later.
 pub fn create_machine<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F>, ctx: &Context, work: &str, build: Build) -> ToolResult<Work> {
     let (machine, snapshot) = (paths::machine_name(work), &ctx.options.snapshot);
+    let directory = match build {
+        Build::New { directory } => directory.to_string(),
+        Build::Rebuild => ledger.read(work)?.map(|w| w.directory).unwrap_or_default(),
+    };
+    super::admission::admit(boxd, ledger, ctx, work, &directory)?;
     let snapshots = boxd.snapshots().map_err(Failure::into_error)?;
     if !snapshots.iter().any(|s| &s.name == snapshot) {
         return Err(ToolError::new(Code::SnapshotMissing, match build {
@@ -104,8 +109,14 @@ pub fn create_machine<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Le
         if let Build::New { directory } = build {
             w.directory = directory.to_string();
         }
+        // A rebuild: the gone machine's interval ended an idle bound after its last use.
+        w.seen_not_running(ctx.now_ms, ctx.options.idle_ms(), true);
         w.state = WorkState::Creating;
         w.machine_id = None;
+        if w.created_ms == 0 {
+            w.created_ms = ctx.now_ms;
+        }
+        w.snapshot = Some(snapshot.clone());
         Ok(Some(w))
     })?;
     let created = boxd.create(&machine, snapshot, ctx.options.idle_seconds()).map_err(|e| match e {
@@ -116,7 +127,7 @@ pub fn create_machine<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Le
         Failure::Other(m) if m.contains("already exists") => {
             ToolError::new(Code::CreateUncertain, format!("boxd says {machine} already exists but did not show it a moment ago"))
         }
-        e => e.into_error(),
+        e => super::admission::refused(e),
     })?;
     let landed = !created.boot_timeout && created.id.is_some();
     let w = ledger.update(work, |w| {
@@ -125,6 +136,7 @@ pub fn create_machine<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Le
             w.state = WorkState::Open;
             // A new machine holds no helper yet.
             w.helper_sha256 = None;
+            w.open_run(ctx.now_ms);
         }
     })?;
     if !landed {
@@ -207,12 +219,14 @@ mod tests {
         let mut p = Scripted::default();
         p.push_exit(0, "1.18.33", "");
         p.push_fail(1, "error: VM 'oc-w1' not found");
+        p.push_exit(0, "[]", "");
         p.push_exit(0, r#"[{"name":"opencode-golden","version":"1","status":"ready"}]"#, "");
         p.push_exit(0, r#"{"name":"oc-w1"}"#, "");
         let e = call(&mut p, &mut fs, "boxd_resume", r#"{"work":"w1"}"#, raw_context("{}", "{}")).unwrap_err();
         assert_eq!(e.code, Code::CreateUncertain, "{e:?}");
         assert!(e.message.contains("rebuilt oc-w1"), "{}", e.message);
-        assert!(p.commands()[3].starts_with("machine new oc-w1 --from-snapshot opencode-golden"), "{:?}", p.commands());
+        assert_eq!(p.commands()[2], "machine list --json", "admission reads what runs before the create");
+        assert!(p.commands()[4].starts_with("machine new oc-w1 --from-snapshot opencode-golden"), "{:?}", p.commands());
         let w = Ledger::new(&mut fs, "/l").require("w1").unwrap();
         assert_eq!((w.state, w.machine_id), (WorkState::Creating, None));
         p.push_exit(0, OURS, "");

@@ -14,7 +14,9 @@ use crate::options::{self, AccessOption, Context};
 use registry::ToolAccess;
 
 pub mod account;
+pub mod admission;
 pub mod drop;
+pub mod fork;
 pub mod harvest;
 pub mod image;
 pub mod job;
@@ -142,6 +144,14 @@ pub fn require_open(w: &crate::ledger::Work) -> ToolResult<()> {
             Code::WorkUnknown,
             format!("work '{}' was dropped", w.work),
             format!("Call boxd_ensure for work '{}' to start it again.", w.work),
+        ));
+    }
+    if w.state == crate::ledger::WorkState::Queued {
+        let parent = w.fork.as_ref().map_or("", |f| f.parent.as_str());
+        return Err(ToolError::with_next(
+            Code::CapReached,
+            format!("work '{}' is a fork still queued for a free slot: it has no machine yet", w.work),
+            format!("Sleep or drop a running work, then call boxd_fork for work '{parent}' to admit its queued forks (or boxd_drop for work '{}' to give it up).", w.work),
         ));
     }
     Ok(())

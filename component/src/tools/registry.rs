@@ -4,7 +4,7 @@
 
 use serde_json::{json, Value};
 
-use super::{drop, harvest, image, job, lifecycle, status, submit, Env};
+use super::{drop, fork, harvest, image, job, lifecycle, status, submit, Env};
 use crate::errors::ToolResult;
 
 /// What a tool does to a machine, which decides whether the `access` option lets it run.
@@ -172,6 +172,25 @@ pub const TOOLS: &[ToolSpec] = &[
             "work": work(),
             "name": { "type": "string", "description": "The new snapshot name: lowercase [a-z0-9-]. Snapshots are immutable.", "maxLength": 63 }
         }), &["work", "name"]),
+    },
+    ToolSpec {
+        name: "boxd_fork",
+        access: ToolAccess::Change,
+        destructive: false,
+        long_running: true,
+        progress: Some("forking work {work}…"),
+        on_untested_host: false,
+        run: fork::run,
+        description: "Fork a work whose transcript is proven into new works (one machine each, a copy of its work tree) to try several approaches: each fork is its own work, recorded with its parent, and takes its own prompts (boxd_submit) and harvest. Forks past a running-machine cap wait queued; calling again for the same work admits them in order once a slot frees.",
+        schema: || object(json!({
+            "work": work(),
+            "forks": {
+                "type": "array",
+                "maxItems": fork::MAX_FORKS,
+                "description": "New work ids, one per fork (e.g. [\"try-a\", \"try-b\"]). Leave out to admit forks already queued.",
+                "items": work()
+            }
+        }), &["work"]),
     },
     ToolSpec {
         name: "boxd_drop",

@@ -10,8 +10,8 @@ use serde_json::{json, Value};
 use super::Env;
 use crate::boxd::{Boxd, Failure, State};
 use crate::errors::{Code, ToolError, ToolResult};
-use crate::ledger::Ledger;
-use crate::options::{self, AccessOption};
+use crate::ledger::{amount, Ledger, Work, WorkState};
+use crate::options::{self, AccessOption, Context};
 use super::registry::{ToolAccess, TOOLS};
 
 pub fn run(env: &mut Env, _args: &Value) -> ToolResult<Value> {
@@ -52,6 +52,7 @@ pub fn run(env: &mut Env, _args: &Value) -> ToolResult<Value> {
     let mut ledger = Ledger::new(&mut env.files, &ctx.ledger);
     let ids = ledger.ids().map_err(|e| ToolError::new(Code::StatusUnavailable, format!("the ledger could not be read: {}", e.message)))?;
     let mut works = Vec::new();
+    let (mut total, mut burn) = (0u64, 0u64);
     for id in ids {
         // One unreadable record is that work's problem, reported in its row; the rest go on.
         let w = match ledger.read(&id) {
@@ -67,19 +68,40 @@ pub fn run(env: &mut Env, _args: &Value) -> ToolResult<Value> {
             continue;
         }
         let state = match (&listing, states.get(&w.machine)) {
+            _ if w.state == WorkState::Queued => "queued".to_string(),
             (Err(_), _) => "unknown".to_string(),
             (Ok(_), None) => "gone".to_string(),
             (Ok(_), Some(s)) => job_state(State::from_status(s)).to_string(),
         };
+        // What the listing shows, applied to a copy: status reads and writes nothing.
+        let mut seen = w.clone();
+        match state.as_str() {
+            "running" | "starting" => seen.open_run(ctx.now_ms),
+            "asleep" | "stopped" | "gone" | "failed" => seen.seen_not_running(ctx.now_ms, opts.idle_ms(), state != "asleep"),
+            _ => {}
+        }
+        total += seen.spend_micros(&opts.prices, ctx.now_ms);
+        burn += seen.burn_micros(&opts.prices);
         let mut warnings = w.warnings.clone();
+        let lifetime = super::admission::lifetime_note(&w, ctx);
+        if let Some((word, left)) = lifetime {
+            warnings.push(match word {
+                "past" => "past its maxLifetimeHours: it takes no more prompts; harvest and drop it".to_string(),
+                _ => format!("near its maxLifetimeHours: {left} h left"),
+            });
+        }
         if !w.prompts.is_empty() && !w.proven() {
             warnings.push("the newest prompt is not yet harvested to this laptop".into());
         }
         if !w.owed.is_empty() {
             warnings.push(format!("files a harvest was asked for are still on the machine: {}", w.owed.join(", ")));
         }
+        if let Some(f) = w.fork.as_ref().filter(|_| state == "queued") {
+            warnings.push(format!("a fork of '{}' waiting for a free slot", f.parent));
+        }
         if !warnings.is_empty() {
             next.get_or_insert_with(|| match state.as_str() {
+                "queued" => format!("Sleep or drop a running work, then call boxd_fork for work '{}' to admit its queued forks.", w.fork.as_ref().map_or("", |f| f.parent.as_str())),
                 "asleep" | "stopped" => format!("Call boxd_resume for work '{}', then boxd_harvest to bring its transcript home.", w.work),
                 "gone" => format!("Call boxd_resume for work '{}' to rebuild it, or boxd_drop to close it and see what could not be recovered.", w.work),
                 _ => format!("Call boxd_harvest for work '{}' to bring its transcript home.", w.work),
@@ -88,6 +110,8 @@ pub fn run(env: &mut Env, _args: &Value) -> ToolResult<Value> {
         works.push(json!({
             "work": w.work, "machine": w.machine, "state": state, "directory": w.directory,
             "prompts": w.prompts.len(), "proven": w.proven(), "warnings": warnings,
+            "spend": spend_json(&seen, ctx), "lifetime": lifetime.map(|(word, _)| word),
+            "parent": w.fork.as_ref().map(|f| f.parent.clone()),
         }));
     }
 
@@ -130,6 +154,7 @@ pub fn run(env: &mut Env, _args: &Value) -> ToolResult<Value> {
             None => json!({ "opencode": Value::Null, "note": "the laptop's OpenCode version is not known to this host" }),
         },
         "works": works,
+        "spend": { "total": amount(total), "burnPerHour": amount(burn), "burnRateCeiling": opts.burn_rate_ceiling.map(amount) },
         "tools": tools,
         "agentsWithoutRules": bridge.agents_without_rules,
         "rulesAdded": !bridge.rules_not_added,
@@ -140,6 +165,18 @@ pub fn run(env: &mut Env, _args: &Value) -> ToolResult<Value> {
         "host": { "name": ctx.host_name, "version": ctx.host_version, "testedOpenCode": format!(">={lo} <{hi}"), "tested": host_ok },
         "next": next,
     }))
+}
+
+/// A work's spend as boxd_status and boxd_job show it (in the price table's currency).
+pub fn spend_json(w: &Work, ctx: &Context) -> Value {
+    let o = &ctx.options;
+    json!({
+        "spent": amount(w.spend_micros(&o.prices, ctx.now_ms)),
+        "burnPerHour": amount(w.burn_micros(&o.prices)),
+        "runningHours": super::drop::hours(w.running_ms(ctx.now_ms)),
+        "lifetimeHours": super::drop::hours(w.lifetime_ms(ctx.now_ms)),
+        "ceiling": o.work_spend_ceiling.map(amount),
+    })
 }
 
 /// The word boxd_job and boxd_status use for a machine state.

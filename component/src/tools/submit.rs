@@ -83,6 +83,7 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
     let mut ledger = Ledger::for_call(&mut env.files, ctx);
     let w = ledger.require(&work)?;
     super::require_open(&w)?;
+    super::admission::check_lifetime(&w, ctx)?;
     let mut boxd = Boxd::new(&mut env.programs, ctx.options.boxd_timeout_seconds);
     running_state(&mut boxd, &w)?;
 

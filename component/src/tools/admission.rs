@@ -1,0 +1,257 @@
+//! Admission: before any create, wake or fork, the caps on machines running at once and
+//! the spend ceilings. One `machine list` gives what is running on the account; the
+//! ledger gives which of those are this laptop's works, their folders and their spend.
+//! Two calls admitted at the same moment may pass a cap by one: the listing is not a lock.
+
+use alloc::format;
+use alloc::string::{String, ToString};
+use alloc::vec::Vec;
+
+use crate::boxd::{Boxd, Failure, State};
+use crate::caps::{Files, Programs};
+use crate::errors::{Code, ToolError, ToolResult};
+use crate::ledger::{amount, Ledger, Work, MACHINE_SIZE};
+use crate::options::Context;
+use crate::paths;
+
+/// A running work of this ledger, as admission sees it.
+struct Running {
+    work: String,
+    in_project: bool,
+    rate: u64,
+}
+
+/// What is running now, against which one more machine is admitted (or refused).
+pub struct Headroom {
+    /// `oc-` machines on the account that are running, starting or on standby.
+    account: Vec<String>,
+    ledger: Vec<Running>,
+}
+
+fn machine_is_up(status: &str) -> bool {
+    matches!(State::from_status(status), State::Running | State::Standby | State::Starting)
+}
+
+/// Whether a laptop folder lies in the call's project.
+fn in_project(ctx: &Context, directory: &str) -> bool {
+    let p = ctx.project.trim_end_matches('/');
+    directory == p || directory.strip_prefix(p).is_some_and(|rest| rest.starts_with('/'))
+}
+
+/// Read what is running, leaving `work` itself out (its own machine never counts against
+/// its wake).
+pub fn headroom<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F>, ctx: &Context, work: &str) -> ToolResult<Headroom> {
+    let own = paths::machine_name(work);
+    let listing = boxd.list().map_err(Failure::into_error)?;
+    let account: Vec<String> = listing.iter().filter(|m| m.name.starts_with("oc-") && m.name != own && machine_is_up(&m.status)).map(|m| m.name.clone()).collect();
+    let mut running = Vec::new();
+    for id in ledger.ids()? {
+        // An unreadable record is that work's problem; it cannot be counted, but it is
+        // still on the account's count if it runs.
+        let Ok(Some(w)) = ledger.read(&id) else { continue };
+        if w.work != work && !w.is_closed() && account.contains(&w.machine) {
+            let rate = ctx.options.prices.running_rate(w.runs.last().map_or(MACHINE_SIZE, |r| r.size.as_str()));
+            running.push(Running { in_project: in_project(ctx, &w.directory), work: w.work, rate });
+        }
+    }
+    Ok(Headroom { account, ledger: running })
+}
+
+impl Headroom {
+    /// Refuse one more running machine for `w` (a work in `directory`) past a cap or a
+    /// ceiling; the message names what runs, so the next step can say what to sleep.
+    pub fn check(&self, ctx: &Context, work: &str, directory: &str, spent: u64) -> ToolResult<()> {
+        let o = &ctx.options;
+        let names = |pick: &dyn Fn(&Running) -> bool| self.ledger.iter().filter(|r| pick(r)).map(|r| r.work.as_str()).collect::<Vec<_>>().join(", ");
+        let project: Vec<&Running> = self.ledger.iter().filter(|r| r.in_project).collect();
+        let full = |what: &str, n: usize, cap: u32, running: String| {
+            ToolError::with_next(
+                Code::CapReached,
+                format!("work '{work}' cannot start a machine: {n} {what} already run, and {} is at most {cap}", cap_option(what)),
+                format!("Sleep (boxd_sleep) or drop (boxd_drop) one of these works, then call again: {running}."),
+            )
+        };
+        if project.len() as u64 >= o.max_running.project as u64 && in_project(ctx, directory) {
+            return Err(full("of this project's works", project.len(), o.max_running.project, names(&|r| r.in_project)));
+        }
+        if self.ledger.len() as u64 >= o.max_running.ledger as u64 {
+            return Err(full("of this ledger's works", self.ledger.len(), o.max_running.ledger, names(&|_| true)));
+        }
+        if self.account.len() as u64 >= o.max_running.account as u64 {
+            return Err(full("of the account's oc- machines", self.account.len(), o.max_running.account, self.account.join(", ")));
+        }
+        if let Some(ceiling) = o.work_spend_ceiling.filter(|c| spent >= *c) {
+            return Err(ToolError::with_next(
+                Code::CeilingReached,
+                format!("work '{work}' has spent {:.4} of its workSpendCeiling {:.4}", amount(spent), amount(ceiling)),
+                format!("Harvest work '{work}' (boxd_harvest) and drop it (boxd_drop), or raise workSpendCeiling in the plugin options."),
+            ));
+        }
+        let burn: u64 = self.ledger.iter().map(|r| r.rate).sum::<u64>() + o.prices.running_rate(MACHINE_SIZE);
+        if let Some(ceiling) = o.burn_rate_ceiling.filter(|c| burn > *c) {
+            return Err(ToolError::with_next(
+                Code::CeilingReached,
+                format!("starting work '{work}' would burn {:.4} an hour across the ledger, past burnRateCeiling {:.4}", amount(burn), amount(ceiling)),
+                format!("Sleep one of these works (boxd_sleep), then call again: {}.", names(&|_| true)),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Count one more machine as running for `directory` (a fork admitted in a batch).
+    pub fn take(&mut self, ctx: &Context, work: &str, directory: &str) {
+        self.account.push(paths::machine_name(work));
+        self.ledger.push(Running { work: work.to_string(), in_project: in_project(ctx, directory), rate: ctx.options.prices.running_rate(MACHINE_SIZE) });
+    }
+}
+
+fn cap_option(what: &str) -> &'static str {
+    if what.contains("project") {
+        "maxRunningPerProject"
+    } else if what.contains("ledger") {
+        "maxRunningPerLedger"
+    } else {
+        "maxRunningPerAccount"
+    }
+}
+
+/// Admit one create or wake of `work` (its record, when the ledger has one, gives its
+/// spend so far), or refuse it before boxd is asked.
+pub fn admit<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F>, ctx: &Context, work: &str, directory: &str) -> ToolResult<()> {
+    let spent = ledger.read(work)?.filter(|w| !w.is_closed()).map_or(0, |w| w.spend_micros(&ctx.options.prices, ctx.now_ms));
+    headroom(boxd, ledger, ctx, work)?.check(ctx, work, directory, spent)
+}
+
+/// A boxd failure from a create, fork or wake: the account's quota refusing it has its
+/// own code (the CLI says `quota exceeded`).
+pub fn refused(f: Failure) -> ToolError {
+    match f {
+        Failure::Other(m) if m.to_ascii_lowercase().contains("quota") => ToolError::new(Code::QuotaReached, m),
+        f => f.into_error(),
+    }
+}
+
+/// A work past `maxLifetimeHours` takes no more prompts (boxd's auto-destroy is never
+/// used: it would lose unharvested work).
+pub fn check_lifetime(w: &Work, ctx: &Context) -> ToolResult<()> {
+    let Some(hours) = ctx.options.max_lifetime_hours else { return Ok(()) };
+    let age = w.lifetime_ms(ctx.now_ms);
+    if w.created_ms != 0 && age >= hours as u64 * 3_600_000 {
+        return Err(ToolError::with_next(
+            Code::LifetimeReached,
+            format!("work '{}' is {} h old, past maxLifetimeHours {hours}", w.work, age / 3_600_000),
+            format!("Harvest work '{}' (boxd_harvest), then drop it (boxd_drop); start a new work for more prompts.", w.work),
+        ));
+    }
+    Ok(())
+}
+
+/// Lifetime as boxd_status shows it: None without a limit; "past" or "near" (the last
+/// tenth of it) otherwise, with the hours left.
+pub fn lifetime_note(w: &Work, ctx: &Context) -> Option<(&'static str, i64)> {
+    let hours = ctx.options.max_lifetime_hours? as u64;
+    if w.created_ms == 0 {
+        return None;
+    }
+    let (age, max) = (w.lifetime_ms(ctx.now_ms), hours * 3_600_000);
+    let left = (max as i64 - age as i64) / 3_600_000;
+    if age >= max {
+        Some(("past", left))
+    } else if age * 10 >= max * 9 {
+        Some(("near", left))
+    } else {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ledger::WorkState;
+    use crate::testing::{raw_context, MemFiles, Scripted};
+    use crate::tools::context;
+
+    fn running_work(fs: &mut MemFiles, id: &str, dir: &str) {
+        let mut w = Work::new(id, dir, "t");
+        w.state = WorkState::Open;
+        w.machine_id = Some(format!("vm_{id}"));
+        w.created_ms = 1;
+        w.open_run(1);
+        Ledger::new(fs, "/l").write(&w).unwrap();
+    }
+
+    fn listing(names: &[&str]) -> String {
+        let rows: Vec<String> = names.iter().map(|n| format!(r#"{{"name":"{n}","status":"running"}}"#)).collect();
+        format!("[{}]", rows.join(","))
+    }
+
+    fn try_admit(fs: &mut MemFiles, list: &str, options: &str, dir: &str) -> ToolResult<()> {
+        let ctx = context(raw_context(options, "{}")).unwrap();
+        let mut p = Scripted::default();
+        p.push_exit(0, list, "");
+        let mut boxd = Boxd::new(&mut p, 10);
+        let mut ledger = Ledger::new(fs, "/l");
+        admit(&mut boxd, &mut ledger, &ctx, "new", dir)
+    }
+
+    #[test]
+    fn each_cap_refuses_naming_what_runs_and_hibernated_machines_do_not_count() {
+        let mut fs = MemFiles::new(&["/p", "/l", "/r"]);
+        running_work(&mut fs, "a", "/p");
+        running_work(&mut fs, "b", "/r");
+        let up = listing(&["oc-a", "oc-b", "not-ours"]);
+        let e = try_admit(&mut fs, &up, r#"{"maxRunningPerProject":1}"#, "/p/sub").unwrap_err();
+        assert_eq!(e.code, Code::CapReached);
+        assert!(e.message.contains("maxRunningPerProject is at most 1") && e.next.ends_with("works, then call again: a."), "{e:?}");
+        assert!(try_admit(&mut fs, &up, r#"{"maxRunningPerProject":1}"#, "/r").is_ok(), "another folder is not this project");
+        let e = try_admit(&mut fs, &up, r#"{"maxRunningPerLedger":2}"#, "/p").unwrap_err();
+        assert!(e.message.contains("maxRunningPerLedger") && e.next.contains("a, b"), "{e:?}");
+        let e = try_admit(&mut fs, &listing(&["oc-a", "oc-b", "oc-other"]), r#"{"maxRunningPerAccount":3}"#, "/r").unwrap_err();
+        assert!(e.message.contains("maxRunningPerAccount") && e.next.contains("oc-other"), "{e:?}");
+        let asleep = r#"[{"name":"oc-a","status":"hibernated"},{"name":"oc-b","status":"running"}]"#;
+        assert!(try_admit(&mut fs, asleep, r#"{"maxRunningPerLedger":2}"#, "/p").is_ok(), "a hibernated machine frees its slot");
+    }
+
+    #[test]
+    fn the_burn_rate_and_a_works_spend_have_ceilings() {
+        let mut fs = MemFiles::new(&["/p", "/l"]);
+        running_work(&mut fs, "a", "/p");
+        let up = listing(&["oc-a"]);
+        // Two default machines burn 0.436 an hour.
+        let e = try_admit(&mut fs, &up, r#"{"burnRateCeiling":0.4}"#, "/p").unwrap_err();
+        assert_eq!(e.code, Code::CeilingReached);
+        assert!(e.message.contains("0.4360") && e.next.contains(": a."), "{e:?}");
+        assert!(try_admit(&mut fs, &up, r#"{"burnRateCeiling":0.436}"#, "/p").is_ok());
+        // A work that ran 10 hours has spent 2.18.
+        let mut w = Work::new("new", "/p", "t");
+        (w.state, w.created_ms) = (WorkState::Open, 1);
+        w.open_run(1);
+        w.close_run(1 + 36_000_000, "boxd_sleep");
+        Ledger::new(&mut fs, "/l").write(&w).unwrap();
+        let e = try_admit(&mut fs, &up, r#"{"workSpendCeiling":2}"#, "/p").unwrap_err();
+        assert!(e.code == Code::CeilingReached && e.message.contains("2.1800 of its workSpendCeiling 2.0000"), "{e:?}");
+    }
+
+    #[test]
+    fn a_quota_refusal_has_its_own_code() {
+        assert_eq!(refused(Failure::Other("boxd machine new failed: error: quota exceeded".into())).code, Code::QuotaReached);
+        assert_eq!(refused(Failure::Other("boxd machine new failed: boom".into())).code, Code::BoxdFailed);
+    }
+
+    #[test]
+    fn a_work_past_its_lifetime_is_refused_and_near_it_is_noted() {
+        let ctx = |now: u64| {
+            let mut r = raw_context(r#"{"maxLifetimeHours":10}"#, "{}");
+            r.now_ms = now;
+            context(r).unwrap()
+        };
+        let mut w = Work::new("w1", "/p", "t");
+        w.created_ms = 1;
+        assert!(check_lifetime(&w, &ctx(5 * 3_600_000)).is_ok());
+        assert_eq!(lifetime_note(&w, &ctx(5 * 3_600_000)), None);
+        assert_eq!(lifetime_note(&w, &ctx(9 * 3_600_000 + 2)), Some(("near", 0)));
+        let e = check_lifetime(&w, &ctx(10 * 3_600_000 + 1)).unwrap_err();
+        assert!(e.code == Code::LifetimeReached && e.next.contains("boxd_harvest") && e.next.contains("boxd_drop"), "{e:?}");
+        assert_eq!(lifetime_note(&w, &ctx(10 * 3_600_000 + 1)).map(|n| n.0), Some("past"));
+    }
+}

@@ -1,0 +1,335 @@
+//! boxd_fork: copy a work whose transcript is proven into new works (boxd's machine fork),
+//! one machine each, for trying several approaches at once. Every fork is recorded as
+//! queued first (intent before effect), then admitted in order under the caps and
+//! ceilings; those past a cap stay queued, and a later boxd_fork for the same parent
+//! admits them, oldest first, once a slot frees.
+//!
+//! A fork's machine carries the parent's home. Its work tree is copied from the parent's
+//! without the parent's `.boxd/` (server, password, inbox, session), so the fork's guest
+//! starts clean under its own id and password, and its first prompt opens a new session:
+//! its harvest brings home only the fork's own messages. The link to the parent (its work,
+//! the prompt it forked at, the parent's proven sessions) lives in the fork's record.
+
+use alloc::format;
+use alloc::string::{String, ToString};
+use alloc::vec::Vec;
+use serde_json::{json, Value};
+
+use super::admission::{headroom, refused};
+use super::machine::{check_machine, owned_state, prepare_guest, work_json};
+use super::{require_open, require_proven, work_arg, Env};
+use crate::boxd::{Boxd, Failure, State};
+use crate::caps::{Files, Programs};
+use crate::errors::{Code, ToolError, ToolResult};
+use crate::ledger::{iso8601, ForkOrigin, Ledger, Work, WorkState};
+use crate::opencode::Opencode;
+use crate::options::Context;
+use crate::paths;
+
+/// The most forks one call may name (each is a billing machine).
+pub const MAX_FORKS: usize = 8;
+
+pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
+    let (parent_id, _) = work_arg(args)?;
+    let ids = fork_ids(args, &parent_id)?;
+    let ctx = env.ctx;
+    let version = Opencode::new(&mut env.programs).version(ctx);
+    let mut ledger = Ledger::for_call(&mut env.files, ctx);
+    let parent = ledger.require(&parent_id)?;
+    require_open(&parent)?;
+    if parent.state != WorkState::Open {
+        return Err(ToolError::new(Code::WorkConflict, format!("work '{parent_id}' is {}; only an open work can be forked", parent.state.as_str())));
+    }
+    let mut forks = forks_of(&mut ledger, &parent_id)?;
+    let mut order = forks.iter().map(|w| w.fork.as_ref().map_or(0, |f| f.order)).max().unwrap_or(0);
+    let new: Vec<&String> = ids.iter().filter(|id| !forks.iter().any(|w| &&w.work == id)).collect();
+    if !new.is_empty() {
+        // Only a proven parent is copied: a fork of an unharvested transcript would hold
+        // prompts the laptop has never seen.
+        require_proven(&parent)?;
+    }
+    for id in new {
+        order += 1;
+        forks.push(record_fork(&mut ledger, ctx, &parent, id, order)?);
+    }
+    let waiting_ids: Vec<&Work> = forks.iter().filter(|w| matches!(w.state, WorkState::Queued | WorkState::Creating)).collect();
+    let mut boxd = Boxd::new(&mut env.programs, ctx.options.boxd_timeout_seconds);
+    let mut waiting = None;
+    let mut admitted = Vec::new();
+    if !waiting_ids.is_empty() {
+        match owned_state(&mut boxd, &parent)? {
+            State::Running | State::Standby => {}
+            state => {
+                return Err(ToolError::with_next(
+                    Code::MachineAsleep,
+                    format!("{} is {}: a fork copies a machine that is up", parent.machine, super::status::job_state(state)),
+                    format!("Call boxd_resume for work '{parent_id}', then boxd_fork again (its queued forks wait in the ledger)."),
+                ));
+            }
+        }
+        let queue: Vec<Work> = waiting_ids.into_iter().cloned().collect();
+        // No work is named "": the parent's machine counts like every other.
+        let mut room = headroom(&mut boxd, &mut ledger, ctx, "")?;
+        for w in queue {
+            let adopted = if w.state == WorkState::Creating { adopt_fork(&mut boxd, &mut ledger, ctx, &w)? } else { None };
+            let w = match adopted {
+                Some(w) => w,
+                None => {
+                    if let Err(e) = room.check(ctx, &w.work, &w.directory, w.spend_micros(&ctx.options.prices, ctx.now_ms)) {
+                        // In order: nothing behind a fork that waits jumps ahead of it.
+                        waiting = Some(e);
+                        break;
+                    }
+                    fork_machine(&mut boxd, &mut ledger, ctx, &parent, &w)?
+                }
+            };
+            room.take(ctx, &w.work, &w.directory);
+            let guest = ready_guest(&mut boxd, &mut ledger, ctx, &parent, &w, version.as_deref())?;
+            admitted.push((w.work.clone(), guest));
+        }
+    }
+    if let Some(e) = waiting.as_ref().filter(|e| e.code == Code::CeilingReached && admitted.is_empty()) {
+        return Err(ToolError::with_next(e.code, e.message.clone(), format!("{} The forks stay queued: call boxd_fork for work '{parent_id}' again to admit them.", e.next)));
+    }
+    answer(&mut ledger, &parent_id, &forks, admitted, waiting)
+}
+
+/// The `forks` argument: new work ids, each valid, none twice, none the parent.
+fn fork_ids(args: &Value, parent: &str) -> ToolResult<Vec<String>> {
+    let mut ids: Vec<String> = Vec::new();
+    for v in args.get("forks").and_then(Value::as_array).into_iter().flatten() {
+        let id = v.as_str().unwrap_or_default();
+        paths::work_id(id)?;
+        if id == parent || ids.iter().any(|i| i == id) {
+            return Err(ToolError::new(Code::ArgsInvalid, format!("forks names '{id}' twice (or names the parent)")));
+        }
+        ids.push(id.to_string());
+    }
+    Ok(ids)
+}
+
+/// The parent's forks still open or waiting, oldest first.
+fn forks_of<F: Files>(ledger: &mut Ledger<F>, parent: &str) -> ToolResult<Vec<Work>> {
+    let mut forks = Vec::new();
+    for id in ledger.ids()? {
+        if let Some(w) = ledger.read(&id)?.filter(|w| !w.is_closed() && w.fork.as_ref().is_some_and(|f| f.parent == parent)) {
+            forks.push(w);
+        }
+    }
+    forks.sort_by_key(|w| w.fork.as_ref().map_or(0, |f| f.order));
+    Ok(forks)
+}
+
+/// Record a new fork as queued, or refuse an id the ledger holds for something else (an
+/// id is one work: never a second machine under it).
+fn record_fork<F: Files>(ledger: &mut Ledger<F>, ctx: &Context, parent: &Work, id: &str, order: u64) -> ToolResult<Work> {
+    let now = iso8601(ctx.now_ms);
+    let w = ledger.upsert(id, |cur| {
+        if let Some(w) = cur {
+            let what = match &w.fork {
+                _ if w.is_closed() => "a dropped work (pick a new id for the fork)".to_string(),
+                Some(f) => format!("a fork of work '{}'", f.parent),
+                None => "a work of its own (boxd_ensure made it)".to_string(),
+            };
+            return Err(ToolError::new(Code::WorkConflict, format!("work '{id}' is in the ledger as {what}; no fork was made")));
+        }
+        let mut w = Work::new(id, &parent.directory, &now);
+        w.state = WorkState::Queued;
+        w.snapshot = parent.snapshot.clone();
+        w.fork = Some(ForkOrigin {
+            parent: parent.work.clone(),
+            at_prompt: parent.prompts.last().map(|p| p.id.clone()),
+            inherited: parent.proofs.last().map(|p| p.sessions.iter().map(|s| (s.id.clone(), s.messages)).collect()).unwrap_or_default(),
+            order,
+        });
+        Ok(Some(w))
+    })?;
+    Ok(w.expect("a new fork is written"))
+}
+
+/// A fork whose earlier `machine fork` never answered: take up the machine it made, or
+/// None when there is none (it is forked again).
+fn adopt_fork<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F>, ctx: &Context, w: &Work) -> ToolResult<Option<Work>> {
+    let Some(info) = boxd.get(&w.machine).map_err(Failure::into_error)? else { return Ok(None) };
+    if info.id.is_empty() {
+        return Err(ToolError::new(Code::NotOurs, format!("boxd gave no id for {}, so it cannot be checked against the ledger", info.name)));
+    }
+    let mut owned = w.clone();
+    owned.machine_id.get_or_insert_with(|| info.id.clone());
+    check_machine(&owned, &info)?;
+    let w = ledger.update(&w.work, |w| {
+        w.machine_id = owned.machine_id;
+        w.open_run(ctx.now_ms);
+    })?;
+    Ok(Some(w))
+}
+
+/// Fork the parent's machine into the fork's. Recorded as creating first, so a fork that
+/// lands after boxd stops answering is adopted by the next boxd_fork, never made twice.
+fn fork_machine<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F>, ctx: &Context, parent: &Work, w: &Work) -> ToolResult<Work> {
+    let machine = &w.machine;
+    ledger.update(&w.work, |w| {
+        w.state = WorkState::Creating;
+        w.created_ms = ctx.now_ms;
+    })?;
+    let again = format!("Call boxd_fork for work '{}' again: it adopts the fork if it appears.", parent.work);
+    let created = match boxd.fork(&parent.machine, machine, ctx.options.idle_seconds()) {
+        Ok(c) => c,
+        Err(Failure::Timeout(m)) => return Err(ToolError::with_next(Code::CreateUncertain, format!("boxd machine fork did not answer ({m}); {machine} may still appear"), again)),
+        Err(Failure::Other(m)) if m.contains("already exists") => {
+            ledger.update(&w.work, |w| w.state = WorkState::Queued)?;
+            return Err(ToolError::new(Code::NotOurs, format!("a machine named {machine} exists, but this laptop's ledger did not create it; the fork stays queued")));
+        }
+        Err(e) => {
+            // Refused before anything was made: back in the queue, in its place.
+            ledger.update(&w.work, |w| w.state = WorkState::Queued)?;
+            return Err(refused(e));
+        }
+    };
+    let Some(id) = created.id.filter(|_| !created.boot_timeout) else {
+        return Err(ToolError::with_next(Code::CreateUncertain, format!("boxd forked {machine} but its boot timed out or its answer carried no id"), again));
+    };
+    ledger.update(&w.work, |w| {
+        w.machine_id = Some(id);
+        w.open_run(ctx.now_ms);
+    })
+}
+
+/// Give the fork its own work tree (a copy of the parent's without its `.boxd/`) and its
+/// own guest (password, server, pump), then open it. Idempotent: a tree already there is
+/// kept, so a call killed midway is finished by the next.
+fn ready_guest<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F>, ctx: &Context, parent: &Work, w: &Work, version: Option<&str>) -> ToolResult<Value> {
+    // Work ids are [a-z0-9-]: safe in the script as they are.
+    let (from, to) = (&parent.work, &w.work);
+    let script = format!(
+        "cd \"$HOME/work\" && [ -d {from} ] && if [ ! -e {to} ]; then rm -rf {to}.fork-tmp && cp -a {from} {to}.fork-tmp && rm -rf {to}.fork-tmp/.boxd && mv {to}.fork-tmp {to}; fi"
+    );
+    let out = boxd.exec(&w.machine, &["sh", "-c", &script], None, 120).map_err(Failure::into_error)?;
+    if out.exit_code != Some(0) {
+        return Err(ToolError::with_next(
+            Code::GuestWorkspace,
+            format!("could not copy work '{from}''s tree into fork '{to}' on {}: {}", w.machine, String::from_utf8_lossy(&out.stderr).trim()),
+            format!("Call boxd_fork for work '{from}' again, or boxd_drop for work '{to}'."),
+        ));
+    }
+    let w = ledger.update(to, |w| {
+        w.state = WorkState::Open;
+        // The copied home holds the parent's helper; every exec checks its digest anyway
+        // (a missing or other file is uploaded then), so no upload is spent up front.
+        w.helper_sha256 = parent.helper_sha256.clone();
+    })?;
+    // One password per work: the call's random bytes, told apart by the fork's id.
+    let mut seed = ctx.entropy.clone();
+    seed.extend_from_slice(to.as_bytes());
+    let entropy = if ctx.entropy.len() < 16 { ctx.entropy.clone() } else { crate::encode::sha256_hex(&seed).into_bytes() };
+    prepare_guest(boxd, ledger, &w, &entropy, version)
+}
+
+/// boxd_fork's answer: each of the parent's forks with its state, what was admitted now,
+/// and what the queue waits for.
+fn answer<F: Files>(ledger: &mut Ledger<F>, parent: &str, forks: &[Work], admitted: Vec<(String, Value)>, waiting: Option<ToolError>) -> ToolResult<Value> {
+    let mut rows = Vec::new();
+    for f in forks {
+        let w = ledger.read(&f.work)?.unwrap_or_else(|| f.clone());
+        let state = match w.state {
+            WorkState::Open => "running",
+            s => s.as_str(),
+        };
+        let mut row = work_json(&w, state);
+        let origin = w.fork.clone().unwrap_or_default();
+        row["parent"] = json!(origin.parent);
+        row["atPrompt"] = json!(origin.at_prompt);
+        row["admittedNow"] = json!(admitted.iter().any(|(id, _)| id == &w.work));
+        row["guest"] = admitted.iter().find(|(id, _)| id == &w.work).map_or(Value::Null, |(_, g)| g.clone());
+        rows.push(row);
+    }
+    let queued: Vec<String> = rows.iter().filter(|r| r["state"] == "queued").filter_map(|r| r["work"].as_str().map(String::from)).collect();
+    let next = match &waiting {
+        Some(e) => format!("{} The queued forks ({}) wait in the ledger: call boxd_fork for work '{parent}' again to admit them in order.", e.next, queued.join(", ")),
+        None => "Call boxd_submit for each fork with its own prompt, boxd_job for each in a later turn, then boxd_harvest each and compare; boxd_drop the ones you do not keep.".to_string(),
+    };
+    Ok(json!({
+        "work": parent,
+        "forks": rows,
+        "queued": queued,
+        "waiting": waiting.map(|e| json!({ "error": e.code.as_str(), "message": e.message })),
+        "next": next,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::{open_work, raw_context, MemFiles, Scripted, OURS};
+    use crate::tools::call;
+
+    fn fork_call(fs: &mut MemFiles, running: &[&str], admit: &[&str], options: &str, args: &str) -> (ToolResult<Value>, Vec<String>) {
+        // The parent was prepared: the ledger knows its machine holds this helper, and a
+        // fork's copied home does too.
+        Ledger::new(fs, "/l").update("w1", |w| w.helper_sha256 = Some(crate::encode::sha256_hex(crate::guest::HELPER))).unwrap();
+        let mut p = Scripted::default();
+        p.push_exit(0, "1.18.33", "");
+        p.push_exit(0, OURS, "");
+        let rows: Vec<String> = running.iter().map(|n| format!(r#"{{"name":"{n}","status":"running"}}"#)).collect();
+        p.push_exit(0, &format!("[{}]", rows.join(",")), "");
+        for id in admit {
+            p.push_exit(0, &format!(r#"{{"name":"oc-{id}","id":"vm_{id}","boot":"5ms"}}"#), "");
+            p.push_exit(0, "", "");
+            p.push_exit(0, &format!(r#"{{"ok":true,"work":"{id}"}}"#), "");
+        }
+        let r = call(&mut p, fs, "boxd_fork", args, raw_context(options, "{}"));
+        (r, p.commands())
+    }
+
+    #[test]
+    fn forks_past_a_cap_wait_queued_and_a_later_call_admits_them_in_order() {
+        let mut fs = open_work(None);
+        let cap2 = r#"{"maxRunningPerLedger":2}"#;
+        let (r, cmds) = fork_call(&mut fs, &["oc-w1"], &["fa"], cap2, r#"{"work":"w1","forks":["fa","fb","fc"]}"#);
+        let v = r.unwrap();
+        assert_eq!(v["queued"], json!(["fb", "fc"]), "{v}");
+        assert_eq!(v["waiting"]["error"], "CAP_REACHED", "{v}");
+        assert!(cmds[3].starts_with("machine fork oc-w1 oc-fa --auto-hibernate-timeout "), "{cmds:?}");
+        assert!(cmds[4].contains("cp -a w1 fa.fork-tmp") && cmds[4].contains("rm -rf fa.fork-tmp/.boxd"), "{cmds:?}");
+        assert_eq!(cmds.len(), 6, "one fork, one copy, one prepare: {cmds:?}");
+        let fa = Ledger::new(&mut fs, "/l").require("fa").unwrap();
+        assert_eq!((fa.state, fa.machine_id.as_deref(), fa.fork.as_ref().map(|f| f.parent.as_str())), (WorkState::Open, Some("vm_fa"), Some("w1")));
+        assert_eq!(fa.runs.len(), 1, "its run is priced from the fork on");
+
+        // A slot frees (cap 3): the oldest queued fork goes first, the next still waits.
+        let cap3 = r#"{"maxRunningPerLedger":3}"#;
+        let (r, cmds) = fork_call(&mut fs, &["oc-w1", "oc-fa"], &["fb"], cap3, r#"{"work":"w1"}"#);
+        let v = r.unwrap();
+        assert!(cmds[3].starts_with("machine fork oc-w1 oc-fb "), "{cmds:?}");
+        assert_eq!(v["queued"], json!(["fc"]), "{v}");
+        let mut l = Ledger::new(&mut fs, "/l");
+        assert_ne!(l.password("fa").unwrap(), l.password("fb").unwrap(), "each fork has its own server password");
+        assert_eq!(l.require("fc").unwrap().state, WorkState::Queued);
+    }
+
+    #[test]
+    fn a_fork_id_the_ledger_holds_for_another_work_is_a_conflict() {
+        let mut fs = open_work(None);
+        let mut other = Work::new("fa", "/p", "t");
+        other.state = WorkState::Open;
+        Ledger::new(&mut fs, "/l").write(&other).unwrap();
+        let mut p = Scripted::default();
+        p.push_exit(0, "1.18.33", "");
+        let e = call(&mut p, &mut fs, "boxd_fork", r#"{"work":"w1","forks":["fa"]}"#, raw_context("{}", "{}")).unwrap_err();
+        assert_eq!(e.code, Code::WorkConflict, "{e:?}");
+        assert_eq!(p.commands(), ["--version"], "refused before boxd is asked");
+    }
+
+    #[test]
+    fn a_queued_fork_takes_no_prompt_and_drops_without_a_machine() {
+        let mut fs = open_work(None);
+        let (r, _) = fork_call(&mut fs, &["oc-w1"], &[], r#"{"maxRunningPerLedger":1}"#, r#"{"work":"w1","forks":["fa"]}"#);
+        assert_eq!(r.unwrap()["queued"], json!(["fa"]));
+        let mut p = Scripted::default();
+        let e = call(&mut p, &mut fs, "boxd_submit", r#"{"work":"fa","prompt":"x"}"#, raw_context("{}", "{}")).unwrap_err();
+        assert!(e.code == Code::CapReached && e.next.contains("boxd_fork for work 'w1'"), "{e:?}");
+        let v = call(&mut p, &mut fs, "boxd_drop", r#"{"work":"fa"}"#, raw_context("{}", "{}")).unwrap();
+        assert_eq!(v["dropped"], true);
+        assert!(p.commands().iter().all(|c| !c.starts_with("machine")), "{:?}", p.commands());
+    }
+}
