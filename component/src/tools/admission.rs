@@ -57,6 +57,24 @@ pub fn headroom<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F
     Ok(Headroom { account, ledger: running })
 }
 
+/// What is running as this ledger knows it, with no boxd call: the works whose last run
+/// interval is still open. A wake uses this, so resume stays within four round trips; the
+/// account count is then this ledger's (a lower bound: create, fork and boxd_status read
+/// the account's listing).
+pub fn headroom_known<F: Files>(ledger: &mut Ledger<F>, ctx: &Context, work: &str) -> ToolResult<Headroom> {
+    let mut running = Vec::new();
+    let mut account = Vec::new();
+    for id in ledger.ids()? {
+        let Ok(Some(w)) = ledger.read(&id) else { continue };
+        if w.work != work && !w.is_closed() && w.running_since().is_some() {
+            let rate = ctx.options.prices.running_rate(w.runs.last().map_or(MACHINE_SIZE, |r| r.size.as_str()));
+            account.push(w.machine.clone());
+            running.push(Running { in_project: in_project(ctx, &w.directory), work: w.work, rate });
+        }
+    }
+    Ok(Headroom { account, ledger: running })
+}
+
 impl Headroom {
     /// Refuse one more running machine for `w` (a work in `directory`) past a cap or a
     /// ceiling; the message names what runs, so the next step can say what to sleep.
@@ -120,6 +138,12 @@ fn cap_option(what: &str) -> &'static str {
 pub fn admit<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F>, ctx: &Context, work: &str, directory: &str) -> ToolResult<()> {
     let spent = ledger.read(work)?.filter(|w| !w.is_closed()).map_or(0, |w| w.spend_micros(&ctx.options.prices, ctx.now_ms));
     headroom(boxd, ledger, ctx, work)?.check(ctx, work, directory, spent)
+}
+
+/// Admit one wake of `work` from the ledger's own knowledge (see `headroom_known`).
+pub fn admit_wake<F: Files>(ledger: &mut Ledger<F>, ctx: &Context, work: &str, directory: &str) -> ToolResult<()> {
+    let spent = ledger.read(work)?.filter(|w| !w.is_closed()).map_or(0, |w| w.spend_micros(&ctx.options.prices, ctx.now_ms));
+    headroom_known(ledger, ctx, work)?.check(ctx, work, directory, spent)
 }
 
 /// A boxd failure from a create, fork or wake: the account's quota refusing it has its
