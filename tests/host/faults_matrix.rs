@@ -41,7 +41,7 @@ pub const FAULTS: &[Fault] = &[
 ];
 
 pub const TOOLS: &[&str] =
-    &["boxd_status", "boxd_job", "boxd_submit", "boxd_harvest", "boxd_image", "boxd_sleep", "boxd_resume", "boxd_ensure", "boxd_drop"];
+    &["boxd_status", "boxd_job", "boxd_submit", "boxd_harvest", "boxd_image", "boxd_sleep", "boxd_resume", "boxd_ensure", "boxd_fork", "boxd_drop"];
 
 /// The codes docs/configuration.md documents (its error table).
 pub fn documented_codes() -> BTreeSet<String> {
@@ -102,6 +102,8 @@ impl Matrix {
             "boxd_image" => json!({ "work": "w1", "name": format!("img-{}", self.n) }).to_string(),
             // A new work each time, so the create path runs.
             "boxd_ensure" => json!({ "work": format!("e{}", self.n) }).to_string(),
+            // A new fork each time, so the fork path runs (a refusal is a documented code).
+            "boxd_fork" => json!({ "work": "w1", "forks": [format!("f{}", self.n)] }).to_string(),
             _ => W1.into(),
         }
     }
