@@ -12,6 +12,10 @@ fn status_reports_sign_in_zero_works_and_a_next_step() {
     assert_eq!(v["works"].as_array().unwrap().len(), 0);
     assert_eq!(v["snapshot"]["present"], false);
     assert!(v["next"].as_str().unwrap().contains("golden"), "{}", v["next"]);
+    // OpenCode's own facts (its permission rules, its copy of the skill) only in OpenCode.
+    for key in ["agentsWithoutRules", "rulesAdded", "skills"] {
+        assert!(v.get(key).is_none(), "{key} in a boxd-host answer: {v:#}");
+    }
     // One listing and one snapshot listing: nothing else.
     assert_eq!(laptop.boxd_calls(), [["machine", "list", "--json"], ["snapshots", "list", "--json"]]);
 

@@ -127,7 +127,8 @@ pub fn run(env: &mut Env, _args: &Value) -> ToolResult<Value> {
         })
         .collect();
 
-    let bridge = ctx.facts.opencode.clone().unwrap_or_default();
+    let bridge_facts = ctx.facts.opencode.clone();
+    let bridge = bridge_facts.clone().unwrap_or_default();
     let laptop_opencode = crate::opencode::known_version(ctx);
     let (lo, hi) = options::TESTED_OPENCODE;
     let host_ok = ctx.host_name != "opencode" || options::in_tested_range(&ctx.host_version);
@@ -145,7 +146,7 @@ pub fn run(env: &mut Env, _args: &Value) -> ToolResult<Value> {
         Some(w) => format!("Call boxd_job for work '{}' to see how its run is going.", w["work"].as_str().unwrap_or("")),
     });
 
-    Ok(json!({
+    let mut answer = json!({
         "boxd": { "cli": cli, "reason": cli_reason, "connection": connection, "calls": boxd.calls },
         "access": opts.access.as_str(),
         "snapshot": snapshot,
@@ -156,15 +157,19 @@ pub fn run(env: &mut Env, _args: &Value) -> ToolResult<Value> {
         "works": works,
         "spend": { "total": amount(total), "burnPerHour": amount(burn), "burnRateCeiling": opts.burn_rate_ceiling.map(amount) },
         "tools": tools,
-        "agentsWithoutRules": bridge.agents_without_rules,
-        "rulesAdded": !bridge.rules_not_added,
-        "skills": match &bridge.skills_invalid {
-            Some(why) => json!({ "ok": false, "error": Code::SkillsInvalid.as_str(), "reason": why }),
-            None => json!({ "ok": true }),
-        },
         "host": { "name": ctx.host_name, "version": ctx.host_version, "testedOpenCode": format!(">={lo} <{hi}"), "tested": host_ok },
         "next": next,
-    }))
+    });
+    // What only the OpenCode bridge knows appears only there (its rules, its skill copy).
+    if bridge_facts.is_some() {
+        answer["agentsWithoutRules"] = json!(bridge.agents_without_rules);
+        answer["rulesAdded"] = json!(!bridge.rules_not_added);
+        answer["skills"] = match &bridge.skills_invalid {
+            Some(why) => json!({ "ok": false, "error": Code::SkillsInvalid.as_str(), "reason": why }),
+            None => json!({ "ok": true }),
+        };
+    }
+    Ok(answer)
 }
 
 /// A work's spend as boxd_status and boxd_job show it (in the price table's currency).
