@@ -1,8 +1,10 @@
 //! What the plugin can touch, read from the real component, and what each call did touch.
 //!
 //! `reach` lists the component's imports and exports (from its own type, not a
-//! hard-coded list) beside the policy's programs and folders. `AuditLog` appends one JSON
-//! line per call with the trace the runtime kept (runtime/trace.rs); audit only reads it.
+//! hard-coded list) beside the policy's programs (each with its argument grants and its
+//! child's environment) and folders. `AuditLog` appends one JSON line per call with the
+//! trace the runtime kept (runtime/trace.rs, each spawn naming the grant it matched);
+//! audit only reads it.
 
 use std::fs::OpenOptions;
 use std::io::Write;
@@ -41,10 +43,18 @@ pub fn reach(rt: &Runtime) -> Value {
         "component": { "sha256": rt.sha256, "bytes": rt.size },
         "imports": imports,
         "exports": exports,
-        "programs": policy.programs().iter().map(|(k, v)| json!({ "name": k, "path": v.display().to_string() })).collect::<Vec<_>>(),
-        "programsRefused": "every other name, and every path",
+        "programs": policy.programs().iter().map(|(k, v)| {
+            let grants = crate::policy::file().program(k).map(|p| p.grants.as_slice()).unwrap_or_default();
+            json!({
+                "name": k,
+                "path": v.display().to_string(),
+                "grants": grants,
+                // The variables its child may inherit (those the host has are passed on).
+                "environment": crate::policy::child_env_names(k),
+            })
+        }).collect::<Vec<_>>(),
+        "programsRefused": "every other name, every path, and every argument list no grant matches",
         "paths": policy.preopens().iter().map(|p| json!({ "path": p.path.display().to_string(), "why": p.why, "mode": "read-write" })).collect::<Vec<_>>(),
-        "childEnvironment": policy.child_env().iter().map(|(k, _)| k.clone()).collect::<Vec<_>>(),
         "denied": ["environment variables", "arguments", "stdin/stdout/stderr", "clocks", "random", "sockets and network", "any folder not listed"],
     })
 }
@@ -64,16 +74,21 @@ pub fn render(reach: &Value) -> String {
             }
         }
     }
-    s.push_str("programs it may run (by name; everything else is refused):\n");
+    s.push_str("programs it may run, only with these arguments (everything else is refused):\n");
     for p in reach["programs"].as_array().into_iter().flatten() {
-        s.push_str(&format!("  {:<9} -> {}\n", p["name"].as_str().unwrap_or(""), p["path"].as_str().unwrap_or("")));
+        let name = p["name"].as_str().unwrap_or("");
+        s.push_str(&format!("  {name:<9} -> {}\n", p["path"].as_str().unwrap_or("")));
+        for g in p["grants"].as_array().into_iter().flatten() {
+            let args: Vec<&str> = g["args"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+            s.push_str(&format!("      {:<18} {name} {}\n", g["name"].as_str().unwrap_or(""), args.join(" ")));
+        }
+        let env: Vec<&str> = p["environment"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+        s.push_str(&format!("      {:<18} {}\n", "(environment)", env.join(" ")));
     }
     s.push_str("folders it may touch (nothing else):\n");
     for p in reach["paths"].as_array().into_iter().flatten() {
         s.push_str(&format!("  {:<9} {} ({})\n", p["why"].as_str().unwrap_or(""), p["path"].as_str().unwrap_or(""), p["mode"].as_str().unwrap_or("")));
     }
-    let env: Vec<&str> = reach["childEnvironment"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
-    s.push_str(&format!("child processes get only: {}\n", env.join(" ")));
     let denied: Vec<&str> = reach["denied"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
     s.push_str(&format!("denied to the component: {}\n", denied.join(", ")));
     s

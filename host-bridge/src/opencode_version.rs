@@ -78,7 +78,7 @@ fn ask(binary: &Path, policy: &Policy) -> Option<String> {
         name: "opencode",
         binary,
         args: &["--version".to_string()],
-        env: policy.child_env(),
+        env: &policy.child_env("opencode"),
         cwd: None,
         stdin: None,
         timeout: Duration::from_secs(60),

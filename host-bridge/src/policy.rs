@@ -1,8 +1,9 @@
-//! The policy: which programs the component may run (name → absolute binary), which
-//! folders it may touch (the preopens), and what environment a child gets. Deny by
-//! default: a grant exists only because `resolve` (or a builder call) made it, and
-//! `audit` prints the programs and preopens granted. The OpenCode bridge resolves the
-//! same request in lib/policy.js; tests/vectors/policy.json holds both to one outcome.
+//! The policy: which programs the component may run (name → absolute binary) and with
+//! which arguments (policy.json's argument grants, args.rs), which folders it may touch
+//! (the preopens), and what environment each program's child gets. Deny by default: a
+//! grant exists only because `resolve` (or a builder call) made it, and `audit` prints the
+//! programs with their grants, and the preopens. The OpenCode bridge resolves the same
+//! request in lib/policy.js; tests/vectors/policy.json holds both to one outcome.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -11,23 +12,36 @@ use anyhow::{bail, Context as _, Result};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+mod args;
+pub use args::Grant;
+
 /// The policy data every host shares (host-bridge/policy.json; the OpenCode bridge reads
-/// the same file), so the program names and the child-environment allow-list have one source.
+/// the same file), so the programs, their grants and environments have one source.
 pub const POLICY_JSON: &str = include_str!("../policy.json");
 
 /// host-bridge/policy.json, typed. docs/architecture.md ("Policy") explains each key.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct PolicyFile {
-    pub programs: Vec<String>,
+    pub programs: Vec<ProgramPolicy>,
     /// program → the plugin option that must be true for a host to grant it.
     pub granted_only_with: BTreeMap<String, String>,
+    /// Variables every program's child may inherit; each program adds its own `env`.
     pub child_env: Vec<String>,
     pub output_caps: OutputCaps,
     pub after_exit: AfterExit,
     pub host_failed: HostError,
     pub options_invalid: HostError,
     pub ledger_failed: HostError,
+}
+
+/// One program the component may run: its own variables and the argument lists granted.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProgramPolicy {
+    pub name: String,
+    pub env: Vec<String>,
+    pub grants: Vec<Grant>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -59,18 +73,30 @@ impl PolicyFile {
         Ok(file)
     }
 
+    /// The program called `name`, if the policy lists it.
+    pub fn program(&self, name: &str) -> Option<&ProgramPolicy> {
+        self.programs.iter().find(|p| p.name == name)
+    }
+
     fn validate(&self) -> Result<()> {
         let word = |s: &str, extra: char| !s.is_empty() && s.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == extra);
         if self.programs.is_empty() {
             bail!("policy.json programs is empty");
         }
+        let env_name = |name: &str| !name.is_empty() && name.chars().all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_');
         for (i, p) in self.programs.iter().enumerate() {
-            if !word(p, '-') || self.programs[..i].contains(p) {
-                bail!("policy.json programs: '{p}' is not a lowercase program name, or is listed twice");
+            if !word(&p.name, '-') || self.programs[..i].iter().any(|o| o.name == p.name) {
+                bail!("policy.json programs: '{}' is not a lowercase program name, or is listed twice", p.name);
+            }
+            if let Some(name) = p.env.iter().find(|n| !env_name(n)) {
+                bail!("policy.json programs.{}.env: '{name}' is not an environment variable name", p.name);
+            }
+            if let Some(why) = args::invalid(&p.name, &p.grants) {
+                bail!("policy.json {why}");
             }
         }
         for (program, option) in &self.granted_only_with {
-            if !self.programs.contains(program) {
+            if !self.programs.iter().any(|p| &p.name == program) {
                 bail!("policy.json grantedOnlyWith names '{program}', which programs does not list");
             }
             if option.is_empty() || !option.chars().all(|c| c.is_ascii_alphanumeric()) {
@@ -78,7 +104,7 @@ impl PolicyFile {
             }
         }
         for name in &self.child_env {
-            if name.is_empty() || !name.chars().all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_') {
+            if !env_name(name) {
                 bail!("policy.json childEnv: '{name}' is not an environment variable name");
             }
         }
@@ -143,18 +169,20 @@ pub fn opt_in_programs() -> &'static BTreeMap<String, String> {
 }
 
 /// The program names the component may ask for. Any other name is refused.
-pub fn program_names() -> &'static [String] {
-    &file().programs
+pub fn program_names() -> Vec<&'static str> {
+    file().programs.iter().map(|p| p.name.as_str()).collect()
 }
 
-/// Variables a child may inherit from the host's environment, and nothing else: what the
-/// boxd CLI and OpenCode need to find their own config and data.
-pub fn child_env_names() -> &'static [String] {
-    &file().child_env
+/// The variables `program`'s child may inherit from the host's environment, and nothing
+/// else: the shared `childEnv` (where a program finds its own config and data) and its
+/// own `env` (boxd's credentials for boxd only, OpenCode's for opencode only).
+pub fn child_env_names(program: &str) -> Vec<&'static str> {
+    let f = file();
+    f.child_env.iter().chain(f.program(program).into_iter().flat_map(|p| &p.env)).map(String::as_str).collect()
 }
 
 fn is_program_name(name: &str) -> bool {
-    program_names().iter().any(|p| p == name)
+    file().program(name).is_some()
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -168,7 +196,8 @@ pub struct Preopen {
 pub struct Policy {
     programs: BTreeMap<String, PathBuf>,
     preopens: Vec<Preopen>,
-    child_env: Vec<(String, String)>,
+    /// The host's variables any program's child may inherit; `child_env` picks per program.
+    host_env: Vec<(String, String)>,
 }
 
 /// Why a spawn was refused, naming the grant that is missing.
@@ -213,10 +242,13 @@ impl Policy {
         Ok(self)
     }
 
-    /// Pass the allow-listed variables of `vars` to children.
+    /// Keep the variables of `vars` some program's child may inherit (policy.json
+    /// `childEnv` and each program's `env`); `child_env` gives each program its own.
     pub fn child_env_from(&mut self, vars: impl IntoIterator<Item = (String, String)>) -> &mut Self {
-        self.child_env = vars.into_iter().filter(|(k, _)| child_env_names().iter().any(|n| n == k)).collect();
-        self.child_env.sort();
+        let f = file();
+        let names: Vec<&String> = f.child_env.iter().chain(f.programs.iter().flat_map(|p| &p.env)).collect();
+        self.host_env = vars.into_iter().filter(|(k, _)| names.contains(&k)).collect();
+        self.host_env.sort();
         self
     }
 
@@ -228,11 +260,23 @@ impl Policy {
         &self.preopens
     }
 
-    pub fn child_env(&self) -> &[(String, String)] {
-        &self.child_env
+    /// What `program`'s child inherits from the host's environment.
+    pub fn child_env(&self, program: &str) -> Vec<(String, String)> {
+        let names = child_env_names(program);
+        self.host_env.iter().filter(|(k, _)| names.contains(&k.as_str())).cloned().collect()
     }
 
-    /// The binary for a program name, or the refusal naming the missing grant.
+    /// The binary and the grant for one call of the component's, or the refusal naming the
+    /// program, the refused arguments and the grant nearest to them (policy.json `grants`).
+    pub fn allows_call(&self, program: &str, args: &[String]) -> Result<(&Path, &'static Grant), Refusal> {
+        let binary = self.allows(program)?;
+        let grants = &file().program(program).expect("a granted program is in the policy").grants;
+        let grant = args::check(program, grants, args).map_err(Refusal::NotAllowed)?;
+        Ok((binary, grant))
+    }
+
+    /// The binary for a program name, or the refusal naming the missing grant. Arguments
+    /// are not looked at: `allows_call` is the check for the component's calls.
     pub fn allows(&self, program: &str) -> Result<&Path, Refusal> {
         match self.programs.get(program) {
             Some(p) => Ok(p),
@@ -461,6 +505,13 @@ mod tests {
             assert!(matches!(p.allows(name), Err(Refusal::NotAllowed(_))), "{name:?}");
         }
         assert!(p.program("sh", Path::new("/bin/sh")).is_err(), "only the plugin's program names can be granted");
+        let call = |args: &[&str]| p.allows_call("boxd", &args.iter().map(|a| a.to_string()).collect::<Vec<_>>()).map(|(_, g)| g.name.as_str());
+        assert_eq!(call(&["machine", "remove", "oc-w1", "-y", "--json"]), Ok("machine-remove"));
+        assert_eq!(call(&["machine", "remove", "golden-build-0a1b", "-y", "--json"]), Ok("golden-remove"));
+        for refused in [&["machine", "remove", "web", "-y", "--json"][..], &["auth", "logout"], &["env", "set", "K", "v"], &[]] {
+            assert!(matches!(call(refused), Err(Refusal::NotAllowed(_))), "{refused:?}");
+        }
+        assert!(matches!(p.allows_call("opencode", &["--version".into()]), Err(Refusal::NotAllowed(m)) if m.contains("not found on this host")));
         assert!(p.allows_cwd(dir.to_str().unwrap()).is_ok());
         assert!(matches!(p.allows_cwd("/"), Err(Refusal::CwdOutside(_))));
     }
@@ -470,9 +521,15 @@ mod tests {
         assert_eq!(program_names(), ["boxd", "opencode", "git"]);
         assert_eq!(opt_in_programs().iter().collect::<Vec<_>>(), [(&"git".to_string(), &"fetchCommits".to_string())]);
         for must in ["PATH", "HOME", "XDG_DATA_HOME", "BOXD_TOKEN"] {
-            assert!(child_env_names().iter().any(|n| n == must), "{must}");
+            assert!(child_env_names("boxd").contains(&must), "{must}");
         }
-        assert!(!child_env_names().iter().any(|n| n.contains("SECRET") || n == "AWS_SECRET_ACCESS_KEY"));
+        // Each program's credentials go to that program only.
+        assert!(child_env_names("opencode").contains(&"OPENCODE_DB") && !child_env_names("opencode").contains(&"BOXD_TOKEN"));
+        assert!(!child_env_names("boxd").contains(&"OPENCODE_DB"));
+        assert!(!child_env_names("git").iter().any(|n| n.starts_with("BOXD_") || n.starts_with("OPENCODE_")));
+        for p in program_names() {
+            assert!(!child_env_names(p).iter().any(|n| n.contains("SECRET")), "{p}");
+        }
     }
 
     #[test]
@@ -512,6 +569,10 @@ mod tests {
             ("a cap of the wrong type", &|v: &mut Value| v["outputCaps"]["stdout"] = json!("64 MiB"), "invalid type"),
             ("an unknown program opted in", &|v: &mut Value| v["grantedOnlyWith"]["sh"] = json!("x"), "'sh', which programs does not list"),
             ("a variable name", &|v: &mut Value| v["childEnv"][0] = json!("path"), "'path' is not an environment variable name"),
+            ("a program's variable name", &|v: &mut Value| v["programs"][0]["env"][0] = json!("token"), "programs.boxd.env: 'token'"),
+            ("a grant's unknown key", &|v: &mut Value| v["programs"][0]["grants"][0]["why"] = json!("text"), "unknown field `why`"),
+            ("a grant's unknown class", &|v: &mut Value| v["programs"][0]["grants"][0]["args"][0] = json!("{any}"), "the first token must be a literal"),
+            ("a grant without arguments", &|v: &mut Value| v["programs"][2]["grants"][0]["args"] = json!([]), "the first token must be a literal"),
             ("a code", &|v: &mut Value| v["hostFailed"]["code"] = json!("FAILED"), "hostFailed must have code HOST_FAILED"),
             ("a grace", &|v: &mut Value| v["afterExit"]["graceMs"] = json!(60000), "graceMs"),
         ] {
@@ -523,7 +584,10 @@ mod tests {
     #[test]
     fn child_env_is_an_allow_list() {
         let mut p = Policy::new();
-        p.child_env_from([("PATH".into(), "/bin".into()), ("AWS_SECRET_ACCESS_KEY".into(), "x".into()), ("HOME".into(), "/h".into())]);
-        assert_eq!(p.child_env(), [("HOME".to_string(), "/h".to_string()), ("PATH".to_string(), "/bin".to_string())]);
+        let pair = |k: &str, v: &str| (k.to_string(), v.to_string());
+        p.child_env_from([pair("PATH", "/bin"), pair("AWS_SECRET_ACCESS_KEY", "x"), pair("HOME", "/h"), pair("BOXD_TOKEN", "t"), pair("OPENCODE_DB", "/db")]);
+        assert_eq!(p.child_env("boxd"), [pair("BOXD_TOKEN", "t"), pair("HOME", "/h"), pair("PATH", "/bin")]);
+        assert_eq!(p.child_env("opencode"), [pair("HOME", "/h"), pair("OPENCODE_DB", "/db"), pair("PATH", "/bin")]);
+        assert_eq!(p.child_env("git"), [pair("HOME", "/h"), pair("PATH", "/bin")]);
     }
 }

@@ -109,8 +109,9 @@ impl Session {
     }
 
     /// The host's own use of a granted program (the tour sets boxd-local's env with it):
-    /// the same grant, child environment, bounds and process runner as the component's
-    /// spawns, and an audit line of its own.
+    /// the same binary, child environment, bounds and process runner as the component's
+    /// spawns, and an audit line of its own. It is the host acting for the user, so the
+    /// component's argument grants do not apply (docs/architecture.md, "Policy").
     pub fn run_granted(&mut self, program: &str, args: &[&str]) -> Result<crate::spawn::Output> {
         let policy = self.runtime.policy();
         let binary = policy.allows(program).map_err(|r| anyhow::anyhow!("{r:?}"))?.to_path_buf();
@@ -120,7 +121,7 @@ impl Session {
             name: program,
             binary: &binary,
             args: &args,
-            env: policy.child_env(),
+            env: &policy.child_env(program),
             cwd: None,
             stdin: None,
             timeout: std::time::Duration::from_secs(60),
@@ -129,6 +130,7 @@ impl Session {
         let record = crate::runtime::SpawnRecord {
             program: program.into(),
             args: crate::runtime::mask_args(&args),
+            grant: Some(format!("host: {program} (the host's own call, not the component's)")),
             exit_code: out.as_ref().ok().and_then(|o| o.exit_code),
             outcome: if out.is_ok() { "exited".into() } else { "failed".into() },
             duration_ms: started.elapsed().as_millis() as u64,

@@ -1,5 +1,6 @@
 //! Confinement through a real guest: the probe component (tests/probe) asks the host for
-//! unlisted programs and for paths outside its preopens, and every attempt is refused.
+//! unlisted programs, for granted programs with arguments no grant allows, and for paths
+//! outside its preopens, and every attempt is refused.
 
 use std::os::unix::fs::symlink;
 use std::path::Path;
@@ -16,13 +17,77 @@ fn unlisted_programs_and_paths_are_refused_by_name() {
     policy.program("boxd", Path::new("/bin/true")).unwrap();
     policy.preopen(&s.0, "project").unwrap();
     let rt = probe(policy);
-    assert_eq!(ask(&rt, "spawn", "boxd"), "ok exit=Some(0)");
+    assert_eq!(ask(&rt, "spawn", &argv(&["boxd", "machine", "list", "--json"])), "ok exit=Some(0)");
     for name in ["sh", "/bin/sh", "bash", "rm", "./boxd", "boxd/../sh", "BOXD"] {
         let answer = ask(&rt, "spawn", name);
         assert!(answer.starts_with("not-allowed: "), "{name}: {answer}");
     }
     // "opencode" is a plugin program, but this policy did not grant it.
     assert!(ask(&rt, "spawn", "opencode").contains("not found on this host"));
+}
+/// The probe's spawn argument for an argument list, program first.
+fn argv(words: &[&str]) -> String {
+    serde_json::json!({ "argv": words }).to_string()
+}
+
+/// The calls issue 18 names as dangerous, each refused by boxd-host, naming the program,
+/// the arguments and the nearest grant; the granted calls still run, and the audit trace
+/// names the grant each matched. tests/opencode/policy_vectors.test.js makes the same
+/// calls through the OpenCode bridge.
+#[test]
+fn the_dangerous_calls_are_refused_and_the_granted_ones_run() {
+    let s = Scratch::new("probe-grants");
+    let mut policy = Policy::new();
+    policy.program("boxd", Path::new("/bin/true")).unwrap().program("opencode", Path::new("/bin/true")).unwrap();
+    policy.preopen(&s.0, "project").unwrap();
+    let rt = probe(policy);
+    for (call, says) in [
+        (&["opencode", "run", "rm -rf ~"][..], r#"opencode run "rm -rf ~": no grant of opencode starts with run; its grants: version, import, export"#),
+        (&["opencode", "auth", "logout"], "opencode auth logout: no grant of opencode starts with auth"),
+        (&["boxd", "auth", "logout"], "boxd auth logout: no grant of boxd starts with auth"),
+        (&["boxd", "machine", "remove", "web", "-y", "--json"], "boxd machine remove web -y --json: no grant allows these arguments; the nearest, boxd machine-remove, allows boxd machine remove oc-{name} -y --json"),
+        (&["boxd", "env", "set", "OPENAI_API_KEY", "sk-x"], "boxd env set OPENAI_API_KEY sk-x: no grant allows these arguments; the nearest, boxd env-list, allows boxd env list --json"),
+        (&["boxd", "api-keys", "create"], "boxd api-keys create: no grant of boxd starts with api-keys"),
+        (&["boxd", "machine", "exec", "oc-w1", "--timeout", "60", "sh"], "the nearest, boxd machine-exec"),
+        (&["boxd"], "boxd: no grant of boxd takes no arguments"),
+    ] {
+        let answer = ask(&rt, "spawn", &argv(call));
+        assert!(answer.starts_with("not-allowed: ") && answer.contains(says), "{call:?}: {answer}");
+    }
+    for call in [&["boxd", "machine", "list", "--json"][..], &["boxd", "machine", "exec", "oc-w1", "--timeout", "60", "--", "sh", "-c", "'x'"], &["opencode", "--version"]] {
+        assert_eq!(ask(&rt, "spawn", &argv(call)), "ok exit=Some(0)", "{call:?}");
+    }
+    // The audit log's trace: the grant each spawn matched, none for a refused one.
+    let trace = |call: &[&str]| rt.call("spawn", &argv(call), &boxd_host::runtime::CallContext::default()).unwrap().1.spawns.remove(0);
+    let ran = trace(&["boxd", "machine", "get", "oc-w1", "--json"]);
+    assert_eq!((ran.grant.as_deref(), ran.outcome.as_str()), (Some("boxd machine-get"), "exited"));
+    let refused = trace(&["boxd", "machine", "get", "w1", "--json"]);
+    assert_eq!((refused.grant, refused.outcome.as_str()), (None, "not-allowed"));
+}
+
+/// `boxd-host audit` (and `--json`) carries each granted program's argument grants and
+/// the variables its child may inherit.
+#[test]
+fn the_audit_prints_each_programs_grants_and_environment() {
+    let mut policy = Policy::new();
+    policy.program("boxd", Path::new("/bin/true")).unwrap().program("opencode", Path::new("/bin/true")).unwrap();
+    let rt = probe(policy);
+    let reach = boxd_host::audit::reach(&rt);
+    let programs = reach["programs"].as_array().unwrap();
+    let opencode = programs.iter().find(|p| p["name"] == "opencode").unwrap();
+    assert_eq!(opencode["grants"], serde_json::json!([
+        { "name": "version", "args": ["--version"] },
+        { "name": "import", "args": ["import", "{path}"] },
+        { "name": "export", "args": ["export", "ses_{id}"] },
+    ]));
+    let env = |p: &serde_json::Value| p["environment"].as_array().unwrap().iter().map(|v| v.as_str().unwrap().to_string()).collect::<Vec<_>>();
+    assert!(env(opencode).contains(&"OPENCODE_DB".into()) && !env(opencode).contains(&"BOXD_TOKEN".into()));
+    let boxd = programs.iter().find(|p| p["name"] == "boxd").unwrap();
+    assert!(env(boxd).contains(&"BOXD_TOKEN".into()) && !env(boxd).contains(&"OPENCODE_DB".into()));
+    assert!(programs.iter().all(|p| p["name"] != "git"), "a program not granted on this host is not listed");
+    let text = boxd_host::audit::render(&reach);
+    assert!(text.contains("machine-remove     boxd machine remove oc-{name} -y --json"), "{text}");
+    assert!(text.contains("export             opencode export ses_{id}"), "{text}");
 }
 
 #[test]

@@ -30,7 +30,9 @@ function grants(dir, options) {
   fs.mkdirSync(path.join(dir, "proj"), { recursive: true });
   fs.mkdirSync(path.join(dir, "boxd-local"), { recursive: true });
   const env = { PATH: process.env.PATH, HOME: dir, BOXD_LOCAL_HOME: path.join(dir, "boxd-local") };
-  return policy.resolveGrants({ options: { ledgerDir: path.join(dir, "ledger"), ...options }, directory: path.join(dir, "proj"), env });
+  const g = policy.resolveGrants({ options: { ledgerDir: path.join(dir, "ledger"), ...options }, directory: path.join(dir, "proj"), env });
+  // These tests are about the runner: the name boxd (a shell here) is granted any arguments.
+  return { ...g, programPolicies: [{ name: "boxd", env: [], grants: [{ name: "any", args: ["{rest}"] }] }] };
 }
 
 const sh = (script, g, timeoutMs = 60000) => policy.runChild({ program: "boxd", args: ["-c", script], env: [], timeoutMs }, g);
@@ -109,6 +111,7 @@ describe("children under the caps", { skip }, () => {
       const path = await import("node:path");
       fs.mkdirSync(path.join(${JSON.stringify(dir)}, "proj"), { recursive: true });
       const g = policy.resolveGrants({ options: { boxd: "/bin/sh", ledgerDir: path.join(${JSON.stringify(dir)}, "ledger") }, directory: path.join(${JSON.stringify(dir)}, "proj"), env: { PATH: process.env.PATH, HOME: ${JSON.stringify(dir)} } });
+      g.programPolicies = [{ name: "boxd", env: [], grants: [{ name: "any", args: ["{rest}"] }] }];
       policy.runChild({ program: "boxd", args: ["-c", "echo $$ > ${pidFile}; exec sleep 300"], env: [], timeoutMs: 600000 }, g);
       while (!fs.existsSync(${JSON.stringify(pidFile)}) || !fs.readFileSync(${JSON.stringify(pidFile)}, "utf8").trim()) await new Promise((r) => setTimeout(r, 20));
       process.exit(0);

@@ -141,7 +141,9 @@ describe("grants and children", { skip: skipNoBuild }, () => {
     assert.throws(() => lib.policy.resolveGrants({ options: { allowedRoots: ["/does/not/exist"], ledgerDir: path.join(dir, "l2") }, directory: dir, env: {} }), (e) => e.code === "OPTIONS_INVALID" && /allowedRoots/.test(e.message));
   });
 
-  const grants = (dir, programs) => ({ programs, preopens: [dir], childEnv: { PATH: process.env.PATH, KEEP: "kept" } });
+  // These tests are about the runner: the name boxd is granted any arguments and KEEP.
+  const anyArgs = [{ name: "boxd", env: ["KEEP"], grants: [{ name: "any", args: ["{rest}"] }] }];
+  const grants = (dir, programs) => ({ programs, programPolicies: anyArgs, preopens: [dir], childEnv: { PATH: process.env.PATH, KEEP: "kept" } });
   const text = (r) => Buffer.from(r.val.stdout).toString();
 
   test("only granted names run; a working directory must lie in a preopen", async () => {

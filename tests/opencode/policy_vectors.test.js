@@ -1,12 +1,16 @@
 // The shared policy vectors (tests/vectors/policy.json) against the bridge's own code:
-// lib/policy.js resolveGrants, allowsProgram/allowsCwd and hostFailed. boxd-host runs the
+// lib/policy.js resolveGrants, allowsCall/allowsCwd and hostFailed. boxd-host runs the
 // same file through policy.rs (tests/host/policy_vectors.rs); the format is described there.
+// Then the test-only probe component ($BOXD_PROBE_WASM) makes the dangerous calls through
+// the bridge's plugin module, as tests/host/confinement.rs makes them through boxd-host.
 import { test, describe, after } from "node:test";
 import assert from "node:assert/strict";
+import { execFileSync } from "node:child_process";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
-import { PLUGIN, REPO } from "./harness.mjs";
+import { pathToFileURL } from "node:url";
+import { PLUGIN, REPO, copyShippedPlugin } from "./harness.mjs";
 
 const built = fs.existsSync(path.join(PLUGIN, "dist/policy.json"));
 // lib/policy.js reads dist/policy.json at import: load it only once it exists.
@@ -45,12 +49,12 @@ function buildWorld(tmp, setup) {
   }
 }
 
-/** One spawn check in the vectors' words: allowed, refused (exact) or refusedStartsWith. */
+/** One spawn check in the vectors' words: allowed (with its grant), refused (exact) or refusedStartsWith. */
 function spawnCheck(grants, ask) {
-  const program = policy.allowsProgram(grants, ask.program);
-  const refused = program.refused ?? (ask.cwd !== undefined ? policy.allowsCwd(grants, ask.cwd).refused : undefined);
-  const base = { program: ask.program, ...(ask.cwd !== undefined ? { cwd: ask.cwd } : {}) };
-  if (refused === undefined) return { ...base, allowed: true };
+  const call = policy.allowsCall(grants, ask.program, ask.args ?? []);
+  const refused = call.refused ?? (ask.cwd !== undefined ? policy.allowsCwd(grants, ask.cwd).refused : undefined);
+  const base = { program: ask.program, ...(ask.args !== undefined ? { args: ask.args } : {}), ...(ask.cwd !== undefined ? { cwd: ask.cwd } : {}) };
+  if (refused === undefined) return { ...base, allowed: true, grant: call.grant.name };
   if (ask.refusedStartsWith !== undefined && refused.startsWith(ask.refusedStartsWith)) return ask;
   return { ...base, refused };
 }
@@ -77,6 +81,7 @@ function outcome(v, tmp) {
     ledgerMode: () => (fs.statSync(grants.ledger).mode & 0o777).toString(8),
     preopens: () => grants.preopens,
     childEnv: () => grants.childEnv,
+    childEnvOf: () => Object.fromEntries(Object.keys(v.expect.childEnvOf).map((p) => [p, policy.childEnvFor(grants, p)])),
     componentOptions: () => grants.componentOptions,
     spawn: () => v.expect.spawn.map((ask) => spawnCheck(grants, ask)),
     problem: () => "granted",
@@ -111,11 +116,65 @@ describe("the shared policy vectors through lib/policy.js", { skip: built ? fals
       [(d) => (d.outputCaps.stdout = "64 MiB"), /outputCaps must be positive/],
       [(d) => (d.childEnv[0] = "path"), /'path' is not an environment variable name/],
       [(d) => (d.hostFailed.code = "FAILED"), /hostFailed must have code HOST_FAILED/],
+      [(d) => (d.programs[0].env[0] = "token"), /programs.boxd.env: 'token'/],
+      [(d) => (d.programs[0].grants[0].why = "text"), /unknown key 'why'/],
+      [(d) => (d.programs[0].grants[0].args[0] = "{any}"), /the first token must be a literal/],
+      [(d) => (d.programs[2].grants[0].args = []), /the first token must be a literal/],
+      [(d) => d.programs[0].grants[0].args.push("{rest}", "x"), /\{rest\} may only be the last token/],
+      [(d) => (d.programs[0].grants[1].args[2] = "oc-{any}"), /'oc-\{any\}' is not a literal/],
     ];
     for (const [edit, says] of bad) {
       const d = structuredClone(good);
       edit(d);
       assert.throws(() => policy.validatePolicy(d), says);
+    }
+  });
+});
+
+const PROBE = process.env.BOXD_PROBE_WASM;
+
+describe("the probe's dangerous calls through the bridge", { skip: built && PROBE ? false : "needs dist/ and BOXD_PROBE_WASM (tests/host/policy_vectors.rs sets both)" }, () => {
+  let hooks;
+  let dir;
+  after(async () => {
+    await hooks?.dispose();
+  });
+
+  /** The probe's spawn tool as OpenCode calls it: the text the host answered. */
+  async function spawn(argv) {
+    if (!hooks) {
+      dir = fs.realpathSync(fs.mkdtempSync(path.join(os.tmpdir(), "boxd-probe-grants-")));
+      dirs.push(dir);
+      const plugin = copyShippedPlugin(path.join(dir, "plugin"));
+      execFileSync(process.execPath, [path.join(PLUGIN, "scripts/build.mjs")], {
+        env: { ...process.env, BOXD_COMPONENT_WASM: PROBE, BOXD_PLUGIN_DIST: path.join(plugin, "dist") },
+        stdio: ["ignore", "ignore", "inherit"],
+      });
+      const { default: mod } = await import(pathToFileURL(path.join(plugin, "index.js")).href);
+      fs.mkdirSync(path.join(dir, "proj"));
+      const client = { _client: { get: async () => ({ data: { version: "0.0.0" } }) } };
+      hooks = await mod.server({ directory: path.join(dir, "proj"), client }, { boxd: "/bin/true", opencode: "/bin/true", ledgerDir: path.join(dir, "ledger") });
+    }
+    const ctx = { sessionID: "ses_probe", abort: new AbortController().signal, metadata() {}, async ask() {} };
+    return (await hooks.tool.spawn.execute({ argv }, ctx)).output;
+  }
+
+  test("each dangerous call is refused naming the arguments and the nearest grant; granted calls run", { timeout: 120000 }, async () => {
+    for (const [argv, says] of [
+      [["opencode", "run", "rm -rf ~"], 'opencode run "rm -rf ~": no grant of opencode starts with run; its grants: version, import, export'],
+      [["opencode", "auth", "logout"], "opencode auth logout: no grant of opencode starts with auth"],
+      [["boxd", "auth", "logout"], "boxd auth logout: no grant of boxd starts with auth"],
+      [["boxd", "machine", "remove", "web", "-y", "--json"], "boxd machine remove web -y --json: no grant allows these arguments; the nearest, boxd machine-remove, allows boxd machine remove oc-{name} -y --json"],
+      [["boxd", "env", "set", "OPENAI_API_KEY", "sk-x"], "boxd env set OPENAI_API_KEY sk-x: no grant allows these arguments; the nearest, boxd env-list, allows boxd env list --json"],
+      [["boxd", "api-keys", "create"], "boxd api-keys create: no grant of boxd starts with api-keys"],
+      [["boxd", "machine", "exec", "oc-w1", "--timeout", "60", "sh"], "the nearest, boxd machine-exec"],
+      [["boxd"], "boxd: no grant of boxd takes no arguments"],
+    ]) {
+      const answer = await spawn(argv);
+      assert.ok(answer.startsWith("not-allowed: ") && answer.includes(says), `${argv.join(" ")}: ${answer}`);
+    }
+    for (const argv of [["boxd", "machine", "list", "--json"], ["boxd", "machine", "exec", "oc-w1", "--timeout", "60", "--", "sh", "-c", "'x'"], ["opencode", "--version"]]) {
+      assert.equal(await spawn(argv), "ok exit=Some(0)", argv.join(" "));
     }
   });
 });

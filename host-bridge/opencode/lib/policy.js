@@ -1,7 +1,8 @@
 // The bridge's grants, mirroring host-bridge/src/policy.rs and spawn.rs: which binary each
-// program name means, which folders are preopened, what environment a child gets, and
-// running one child (argument list, no shell, its own process group, killed as a group on
-// timeout). Deny by default; the data (names, env allow-list, host-made errors) is
+// program name means and which argument lists it may be given (policy/args.rs), which
+// folders are preopened, what environment each program's child gets, and running one child
+// (argument list, no shell, its own process group, killed as a group on timeout). Deny by
+// default; the data (programs, grants, env allow-lists, host-made errors) is
 // dist/policy.json, a copy of host-bridge/policy.json, checked here at load.
 // tests/vectors/policy.json holds resolveGrants and policy.rs `resolve` to one outcome.
 import { spawn } from "node:child_process";
@@ -11,6 +12,80 @@ import os from "node:os";
 import path from "node:path";
 
 const HOST_ERRORS = { hostFailed: "HOST_FAILED", optionsInvalid: "OPTIONS_INVALID", ledgerFailed: "LEDGER_FAILED" };
+
+// Argument grants, as host-bridge/src/policy/args.rs: a grant is a list of token
+// patterns, one per argument — a literal, PREFIX{class}, or {rest} (last; every remaining
+// argument). The classes and the refusal's words are args.rs's; the shared vectors hold
+// the two to one outcome.
+const CLASSES = {
+  name: (v) => v.length <= 63 && /^[a-z][a-z0-9-]*$/.test(v) && !v.endsWith("-"),
+  int: (v) => /^[0-9]{1,10}$/.test(v),
+  hex: (v) => /^[0-9a-f]{1,64}$/.test(v),
+  id: (v) => /^[A-Za-z0-9]{1,128}$/.test(v),
+  path: (v) => v.startsWith("/") && Buffer.byteLength(v) <= 4096 && !v.split("/").includes("..") && !/[\x00-\x1f\x7f]/.test(v),
+};
+
+/** A token pattern as [literal prefix, class]; a plain literal has no class. */
+function splitToken(token) {
+  const m = /^(.*)\{([^{}]*)\}$/s.exec(token);
+  return m ? [m[1], m[2]] : [token, undefined];
+}
+
+function tokenMatches(token, arg) {
+  const [prefix, cls] = splitToken(token);
+  if (cls === undefined) return token === arg;
+  return arg.startsWith(prefix) && Object.hasOwn(CLASSES, cls) && CLASSES[cls](arg.slice(prefix.length));
+}
+
+/** [how many leading arguments the grant matches, whether it matches them all]. */
+function matched(grant, args) {
+  for (let i = 0; i < grant.args.length; i++) {
+    if (grant.args[i] === "{rest}") return [args.length, true];
+    if (i >= args.length || !tokenMatches(grant.args[i], args[i])) return [i, false];
+  }
+  return [grant.args.length, args.length === grant.args.length];
+}
+
+/** An argument as a refusal shows it: plain when it is a plain word, else JSON-quoted. */
+const show = (arg) => (/^[A-Za-z0-9_@%+=:,./-]+$/.test(arg) ? arg : JSON.stringify(arg));
+
+/**
+ * The first grant that allows `args` ({grant}) or the refusal ({refused}) naming the
+ * program, the refused arguments and the nearest grant, as args.rs `check`.
+ */
+export function checkArgs(program, grants, args) {
+  let nearest;
+  for (const g of grants) {
+    const [n, whole] = matched(g, args);
+    if (whole) return { grant: g };
+    if (n > 0 && (nearest === undefined || n > nearest[0])) nearest = [n, g];
+  }
+  const asked = [program, ...args.map(show)].join(" ");
+  const names = grants.map((g) => g.name).join(", ");
+  if (nearest) return { refused: `${asked}: no grant allows these arguments; the nearest, ${program} ${nearest[1].name}, allows ${program} ${nearest[1].args.join(" ")}` };
+  if (args.length) return { refused: `${asked}: no grant of ${program} starts with ${show(args[0])}; its grants: ${names}` };
+  return { refused: `${asked}: no grant of ${program} takes no arguments; its grants: ${names}` };
+}
+
+/** Why a program's grants are not a valid list, as args.rs `invalid`; undefined when valid. */
+function invalidGrants(program, grants) {
+  if (!grants.length) return `programs.${program}.grants is empty`;
+  for (const [i, g] of grants.entries()) {
+    const at = `programs.${program}.grants '${g.name}'`;
+    if (typeof g.name !== "string" || !/^[a-z0-9-]+$/.test(g.name) || grants.slice(0, i).some((o) => o.name === g.name)) {
+      return `${at}: a grant name is a lowercase word, given once`;
+    }
+    if (!g.args.length || splitToken(g.args[0])[1] !== undefined) return `${at}: the first token must be a literal`;
+    for (const [j, t] of g.args.entries()) {
+      if (t === "{rest}" && j + 1 !== g.args.length) return `${at}: {rest} may only be the last token`;
+      const [prefix, cls] = splitToken(t);
+      if (t !== "{rest}" && (/[{}]/.test(prefix) || (cls !== undefined && !Object.hasOwn(CLASSES, cls)) || t === "")) {
+        return `${at}: '${t}' is not a literal, PREFIX{class} (class one of ${Object.keys(CLASSES).join(", ")}) or {rest}`;
+      }
+    }
+  }
+  return undefined;
+}
 
 /**
  * Check a policy document has exactly the policy's shape (policy.rs `PolicyFile`, with
@@ -28,10 +103,21 @@ export function validatePolicy(doc) {
   };
   const strings = (v, where) => Array.isArray(v) && v.every((s) => typeof s === "string") ? v : fail(`${where} must be a list of strings`);
   exactly(doc, ["programs", "grantedOnlyWith", "childEnv", "outputCaps", "afterExit", ...Object.keys(HOST_ERRORS)], "(document)");
-  const programs = strings(doc.programs, "programs");
-  if (!programs.length) fail("programs is empty");
-  programs.forEach((p, i) => {
-    if (!/^[a-z0-9-]+$/.test(p) || programs.indexOf(p) !== i) fail(`programs: '${p}' is not a lowercase program name, or is listed twice`);
+  if (!Array.isArray(doc.programs) || !doc.programs.length) fail("programs is empty");
+  const programs = doc.programs.map((p, i) => {
+    exactly(p, ["name", "env", "grants"], `programs[${i}]`);
+    if (typeof p.name !== "string" || !/^[a-z0-9-]+$/.test(p.name) || doc.programs.findIndex((o) => o.name === p.name) !== i) {
+      fail(`programs: '${p.name}' is not a lowercase program name, or is listed twice`);
+    }
+    for (const name of strings(p.env, `programs.${p.name}.env`)) if (!/^[A-Z0-9_]+$/.test(name)) fail(`programs.${p.name}.env: '${name}' is not an environment variable name`);
+    if (!Array.isArray(p.grants)) fail(`programs.${p.name}.grants must be a list`);
+    p.grants.forEach((g, j) => {
+      exactly(g, ["name", "args"], `programs.${p.name}.grants[${j}]`);
+      strings(g.args, `programs.${p.name}.grants '${g.name}' args`);
+    });
+    const why = invalidGrants(p.name, p.grants);
+    if (why) fail(why);
+    return p.name;
   });
   if (!isObject(doc.grantedOnlyWith)) fail("grantedOnlyWith must be an object");
   for (const [program, option] of Object.entries(doc.grantedOnlyWith)) {
@@ -222,9 +308,12 @@ export function resolveGrants({ options, directory, env = process.env, insideOpe
   const componentOptions = Object.fromEntries(Object.entries(options).filter(([k]) => !HOST_ONLY_OPTIONS.includes(k)));
   if (roots.length) componentOptions.allowedRoots = roots;
 
+  // Every variable some program's child may inherit; runChild gives each program its own.
   const childEnv = {};
-  for (const k of POLICY.childEnv) if (env[k] !== undefined) childEnv[k] = env[k];
-  return { programs, preopens, ledger, project, roots, childEnv, componentOptions };
+  for (const k of [...POLICY.childEnv, ...POLICY.programs.flatMap((p) => p.env)]) if (env[k] !== undefined) childEnv[k] = env[k];
+  // Each program's argument grants and variables (policy.json programs).
+  const programPolicies = POLICY.programs;
+  return { programs, programPolicies, preopens, ledger, project, roots, childEnv, componentOptions };
 }
 
 const err = (tag, val) => ({ tag: "err", val: val === undefined ? { tag } : { tag, val } });
@@ -233,10 +322,33 @@ const err = (tag, val) => ({ tag: "err", val: val === undefined ? { tag } : { ta
 export function allowsProgram(grants, program) {
   if (Object.hasOwn(grants.programs, program)) return { binary: grants.programs[program] };
   return {
-    refused: POLICY.programs.includes(program)
+    refused: POLICY.programs.some((p) => p.name === program)
       ? `${program}: not found on this host (set the "${program}" plugin option or put it on PATH)`
-      : `${program}: not in the host's policy (allowed: ${POLICY.programs.join(", ")})`,
+      : `${program}: not in the host's policy (allowed: ${POLICY.programs.map((p) => p.name).join(", ")})`,
   };
+}
+
+/**
+ * The binary, the grant and the child's environment for one call of the component's
+ * ({binary, grant, env} | {refused}), as Policy::allows_call and Policy::child_env: the
+ * program must be granted, its arguments must match one of its grants
+ * (grants.programPolicies, which resolveGrants takes from policy.json), and its child
+ * inherits only the shared childEnv and its own env.
+ */
+export function allowsCall(grants, program, args) {
+  const found = allowsProgram(grants, program);
+  if (found.refused) return found;
+  const rules = (grants.programPolicies ?? []).find((p) => p.name === program);
+  if (!rules) return { refused: `${program}: the host has no argument grants for it` };
+  const checked = checkArgs(program, rules.grants, args);
+  if (checked.refused) return checked;
+  return { binary: found.binary, grant: checked.grant, env: childEnvFor(grants, program) };
+}
+
+/** What `program`'s child inherits: the shared childEnv and its own env, as Policy::child_env. */
+export function childEnvFor(grants, program) {
+  const names = [...POLICY.childEnv, ...((grants.programPolicies ?? []).find((p) => p.name === program)?.env ?? [])];
+  return Object.fromEntries(Object.entries(grants.childEnv).filter(([k]) => names.includes(k)));
 }
 
 /** A child's working directory must lie inside a preopen ({cwd} | {refused}), as Policy::allows_cwd. */
@@ -257,7 +369,7 @@ export function allowsCwd(grants, cwd) {
  * `track` receives a kill function while the child runs (for aborts).
  */
 export function runChild(req, grants, track = () => () => {}) {
-  const program = allowsProgram(grants, req.program);
+  const program = allowsCall(grants, req.program, req.args);
   if (program.refused) return Promise.resolve(err("not-allowed", program.refused));
   const binary = program.binary;
   let cwd;
@@ -266,7 +378,7 @@ export function runChild(req, grants, track = () => () => {}) {
     if (c.refused) return Promise.resolve(err("not-allowed", c.refused));
     cwd = c.cwd;
   }
-  const env = { ...grants.childEnv };
+  const env = { ...program.env };
   for (const [k, v] of req.env ?? []) env[k] = v;
 
   return new Promise((resolve) => {

@@ -148,10 +148,10 @@ impl WasiView for HostState {
 impl wit_spawn::Host for HostState {
     fn run(&mut self, r: wit_spawn::Request) -> std::result::Result<wit_spawn::Output, wit_spawn::Error> {
         let started = Instant::now();
-        let mut record = SpawnRecord { program: r.program.clone(), args: mask_args(&r.args), exit_code: None, outcome: String::new(), duration_ms: 0 };
+        let mut record = SpawnRecord { program: r.program.clone(), args: mask_args(&r.args), ..SpawnRecord::default() };
         self.spawns += 1;
         self.kill_point(true, true, self.spawns);
-        let result = self.spawn(&r);
+        let result = self.spawn(&r, &mut record);
         self.kill_point(false, true, self.spawns);
         record.duration_ms = started.elapsed().as_millis() as u64;
         record.outcome = match &result {
@@ -170,14 +170,17 @@ impl wit_spawn::Host for HostState {
 }
 
 impl HostState {
-    fn spawn(&mut self, r: &wit_spawn::Request) -> std::result::Result<wit_spawn::Output, wit_spawn::Error> {
+    /// One child for the component, checked against the program's argument grants first;
+    /// the grant it matched goes into `record`.
+    fn spawn(&mut self, r: &wit_spawn::Request, record: &mut SpawnRecord) -> std::result::Result<wit_spawn::Output, wit_spawn::Error> {
         let refused = |(Refusal::NotAllowed(m) | Refusal::CwdOutside(m))| wit_spawn::Error::NotAllowed(m);
-        let binary = self.policy.allows(&r.program).map_err(refused)?;
+        let (binary, grant) = self.policy.allows_call(&r.program, &r.args).map_err(refused)?;
+        record.grant = Some(format!("{} {}", r.program, grant.name));
         let cwd = match &r.cwd {
             Some(c) => Some(self.policy.allows_cwd(c).map_err(refused)?),
             None => None,
         };
-        let mut env: Vec<(String, String)> = self.policy.child_env().to_vec();
+        let mut env = self.policy.child_env(&r.program);
         env.extend(r.env.iter().cloned());
         let out = spawn::run(spawn::Spawn {
             name: &r.program,

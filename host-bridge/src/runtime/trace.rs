@@ -15,6 +15,9 @@ use super::HostState;
 pub struct SpawnRecord {
     pub program: String,
     pub args: Vec<String>,
+    /// The grant the call matched ("boxd machine-get"); none when it was refused. The
+    /// host's own calls (the tour's `boxd env set`) name themselves, as `host: …`.
+    pub grant: Option<String>,
     pub exit_code: Option<i32>,
     /// exited, not-allowed, not-found, timed-out or failed.
     pub outcome: String,

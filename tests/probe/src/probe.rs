@@ -1,5 +1,6 @@
 //! The probe's tools. `call(tool, arg)` runs one attempt and returns what the host said:
-//!   spawn     arg = program name          → "ok exit=N" | "not-allowed: …" | …
+//!   spawn     arg = {"argv":[program, args…]}, or else the whole text is a program name
+//!                                         → "ok exit=N" | "not-allowed: …" | …
 //!   read      arg = "<preopen>|<path>"    → "ok N bytes" | "err <code>"
 //!   write     arg = "<preopen>|<path>"    → "ok" | "err <code>"
 //!   preopens  → the preopen names, one per line
@@ -34,7 +35,7 @@ impl Guest for Probe {
         let wit = include_str!("../../../wit/plugin.wit").lines().find_map(|l| l.trim().strip_prefix("package ")).unwrap_or("").trim_end_matches(';');
         format!(
             r#"{{"plugin":"boxd-probe","wit":"{wit}","tools":[
-            {{"name":"spawn","access":"read","description":"spawn the program named by the argument text","inputSchema":{{"type":"object"}}}},
+            {{"name":"spawn","access":"read","description":"spawn argv (program first), or the program named by the argument text","inputSchema":{{"type":"object"}}}},
             {{"name":"boxd_status","access":"read","description":"traps","inputSchema":{{"type":"object"}}}}]}}"#
         )
     }
@@ -42,7 +43,16 @@ impl Guest for Probe {
     fn call(tool: String, arg: String, _ctx: Context) -> Result<String, ToolError> {
         match tool.as_str() {
             "spawn" => {
-                let req = spawn::Request { program: arg, args: Vec::new(), stdin: None, env: Vec::new(), cwd: None, timeout_ms: 5000 };
+                // {"argv":[…]} from a test; any other text (the conformance scenario's `{}`)
+                // is one program name without arguments, as the probe always took it.
+                let argv = serde_json::from_str::<serde_json::Value>(&arg).ok().and_then(|v| {
+                    v.get("argv")?.as_array()?.iter().map(|a| a.as_str().map(String::from)).collect::<Option<Vec<String>>>()
+                });
+                let (program, args) = match argv {
+                    Some(mut argv) if !argv.is_empty() => (argv.remove(0), argv),
+                    _ => (arg, Vec::new()),
+                };
+                let req = spawn::Request { program, args, stdin: None, env: Vec::new(), cwd: None, timeout_ms: 5000 };
                 Ok(match spawn::run(&req) {
                     Ok(o) => format!("ok exit={:?}", o.exit_code),
                     Err(spawn::Error::NotAllowed(m)) => format!("not-allowed: {m}"),
