@@ -23,6 +23,14 @@ pub enum Failure {
     Timeout(String),
     /// Anything else; the CLI's own message.
     Other(String),
+    /// The host grants boxd but not these arguments: this component and the host's policy
+    /// disagree, which no retry fixes.
+    Refused(String),
+}
+
+/// A refusal of arguments (the program is granted), as opposed to no boxd at all.
+fn granted_but_refused(refusal: &str) -> bool {
+    refusal.contains("no grant allows")
 }
 
 impl Failure {
@@ -38,6 +46,7 @@ impl Failure {
             Failure::NotFound(m) => ToolError::new(Code::MachineGone, m),
             Failure::Timeout(m) => ToolError::new(Code::Timeout, m),
             Failure::Other(m) => ToolError::new(Code::BoxdFailed, m),
+            Failure::Refused(m) => ToolError::new(Code::HostFailed, format!("the host's policy refused a boxd call this plugin makes: {m}")),
         }
     }
 }
@@ -191,6 +200,7 @@ impl<'a, P: Programs> Boxd<'a, P> {
         self.calls += 1;
         let out = match self.programs.run(&request) {
             Ok(out) => out,
+            Err(SpawnError::NotAllowed(n)) if granted_but_refused(&n) => return Err(Failure::Refused(n)),
             Err(SpawnError::NotAllowed(n)) | Err(SpawnError::NotFound(n)) => {
                 return Err(Failure::Missing(format!("no boxd CLI is available to this host ({n})")));
             }
@@ -325,6 +335,7 @@ impl<'a, P: Programs> Boxd<'a, P> {
         let request = RunRequest { program: "boxd".into(), args, stdin, env: Vec::new(), cwd: None, timeout_ms: deadline };
         let out = match self.programs.run(&request) {
             Ok(out) => out,
+            Err(SpawnError::NotAllowed(n)) if granted_but_refused(&n) => return Err(Failure::Refused(n)),
             Err(SpawnError::NotAllowed(n)) | Err(SpawnError::NotFound(n)) => {
                 return Err(Failure::Missing(format!("no boxd CLI is available to this host ({n})")));
             }
@@ -371,6 +382,18 @@ fn str_field(v: &Value, key: &str) -> String {
 mod tests {
     use super::*;
     use crate::testing::Scripted;
+
+    #[test]
+    fn arguments_the_host_refuses_are_a_host_mismatch_not_a_missing_cli() {
+        let mut p = Scripted::default();
+        p.push_spawn_error(SpawnError::NotAllowed("boxd machine list --json: no grant allows these arguments".into()));
+        let e = Boxd::new(&mut p, 10).list().unwrap_err().into_error();
+        assert_eq!(e.code, Code::HostFailed, "{}", e.message);
+        assert!(e.message.contains("host's policy refused"), "{}", e.message);
+        let mut p = Scripted::default();
+        p.push_spawn_error(SpawnError::NotAllowed("boxd: not in the host's policy".into()));
+        assert_eq!(Boxd::new(&mut p, 10).list().unwrap_err().into_error().code, Code::BoxdMissing);
+    }
 
     #[test]
     fn json_is_found_past_the_cli_noise() {
