@@ -42,7 +42,7 @@ impl Guest for Probe {
     fn call(tool: String, arg: String, _ctx: Context) -> Result<String, ToolError> {
         match tool.as_str() {
             "spawn" => {
-                let req = spawn::Request { program: arg, args: Vec::new(), stdin: None, env: Vec::new(), cwd: None, timeout_ms: 5000 };
+                let req = spawn::Request { program: arg, args: Vec::new(), stdin: None, env: Vec::new(), cwd: None, timeout_ms: 5000, stdin_files: Vec::new(), stdout_files: Vec::new() };
                 Ok(match spawn::run(&req) {
                     Ok(o) => format!("ok exit={:?}", o.exit_code),
                     Err(spawn::Error::NotAllowed(m)) => format!("not-allowed: {m}"),
