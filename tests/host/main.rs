@@ -20,3 +20,4 @@ mod opencode;
 mod faults_matrix;
 mod secrets;
 mod policy_vectors;
+mod streaming;
