@@ -153,7 +153,7 @@ pub fn first_line(r: &mut impl BufRead, cap: usize) -> io::Result<Vec<u8>> {
 /// this call is kept.
 pub fn receive(r: &mut impl BufRead, paths: &[String]) -> Result<Vec<Streamed>, String> {
     let mut received: Vec<Streamed> = Vec::new();
-    let result = receive_into(r, paths, &mut received);
+    let result = receive_into(r, paths, &mut received).and_then(|()| durable(&received));
     if result.is_err() {
         for f in &received {
             let _ = std::fs::remove_file(&f.path);
@@ -202,7 +202,6 @@ fn receive_into(r: &mut impl BufRead, paths: &[String], received: &mut Vec<Strea
             out.write_all(&chunk[..n]).map_err(|e| format!("cannot write {path}: {e}"))?;
             left -= n as u64;
         }
-        out.sync_data().map_err(|e| format!("cannot write {path}: {e}"))?;
         let sha256 = super::hex(&digest.finalize());
         let mut trailer = [0u8; 65];
         r.read_exact(&mut trailer).map_err(|_| format!("the frame for {path} has no digest"))?;
@@ -211,6 +210,34 @@ fn receive_into(r: &mut impl BufRead, paths: &[String], received: &mut Vec<Strea
         }
         received.last_mut().expect("pushed above").sha256 = sha256;
     }
+}
+
+/// Make the received files durable before the component records them as home: one
+/// syncfs(2) per file system on Linux (a flush per file costs ten times as much for many
+/// small files), a flush per file elsewhere.
+fn durable(received: &[Streamed]) -> Result<(), String> {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::fs::MetadataExt;
+        unsafe extern "C" {
+            fn syncfs(fd: i32) -> i32;
+        }
+        let mut synced = std::collections::BTreeSet::new();
+        for f in received {
+            let file = File::open(&f.path).map_err(|e| format!("cannot sync {}: {e}", f.path))?;
+            let dev = file.metadata().map_err(|e| format!("cannot sync {}: {e}", f.path))?.dev();
+            // SAFETY: syncfs(2) on a descriptor we hold open; no memory is involved.
+            if synced.insert(dev) && unsafe { syncfs(file.as_raw_fd()) } != 0 {
+                return Err(format!("cannot sync {}: {}", f.path, io::Error::last_os_error()));
+            }
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    for f in received {
+        File::open(&f.path).and_then(|file| file.sync_all()).map_err(|e| format!("cannot sync {}: {e}", f.path))?;
+    }
+    Ok(())
 }
 
 /// The open(2) flags std does not name.
