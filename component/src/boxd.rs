@@ -7,7 +7,7 @@ use alloc::string::{String, ToString};
 use alloc::vec::Vec;
 use serde_json::Value;
 
-use crate::caps::{Programs, RunOutput, RunRequest, SpawnError};
+use crate::caps::{Programs, RunOutput, RunRequest, SpawnError, Streams};
 use crate::errors::{Code, ToolError};
 
 /// Why a boxd call did not give us an answer.
@@ -196,7 +196,7 @@ impl<'a, P: Programs> Boxd<'a, P> {
     /// Run `boxd ARGS…`; a non-zero exit becomes a classified failure.
     fn run(&mut self, args: Vec<String>, stdin: Option<Vec<u8>>, timeout_ms: u32) -> Result<RunOutput, Failure> {
         let what = args.iter().take(2).cloned().collect::<Vec<_>>().join(" ");
-        let request = RunRequest { program: "boxd".into(), args, stdin, env: Vec::new(), cwd: None, timeout_ms };
+        let request = RunRequest { program: "boxd".into(), args, stdin, timeout_ms, ..Default::default() };
         self.calls += 1;
         let out = match self.programs.run(&request) {
             Ok(out) => out,
@@ -326,13 +326,27 @@ impl<'a, P: Programs> Boxd<'a, P> {
     /// Run a guest command line (each word quoted for the guest's `sh -c`). The remote exit
     /// code is returned, not treated as a failure: guest scripts speak through it.
     pub fn exec(&mut self, name: &str, words: &[&str], stdin: Option<Vec<u8>>, timeout_seconds: u32) -> Result<RunOutput, Failure> {
+        self.exec_streaming(name, words, stdin, &Streams::default(), timeout_seconds)
+    }
+
+    /// As `exec`, with laptop files streamed onto the remote stdin after `stdin` and the
+    /// remote's stdout frames written to new laptop files (docs/guest.md, "Frames").
+    pub fn exec_streaming(&mut self, name: &str, words: &[&str], stdin: Option<Vec<u8>>, streams: &Streams, timeout_seconds: u32) -> Result<RunOutput, Failure> {
         let mut args = argv(&["machine", "exec", name, "--timeout", &timeout_seconds.to_string(), "--"]);
         args.extend(words.iter().map(|w| sh_quote(w)));
         // Our own deadline sits past boxd's, so boxd reports the remote timeout (124) first.
         let deadline = timeout_seconds.saturating_add(30).saturating_mul(1000);
         let request_what = "machine exec";
         self.calls += 1;
-        let request = RunRequest { program: "boxd".into(), args, stdin, env: Vec::new(), cwd: None, timeout_ms: deadline };
+        let request = RunRequest {
+            program: "boxd".into(),
+            args,
+            stdin,
+            timeout_ms: deadline,
+            stdin_files: streams.stdin_files.clone(),
+            stdout_files: streams.stdout_files.clone(),
+            ..Default::default()
+        };
         let out = match self.programs.run(&request) {
             Ok(out) => out,
             Err(SpawnError::NotAllowed(n)) if granted_but_refused(&n) => return Err(Failure::Refused(n)),

@@ -16,6 +16,25 @@ pub struct RunRequest {
     pub env: Vec<(String, String)>,
     pub cwd: Option<String>,
     pub timeout_ms: u32,
+    /// Laptop files the host streams onto stdin after `stdin`, framed (docs/guest.md).
+    pub stdin_files: Vec<String>,
+    /// New laptop files the host writes the child's stdout frames to, in order.
+    pub stdout_files: Vec<String>,
+}
+
+/// The files a run streams, as `RunRequest` carries them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Streams {
+    pub stdin_files: Vec<String>,
+    pub stdout_files: Vec<String>,
+}
+
+/// A file the host streamed in or out: laptop path, size, sha256 (hex).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Streamed {
+    pub path: String,
+    pub size: u64,
+    pub sha256: String,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -24,6 +43,8 @@ pub struct RunOutput {
     pub exit_code: Option<i32>,
     pub stdout: Vec<u8>,
     pub stderr: Vec<u8>,
+    /// The stdin files sent, then the stdout files received.
+    pub files: Vec<Streamed>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]

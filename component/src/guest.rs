@@ -10,7 +10,7 @@ use alloc::vec::Vec;
 use serde_json::Value;
 
 use crate::boxd::{first_json, Boxd, Failure};
-use crate::caps::Programs;
+use crate::caps::{Programs, Streamed, Streams};
 use crate::encode::sha256_hex;
 use crate::errors::{Code, ToolError, ToolResult};
 
@@ -76,6 +76,12 @@ impl<'b, 'a, P: Programs> Guest<'b, 'a, P> {
     /// One helper command. The helper's digest is checked on the guest before every use
     /// (exit 86 when it is missing or changed), and then it is uploaded and the call retried.
     pub fn call(&mut self, command: &str, flags: &[&str], stdin: Option<Vec<u8>>) -> ToolResult<Value> {
+        self.call_streaming(command, flags, stdin, &Streams::default()).map(|(v, _)| v)
+    }
+
+    /// As `call`, with files streamed in and out by the host (docs/guest.md, "Frames");
+    /// also returns what the host streamed.
+    pub fn call_streaming(&mut self, command: &str, flags: &[&str], stdin: Option<Vec<u8>>, streams: &Streams) -> ToolResult<(Value, Vec<Streamed>)> {
         let helper = helper_path();
         let mut line = alloc::vec![String::from("python3"), helper.clone(), command.to_string(), "--work".into(), self.work.clone()];
         line.extend(flags.iter().map(|f| f.to_string()));
@@ -86,13 +92,14 @@ impl<'b, 'a, P: Programs> Guest<'b, 'a, P> {
             sha = sha256_hex(HELPER),
         );
         let words = ["sh", "-c", script.as_str()];
-        let mut out = self.boxd.exec(&self.machine, &words, stdin.clone(), HELPER_TIMEOUT_S).map_err(Failure::into_error)?;
+        let mut out = self.boxd.exec_streaming(&self.machine, &words, stdin.clone(), streams, HELPER_TIMEOUT_S).map_err(Failure::into_error)?;
         if out.exit_code == Some(86) {
             self.upload()?;
-            out = self.boxd.exec(&self.machine, &words, stdin, HELPER_TIMEOUT_S).map_err(Failure::into_error)?;
+            out = self.boxd.exec_streaming(&self.machine, &words, stdin, streams, HELPER_TIMEOUT_S).map_err(Failure::into_error)?;
         }
+        let streamed = core::mem::take(&mut out.files);
         match out.exit_code {
-            Some(0) => first_json(&out.stdout).ok_or_else(|| {
+            Some(0) => first_json(&out.stdout).map(|v| (v, streamed)).ok_or_else(|| {
                 let code = if command == "export" { Code::ExportInvalid } else { Code::GuestFailed };
                 ToolError::new(code, format!("the guest helper's {command} printed no JSON: {}", tail(&out.stderr)))
             }),

@@ -71,6 +71,7 @@ impl<'a, P: Programs> Opencode<'a, P> {
             env: Vec::new(),
             cwd: Some(cwd.to_string()),
             timeout_ms: SESSION_TIMEOUT_MS,
+            ..Default::default()
         };
         self.programs.run(&req).map_err(|e| match e {
             SpawnError::NotAllowed(m) | SpawnError::NotFound(m) => {

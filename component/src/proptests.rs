@@ -160,7 +160,7 @@ fn args_text() -> impl Strategy<Value = String> {
 }
 
 fn out(code: Option<i32>, stdout: impl Into<Vec<u8>>, stderr: impl Into<Vec<u8>>) -> Result<RunOutput, SpawnError> {
-    Ok(RunOutput { exit_code: code, stdout: stdout.into(), stderr: stderr.into() })
+    Ok(RunOutput { exit_code: code, stdout: stdout.into(), stderr: stderr.into(), files: Vec::new() })
 }
 
 const STDERR_LINES: &[&str] = &[
@@ -797,7 +797,7 @@ fn a_guest_cannot_claim_a_laptop_code() {
 fn messages_show_no_debug_formatting() {
     let mut p = Scripted::default();
     p.push_fail(1, "");
-    p.answers.push_back(Ok(RunOutput { exit_code: None, stdout: Vec::new(), stderr: Vec::new() }));
+    p.answers.push_back(Ok(RunOutput { exit_code: None, ..Default::default() }));
     p.push_fail(5, "boom");
     let mut b = Boxd::new(&mut p, 10);
     let mut messages = vec![b.list().unwrap_err().into_error().message, b.list().unwrap_err().into_error().message];

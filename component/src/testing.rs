@@ -53,6 +53,7 @@ impl Scripted {
             exit_code: Some(code),
             stdout: stdout.as_bytes().to_vec(),
             stderr: stderr.as_bytes().to_vec(),
+            files: Vec::new(),
         }));
     }
     pub fn push_fail(&mut self, code: i32, stderr: &str) {

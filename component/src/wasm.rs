@@ -6,7 +6,7 @@
 use alloc::string::{String, ToString};
 use alloc::vec::Vec;
 
-use crate::caps::{Files, FsError, Kind, Meta, Programs, RunOutput, RunRequest, SpawnError};
+use crate::caps::{Files, FsError, Kind, Meta, Programs, RunOutput, RunRequest, SpawnError, Streamed};
 
 wit_bindgen::generate!({ world: "plugin", path: "../wit", generate_all });
 
@@ -75,9 +75,16 @@ impl Programs for WitPrograms {
             env: r.env.clone(),
             cwd: r.cwd.clone(),
             timeout_ms: r.timeout_ms,
+            stdin_files: r.stdin_files.clone(),
+            stdout_files: r.stdout_files.clone(),
         };
         match spawn::run(&req) {
-            Ok(o) => Ok(RunOutput { exit_code: o.exit_code, stdout: o.stdout, stderr: o.stderr }),
+            Ok(o) => Ok(RunOutput {
+                exit_code: o.exit_code,
+                stdout: o.stdout,
+                stderr: o.stderr,
+                files: o.files.into_iter().map(|f| Streamed { path: f.path, size: f.size, sha256: f.sha256 }).collect(),
+            }),
             Err(spawn::Error::NotAllowed(n)) => Err(SpawnError::NotAllowed(n)),
             Err(spawn::Error::NotFound(n)) => Err(SpawnError::NotFound(n)),
             Err(spawn::Error::TimedOut) => Err(SpawnError::TimedOut),

@@ -37,7 +37,10 @@ function run(req) {
   parentPort.postMessage({
     type: "spawn",
     call: currentCall,
-    req: { program: req.program, args: req.args, stdin: req.stdin ?? null, env: req.env, cwd: req.cwd ?? null, timeoutMs: req.timeoutMs },
+    req: {
+      program: req.program, args: req.args, stdin: req.stdin ?? null, env: req.env, cwd: req.cwd ?? null, timeoutMs: req.timeoutMs,
+      stdinFiles: req.stdinFiles ?? [], stdoutFiles: req.stdoutFiles ?? [],
+    },
   });
   Atomics.wait(flag, 0, 0);
   // The flag is raised after the reply is posted; allow a moment for it to show on the port.

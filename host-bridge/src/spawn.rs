@@ -1,7 +1,9 @@
 //! Running one granted program: argument list (no shell), a clean environment, its own
 //! process group, stdin written by a thread, stdout into a file and stderr read by a thread, up to the caps
 //! of host-bridge/policy.json, and the child reaped by a thread blocked in wait(2) (no
-//! polling). One place decides how the run ends, from the first of these events:
+//! polling). Files can be streamed in (framed onto stdin after its bytes) and out (framed
+//! on stdout after the first line, demultiplexed into files once the child exited); see
+//! runtime/frames.rs. One place decides how the run ends, from the first of these events:
 //!
 //! - a stream passes its cap: the whole process group is killed, and the spawn fails
 //!   naming the stream and the cap (the component answers e.g. BOXD_FAILED);
@@ -23,10 +25,22 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use crate::runtime::frames::{self, Outgoing, Streamed};
+
 pub struct Output {
     pub exit_code: Option<i32>,
+    /// With `Streams::stdout_files`, the first line only.
     pub stdout: Vec<u8>,
     pub stderr: Vec<u8>,
+    /// The stdin files sent, then the stdout files received.
+    pub files: Vec<Streamed>,
+}
+
+/// The files one run streams, already checked (frames::open_outgoing, check_incoming).
+#[derive(Default)]
+pub struct Streams<'a> {
+    pub stdin_files: Vec<Outgoing>,
+    pub stdout_files: &'a [String],
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -149,11 +163,17 @@ fn stdout_file() -> std::io::Result<std::fs::File> {
 const CAP_WATCH: Duration = Duration::from_millis(50);
 
 pub fn run(s: Spawn<'_>) -> Result<Output, SpawnFailure> {
+    run_streaming(s, Streams::default())
+}
+
+/// As `run`, with files streamed in and out.
+pub fn run_streaming(s: Spawn<'_>, streams: Streams<'_>) -> Result<Output, SpawnFailure> {
     let failed = |e: std::io::Error| SpawnFailure::Failed(format!("{}: {e}", s.name));
     let out_file = stdout_file().map_err(failed)?;
     let mut cmd = Command::new(s.binary);
     cmd.args(s.args).env_clear().envs(s.env.iter().map(|(k, v)| (k, v))).process_group(0);
-    cmd.stdin(if s.stdin.is_some() { Stdio::piped() } else { Stdio::null() });
+    let has_stdin = s.stdin.is_some() || !streams.stdin_files.is_empty();
+    cmd.stdin(if has_stdin { Stdio::piped() } else { Stdio::null() });
     cmd.stdout(Stdio::from(out_file.try_clone().map_err(failed)?)).stderr(Stdio::piped());
     if let Some(cwd) = s.cwd {
         cmd.current_dir(cwd);
@@ -167,13 +187,23 @@ pub fn run(s: Spawn<'_>) -> Result<Output, SpawnFailure> {
     let started = Instant::now();
     let pgid = child.id() as i32;
     let (tx, rx) = mpsc::channel();
-    if let Some(bytes) = s.stdin {
+    // The files sent, when every byte of stdin was (the writer's word, after the exit).
+    let (sent_tx, sent_rx) = mpsc::channel();
+    if has_stdin {
         let mut pipe = child.stdin.take().expect("stdin is piped");
-        let bytes = bytes.to_vec();
-        // A child that exits without reading gives EPIPE; that is not our failure. A
-        // writer blocked by a child that never reads ends when the group is killed.
-        thread::spawn(move || drop(pipe.write_all(&bytes)));
+        let bytes = s.stdin.unwrap_or_default().to_vec();
+        let files = streams.stdin_files;
+        // A child that exits without reading gives EPIPE; that is not our failure (it
+        // answered without the files, and none is reported sent). A writer blocked by a
+        // child that never reads ends when the group is killed; a file that changed
+        // while it was sent cuts the stream short, which the child sees.
+        thread::spawn(move || {
+            let sent = pipe.write_all(&bytes).and_then(|()| frames::send(&mut pipe, files));
+            drop(pipe);
+            let _ = sent_tx.send(sent.unwrap_or_default());
+        });
     }
+    let stdout_cap = s.bounds.stdout_cap as u64 + frames::stdout_allowance(streams.stdout_files.len());
     let err = Arc::new(Mutex::new(Vec::new()));
     reader(child.stderr.take().expect("stderr is piped"), err.clone(), s.bounds.stderr_cap, Stream::Stderr, tx.clone());
     // The reaper blocks in wait(2); the child's pid stays ours (unreaped) until it returns.
@@ -206,7 +236,7 @@ pub fn run(s: Spawn<'_>) -> Result<Output, SpawnFailure> {
         if status.is_some() && stderr_done {
             break;
         }
-        if stdout_len() > s.bounds.stdout_cap as u64 {
+        if stdout_len() > stdout_cap {
             kill_group(pgid);
             let _ = reaper.join();
             return Err(over_cap(Stream::Stdout));
@@ -252,18 +282,37 @@ pub fn run(s: Spawn<'_>) -> Result<Output, SpawnFailure> {
     }
     let _ = reaper.join();
     let status = status.expect("the loop ends with a status");
+    // The writer has finished once the child read all of stdin; a child that stopped
+    // reading (or a process it left holding the pipe) leaves it short, and nothing sent.
+    let mut files = if has_stdin { sent_rx.recv_timeout(STDIN_SETTLE).unwrap_or_default() } else { Vec::new() };
     // Everything the child wrote is in the file; read at most the cap (a process it left
     // running may still be writing).
-    let mut stdout = Vec::new();
     let mut f = &out_file;
     std::io::Seek::seek(&mut f, std::io::SeekFrom::Start(0)).map_err(failed)?;
-    f.take(s.bounds.stdout_cap as u64 + 1).read_to_end(&mut stdout).map_err(failed)?;
-    if stdout.len() > s.bounds.stdout_cap {
-        return Err(over_cap(Stream::Stdout));
-    }
+    let stdout = if streams.stdout_files.is_empty() {
+        let mut stdout = Vec::new();
+        f.take(s.bounds.stdout_cap as u64 + 1).read_to_end(&mut stdout).map_err(failed)?;
+        if stdout.len() > s.bounds.stdout_cap {
+            return Err(over_cap(Stream::Stdout));
+        }
+        stdout
+    } else {
+        let mut r = std::io::BufReader::with_capacity(64 * 1024, f.take(stdout_cap + 1));
+        let line = frames::first_line(&mut r, s.bounds.stdout_cap).map_err(|_| over_cap(Stream::Stdout))?;
+        match frames::receive(&mut r, streams.stdout_files) {
+            Ok(received) => files.extend(received),
+            // A child that failed says so in its answer; its files did not come.
+            Err(_) if status.code() != Some(0) => {}
+            Err(why) => return Err(SpawnFailure::Failed(format!("{}: the files framed on its stdout: {why}", s.name))),
+        }
+        line
+    };
     let stderr = std::mem::take(&mut *err.lock().unwrap_or_else(|e| e.into_inner()));
-    Ok(Output { exit_code: status.code(), stdout, stderr })
+    Ok(Output { exit_code: status.code(), stdout, stderr, files })
 }
+
+/// How long the stdin writer may take to report once the child exited.
+const STDIN_SETTLE: Duration = Duration::from_secs(1);
 
 unsafe extern "C" {
     fn kill(pid: i32, sig: i32) -> i32;

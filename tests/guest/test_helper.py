@@ -124,10 +124,34 @@ def tearDownModule():
 # one guest = one temp HOME
 
 
+def frame(data, digest=None):
+    """One file as a frame: <size>\n<bytes><sha256 hex>\n."""
+    return b"%d\n" % len(data) + data + (digest or hashlib.sha256(data).hexdigest()).encode() + b"\n"
+
+
+def read_frames(raw):
+    """Every frame of `raw`, each digest checked; the bytes must end with the last frame."""
+    out = []
+    while raw:
+        header, _, raw = raw.partition(b"\n")
+        size = int(header)
+        data, trailer, raw = raw[:size], raw[size:size + 65], raw[size + 65:]
+        assert trailer == hashlib.sha256(data).hexdigest().encode() + b"\n", "frame digest"
+        out.append(data)
+    return out
+
+
 class Result:
     def __init__(self, rc, out, err, seconds):
         self.rc, self.err, self.seconds = rc, err, seconds
         self.raw = out
+        first, _, rest = out.partition(b"\n")
+        self.frames = []
+        if rest and first.startswith(b"{") and isinstance(json.loads(first).get("files"), list):
+            # git's answer, then the requested files' frames (docs/guest.md, "Frames")
+            self.json, self.count = json.loads(first), 1
+            self.frames = read_frames(rest)
+            return
         lines = [l for l in out.decode("utf-8", "replace").splitlines() if l.strip()]
         self.json = json.loads(lines[-1]) if lines else None
         self.count = len(lines)
@@ -207,9 +231,11 @@ class Guest:
         return self.run("prepare", work, password + "\n", "--opencode-version", version)
 
     def submit(self, work, prompt, prompt_id=None, files=()):
+        """files: file_item()s; the JSON line names them, their frames follow it."""
         self.seq = getattr(self, "seq", 0) + 1
-        payload = {"promptId": prompt_id or "p%04d" % self.seq, "prompt": prompt, "files": list(files)}
-        return self.run("submit", work, payload)
+        payload = {"promptId": prompt_id or "p%04d" % self.seq, "prompt": prompt, "files": [{"to": f["to"]} for f in files]}
+        stdin = json.dumps(payload).encode("utf-8") + b"\n" + b"".join(frame(f["data"], f.get("sha256")) for f in files)
+        return self.run("submit", work, stdin)
 
     def status(self, work):
         return self.run("status", work)
@@ -311,12 +337,8 @@ def git(cwd, *args, check=True):
     return r
 
 
-def b64(data):
-    return base64.b64encode(data).decode()
-
-
 def file_item(to, data):
-    return {"to": to, "data": b64(data), "sha256": hashlib.sha256(data).hexdigest()}
+    return {"to": to, "data": data}
 
 
 # ----------------------------------------------------------------------------------------
@@ -491,12 +513,12 @@ class T1Commands(unittest.TestCase):
             self.assertFalse(any(".boxd" in json.dumps(e) for e in j[key]), key)
         self.assertNotIn(".boxd", j["patch"])
         # requested files come back with the right bytes
-        files = {f["path"]: f for f in j["files"]}
-        for rel in ("src/keep.py", "blob.bin"):
-            data = (tree / rel).read_bytes()
-            self.assertEqual(base64.b64decode(files[rel]["data"]), data)
-            self.assertEqual(files[rel]["sha256"], hashlib.sha256(data).hexdigest())
-            self.assertEqual(files[rel]["size"], len(data))
+        self.assertEqual([f["path"] for f in j["files"]], ["src/keep.py", "blob.bin"])
+        for f, sent in zip(j["files"], r.frames):
+            data = (tree / f["path"]).read_bytes()
+            self.assertEqual(sent, data)
+            self.assertEqual(f["size"], len(data))
+        self.assertEqual(len(r.frames), 2)
         # the patch applies cleanly onto a fresh clone at HEAD and reproduces the tracked state
         clone = Path(tempfile.mkdtemp(prefix="boxd-clone-", dir=str(g.root)))
         git(g.root, "clone", "-q", str(tree), str(clone))
@@ -518,7 +540,7 @@ class T1Commands(unittest.TestCase):
         (tree / "a,b.txt").write_text("comma\n")
         r = g.run("git", work, {"files": ["a,b.txt"]}, "--files-stdin")
         self.assertEqual(r.rc, 0, r)
-        self.assertEqual(base64.b64decode(r.json["files"][0]["data"]), b"comma\n")
+        self.assertEqual(r.frames, [b"comma\n"])
         # size caps
         (tree / "big.bin").write_bytes(b"x" * (8 * 1024 * 1024 + 1))
         r = g.run("git", work, {"files": ["big.bin"]}, "--files-stdin")
@@ -907,7 +929,7 @@ class T4Seal(OneWork):
         self.assertEqual(st.json["server"], "up")
         # a submit right after a seal (a drop may be removing the machine) is refused, and
         # writes nothing
-        r = self.g.submit(self.W, "too late", files=[{"to": "late.txt", "data": base64.b64encode(b"x").decode()}])
+        r = self.g.submit(self.W, "too late", files=[file_item("late.txt", b"x")])
         self.assertEqual((r.rc, r.json["error"]), (3, "SESSION_BUSY"), r)
         self.assertFalse((tree / "late.txt").exists())
 

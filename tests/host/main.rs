@@ -22,3 +22,4 @@ mod faults_matrix;
 mod secrets;
 mod policy_vectors;
 mod round_trips;
+mod streaming;

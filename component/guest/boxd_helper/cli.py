@@ -12,7 +12,7 @@ import sys
 import traceback
 
 from .disk import FileLock, atomic_write, now_iso, read_json, read_text, sha256_hex, write_json
-from .files import plan_files, read_requested, write_files
+from .files import plan_files, read_requested, receive_files, send_requested, write_files
 from .gitstate import ensure_git_exclude, ensure_repo, inventory, make_bundle
 from .opencode import Api, ApiError, find_opencode, opencode_env, opencode_version
 from .procs import kill_group, owned_alive
@@ -79,11 +79,13 @@ def cmd_submit(args):
     work.require()
     if work.sealed_recently():
         raise Fail("SESSION_BUSY", "work %s was sealed for a drop moments ago; nothing was written or admitted" % work.id)
-    raw = read_stdin()
+    # One line of JSON, then the files' frames (frames.py): the line is at most the prompt,
+    # each character escaped (\uXXXX), and the file list.
+    raw = sys.stdin.buffer.readline(6 * PROMPT_MAX + (1 << 20))
     try:
         payload = json.loads(raw.decode("utf-8"))
     except (ValueError, UnicodeDecodeError) as e:
-        raise Fail("ARGS_INVALID", "submit expects one JSON object on stdin: %s" % e)
+        raise Fail("ARGS_INVALID", "submit expects one JSON object on a line of stdin: %s" % e)
     if not isinstance(payload, dict):
         raise Fail("ARGS_INVALID", "submit expects one JSON object on stdin")
     prompt_id, prompt, files = payload.get("promptId"), payload.get("prompt"), payload.get("files") or []
@@ -100,8 +102,7 @@ def cmd_submit(args):
         raise Fail("ARGS_INVALID", "prompt is not valid Unicode (it holds a lone surrogate)")
     if len(prompt.encode("utf-8")) > PROMPT_MAX:
         raise Fail("FILE_TOO_LARGE", "the prompt is %d bytes; the limit is %s" % (len(prompt.encode("utf-8")), mib(PROMPT_MAX)))
-    planned = plan_files(work, files)
-    write_files(work, planned)
+    write_files(work, receive_files(work, plan_files(work, files), sys.stdin.buffer))
     ensure_git_exclude(work)
     # admit: durable before anything else can go wrong; "queued" is decided under the same
     # lock the pump dispatches under, so the pump cannot start this prompt in between
@@ -137,7 +138,7 @@ def cmd_submit(args):
     st = work.state()
     pending = len(work.waiting(st))
     out = {"ok": True, "admitted": True, "queued": queued, "pending": pending, "sessionId": work.session_id(),
-           "files": len(planned)}
+           "files": len(files)}
     if duplicate:
         out["duplicate"] = True
     if to_resolve:
@@ -365,7 +366,8 @@ def cmd_git(args):
             out["bundleUnchanged"] = True
         else:
             out["bundle"] = make_bundle(work)
-    return out
+    # The answer, then the files' frames after it.
+    return out, lambda stdout: send_requested(work, files, stdout)
 
 
 def cmd_seal(args):
@@ -427,7 +429,17 @@ def main(argv):
             raise Usage("--work is required")
         if args.command == "pump":
             return run_pump(Work(args.work))
-        return emit(COMMANDS[args.command](args), EXIT_OK)
+        answer, after = COMMANDS[args.command](args), None
+        if isinstance(answer, tuple):
+            answer, after = answer
+        code = emit(answer, EXIT_OK)
+        if after:
+            try:
+                after(sys.stdout.buffer)
+            except Exception:  # the answer is out: end the frames early, loudly
+                traceback.print_exc(file=sys.stderr)
+                return EXIT_CRASH
+        return code
     except Usage as e:
         return emit(failure("ARGS_INVALID", str(e)), EXIT_USAGE)
     except Fail as e:

@@ -1,12 +1,13 @@
 """Files crossing the laptop-guest line: paths the laptop names are relative, inside the
 tree, never under .boxd/ and never through a symlink; sizes stay within the protocol's
-limits; a submit's files are all checked before any is written."""
+limits; a submit's files are all checked and received before any is written. Their
+bytes travel as frames (frames.py), never in the JSON."""
 
-import base64
 import errno
 import os
+import tempfile
 
-from .disk import atomic_write, sha256_hex
+from .frames import copy_frame, send_frame
 from .protocol import CALL_MAX, FILE_MAX, Fail, mib
 
 
@@ -44,6 +45,8 @@ def check_target(work, parts, kind):
 
 
 def read_requested(work, requested):
+    """Check the files the laptop asked for: [{path, size, mode}] for the answer, in the
+    order asked. Their bytes follow the answer as frames (send_requested)."""
     files, total = [], 0
     for rel in requested:
         parts = safe_rel(rel)
@@ -62,22 +65,37 @@ def read_requested(work, requested):
         if total > CALL_MAX:
             raise Fail("FILE_TOO_LARGE", "the requested files add up to more than %s" % mib(CALL_MAX), path=rel)
         try:
-            fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW)
-            with os.fdopen(fd, "rb") as f:
-                data = f.read(FILE_MAX + 1)
+            os.close(os.open(full, os.O_RDONLY | os.O_NOFOLLOW))
         except OSError as e:
             if e.errno == errno.ELOOP:
                 raise Fail("PATH_REFUSED", "%s is a symlink" % rel, path=rel)
             raise Fail("GUEST_WORKSPACE", "cannot read %s: %s" % (rel, e.strerror or e), path=rel)
-        if len(data) > FILE_MAX:
-            raise Fail("FILE_TOO_LARGE", "%s grew past %s while being read" % (rel, mib(FILE_MAX)), path=rel)
-        files.append({"path": "/".join(parts), "size": len(data), "sha256": sha256_hex(data),
-                      "mode": st.st_mode & 0o777, "data": base64.b64encode(data).decode("ascii")})
+        files.append({"path": "/".join(parts), "size": st.st_size, "mode": st.st_mode & 0o777})
     return files
 
 
+def send_requested(work, files, out):
+    """After the answer: each file of read_requested as one frame, read once. The answer
+    is out already, so a file that changed meanwhile (now a symlink, past the limits,
+    shrunk) raises: the laptop sees the frames end early and keeps the file owed."""
+    total = 0
+    for f in files:
+        parts = f["path"].split("/")
+        full = check_target(work, parts, "PATH_REFUSED")
+        fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW)
+        try:
+            size = os.fstat(fd).st_size
+            total += size
+            if size > FILE_MAX or total > CALL_MAX:
+                raise OSError("%s grew past the limits while being sent" % f["path"])
+            send_frame(out, fd, size)
+        finally:
+            os.close(fd)
+    out.flush()
+
+
 def plan_files(work, files):
-    """Check every file of a submit before any is written: [(parts, target, data)]."""
+    """Check every file of a submit before any is received: [(parts, target)]."""
     if not isinstance(files, list):
         raise Fail("ARGS_INVALID", "files must be a list")
     planned, total, seen_paths = [], 0, set()
@@ -88,33 +106,52 @@ def plan_files(work, files):
         parts = safe_rel(rel)
         if parts is None:
             raise Fail("NAME_INVALID", "files[%d].to %r must be a relative path inside the work tree (no '..', not under .boxd)" % (i, rel), path=rel)
-        try:
-            data = base64.b64decode(f.get("data") or "", validate=True)
-        except (ValueError, TypeError) as e:
-            raise Fail("ARGS_INVALID", "files[%d].data is not base64: %s" % (i, e), path=rel)
-        if len(data) > FILE_MAX:
-            raise Fail("FILE_TOO_LARGE", "%s is %d bytes; the limit is %s per file" % (rel, len(data), mib(FILE_MAX)), path=rel)
-        total += len(data)
-        if total > CALL_MAX:
-            raise Fail("FILE_TOO_LARGE", "the files add up to more than %s" % mib(CALL_MAX), path=rel)
-        want = f.get("sha256")
-        if want is not None and (not isinstance(want, str) or want.lower() != sha256_hex(data)):
-            raise Fail("ARGS_INVALID", "%s: sha256 %s does not match the data (%s)" % (rel, want, sha256_hex(data)), path=rel)
         key = "/".join(parts)
         if key in seen_paths:
             raise Fail("NAME_INVALID", "%s is listed twice" % key, path=rel)
         seen_paths.add(key)
         target = check_target(work, parts, "NAME_INVALID")
-        planned.append((parts, target, data))
+        planned.append((parts, target))
     return planned
 
 
-def write_files(work, planned):
-    """Write planned files atomically, parents created, an existing file's mode kept; the
-    way is checked again, since the agent may have changed the tree meanwhile."""
+def receive_files(work, planned, stream):
+    """Read one frame per planned file from `stream` into a temp file of the work's own
+    (digest checked): [(parts, target, temp)]. On any failure none is kept."""
+    received, total = [], 0
+    try:
+        for parts, target in planned:
+            fd, temp = tempfile.mkstemp(prefix="in-", suffix=".boxd-tmp", dir=work.p("tmp"))
+            received.append((parts, target, temp))
+            try:
+                size, _ = copy_frame(stream, fd, "/".join(parts))
+            finally:
+                os.close(fd)
+            total += size
+            if total > CALL_MAX:
+                raise Fail("FILE_TOO_LARGE", "the files add up to more than %s" % mib(CALL_MAX), path="/".join(parts))
+    except BaseException:
+        discard(received)
+        raise
+    return received
+
+
+def discard(received):
+    for _, _, temp in received:
+        try:
+            os.unlink(temp)
+        except OSError:
+            pass
+
+
+def write_files(work, received):
+    """Move received files into place (a rename each), parents created, an existing
+    file's mode kept; the way is checked again, since the agent may have changed the tree
+    meanwhile. Then one sync(2) makes them all durable before the prompt is admitted: a
+    flush per file costs ten times as much for many small files."""
     tree_real = os.path.realpath(work.tree)
     try:
-        for parts, target, data in planned:
+        for parts, target, temp in received:
             parent = os.path.dirname(target)
             os.makedirs(parent, exist_ok=True)
             check_target(work, parts, "NAME_INVALID")
@@ -126,6 +163,11 @@ def write_files(work, planned):
                 mode = os.stat(target).st_mode & 0o7777
             except FileNotFoundError:
                 pass
-            atomic_write(target, data, mode=mode)
+            os.chmod(temp, mode)
+            os.replace(temp, target)
+        if received:
+            os.sync()
     except OSError as e:
         raise Fail("GUEST_WORKSPACE", "cannot write into the work tree: %s" % e)
+    finally:
+        discard(received)  # those not moved: a failure part way

@@ -1,7 +1,8 @@
 //! boxd_harvest: export → import and verify → git → files, one phase function each. The
 //! transcript comes home and is proven by reading the laptop's copy back; a failure at any
 //! phase leaves the earlier ones recorded, and the next harvest resumes. Three boxd calls
-//! however many files.
+//! however many files; the host streams their bytes into temp files beside their
+//! destinations (docs/guest.md, "Frames"), which this tool renames into place.
 
 use alloc::collections::{BTreeMap, BTreeSet};
 use alloc::format;
@@ -12,8 +13,8 @@ use serde_json::{json, Value};
 use super::machine::running_state;
 use super::{laptop_roots, work_arg, Env};
 use crate::boxd::Boxd;
-use crate::caps::{Kind, Programs, RunRequest, SpawnError};
-use crate::encode::{sha256_hex, unbase64};
+use crate::caps::{Kind, Programs, RunRequest, SpawnError, Streamed, Streams};
+use crate::encode::sha256_hex;
 use crate::errors::{Code, ToolError, ToolResult};
 use crate::guest::{tail, Guest};
 use crate::ledger::{FileRecord, Ledger, Proof, SessionProof, Work};
@@ -162,6 +163,7 @@ fn fetch_commits<P: Programs>(programs: &mut P, w: &Work, bundle: &str) -> Value
         env: Vec::new(),
         cwd: Some(w.directory.clone()),
         timeout_ms: 120_000,
+        ..Default::default()
     };
     match programs.run(&req) {
         Ok(out) if out.exit_code == Some(0) => json!({ "ref": refname }),
@@ -184,8 +186,15 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
     let dest_dir = destination(env, args, &w)?;
     let (w, export, sessions) = export(env, w, &wanted)?;
     let (w, report) = prove(env, w, &export, &sessions)?;
-    let (w, git, fetched) = record_git(env, w, &wanted)?;
-    let (w, written) = bring_files(env, w, &git, &dest_dir)?;
+    let landing = landing(env, &wanted, &dest_dir)?;
+    let (w, git, fetched, arrived) = match record_git(env, w, &wanted, &landing) {
+        Ok(r) => r,
+        Err(e) => return Err(discard(env, &landing, e)),
+    };
+    let (w, written) = match bring_files(env, w, &git, &landing, arrived) {
+        Ok(r) => r,
+        Err(e) => return Err(discard(env, &landing, e)),
+    };
     let mut git_json = match &w.git {
         Some(g) => json!({ "repo": true, "head": g.head, "branch": g.branch, "dirty": g.dirty, "patch": g.patch, "bundle": g.bundle,
             "untracked": g.untracked.iter().map(|e| e.path.clone()).collect::<Vec<_>>(),
@@ -272,15 +281,49 @@ fn prove(env: &mut Env, w: Work, export: &Value, sessions: &[Exported]) -> ToolR
     Ok((w, report))
 }
 
-/// Phase 4: the guest's git state and every commit (as a bundle), with the wanted files in
-/// the same exec; recorded in the ledger, and fetched into the project with `fetchCommits`.
-/// Returns the guest's answer (which carries the files) and what the fetch did.
-fn record_git(env: &mut Env, w: Work, wanted: &[String]) -> ToolResult<(Work, Value, Option<Value>)> {
+/// Where one wanted file lands: its work-tree path, its laptop destination, and the new
+/// temp file beside it that the host streams its bytes into.
+struct Landing {
+    rel: String,
+    dest: String,
+    temp: String,
+}
+
+/// The landing of every wanted file, its folder created: the host writes only into an
+/// existing folder. The temp names carry this call's mark (from the host's entropy).
+fn landing(env: &mut Env, wanted: &[String], dest_dir: &str) -> ToolResult<Vec<Landing>> {
+    let roots = laptop_roots(env.ctx);
+    let mark = &sha256_hex(&[env.ctx.entropy.as_slice(), b"harvest-files"].concat())[..12];
+    let mut out = Vec::new();
+    for (i, want) in wanted.iter().enumerate() {
+        let rel = paths::guest_relative(want)?;
+        let dest = paths::laptop_path(&rel, dest_dir, &roots)?;
+        let parent = paths::parent(&dest).to_string();
+        env.files.create_dir_all(&parent).map_err(|_| ToolError::new(Code::PathRefused, format!("cannot create {parent}")))?;
+        out.push(Landing { temp: format!("{dest}.{mark}-{i}.boxd-tmp"), rel, dest });
+    }
+    Ok(out)
+}
+
+/// A harvest that stops after the files arrived removes their temp files: each stays owed.
+fn discard(env: &mut Env, landing: &[Landing], e: ToolError) -> ToolError {
+    for l in landing {
+        let _ = env.files.remove_file(&l.temp);
+    }
+    e
+}
+
+/// Phase 4: the guest's git state and every commit (as a bundle), with the wanted files
+/// streamed by the host in the same exec; recorded in the ledger, and fetched into the
+/// project with `fetchCommits`. Returns the guest's answer (which lists the files), what
+/// the fetch did, and the files that arrived.
+fn record_git(env: &mut Env, w: Work, wanted: &[String], landing: &[Landing]) -> ToolResult<(Work, Value, Option<Value>, Vec<Streamed>)> {
     let (ctx, now) = (env.ctx, env.now());
     let mut boxd = Boxd::new(&mut env.programs, ctx.options.boxd_timeout_seconds);
     let have = w.git.as_ref().filter(|g| g.bundle.is_some()).map(|g| g.refs.clone()).unwrap_or_default();
     let stdin = serde_json::to_vec(&json!({ "files": wanted, "haveRefs": have })).expect("serialises");
-    let git = Guest::new(&mut boxd, &w.machine, &w.work).call("git", &["--files-stdin"], Some(stdin))?;
+    let streams = Streams { stdin_files: Vec::new(), stdout_files: landing.iter().map(|l| l.temp.clone()).collect() };
+    let (git, arrived) = Guest::new(&mut boxd, &w.machine, &w.work).call_streaming("git", &["--files-stdin"], Some(stdin), &streams)?;
     let mut ledger = Ledger::for_call(&mut env.files, ctx);
     let record = super::account::record(&mut ledger, &w, &git, &now)?;
     let w = ledger.update(&w.work, |w| w.git = record.clone())?;
@@ -288,27 +331,31 @@ fn record_git(env: &mut Env, w: Work, wanted: &[String]) -> ToolResult<(Work, Va
         Some(bundle) if ctx.options.fetch_commits => Some(fetch_commits(&mut env.programs, &w, &format!("{}/{bundle}", ledger.work_dir(&w.work)))),
         _ => None,
     };
-    Ok((w, git, fetched))
+    Ok((w, git, fetched, arrived))
 }
 
-/// One file of the guest's answer, checked and placed: (work-tree path, laptop path,
-/// bytes, sha256).
-type Incoming = (String, String, Vec<u8>, String);
+/// One file that arrived, checked: where it lands, and its size and sha256 as the host
+/// computed them while streaming.
+struct Incoming<'l> {
+    landing: &'l Landing,
+    size: u64,
+    sha256: String,
+}
 
-/// Phase 5: the files in the guest's answer come home. Every one is checked, and every
-/// conflict found, before anything is written.
-fn bring_files(env: &mut Env, w: Work, git: &Value, dest_dir: &str) -> ToolResult<(Work, Vec<Value>)> {
-    let roots = laptop_roots(env.ctx);
-    let mut incoming: Vec<Incoming> = Vec::new();
-    for f in git["files"].as_array().into_iter().flatten() {
+/// Phase 5: the files the guest listed, in the order asked, arrived whole in their temp
+/// files. Every one is checked, and every conflict found, before any is renamed into place.
+fn bring_files(env: &mut Env, w: Work, git: &Value, landing: &[Landing], arrived: Vec<Streamed>) -> ToolResult<(Work, Vec<Value>)> {
+    let listed: Vec<&Value> = git["files"].as_array().into_iter().flatten().collect();
+    if listed.len() != landing.len() || arrived.len() != landing.len() {
+        return Err(invalid(format!("{} files were asked for; the guest listed {} and {} arrived", landing.len(), listed.len(), arrived.len())));
+    }
+    let mut incoming = Vec::new();
+    for ((f, l), got) in listed.iter().zip(landing).zip(arrived) {
         let rel = paths::guest_relative(f["path"].as_str().unwrap_or_default())?;
-        let bytes = unbase64(f["data"].as_str().unwrap_or_default()).ok_or_else(|| invalid(format!("file {rel} is not base64")))?;
-        let sha = sha256_hex(&bytes);
-        if f["sha256"].as_str() != Some(sha.as_str()) {
-            return Err(invalid(format!("file {rel} arrived damaged (digest mismatch)")));
+        if rel != l.rel || got.path != l.temp {
+            return Err(invalid(format!("the guest sent {rel} where {} was asked for", l.rel)));
         }
-        let dest = paths::laptop_path(&rel, dest_dir, &roots)?;
-        incoming.push((rel, dest, bytes, sha));
+        incoming.push(Incoming { landing: l, size: got.size, sha256: got.sha256 });
     }
     for file in &incoming {
         check_overwrite(env, &w, file)?;
@@ -316,12 +363,13 @@ fn bring_files(env: &mut Env, w: Work, git: &Value, dest_dir: &str) -> ToolResul
     let now = env.now();
     let mut written = Vec::new();
     let mut records = Vec::new();
-    for (rel, dest, bytes, sha) in incoming {
-        let parent = paths::parent(&dest).to_string();
-        env.files.create_dir_all(&parent).map_err(|_| ToolError::new(Code::PathRefused, format!("cannot create {parent}")))?;
-        env.files.write_atomic(&dest, &bytes).map_err(|_| ToolError::new(Code::PathRefused, format!("cannot write {dest}")))?;
-        records.push(FileRecord { guest: rel.clone(), laptop: dest.clone(), size: bytes.len() as u64, sha256: sha.clone(), at: now.clone() });
-        written.push(json!({ "path": rel, "laptop": dest, "size": bytes.len(), "sha256": sha }));
+    for Incoming { landing: Landing { rel, dest, temp }, size, sha256 } in incoming {
+        match env.files.rename(temp, dest) {
+            Ok(true) => {}
+            _ => return Err(ToolError::new(Code::PathRefused, format!("cannot write {dest}"))),
+        }
+        records.push(FileRecord { guest: rel.clone(), laptop: dest.clone(), size, sha256: sha256.clone(), at: now.clone() });
+        written.push(json!({ "path": rel, "laptop": dest, "size": size, "sha256": sha256 }));
     }
     let w = Ledger::for_call(&mut env.files, env.ctx).update(&w.work, |w| {
         w.owed.retain(|o| !records.iter().any(|r| &r.guest == o));
@@ -332,14 +380,19 @@ fn bring_files(env: &mut Env, w: Work, git: &Value, dest_dir: &str) -> ToolResul
 
 /// A laptop file may be replaced only by the same bytes or when it is what this work last
 /// brought home there; a symlink or a folder never.
-fn check_overwrite(env: &mut Env, w: &Work, (rel, dest, _, sha): &Incoming) -> ToolResult<()> {
+fn check_overwrite(env: &mut Env, w: &Work, file: &Incoming) -> ToolResult<()> {
+    let (Landing { rel, dest, .. }, sha) = (file.landing, &file.sha256);
     match env.files.stat(dest).map_err(|_| ToolError::new(Code::PathRefused, format!("{dest} cannot be checked")))? {
         None => Ok(()),
         Some(m) if m.kind == Kind::Symlink => Err(ToolError::new(Code::PathRefused, format!("{dest} is a symlink on the laptop, which is never followed"))),
         Some(m) if m.kind != Kind::File => Err(ToolError::new(Code::PathRefused, format!("{dest} exists and is not a file"))),
-        Some(_) => {
-            let current = env.files.read(dest).ok().flatten().map(|b| sha256_hex(&b)).unwrap_or_default();
-            let last = w.files_out.iter().rev().find(|r| &r.laptop == dest).map(|r| r.sha256.clone());
+        Some(m) => {
+            let last = w.files_out.iter().rev().find(|r| &r.laptop == dest);
+            // The laptop file is read (into the component) only when its size could match
+            // the incoming bytes or the last ones brought there: another size is a conflict.
+            let may_match = m.size == file.size || last.is_some_and(|r| r.size == m.size);
+            let current = if may_match { env.files.read(dest).ok().flatten().map(|b| sha256_hex(&b)).unwrap_or_default() } else { String::new() };
+            let last = last.map(|r| r.sha256.clone());
             if &current != sha && last.as_deref() != Some(current.as_str()) {
                 return Err(ToolError::with_next(
                     Code::FileConflict,

@@ -1,6 +1,7 @@
 //! boxd_submit: files in, then the prompt, in one exec; returns once the guest has
 //! admitted the prompt (queued behind a busy run, or started). Every laptop path and
-//! size is checked before anything is sent.
+//! size is checked before anything is sent; the host streams the files' bytes onto the
+//! exec's stdin (docs/guest.md, "Frames"), so they never pass through the component.
 
 use alloc::format;
 use alloc::string::{String, ToString};
@@ -10,8 +11,8 @@ use serde_json::{json, Value};
 use super::machine::running_state;
 use super::{work_arg, Env};
 use crate::boxd::Boxd;
-use crate::caps::Kind;
-use crate::encode::{base64, sha256_hex};
+use crate::caps::{Kind, Streams};
+use crate::encode::sha256_hex;
 use crate::errors::{Code, ToolError, ToolResult};
 use crate::guest::Guest;
 use crate::ledger::{FileRecord, Ledger, Prompt, WorkState};
@@ -23,14 +24,14 @@ pub const CALL_CAP: u64 = 32 << 20;
 pub const PROMPT_CAP: usize = 4 << 20;
 
 struct Incoming {
+    /// The laptop path the host streams from.
     from: String,
     to: String,
-    bytes: Vec<u8>,
-    sha256: String,
 }
 
-/// Check and read every file before any boxd call: a refusal sends nothing.
-fn read_files(env: &mut Env, args: &Value) -> ToolResult<Vec<Incoming>> {
+/// Check every file before any boxd call: a refusal sends nothing. The host checks again
+/// as it streams (a file that changed meanwhile fails the spawn).
+fn check_files(env: &mut Env, args: &Value) -> ToolResult<Vec<Incoming>> {
     let ctx = env.ctx;
     let roots = super::laptop_roots(ctx);
     let mut out = Vec::new();
@@ -54,8 +55,7 @@ fn read_files(env: &mut Env, args: &Value) -> ToolResult<Vec<Incoming>> {
                 }
             }
         }
-        let bytes = env.files.read(&laptop).map_err(|_| refused(from, "cannot be read"))?.ok_or_else(|| refused(from, "vanished"))?;
-        out.push(Incoming { from: laptop, to, sha256: sha256_hex(&bytes), bytes });
+        out.push(Incoming { from: laptop, to });
     }
     Ok(out)
 }
@@ -77,7 +77,7 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
             "Put the bulk of the text in a file and send it with files, then refer to it in a short prompt.",
         ));
     }
-    let files = read_files(env, args)?;
+    let files = check_files(env, args)?;
     let now = env.now();
     let ctx = env.ctx;
     let mut ledger = Ledger::for_call(&mut env.files, ctx);
@@ -122,14 +122,21 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
     }
     let others: Vec<String> = w.unresolved().into_iter().filter(|p| p != &id).collect();
 
+    // One line of JSON, then one frame per file in the same order.
     let payload = json!({
         "promptId": id,
         "prompt": prompt,
         "resolve": others,
-        "files": files.iter().map(|f| json!({ "to": f.to, "data": base64(&f.bytes), "sha256": f.sha256 })).collect::<Vec<_>>(),
+        "files": files.iter().map(|f| json!({ "to": f.to })).collect::<Vec<_>>(),
     });
+    let mut stdin = serde_json::to_vec(&payload).expect("serialises");
+    stdin.push(b'\n');
+    let streams = Streams { stdin_files: files.iter().map(|f| f.from.clone()).collect(), stdout_files: Vec::new() };
     let mut guest = Guest::new(&mut boxd, &machine, &work);
-    let answer = guest.call("submit", &[], Some(serde_json::to_vec(&payload).expect("serialises")))?;
+    let (answer, sent_files) = guest.call_streaming("submit", &[], Some(stdin), &streams)?;
+    if sent_files.len() != files.len() {
+        return Err(ToolError::new(Code::GuestFailed, format!("the host streamed {} of the {} files", sent_files.len(), files.len())));
+    }
 
     let mut known = crate::guest::resolved(&answer);
     known.insert(id.clone(), answer.get("admitted").and_then(Value::as_bool).unwrap_or(true));
@@ -140,8 +147,8 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
             w.prompts.push(sent);
         }
         w.resolve_prompts(&known, &now, ctx.now_ms);
-        for f in &files {
-            w.files_in.push(FileRecord { guest: f.to.clone(), laptop: f.from.clone(), size: f.bytes.len() as u64, sha256: f.sha256.clone(), at: now.clone() });
+        for (f, s) in files.iter().zip(&sent_files) {
+            w.files_in.push(FileRecord { guest: f.to.clone(), laptop: f.from.clone(), size: s.size, sha256: s.sha256.clone(), at: now.clone() });
         }
     })?;
     let queued = answer.get("queued").and_then(Value::as_bool).unwrap_or(false);
@@ -153,7 +160,7 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
         "duplicate": answer.get("duplicate").and_then(Value::as_bool).unwrap_or(false),
         "queued": queued,
         "pending": answer.get("pending").cloned().unwrap_or(json!(0)),
-        "files": files.iter().map(|f| json!({ "to": f.to, "size": f.bytes.len(), "sha256": f.sha256 })).collect::<Vec<_>>(),
+        "files": files.iter().zip(&sent_files).map(|(f, s)| json!({ "to": f.to, "size": s.size, "sha256": s.sha256 })).collect::<Vec<_>>(),
         "next": format!("Call boxd_job for work '{work}' in a later turn; do not wait inside this call."),
     }))
 }

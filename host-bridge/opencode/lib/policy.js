@@ -10,6 +10,7 @@ import { randomBytes } from "node:crypto";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
+import * as frames from "./frames.js";
 
 const HOST_ERRORS = { hostFailed: "HOST_FAILED", optionsInvalid: "OPTIONS_INVALID", ledgerFailed: "LEDGER_FAILED" };
 
@@ -380,6 +381,18 @@ export function runChild(req, grants, track = () => () => {}) {
   }
   const env = { ...program.env };
   for (const [k, v] of req.env ?? []) env[k] = v;
+  // Streamed files are checked (and those sent opened) before the child starts.
+  const stdoutFiles = req.stdoutFiles ?? [];
+  let outgoing;
+  try {
+    outgoing = frames.openOutgoing(req.stdinFiles ?? [], grants.preopens);
+    frames.checkIncoming(stdoutFiles, grants.preopens);
+  } catch (e) {
+    if (outgoing) frames.closeAll(outgoing);
+    return Promise.resolve(err("failed", e.message));
+  }
+  const hasStdin = Boolean(req.stdin) || outgoing.length > 0;
+  const stdoutCap = BOUNDS.stdout + frames.stdoutAllowance(stdoutFiles.length);
 
   return new Promise((resolve) => {
     // stdout goes to an unlinked temporary file, not a pipe: a program that exits right
@@ -391,15 +404,17 @@ export function runChild(req, grants, track = () => () => {}) {
       outFd = fs.openSync(tmp, "wx+", 0o600);
       fs.unlinkSync(tmp);
     } catch (e) {
+      frames.closeAll(outgoing);
       return resolve(err("failed", `${req.program}: cannot make its output file: ${e.message}`));
     }
     let child;
     try {
       // detached: a new process group (setsid), so a timeout can kill grandchildren too
       // (as spawn.rs does with process_group).
-      child = spawn(binary, req.args, { cwd, env, detached: true, stdio: [req.stdin ? "pipe" : "ignore", outFd, "pipe"] });
+      child = spawn(binary, req.args, { cwd, env, detached: true, stdio: [hasStdin ? "pipe" : "ignore", outFd, "pipe"] });
     } catch (e) {
       fs.closeSync(outFd);
+      frames.closeAll(outgoing);
       return resolve(err("failed", `${binary}: ${e.message}`));
     }
     const errs = [];
@@ -428,7 +443,7 @@ export function runChild(req, grants, track = () => () => {}) {
     };
     // The stdout file's size is checked against its cap while the child runs.
     const watch = setInterval(() => {
-      if (stdoutSize() > BOUNDS.stdout) {
+      if (stdoutSize() > stdoutCap) {
         killGroup();
         finish(overCap("stdout"));
       }
@@ -493,15 +508,33 @@ export function runChild(req, grants, track = () => () => {}) {
       // After the child's exit the grace counts from the last bytes, not from the exit.
       if (grace) grace.refresh();
     });
-    if (req.stdin) {
-      // A child that exits without reading gives EPIPE; that is not our failure.
+    // The files sent, once every byte of stdin was: a child that exits without reading
+    // gives EPIPE, which is not our failure (it answered without them; none is reported).
+    let sent = [];
+    let sending = Promise.resolve();
+    if (hasStdin) {
       child.stdin.on("error", () => {});
-      child.stdin.end(Buffer.from(req.stdin.buffer, req.stdin.byteOffset, req.stdin.byteLength));
+      const bytes = req.stdin ? Buffer.from(req.stdin.buffer, req.stdin.byteOffset, req.stdin.byteLength) : null;
+      sending = frames.send(child.stdin, bytes, outgoing).then((files) => (sent = files));
     }
+    // After the exit the writer reports within a moment, unless something the child left
+    // running holds its stdin: then nothing is reported sent.
+    const settle = (drain) => {
+      Promise.race([sending, new Promise((r) => setTimeout(r, 1000).unref?.())]).then(() => finish(result, drain));
+    };
     const result = () => {
-      const stdout = readStdout();
-      if (stdout.length > BOUNDS.stdout) return overCap("stdout");
-      return { tag: "ok", val: { exitCode: exitCode ?? undefined, stdout: new Uint8Array(stdout), stderr: new Uint8Array(Buffer.concat(errs)) } };
+      const val = { exitCode: exitCode ?? undefined, stderr: new Uint8Array(Buffer.concat(errs)), files: [...sent] };
+      if (!stdoutFiles.length) {
+        const stdout = readStdout();
+        if (stdout.length > BOUNDS.stdout) return overCap("stdout");
+        return { tag: "ok", val: { ...val, stdout: new Uint8Array(stdout) } };
+      }
+      const got = frames.receive(outFd, BOUNDS.stdout, stdoutFiles);
+      if (got.line === null) return overCap("stdout");
+      // A child that failed says so in its answer; its files did not come.
+      if (got.error && exitCode !== 0) return { tag: "ok", val: { ...val, stdout: new Uint8Array(got.line) } };
+      if (got.error) return err("failed", `${req.program}: the files framed on its stdout: ${got.error}`);
+      return { tag: "ok", val: { ...val, stdout: new Uint8Array(got.line), files: [...sent, ...got.files] } };
     };
     child.on("exit", (code, signal) => {
       exitCode = code ?? (signal ? null : undefined);
@@ -510,8 +543,8 @@ export function runChild(req, grants, track = () => () => {}) {
       // `close` forever: read on for a short grace after the child exits, then answer with
       // what the child printed. That process is left alone (a CLI's daemon is not ours to
       // kill), as boxd-host does.
-      grace = setTimeout(() => finish(result, true), BOUNDS.afterExitMs);
+      grace = setTimeout(() => settle(true), BOUNDS.afterExitMs);
     });
-    child.on("close", () => finish(timedOut ? err("timed-out") : result));
+    child.on("close", () => (timedOut ? finish(err("timed-out")) : settle(false)));
   });
 }

@@ -4,6 +4,7 @@
 //   dist/worker.js              worker.js + sandbox.js + the jco glue + preview2-shim, one esbuild bundle
 //   dist/worker-thread.bundle.js the shim's own I/O thread (it starts it by URL next to itself)
 //   dist/policy.json            host-bridge/policy.json, the grants every host applies
+//   dist/protocol.json          component/guest/protocol.json, the file limits (lib/frames.js)
 //   dist/skills/boxd/SKILL.md   the skill, from the repo's skills/ folder
 //   dist/build.json             what went in (component sha256, tool versions)
 //
@@ -71,6 +72,7 @@ for (const f of ["boxd_component.js", "boxd_component.d.ts", "interfaces"]) fs.r
 const shimDir = path.dirname(path.dirname(fileURLToPath(import.meta.resolve("@bytecodealliance/preview2-shim/instantiation"))));
 fs.copyFileSync(path.join(shimDir, "io/worker-thread.bundle.js"), path.join(tmp, "worker-thread.bundle.js"));
 fs.copyFileSync(path.join(repo, "host-bridge/policy.json"), path.join(tmp, "policy.json"));
+fs.copyFileSync(path.join(repo, "component/guest/protocol.json"), path.join(tmp, "protocol.json"));
 fs.cpSync(path.join(repo, "skills/boxd"), path.join(tmp, "skills/boxd"), { recursive: true });
 
 const bytes = fs.readFileSync(wasm);

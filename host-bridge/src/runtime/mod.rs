@@ -16,6 +16,7 @@ use wasmtime::{Config, Engine, Store};
 use wasmtime_wasi::filesystem::{WasiFilesystem, WasiFilesystemView};
 use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxView, WasiView};
 
+pub mod frames;
 mod trace;
 pub use trace::{mask_args, PathRecord, SpawnRecord, Trace};
 
@@ -182,7 +183,15 @@ impl HostState {
         };
         let mut env = self.policy.child_env(&r.program);
         env.extend(r.env.iter().cloned());
-        let out = spawn::run(spawn::Spawn {
+        // Streamed files are checked (and those sent opened) before the child starts.
+        let roots: Vec<PathBuf> = self.policy.preopens().iter().map(|p| p.path.clone()).collect();
+        let stdin_files = frames::open_outgoing(&r.stdin_files, &roots).map_err(wit_spawn::Error::Failed)?;
+        frames::check_incoming(&r.stdout_files, &roots).map_err(wit_spawn::Error::Failed)?;
+        for (path, mode) in r.stdin_files.iter().map(|p| (p, "stream-in")).chain(r.stdout_files.iter().map(|p| (p, "stream-out"))) {
+            self.trace.paths.push(PathRecord { path: path.clone(), mode: mode.to_string() });
+        }
+        let streams = spawn::Streams { stdin_files, stdout_files: &r.stdout_files };
+        let out = spawn::run_streaming(spawn::Spawn {
             name: &r.program,
             binary,
             args: &r.args,
@@ -191,9 +200,14 @@ impl HostState {
             stdin: r.stdin.as_deref(),
             timeout: Duration::from_millis(r.timeout_ms.max(1).into()),
             bounds: spawn::Bounds::default(),
-        });
+        }, streams);
         match out {
-            Ok(o) => Ok(wit_spawn::Output { exit_code: o.exit_code, stdout: o.stdout, stderr: o.stderr }),
+            Ok(o) => Ok(wit_spawn::Output {
+                exit_code: o.exit_code,
+                stdout: o.stdout,
+                stderr: o.stderr,
+                files: o.files.into_iter().map(|f| wit_spawn::Streamed { path: f.path, size: f.size, sha256: f.sha256 }).collect(),
+            }),
             Err(SpawnFailure::NotFound(m)) => Err(wit_spawn::Error::NotFound(m)),
             Err(SpawnFailure::TimedOut) => Err(wit_spawn::Error::TimedOut),
             Err(SpawnFailure::Failed(m)) => Err(wit_spawn::Error::Failed(m)),

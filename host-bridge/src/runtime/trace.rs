@@ -27,7 +27,8 @@ pub struct SpawnRecord {
 #[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
 pub struct PathRecord {
     pub path: String,
-    /// read, write, create, dir, mkdir, rename, unlink.
+    /// read, write, create, dir, mkdir, rename, unlink; stream-in / stream-out for a file
+    /// the host streamed for a spawn (runtime/frames.rs).
     pub mode: String,
 }
 

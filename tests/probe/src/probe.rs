@@ -52,7 +52,7 @@ impl Guest for Probe {
                     Some(mut argv) if !argv.is_empty() => (argv.remove(0), argv),
                     _ => (arg, Vec::new()),
                 };
-                let req = spawn::Request { program, args, stdin: None, env: Vec::new(), cwd: None, timeout_ms: 5000 };
+                let req = spawn::Request { program, args, stdin: None, env: Vec::new(), cwd: None, timeout_ms: 5000, stdin_files: Vec::new(), stdout_files: Vec::new() };
                 Ok(match spawn::run(&req) {
                     Ok(o) => format!("ok exit={:?}", o.exit_code),
                     Err(spawn::Error::NotAllowed(m)) => format!("not-allowed: {m}"),

@@ -1,0 +1,307 @@
+//! The files a spawn streams (WIT `spawn.request` `stdin-files` / `stdout-files`): file
+//! bytes travel between laptop files and a child's pipes as frames, never through the
+//! component, JSON or base64. One frame is `<size>\n<size bytes><sha256 hex>\n`
+//! (docs/guest.md, "Frames"); the sender computes the digest while it streams and the
+//! receiver computes it again. Memory stays one chunk per stream whatever the size.
+//!
+//! The checks are the component's, made again where the bytes are: every path absolute,
+//! inside a preopen, with no symlink on the way; regular files only; the protocol's limits
+//! (component/guest/protocol.json: a file, a call).
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, BufRead, Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use sha2::{Digest, Sha256};
+
+const CHUNK: usize = 64 * 1024;
+/// The longest size header a receiver reads: digits and the newline.
+const HEADER_MAX: u64 = 21;
+
+/// One file streamed: laptop path, size, sha256 (hex).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Streamed {
+    pub path: String,
+    pub size: u64,
+    pub sha256: String,
+}
+
+/// The protocol's limits on files: (a file, a call), in bytes.
+pub fn limits() -> (u64, u64) {
+    static LIMITS: OnceLock<(u64, u64)> = OnceLock::new();
+    *LIMITS.get_or_init(|| {
+        let doc: serde_json::Value = serde_json::from_str(include_str!("../../../component/guest/protocol.json")).expect("protocol.json is JSON");
+        let max = |name: &str| doc["limits"][name]["max"].as_u64().unwrap_or_else(|| panic!("protocol.json names limits.{name}.max"));
+        (max("file"), max("call"))
+    })
+}
+
+/// How much more than its cap a child's stdout may hold when it frames `n` files.
+pub fn stdout_allowance(n: usize) -> u64 {
+    if n == 0 {
+        0
+    } else {
+        limits().1 + n as u64 * (HEADER_MAX + 65)
+    }
+}
+
+/// A laptop path the host streams: absolute, inside a preopen, nothing on the way a
+/// symlink (its canonical form is itself). `what` is "file" for one read, "folder" for
+/// the folder of one written.
+fn confined(path: &Path, preopens: &[PathBuf], what: &str) -> Result<(), String> {
+    let canonical = std::fs::canonicalize(path).map_err(|e| format!("{} cannot be streamed: {e}", path.display()))?;
+    if canonical != path {
+        return Err(format!("{} cannot be streamed: a symlink is on the way, or the path is not clean", path.display()));
+    }
+    if !preopens.iter().any(|p| canonical.starts_with(p)) {
+        return Err(format!("{} cannot be streamed: the {what} is outside the preopened folders", path.display()));
+    }
+    Ok(())
+}
+
+/// A laptop file ready to be sent, opened and checked before the child starts.
+pub struct Outgoing {
+    path: String,
+    file: File,
+    size: u64,
+}
+
+/// Open every file to be sent on stdin, checking each (and their total) first: a refusal
+/// starts no child.
+pub fn open_outgoing(paths: &[String], preopens: &[PathBuf]) -> Result<Vec<Outgoing>, String> {
+    let (file_max, call_max) = limits();
+    let mut total = 0u64;
+    let mut out = Vec::new();
+    for p in paths {
+        confined(Path::new(p), preopens, "file")?;
+        // O_NONBLOCK: opening a FIFO must not wait for a writer; it is refused below.
+        let file = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc_flags::O_NOFOLLOW | libc_flags::O_NONBLOCK)
+            .open(p)
+            .map_err(|e| format!("{p} cannot be streamed: {e}"))?;
+        let meta = file.metadata().map_err(|e| format!("{p} cannot be streamed: {e}"))?;
+        if !meta.is_file() {
+            return Err(format!("{p} cannot be streamed: it is not a regular file"));
+        }
+        if meta.len() > file_max {
+            return Err(format!("FILE_TOO_LARGE: {p} is {} bytes; the cap is {} bytes a file (protocol.json)", meta.len(), file_max));
+        }
+        total += meta.len();
+        if total > call_max {
+            return Err(format!("FILE_TOO_LARGE: the files add up to more than {call_max} bytes (protocol.json), at {p}"));
+        }
+        out.push(Outgoing { path: p.clone(), file, size: meta.len() });
+    }
+    Ok(out)
+}
+
+/// Check the files to be received: each a new name in an existing folder of a preopen.
+pub fn check_incoming(paths: &[String], preopens: &[PathBuf]) -> Result<(), String> {
+    for p in paths {
+        let path = Path::new(p);
+        let (Some(folder), Some(_)) = (path.parent(), path.file_name()) else {
+            return Err(format!("{p} cannot be received: it names no file"));
+        };
+        confined(folder, preopens, "folder")?;
+    }
+    Ok(())
+}
+
+/// Write each file as one frame to `w`, reading it once. A file that is not its checked
+/// size by the end fails the stream: the receiver sees the frame cut short.
+pub fn send(w: &mut impl Write, files: Vec<Outgoing>) -> io::Result<Vec<Streamed>> {
+    let mut sent = Vec::new();
+    let mut chunk = vec![0u8; CHUNK];
+    for Outgoing { path, file, size } in files {
+        w.write_all(format!("{size}\n").as_bytes())?;
+        let mut digest = Sha256::new();
+        let mut left = size;
+        let mut r = file.take(size);
+        while left > 0 {
+            let n = r.read(&mut chunk)?;
+            if n == 0 {
+                return Err(io::Error::other(format!("{path} shrank while it was streamed")));
+            }
+            digest.update(&chunk[..n]);
+            w.write_all(&chunk[..n])?;
+            left -= n as u64;
+        }
+        let sha256 = super::hex(&digest.finalize());
+        w.write_all(format!("{sha256}\n").as_bytes())?;
+        sent.push(Streamed { path, size, sha256 });
+    }
+    w.flush()?;
+    Ok(sent)
+}
+
+/// The first line of `r` (the child's JSON answer), at most `cap` bytes.
+pub fn first_line(r: &mut impl BufRead, cap: usize) -> io::Result<Vec<u8>> {
+    let mut line = Vec::new();
+    r.take(cap as u64 + 1).read_until(b'\n', &mut line)?;
+    if line.len() > cap {
+        return Err(io::Error::other(format!("its first line is longer than {cap} bytes")));
+    }
+    Ok(line)
+}
+
+/// Receive the frames that follow the first line into the files `paths` names, in order,
+/// each created new. Returns the files that arrived whole. A frame that is cut short,
+/// damaged, past the limits, or more frames than paths is an error, and then no file of
+/// this call is kept.
+pub fn receive(r: &mut impl BufRead, paths: &[String]) -> Result<Vec<Streamed>, String> {
+    let mut received: Vec<Streamed> = Vec::new();
+    let result = receive_into(r, paths, &mut received).and_then(|()| durable(&received));
+    if result.is_err() {
+        for f in &received {
+            let _ = std::fs::remove_file(&f.path);
+        }
+    }
+    result.map(|()| received)
+}
+
+fn receive_into(r: &mut impl BufRead, paths: &[String], received: &mut Vec<Streamed>) -> Result<(), String> {
+    let (file_max, call_max) = limits();
+    let mut total = 0u64;
+    let mut chunk = vec![0u8; CHUNK];
+    loop {
+        let mut header = Vec::new();
+        r.take(HEADER_MAX).read_until(b'\n', &mut header).map_err(|e| e.to_string())?;
+        if header.is_empty() {
+            return Ok(());
+        }
+        let path = paths.get(received.len()).ok_or_else(|| format!("the child sent more than the {} files asked for", paths.len()))?;
+        let size: u64 = header
+            .strip_suffix(b"\n")
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| h.parse().ok())
+            .ok_or_else(|| format!("frame {} has no size header", received.len() + 1))?;
+        total += size;
+        if size > file_max || total > call_max {
+            return Err(format!("FILE_TOO_LARGE: frame {} would pass the cap of {file_max} bytes a file, {call_max} a call (protocol.json)", received.len() + 1));
+        }
+        let mut out = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .custom_flags(libc_flags::O_NOFOLLOW)
+            .open(path)
+            .map_err(|e| format!("cannot create {path}: {e}"))?;
+        // Recorded at once, so a failure below removes it too.
+        received.push(Streamed { path: path.clone(), size, sha256: String::new() });
+        let mut digest = Sha256::new();
+        let mut left = size;
+        while left > 0 {
+            let want = chunk.len().min(left as usize);
+            let n = r.read(&mut chunk[..want]).map_err(|e| e.to_string())?;
+            if n == 0 {
+                return Err(format!("the frame for {path} ended after {} of {size} bytes", size - left));
+            }
+            digest.update(&chunk[..n]);
+            out.write_all(&chunk[..n]).map_err(|e| format!("cannot write {path}: {e}"))?;
+            left -= n as u64;
+        }
+        let sha256 = super::hex(&digest.finalize());
+        let mut trailer = [0u8; 65];
+        r.read_exact(&mut trailer).map_err(|_| format!("the frame for {path} has no digest"))?;
+        if trailer[..64] != *sha256.as_bytes() || trailer[64] != b'\n' {
+            return Err(format!("{path} arrived damaged: its digest is {sha256}, the sender's {}", String::from_utf8_lossy(&trailer[..64])));
+        }
+        received.last_mut().expect("pushed above").sha256 = sha256;
+    }
+}
+
+/// Make the received files durable before the component records them as home: one
+/// syncfs(2) per file system on Linux (a flush per file costs ten times as much for many
+/// small files), a flush per file elsewhere.
+fn durable(received: &[Streamed]) -> Result<(), String> {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::fs::MetadataExt;
+        unsafe extern "C" {
+            fn syncfs(fd: i32) -> i32;
+        }
+        let mut synced = std::collections::BTreeSet::new();
+        for f in received {
+            let file = File::open(&f.path).map_err(|e| format!("cannot sync {}: {e}", f.path))?;
+            let dev = file.metadata().map_err(|e| format!("cannot sync {}: {e}", f.path))?.dev();
+            // SAFETY: syncfs(2) on a descriptor we hold open; no memory is involved.
+            if synced.insert(dev) && unsafe { syncfs(file.as_raw_fd()) } != 0 {
+                return Err(format!("cannot sync {}: {}", f.path, io::Error::last_os_error()));
+            }
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    for f in received {
+        File::open(&f.path).and_then(|file| file.sync_all()).map_err(|e| format!("cannot sync {}: {e}", f.path))?;
+    }
+    Ok(())
+}
+
+/// The open(2) flags std does not name.
+mod libc_flags {
+    #[cfg(target_os = "linux")]
+    pub const O_NOFOLLOW: i32 = 0o400000;
+    #[cfg(target_os = "linux")]
+    pub const O_NONBLOCK: i32 = 0o4000;
+    #[cfg(target_os = "macos")]
+    pub const O_NOFOLLOW: i32 = 0x0100;
+    #[cfg(target_os = "macos")]
+    pub const O_NONBLOCK: i32 = 0x0004;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dir(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("boxd-frames-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::canonicalize(d).unwrap()
+    }
+
+    #[test]
+    fn files_round_trip_through_frames_with_their_digests() {
+        let d = dir("round");
+        let a = d.join("a.bin");
+        std::fs::write(&a, vec![7u8; 200_000]).unwrap();
+        std::fs::write(d.join("b.txt"), b"").unwrap();
+        let paths: Vec<String> = ["a.bin", "b.txt"].iter().map(|n| d.join(n).display().to_string()).collect();
+        let mut wire = Vec::new();
+        let sent = send(&mut wire, open_outgoing(&paths, std::slice::from_ref(&d)).unwrap()).unwrap();
+        assert_eq!((sent[0].size, sent[1].size), (200_000, 0));
+        assert_eq!(sent[1].sha256, "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+        let out: Vec<String> = ["a.out", "b.out"].iter().map(|n| d.join(n).display().to_string()).collect();
+        let got = receive(&mut &wire[..], &out).unwrap();
+        assert_eq!(got.iter().map(|g| &g.sha256).collect::<Vec<_>>(), sent.iter().map(|s| &s.sha256).collect::<Vec<_>>());
+        assert_eq!(std::fs::read(d.join("a.out")).unwrap(), std::fs::read(&a).unwrap());
+    }
+
+    #[test]
+    fn a_damaged_or_short_stream_keeps_no_file() {
+        let d = dir("damaged");
+        let out = vec![d.join("x").display().to_string(), d.join("y").display().to_string()];
+        let good = format!("2\nhi{}\n", super::super::hex(&Sha256::digest(b"hi")));
+        for bad in [format!("{good}2\nho{}\n", "0".repeat(64)), format!("{good}5\nhi"), format!("{good}{good}{good}"), format!("{good}x\n")] {
+            let e = receive(&mut bad.as_bytes(), &out).unwrap_err();
+            assert!(!d.join("x").exists() && !d.join("y").exists(), "{e}");
+        }
+        assert_eq!(receive(&mut good.as_bytes(), &out).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn symlinks_outside_paths_and_non_files_are_refused() {
+        let d = dir("refused");
+        std::fs::write(d.join("real"), b"x").unwrap();
+        std::os::unix::fs::symlink(d.join("real"), d.join("link")).unwrap();
+        let one = |p: &Path| vec![p.display().to_string()];
+        assert!(open_outgoing(&one(&d.join("link")), std::slice::from_ref(&d)).is_err());
+        assert!(open_outgoing(&one(&d), std::slice::from_ref(&d)).is_err());
+        assert!(open_outgoing(&one(&d.join("real")), &[d.join("elsewhere")]).is_err());
+        assert!(check_incoming(&one(&d.join("link/x")), std::slice::from_ref(&d)).is_err());
+        assert!(check_incoming(&one(&d.join("new")), std::slice::from_ref(&d)).is_ok());
+    }
+}

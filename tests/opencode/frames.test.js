@@ -1,0 +1,88 @@
+// lib/frames.js, the bridge's half of streamed files (docs/guest.md, "Frames"): what it
+// sends is what it receives, digests included; a damaged, short or extra frame keeps no
+// file; symlinks, folders and paths outside the preopens are refused before any child.
+import { test, describe, after } from "node:test";
+import assert from "node:assert/strict";
+import { createHash } from "node:crypto";
+import fs from "node:fs";
+import os from "node:os";
+import path from "node:path";
+import { PassThrough } from "node:stream";
+import { PLUGIN } from "./harness.mjs";
+
+const built = fs.existsSync(path.join(PLUGIN, "dist/protocol.json"));
+const frames = built ? await import(path.join(PLUGIN, "lib/frames.js")) : undefined;
+const skip = built ? false : "the bridge is not built (npm run build)";
+
+const dirs = [];
+after(() => {
+  for (const d of dirs) fs.rmSync(d, { recursive: true, force: true });
+});
+function tmp() {
+  const d = fs.realpathSync(fs.mkdtempSync(path.join(os.tmpdir(), "boxd-frames-")));
+  dirs.push(d);
+  return d;
+}
+const sha = (b) => createHash("sha256").update(b).digest("hex");
+
+/** Everything `frames.send` writes, as one buffer, and what it reports sent. */
+async function sent(bytes, files) {
+  const pipe = new PassThrough();
+  const chunks = [];
+  pipe.on("data", (c) => chunks.push(c));
+  const done = new Promise((r) => pipe.on("end", r));
+  const report = await frames.send(pipe, bytes, files);
+  await done;
+  return { wire: Buffer.concat(chunks), report };
+}
+
+/** `wire` in a file, as a child's stdout is, and frames.receive over it. */
+function received(dir, wire, paths) {
+  const out = path.join(dir, `stdout-${dirs.length}-${Math.random()}`);
+  fs.writeFileSync(out, wire);
+  const fd = fs.openSync(out, "r");
+  try {
+    return frames.receive(fd, 1 << 20, paths);
+  } finally {
+    fs.closeSync(fd);
+  }
+}
+
+describe("frames", { skip }, () => {
+  test("files go out and come back whole, with the digests both sides computed", async () => {
+    const d = tmp();
+    const big = Buffer.alloc(300_000, 7);
+    fs.writeFileSync(path.join(d, "a.bin"), big);
+    fs.writeFileSync(path.join(d, "b.txt"), "");
+    const files = frames.openOutgoing([path.join(d, "a.bin"), path.join(d, "b.txt")], [d]);
+    const { wire, report } = await sent(Buffer.from('{"x":1}\n'), files);
+    assert.deepEqual(report.map((f) => [f.size, f.sha256]), [[300_000n, sha(big)], [0n, sha("")]]);
+    const got = received(d, wire, [path.join(d, "a.out"), path.join(d, "b.out")]);
+    assert.equal(got.line.toString(), '{"x":1}\n');
+    assert.deepEqual(got.files.map((f) => f.sha256), report.map((f) => f.sha256));
+    assert.deepEqual(fs.readFileSync(path.join(d, "a.out")), big);
+  });
+
+  test("a damaged, short or extra frame keeps no file", () => {
+    const d = tmp();
+    const good = `2\nhi${sha("hi")}\n`;
+    const paths = [path.join(d, "x"), path.join(d, "y")];
+    for (const bad of [`${good}2\nho${"0".repeat(64)}\n`, `${good}5\nhi`, good.repeat(3), `${good}x\n`]) {
+      const got = received(d, Buffer.from(`{}\n${bad}`), paths);
+      assert.ok(got.error, bad);
+      assert.ok(!fs.existsSync(paths[0]) && !fs.existsSync(paths[1]), got.error);
+    }
+    assert.equal(received(d, Buffer.from(`{}\n${good}`), paths).files.length, 1);
+  });
+
+  test("symlinks, folders and paths outside the preopens are refused", () => {
+    const d = tmp();
+    fs.writeFileSync(path.join(d, "real"), "x");
+    fs.symlinkSync(path.join(d, "real"), path.join(d, "link"));
+    assert.throws(() => frames.openOutgoing([path.join(d, "link")], [d]), /symlink/);
+    assert.throws(() => frames.openOutgoing([d], [d]), /not a regular file/);
+    assert.throws(() => frames.openOutgoing([path.join(d, "real")], [path.join(d, "elsewhere")]), /outside/);
+    assert.throws(() => frames.checkIncoming([path.join(d, "link", "x")], [d]), /cannot be received|cannot be streamed/);
+    frames.checkIncoming([path.join(d, "new")], [d]);
+  });
+});
