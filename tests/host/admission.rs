@@ -105,6 +105,9 @@ fn forks_of_a_proven_work_run_their_own_prompts_and_the_queue_admits_in_order() 
     assert_eq!(sessions.len(), 1, "{h:#}");
     assert_ne!(sessions[0]["id"].as_str().unwrap(), parent_session, "the fork's own session, not the parent's again");
     assert_eq!(sessions[0]["messages"], 2, "only the fork's prompt and its answer: {h:#}");
+    // …and linked to where it came from.
+    assert_eq!(h["forkOf"]["work"], "w1", "{h:#}");
+    assert_eq!(h["forkOf"]["parentSessions"], serde_json::json!([parent_session]), "{h:#}");
 
     // The slot frees: the queued fork is admitted by the next call for the parent.
     assert_eq!(with(&world, two, "boxd_sleep", r#"{"work":"fa"}"#).0, 0);

@@ -204,7 +204,7 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
     if let Some(f) = fetched {
         git_json["fetched"] = f;
     }
-    Ok(json!({
+    let mut answer = json!({
         "work": work,
         "machine": machine,
         "proven": w.proven(),
@@ -214,7 +214,13 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
         "files": written,
         "owed": w.owed,
         "next": "The transcript is on this laptop. boxd_sleep keeps the machine; boxd_drop destroys it once everything is accounted for.",
-    }))
+    });
+    // A fork's sessions are its own; this links them to where it came from: the parent
+    // work, the prompt it forked at and the parent's sessions as proven then.
+    if let Some(f) = &w.fork {
+        answer["forkOf"] = json!({ "work": f.parent, "atPrompt": f.at_prompt, "parentSessions": f.inherited.keys().collect::<Vec<_>>() });
+    }
+    Ok(answer)
 }
 
 /// The laptop folder the files come home to: `to`, else the work's folder; inside the
