@@ -111,11 +111,19 @@ pub trait Files {
     fn create_new(&mut self, path: &str, bytes: &[u8]) -> Result<bool, FsError>;
     /// Rename `from` over `to` in the same preopen; false when `from` does not exist.
     fn rename(&mut self, from: &str, to: &str) -> Result<bool, FsError>;
+    /// The sha256 (hex) of a regular file's bytes, or None when it does not exist. An
+    /// implementation may hash it in pieces so the file is never in memory as a whole.
+    fn sha256(&mut self, path: &str) -> Result<Option<String>, FsError> {
+        Ok(self.read(path)?.map(|b| crate::encode::sha256_hex(&b)))
+    }
 }
 
 impl<T: Files + ?Sized> Files for &mut T {
     fn read(&mut self, path: &str) -> Result<Option<Vec<u8>>, FsError> {
         (**self).read(path)
+    }
+    fn sha256(&mut self, path: &str) -> Result<Option<String>, FsError> {
+        (**self).sha256(path)
     }
     fn write_atomic(&mut self, path: &str, bytes: &[u8]) -> Result<(), FsError> {
         (**self).write_atomic(path, bytes)

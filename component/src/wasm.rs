@@ -157,6 +157,28 @@ impl Files for WitFiles {
         }
     }
 
+    /// Hashed a megabyte at a time: a laptop file compared at harvest never sits in the
+    /// component's memory as a whole.
+    fn sha256(&mut self, path: &str) -> Result<Option<String>, FsError> {
+        use sha2::{Digest, Sha256};
+        match self.stat(path)? {
+            None => return Ok(None),
+            Some(m) if m.kind != Kind::File => return Err(FsError::Refused(path.to_string())),
+            Some(_) => {}
+        }
+        let (dir, rel) = self.resolve(path)?;
+        let fd = dir.open_at(PathFlags::empty(), rel, OpenFlags::empty(), DescriptorFlags::READ).map_err(io)?;
+        let (mut hasher, mut at) = (Sha256::new(), 0u64);
+        loop {
+            let (chunk, eof) = fd.read(1 << 20, at).map_err(io)?;
+            hasher.update(&chunk);
+            at += chunk.len() as u64;
+            if eof || chunk.is_empty() {
+                return Ok(Some(crate::encode::hex(&hasher.finalize())));
+            }
+        }
+    }
+
     fn write_atomic(&mut self, path: &str, bytes: &[u8]) -> Result<(), FsError> {
         self.writes += 1;
         let n = self.writes;

@@ -394,10 +394,11 @@ fn check_overwrite(env: &mut Env, w: &Work, file: &Incoming) -> ToolResult<()> {
         Some(m) if m.kind != Kind::File => Err(ToolError::new(Code::PathRefused, format!("{dest} exists and is not a file"))),
         Some(m) => {
             let last = w.files_out.iter().rev().find(|r| &r.laptop == dest);
-            // The laptop file is read (into the component) only when its size could match
-            // the incoming bytes or the last ones brought there: another size is a conflict.
+            // The laptop file is hashed (in pieces, never whole in the component) only when
+            // its size could match the incoming bytes or the last ones brought there:
+            // another size is a conflict.
             let may_match = m.size == file.size || last.is_some_and(|r| r.size == m.size);
-            let current = if may_match { env.files.read(dest).ok().flatten().map(|b| sha256_hex(&b)).unwrap_or_default() } else { String::new() };
+            let current = if may_match { env.files.sha256(dest).ok().flatten().unwrap_or_default() } else { String::new() };
             let last = last.map(|r| r.sha256.clone());
             if &current != sha && last.as_deref() != Some(current.as_str()) {
                 return Err(ToolError::with_next(
