@@ -1,7 +1,7 @@
 //! The kill matrix (issue 13): the host is killed (SIGKILL, BOXD_HOST_KILL_AT) at every
 //! spawn boundary and around every committed file write (the rename of an atomic write,
 //! which is how every ledger change lands) of ensure, submit, harvest, sleep, resume,
-//! image and drop. After each kill the same call runs again, then boxd_status, and the
+//! image, fork and drop. After each kill the same call runs again, then boxd_status, and the
 //! world must hold: one machine per open work (none after a finished drop), every ledger
 //! record reads, every prompt the laptop sent is admitted exactly once, and nothing is
 //! destroyed that the laptop cannot account for.
@@ -22,6 +22,7 @@ enum Tool {
     Sleep,
     Resume,
     Image,
+    Fork,
     Drop,
 }
 
@@ -36,6 +37,7 @@ impl Tool {
             Tool::Sleep => "boxd_sleep",
             Tool::Resume => "boxd_resume",
             Tool::Image => "boxd_image",
+            Tool::Fork => "boxd_fork",
             Tool::Drop => "boxd_drop",
         }
     }
@@ -45,8 +47,19 @@ impl Tool {
             Tool::Submit => json!({ "work": work, "prompt": format!("task number {cell} for {work}") }).to_string(),
             Tool::Image => json!({ "work": work, "name": format!("img-{work}") }).to_string(),
             Tool::Harvest => json!({ "work": work, "files": ["out.txt"] }).to_string(),
+            Tool::Fork => json!({ "work": work, "forks": [Tool::fork_of(work)] }).to_string(),
             _ => json!({ "work": work }).to_string(),
         }
+    }
+
+    /// The fork a Fork cell makes of `work`.
+    fn fork_of(work: &str) -> String {
+        format!("{work}f")
+    }
+
+    /// The work whose machine and record a cell checks: the fork for a fork.
+    fn subject(self, work: &str) -> String {
+        if self == Tool::Fork { Tool::fork_of(work) } else { work.to_string() }
     }
 
     /// Put `work` where the tool has something to do.
@@ -65,7 +78,7 @@ impl Tool {
             Tool::Resume => {
                 world.ok_call("boxd_sleep", &w);
             }
-            Tool::Image | Tool::Drop => {
+            Tool::Image | Tool::Drop | Tool::Fork => {
                 world.ok_call("boxd_harvest", &w);
             }
             _ => {}
@@ -132,6 +145,8 @@ fn recover_and_check(world: &World, tool: Tool, work: &str, args: &str, point: &
         std::thread::sleep(std::time::Duration::from_millis(1500));
     }
     let status = world.ok_call("boxd_status", "{}");
+    let subject = tool.subject(work);
+    let work = subject.as_str();
     let record = ledger_record(world, work);
     let machine = format!("oc-{work}");
     let n = machines_named(world, &machine);
@@ -177,8 +192,10 @@ fn matrix(world: &World, tool: Tool, only: Option<&[&str]>) -> Vec<String> {
             let args = tool.args(&work, cell);
             let killed = call_killed_at(world, &point, tool.name(), &args);
             let cleanup = || {
-                // Each cell's machine (and its OpenCode server) goes when the cell is done.
-                let _ = world.laptop.boxd(&["machine", "remove", &format!("oc-{work}"), "-y"]);
+                // Each cell's machines (and their OpenCode servers) go when the cell is done.
+                for w in [work.clone(), tool.subject(&work)] {
+                    let _ = world.laptop.boxd(&["machine", "remove", &format!("oc-{w}"), "-y"]);
+                }
             };
             if !killed {
                 // The call has fewer points of this kind: it just ran to the end.
@@ -212,8 +229,8 @@ fn print(rows: &[String]) {
 }
 
 /// The points where a remote effect has landed and its ledger record has not: the
-/// submit exec (prompt admitted), the create, the remove, the hibernate, and the record
-/// write right after the harvest's export.
+/// submit exec (prompt admitted), the create, the remove, the record write right after
+/// the harvest's export, and the machine fork.
 #[test]
 fn kill_matrix_subset() {
     let world = World::new("kill-subset");
@@ -222,6 +239,7 @@ fn kill_matrix_subset() {
     rows.extend(matrix(&world, Tool::Ensure, Some(&["after-spawn:4"])));
     rows.extend(matrix(&world, Tool::Drop, Some(&["after-spawn:3"])));
     rows.extend(matrix(&world, Tool::Harvest, Some(&["after-spawn:2"])));
+    rows.extend(matrix(&world, Tool::Fork, Some(&["after-spawn:3"])));
     print(&rows);
     assert!(rows.iter().all(|r| r.contains("killed → recovered")), "every chosen point is reached and recovers: {rows:#?}");
 }
@@ -231,7 +249,7 @@ fn kill_matrix_subset() {
 fn kill_matrix_full() {
     let world = World::new("kill-full");
     let mut rows = Vec::new();
-    for tool in [Tool::Submit, Tool::Sleep, Tool::Drop, Tool::Image, Tool::Harvest, Tool::Resume, Tool::Ensure] {
+    for tool in [Tool::Submit, Tool::Sleep, Tool::Drop, Tool::Image, Tool::Harvest, Tool::Resume, Tool::Ensure, Tool::Fork] {
         rows.extend(matrix(&world, tool, None));
     }
     print(&rows);
