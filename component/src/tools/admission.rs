@@ -21,6 +21,14 @@ struct Running {
     rate: u64,
 }
 
+impl Running {
+    /// A work of this ledger counted as running, at the rate of its machine's size.
+    fn of(ctx: &Context, w: Work) -> Running {
+        let rate = ctx.options.prices.running_rate(w.runs.last().map_or(MACHINE_SIZE, |r| r.size.as_str()));
+        Running { in_project: in_project(ctx, &w.directory), work: w.work, rate }
+    }
+}
+
 /// What is running now, against which one more machine is admitted (or refused).
 pub struct Headroom {
     /// `oc-` machines on the account that are running, starting or on standby.
@@ -50,8 +58,7 @@ pub fn headroom<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F
         // still on the account's count if it runs.
         let Ok(Some(w)) = ledger.read(&id) else { continue };
         if w.work != work && !w.is_closed() && account.contains(&w.machine) {
-            let rate = ctx.options.prices.running_rate(w.runs.last().map_or(MACHINE_SIZE, |r| r.size.as_str()));
-            running.push(Running { in_project: in_project(ctx, &w.directory), work: w.work, rate });
+            running.push(Running::of(ctx, w));
         }
     }
     Ok(Headroom { account, ledger: running })
@@ -67,9 +74,8 @@ pub fn headroom_known<F: Files>(ledger: &mut Ledger<F>, ctx: &Context, work: &st
     for id in ledger.ids()? {
         let Ok(Some(w)) = ledger.read(&id) else { continue };
         if w.work != work && !w.is_closed() && w.running_since().is_some() {
-            let rate = ctx.options.prices.running_rate(w.runs.last().map_or(MACHINE_SIZE, |r| r.size.as_str()));
             account.push(w.machine.clone());
-            running.push(Running { in_project: in_project(ctx, &w.directory), work: w.work, rate });
+            running.push(Running::of(ctx, w));
         }
     }
     Ok(Headroom { account, ledger: running })
