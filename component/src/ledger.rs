@@ -424,20 +424,26 @@ impl<'a, F: Files> Ledger<'a, F> {
         let path = self.record_path(work);
         let bytes = self.files.read(&path).map_err(|e| ledger_error("read the ledger", e))?;
         let Some(bytes) = bytes else { return Ok(None) };
-        // The schema first: a newer record may hold words (a state) this plugin lacks, and
-        // its reader should be told to update rather than that the record is broken.
+        // A record this plugin wrote parses at once. One that does not may be newer (it can
+        // hold words, a state, this plugin lacks): its reader is told to update rather than
+        // that the record is broken. The same holds for a newer record that happens to parse.
         #[derive(Deserialize)]
         struct Versioned {
             schema: u32,
         }
-        if let Some(newer) = serde_json::from_slice::<Versioned>(&bytes).ok().filter(|v| v.schema > SCHEMA) {
+        let parsed = serde_json::from_slice::<Work>(&bytes);
+        let schema = match &parsed {
+            Ok(w) => Some(w.schema),
+            Err(_) => serde_json::from_slice::<Versioned>(&bytes).ok().map(|v| v.schema),
+        };
+        if let Some(newer) = schema.filter(|s| *s > SCHEMA) {
             return Err(ToolError::with_next(
                 Code::LedgerFailed,
-                format!("{path} has schema {} but this plugin reads up to {SCHEMA}", newer.schema),
+                format!("{path} has schema {newer} but this plugin reads up to {SCHEMA}"),
                 "Update the plugin to the version that wrote this ledger.",
             ));
         }
-        let w: Work = serde_json::from_slice(&bytes).map_err(|e| {
+        let w = parsed.map_err(|e| {
             ToolError::new(Code::LedgerFailed, format!("{path} is not a ledger record ({e}); it was left as it is"))
         })?;
         Ok(Some(w))

@@ -120,6 +120,27 @@ impl WitFiles {
         Self { roots: get_directories(), token, writes: 0 }
     }
 
+    /// A regular file opened once for reading (None when absent). A symlink, a folder, a
+    /// FIFO, device or socket is refused: only a regular file is read, since the others
+    /// could block or never end (the hosts refuse to open one as well). One open, not a
+    /// `stat` and then an open: each open costs the host several syscalls.
+    fn open_file(&self, path: &str) -> Result<Option<Descriptor>, FsError> {
+        let (dir, rel) = self.resolve(path)?;
+        if rel.is_empty() {
+            return Err(FsError::Refused(path.to_string()));
+        }
+        let fd = match dir.open_at(PathFlags::empty(), rel, OpenFlags::empty(), DescriptorFlags::READ) {
+            Ok(fd) => fd,
+            Err(ErrorCode::NoEntry) => return Ok(None),
+            Err(ErrorCode::Loop) | Err(ErrorCode::NotPermitted) => return Err(FsError::Refused(path.to_string())),
+            Err(e) => return Err(io(e)),
+        };
+        match fd.get_type().map_err(io)? {
+            DescriptorType::RegularFile => Ok(Some(fd)),
+            _ => Err(FsError::Refused(path.to_string())),
+        }
+    }
+
     /// The preopen holding `path`, and the path relative to it ("" for the root itself).
     fn resolve<'a>(&self, path: &'a str) -> Result<(&Descriptor, &'a str), FsError> {
         let clean_ok = crate::paths::clean_absolute(path).is_some_and(|c| c == path.trim_end_matches('/') || c == path);
@@ -137,16 +158,7 @@ impl WitFiles {
 
 impl Files for WitFiles {
     fn read(&mut self, path: &str) -> Result<Option<Vec<u8>>, FsError> {
-        match self.stat(path)? {
-            None => return Ok(None),
-            Some(m) if m.kind == Kind::Symlink => return Err(FsError::Refused(path.to_string())),
-            // Only a regular file is read: a FIFO, device or socket could block or never end
-            // (the hosts refuse to open one as well).
-            Some(m) if m.kind != Kind::File => return Err(FsError::Refused(path.to_string())),
-            Some(_) => {}
-        }
-        let (dir, rel) = self.resolve(path)?;
-        let fd = dir.open_at(PathFlags::empty(), rel, OpenFlags::empty(), DescriptorFlags::READ).map_err(io)?;
+        let Some(fd) = self.open_file(path)? else { return Ok(None) };
         let mut out = Vec::new();
         loop {
             let (chunk, eof) = fd.read(1 << 20, out.len() as u64).map_err(io)?;
@@ -161,13 +173,7 @@ impl Files for WitFiles {
     /// component's memory as a whole.
     fn sha256(&mut self, path: &str) -> Result<Option<String>, FsError> {
         use sha2::{Digest, Sha256};
-        match self.stat(path)? {
-            None => return Ok(None),
-            Some(m) if m.kind != Kind::File => return Err(FsError::Refused(path.to_string())),
-            Some(_) => {}
-        }
-        let (dir, rel) = self.resolve(path)?;
-        let fd = dir.open_at(PathFlags::empty(), rel, OpenFlags::empty(), DescriptorFlags::READ).map_err(io)?;
+        let Some(fd) = self.open_file(path)? else { return Ok(None) };
         let (mut hasher, mut at) = (Sha256::new(), 0u64);
         loop {
             let (chunk, eof) = fd.read(1 << 20, at).map_err(io)?;
