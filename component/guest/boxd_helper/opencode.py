@@ -9,6 +9,7 @@ import shutil
 import socket
 import subprocess
 
+from .disk import atomic_write, read_json
 from .protocol import Fail
 
 USERNAME = "opencode"
@@ -100,7 +101,41 @@ class Api:
         return self.call("GET", path, timeout=timeout)[1]
 
 
+# What `opencode --version` said, per binary: asking costs a second or more (the binary
+# starts a runtime), and prepare runs on every ensure and resume. Keyed by what changes when
+# the binary is replaced or updated in place (real path, inode, size, mtime, ctime).
+VERSION_CACHE = os.path.join("~", ".boxd-helper", "opencode-version.json")
+
+
+def _binary_key(binary):
+    real = os.path.realpath(binary)
+    st = os.stat(real)
+    return [real, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
 def opencode_version(binary):
+    try:
+        key = _binary_key(binary)
+    except OSError:
+        key = None
+    cache = os.path.expanduser(VERSION_CACHE)
+    try:
+        seen = read_json(cache) if key else None
+    except OSError:
+        seen = None
+    if isinstance(seen, dict) and seen.get("key") == key and isinstance(seen.get("version"), str):
+        return seen["version"]
+    version = _ask_version(binary)
+    if key:
+        try:
+            os.makedirs(os.path.dirname(cache), exist_ok=True)
+            atomic_write(cache, json.dumps({"key": key, "version": version}).encode("utf-8"), durable=False)
+        except OSError:
+            pass  # a cache that cannot be written only costs the next prepare the same ask
+    return version
+
+
+def _ask_version(binary):
     try:
         r = subprocess.run([binary, "--version"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, timeout=60, env=opencode_env())
