@@ -14,7 +14,8 @@ fn main() {
     }
     println!("cargo:rerun-if-env-changed=BOXD_COMPONENT_WASM");
     if let Ok(c) = env::var("BOXD_COMPONENT_WASM") {
-        println!("cargo:rustc-env=COMPONENT_WASM={c}");
+        println!("cargo:rerun-if-changed={c}");
+        emit(PathBuf::from(c));
         return;
     }
     // One shared target dir for every profile and command (not OUT_DIR, which differs
@@ -31,6 +32,15 @@ fn main() {
         .status()
         .expect("run cargo for the wasm32-wasip2 component");
     assert!(status.success(), "building the component failed; is the target installed? run: rustup target add wasm32-wasip2");
-    let out = target_dir.join("wasm32-wasip2/wasm");
-    println!("cargo:rustc-env=COMPONENT_WASM={}", out.join("boxd_component.wasm").display());
+    emit(target_dir.join("wasm32-wasip2/wasm/boxd_component.wasm"));
+}
+
+/// The component's path and its sha256, worked out here so a start never hashes it again
+/// (the digest names its compiled copy in the cache).
+fn emit(wasm: PathBuf) {
+    use sha2::Digest;
+    let bytes = std::fs::read(&wasm).unwrap_or_else(|e| panic!("cannot read the component {}: {e}", wasm.display()));
+    let digest: String = sha2::Sha256::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect();
+    println!("cargo:rustc-env=COMPONENT_WASM={}", wasm.display());
+    println!("cargo:rustc-env=COMPONENT_SHA256={digest}");
 }

@@ -16,3 +16,5 @@ pub mod spawn;
 
 /// The component this host was built with.
 pub const COMPONENT: &[u8] = include_bytes!(env!("COMPONENT_WASM"));
+/// Its sha256 (hex), computed by build.rs.
+pub const COMPONENT_SHA256: &str = env!("COMPONENT_SHA256");

@@ -57,13 +57,15 @@ impl Session {
         };
         let crate::policy::Grants { policy, project, ledger, component_options: options } = crate::policy::resolve(&request)?;
 
-        let wasm = match &f.component {
-            Some(p) => std::fs::read(p).with_context(|| format!("cannot read the component {}", p.display()))?,
-            None => crate::COMPONENT.to_vec(),
-        };
         let cache = (!f.no_cache).then(cache_dir);
         let opencode = OpencodeVersion::new(&policy, cache.as_deref());
-        let runtime = Runtime::load(&wasm, policy, cache.as_deref())?;
+        let runtime = match &f.component {
+            Some(p) => {
+                let wasm = std::fs::read(p).with_context(|| format!("cannot read the component {}", p.display()))?;
+                Runtime::load(&wasm, policy, cache.as_deref())?
+            }
+            None => Runtime::load_digested(crate::COMPONENT, crate::COMPONENT_SHA256, policy, cache.as_deref())?,
+        };
         let ctx = CallContext {
             host_name: host_name.into(),
             host_version: env!("CARGO_PKG_VERSION").into(),

@@ -229,10 +229,15 @@ pub struct Runtime {
 impl Runtime {
     /// Load `wasm` under `policy`, compiling it or reusing the compiled copy in `cache`.
     pub fn load(wasm: &[u8], policy: Policy, cache: Option<&Path>) -> Result<Runtime> {
+        Self::load_digested(wasm, &hex(&Sha256::digest(wasm)), policy, cache)
+    }
+
+    /// As `load`, for a component whose sha256 is known (the built-in one's, from build.rs).
+    pub fn load_digested(wasm: &[u8], sha256: &str, policy: Policy, cache: Option<&Path>) -> Result<Runtime> {
         let mut config = Config::new();
         config.wasm_component_model(true);
         let engine = Engine::new(&config)?;
-        let sha256 = hex(&Sha256::digest(wasm));
+        let sha256 = sha256.to_string();
         let (component, compiled) = compile_cached(&engine, wasm, &sha256, cache).map_err(|e| {
             // wasmtime's own error ends in a dump of the bytes it read: keep its first line.
             let first = e.to_string().lines().next().unwrap_or("").to_string();
@@ -419,4 +424,13 @@ fn compile_cached(engine: &Engine, wasm: &[u8], sha256: &str, cache: Option<&Pat
 
 pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_built_in_digest_is_the_component_s() {
+        use sha2::Digest;
+        assert_eq!(super::hex(&sha2::Sha256::digest(crate::COMPONENT)), crate::COMPONENT_SHA256);
+    }
 }
