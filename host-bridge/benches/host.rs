@@ -1,6 +1,7 @@
 //! `cargo bench -p boxd-host`: issue 15's table in one run (docs/performance.md). Every
 //! row is a measured value beside its baseline and the ratio. The baseline of a tool is
-//! the same boxd CLI invocations, replayed directly from boxd-local's call log; a tool
+//! the same boxd CLI invocations with the same stdin, recorded by a capturing boxd and
+//! replayed directly with boxd-local; a tool
 //! that changes state is replayed as a pair that ends where it began (sleep + resume), or
 //! has no baseline. Needs what the host tests need (tests/bootstrap.sh) and boxd-local in
 //! the same profile (built here when missing). Not run by the tests.
@@ -67,19 +68,92 @@ fn ensure_boxd_local() {
     assert!(cargo.status().unwrap().success(), "building boxd-local failed");
 }
 
-/// Replay boxd CLI invocations directly (no stdin; the guest helper keeps a work's password).
-fn replay(world: &World, calls: &[Vec<String>]) {
-    for argv in calls {
-        Command::new(boxd_local()).args(argv).env("BOXD_LOCAL_HOME", &world.laptop.boxd_home).stdin(Stdio::null()).output().unwrap();
+/// One boxd CLI invocation as the host made it: its arguments and the bytes it fed on stdin
+/// (a `prepare` exec reads the work's server password there).
+#[derive(Clone)]
+struct Invocation {
+    argv: Vec<String>,
+    stdin: Vec<u8>,
+}
+
+/// Replay invocations directly with boxd-local, each with the stdin the host gave it.
+fn replay(world: &World, calls: &[Invocation]) {
+    for call in calls {
+        let mut child = Command::new(boxd_local())
+            .args(&call.argv)
+            .env("BOXD_LOCAL_HOME", &world.laptop.boxd_home)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        let bytes = call.stdin.clone();
+        let feeder = std::thread::spawn(move || drop(std::io::Write::write_all(&mut stdin, &bytes)));
+        child.wait_with_output().unwrap();
+        feeder.join().unwrap();
+    }
+}
+
+/// Invocations without stdin (status's listings, which read none).
+fn argv_only(calls: &[&[&str]]) -> Vec<Invocation> {
+    calls.iter().map(|a| Invocation { argv: a.iter().map(|s| s.to_string()).collect(), stdin: Vec::new() }).collect()
+}
+
+/// A boxd that records each invocation's arguments and stdin, then runs boxd-local: the
+/// baseline replays exactly what the host sent, stdin included.
+struct Capture {
+    dir: std::path::PathBuf,
+    boxd: std::path::PathBuf,
+}
+
+impl Capture {
+    fn new(world: &World) -> Capture {
+        let root = world.laptop.scratch.0.join("capture");
+        let dir = root.join("calls");
+        std::fs::create_dir_all(&dir).unwrap();
+        let boxd = root.join("boxd");
+        let script = format!(
+            "#!/bin/sh\nn=$(date +%s%N)\nprintf '%s\\0' \"$@\" > '{d}'/$n.argv\ntee '{d}'/$n.stdin | '{b}' \"$@\"\n",
+            d = dir.display(),
+            b = boxd_local().display()
+        );
+        std::fs::write(&boxd, script).unwrap();
+        std::fs::set_permissions(&boxd, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        Capture { dir, boxd }
+    }
+
+    /// Run `f` (tool calls through a session on this capturing boxd) and return what it sent.
+    fn invocations(&self, f: impl FnOnce()) -> Vec<Invocation> {
+        for e in std::fs::read_dir(&self.dir).unwrap() {
+            std::fs::remove_file(e.unwrap().path()).unwrap();
+        }
+        f();
+        let mut names: Vec<String> = std::fs::read_dir(&self.dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).filter(|n| n.ends_with(".argv")).collect();
+        names.sort();
+        names
+            .iter()
+            .map(|n| {
+                let argv = std::fs::read(self.dir.join(n)).unwrap();
+                let argv = argv.strip_suffix(&[0]).unwrap_or(&argv).split(|b| *b == 0).map(|a| String::from_utf8(a.to_vec()).unwrap()).collect();
+                let stdin = std::fs::read(self.dir.join(n.replace(".argv", ".stdin"))).unwrap_or_default();
+                Invocation { argv, stdin }
+            })
+            .collect()
     }
 }
 
 /// The in-process session a long-lived host (MCP) keeps, on this world's laptop.
 fn session(world: &World, ledger: &Path) -> Session {
+    session_with(world, ledger, boxd_local())
+}
+
+/// As `session`, with another boxd (the capturing one).
+fn session_with(world: &World, ledger: &Path, boxd: std::path::PathBuf) -> Session {
     let grants = Grants {
         project: Some(world.laptop.project.clone()),
         ledger: Some(ledger.to_path_buf()),
-        boxd: Some(boxd_local()),
+        boxd: Some(boxd),
         opencode: Some(opencode_bin()),
         ..Default::default()
     };
@@ -108,14 +182,16 @@ fn one_shot(world: &World, tool: &str, args: &str) -> Tool {
     Tool { trips: world.laptop.boxd_calls(), one_shot }
 }
 
-/// A read-like tool: one-shot and in-process times against the replay of its calls.
-/// Returns its boxd round trips.
-fn read_tool(world: &World, s: &mut Session, what: &str, tool: &str, args: &str, version: Duration) -> usize {
+/// A read-like tool: one-shot and in-process times against the replay of its calls (with
+/// the stdin the host gave each). Returns its boxd round trips.
+fn read_tool(world: &World, s: &mut Session, cap: &mut (Capture, Session), what: &str, tool: &str, args: &str, version: Duration) -> usize {
     let first = one_shot(world, tool, args);
+    let calls = cap.0.invocations(|| drop(cap.1.call(tool, args).unwrap().unwrap()));
+    assert_eq!(calls.iter().map(|c| c.argv.clone()).collect::<Vec<_>>(), first.trips, "{tool}: the captured calls are the logged ones");
     let n = 7;
     let shot = timed(n, || drop(one_shot(world, tool, args)));
     let inproc = timed(n, || drop(s.call(tool, args).unwrap().unwrap()));
-    let direct = timed(n, || replay(world, &first.trips));
+    let direct = timed(n, || replay(world, &calls));
     row(&format!("{what}, long-lived host"), &ms(inproc), &ms(direct), ratio(inproc, direct), &format!("{} boxd calls", first.trips.len()));
     row(&format!("{what}, one-shot call"), &ms(shot), &format!("{} + {}", ms(direct), ms(version)), ratio(shot, direct + version), "baseline: replay plus a process start");
     first.trips.len()
@@ -212,7 +288,7 @@ fn status_at(world: &World, n: usize) -> (Duration, Duration) {
     let mut s = session(world, &ledger);
     s.call("boxd_status", "{}").unwrap().unwrap();
     let took = timed(7, || drop(s.call("boxd_status", "{}").unwrap().unwrap()));
-    let direct = timed(7, || replay(world, &[vec!["machine".into(), "list".into(), "--json".into()], vec!["snapshots".into(), "list".into(), "--json".into()]]));
+    let direct = timed(7, || replay(world, &argv_only(&[&["machine", "list", "--json"], &["snapshots", "list", "--json"]])));
     (took, direct)
 }
 
@@ -260,10 +336,13 @@ fn main() {
 
     world.ok_call("boxd_ensure", r#"{"work":"w1"}"#);
     let mut s = session(&world, &world.laptop.ledger);
+    let capture = Capture::new(&world);
+    let capture_session = session_with(&world, &world.laptop.ledger, capture.boxd.clone());
+    let mut cap = (capture, capture_session);
     let mut trips = vec![
-        ("status", read_tool(&world, &mut s, "boxd_status", "boxd_status", "{}", version)),
-        ("ensure-adopt", read_tool(&world, &mut s, "boxd_ensure (adopt)", "boxd_ensure", r#"{"work":"w1"}"#, version)),
-        ("job", read_tool(&world, &mut s, "boxd_job", "boxd_job", r#"{"work":"w1"}"#, version)),
+        ("status", read_tool(&world, &mut s, &mut cap, "boxd_status", "boxd_status", "{}", version)),
+        ("ensure-adopt", read_tool(&world, &mut s, &mut cap, "boxd_ensure (adopt)", "boxd_ensure", r#"{"work":"w1"}"#, version)),
+        ("job", read_tool(&world, &mut s, &mut cap, "boxd_job", "boxd_job", r#"{"work":"w1"}"#, version)),
     ];
 
     std::fs::write(world.laptop.project.join("a.txt"), "a").unwrap();
@@ -272,9 +351,7 @@ fn main() {
     row("boxd_submit, one-shot", &ms(submit.one_shot), "", None, &format!("{} boxd calls; no replay (it queues a prompt)", submit.trips.len()));
     let harvest = one_shot(&world, "boxd_harvest", r#"{"work":"w1"}"#);
     row("boxd_harvest (a new prompt), one-shot", &ms(harvest.one_shot), "", None, &format!("{} boxd calls; imports and proves on the laptop", harvest.trips.len()));
-    // Its replay gives the guest's git step no stdin (the helper answers at once), so this
-    // baseline is a little low.
-    trips.push(("harvest", read_tool(&world, &mut s, "boxd_harvest, nothing new", "boxd_harvest", r#"{"work":"w1"}"#, version)));
+    trips.push(("harvest", read_tool(&world, &mut s, &mut cap, "boxd_harvest, nothing new", "boxd_harvest", r#"{"work":"w1"}"#, version)));
 
     // Sleep and resume as a pair that ends where it began, against their calls replayed.
     let pair = |world: &World| -> (Tool, Tool) { (one_shot(world, "boxd_sleep", r#"{"work":"w1"}"#), one_shot(world, "boxd_resume", r#"{"work":"w1"}"#)) };
@@ -284,7 +361,11 @@ fn main() {
         s.call("boxd_sleep", r#"{"work":"w1"}"#).unwrap().unwrap();
         s.call("boxd_resume", r#"{"work":"w1"}"#).unwrap().unwrap();
     });
-    let calls: Vec<Vec<String>> = sleep.trips.iter().chain(&resume.trips).cloned().collect();
+    let calls = cap.0.invocations(|| {
+        cap.1.call("boxd_sleep", r#"{"work":"w1"}"#).unwrap().unwrap();
+        cap.1.call("boxd_resume", r#"{"work":"w1"}"#).unwrap().unwrap();
+    });
+    assert_eq!(calls.len(), sleep.trips.len() + resume.trips.len(), "the captured pair is the logged one");
     let direct = timed(5, || replay(&world, &calls));
     let note = format!("{} + {} boxd calls", sleep.trips.len(), resume.trips.len());
     row("boxd_sleep + boxd_resume, long-lived host", &ms(inproc), &ms(direct), ratio(inproc, direct), &note);
