@@ -99,6 +99,19 @@ pub struct Work {
     /// The work it was forked from, when boxd_fork made it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fork: Option<ForkOrigin>,
+    /// Laptop temp files a harvest is landing files into (recorded before the host
+    /// creates them, cleared once they are renamed or removed): what a killed harvest left
+    /// behind is exactly these, and the next harvest or drop removes them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub temps: Vec<TempFile>,
+}
+
+/// A laptop temp file a harvest recorded before the host made it, and when.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TempFile {
+    pub path: String,
+    pub at_ms: u64,
 }
 
 fn is_zero(n: &u64) -> bool {

@@ -56,14 +56,16 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
         .collect();
     let now = env.now();
     let ctx = env.ctx;
-    let mut ledger = Ledger::for_call(&mut env.files, ctx);
-    let w = ledger.require(&work)?;
+    let w = Ledger::for_call(&mut env.files, ctx).require(&work)?;
     if w.is_closed() {
         let mut out = work_json(&w, "gone");
         out["dropped"] = json!(false);
         out["next"] = json!("Nothing to do: this work was already dropped.");
         return Ok(out);
     }
+    // What an interrupted harvest left on the laptop goes first, whatever the drop decides.
+    let w = super::harvest::sweep_temps(env, w)?;
+    let mut ledger = Ledger::for_call(&mut env.files, ctx);
     if w.state == WorkState::Queued {
         // A queued fork never had a machine: nothing on boxd to account for.
         let (_, mut out) = close(&mut ledger, &work, ctx)?;

@@ -17,7 +17,7 @@ use crate::caps::{Kind, Programs, RunRequest, SpawnError, Streamed, Streams};
 use crate::encode::sha256_hex;
 use crate::errors::{Code, ToolError, ToolResult};
 use crate::guest::{tail, Guest};
-use crate::ledger::{FileRecord, Ledger, Proof, SessionProof, Work};
+use crate::ledger::{FileRecord, Ledger, Proof, SessionProof, TempFile, Work};
 use crate::opencode::Opencode;
 use crate::paths;
 
@@ -184,9 +184,10 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
     let w = Ledger::for_call(&mut env.files, env.ctx).require(&work)?;
     super::require_open(&w)?;
     let dest_dir = destination(env, args, &w)?;
+    let w = sweep_temps(env, w)?;
     let (w, export, sessions) = export(env, w, &wanted)?;
     let (w, report) = prove(env, w, &export, &sessions)?;
-    let landing = landing(env, &wanted, &dest_dir)?;
+    let (w, landing) = landing(env, w, &wanted, &dest_dir)?;
     let (w, git, fetched, arrived) = match record_git(env, w, &wanted, &landing) {
         Ok(r) => r,
         Err(e) => return Err(discard(env, &landing, e)),
@@ -296,8 +297,9 @@ struct Landing {
 }
 
 /// The landing of every wanted file, its folder created: the host writes only into an
-/// existing folder. The temp names carry this call's mark (from the host's entropy).
-fn landing(env: &mut Env, wanted: &[String], dest_dir: &str) -> ToolResult<Vec<Landing>> {
+/// existing folder. The temp names carry this call's mark (from the host's entropy) and
+/// are recorded in the ledger before the host creates them.
+fn landing(env: &mut Env, w: Work, wanted: &[String], dest_dir: &str) -> ToolResult<(Work, Vec<Landing>)> {
     let roots = laptop_roots(env.ctx);
     let mark = &sha256_hex(&[env.ctx.entropy.as_slice(), b"harvest-files"].concat())[..12];
     let mut out = Vec::new();
@@ -308,15 +310,53 @@ fn landing(env: &mut Env, wanted: &[String], dest_dir: &str) -> ToolResult<Vec<L
         env.files.create_dir_all(&parent).map_err(|_| ToolError::new(Code::PathRefused, format!("cannot create {parent}")))?;
         out.push(Landing { temp: format!("{dest}.{mark}-{i}.boxd-tmp"), rel, dest });
     }
-    Ok(out)
+    if out.is_empty() {
+        return Ok((w, out));
+    }
+    let at_ms = env.ctx.now_ms;
+    let temps: Vec<TempFile> = out.iter().map(|l| TempFile { path: l.temp.clone(), at_ms }).collect();
+    let w = Ledger::for_call(&mut env.files, env.ctx).update(&w.work, |w| w.temps.extend(temps))?;
+    Ok((w, out))
 }
 
 /// A harvest that stops after the files arrived removes their temp files: each stays owed.
+/// (Their names stay recorded until the next harvest sweeps them: a record write here
+/// could fail too, and removing an absent file is harmless.)
 fn discard(env: &mut Env, landing: &[Landing], e: ToolError) -> ToolError {
     for l in landing {
         let _ = env.files.remove_file(&l.temp);
     }
     e
+}
+
+/// How long a recorded temp file may belong to a harvest still running: its files arrive
+/// within two helper execs of (120 + 30) s and an upload; ten minutes is past all of them.
+const TEMP_LIVE_MS: u64 = 10 * 60 * 1000;
+
+/// Remove the temp files an earlier harvest of this work recorded and did not clear (its
+/// host was killed while the files streamed, or before they were renamed): they are this
+/// plugin's own, named in the ledger before they were made, and nothing else is touched.
+/// One may still belong to a harvest running now: that harvest's files are owed, so with
+/// nothing owed every recorded temp is dead; otherwise only those older than TEMP_LIVE_MS.
+pub fn sweep_temps(env: &mut Env, w: Work) -> ToolResult<Work> {
+    let now = env.ctx.now_ms;
+    let dead: Vec<String> = w
+        .temps
+        .iter()
+        .filter(|t| w.owed.is_empty() || now.saturating_sub(t.at_ms) > TEMP_LIVE_MS)
+        .map(|t| t.path.clone())
+        .collect();
+    if dead.is_empty() {
+        return Ok(w);
+    }
+    for temp in &dead {
+        if let Ok(Some(m)) = env.files.stat(temp) {
+            if m.kind == Kind::File {
+                let _ = env.files.remove_file(temp);
+            }
+        }
+    }
+    Ledger::for_call(&mut env.files, env.ctx).update(&w.work, |w| w.temps.retain(|t| !dead.contains(&t.path)))
 }
 
 /// Phase 4: the guest's git state and every commit (as a bundle), with the wanted files
@@ -377,9 +417,11 @@ fn bring_files(env: &mut Env, w: Work, git: &Value, landing: &[Landing], arrived
         records.push(FileRecord { guest: rel.clone(), laptop: dest.clone(), size, sha256: sha256.clone(), at: now.clone() });
         written.push(json!({ "path": rel, "laptop": dest, "size": size, "sha256": sha256 }));
     }
+    let landed: Vec<&String> = landing.iter().map(|l| &l.temp).collect();
     let w = Ledger::for_call(&mut env.files, env.ctx).update(&w.work, |w| {
         w.owed.retain(|o| !records.iter().any(|r| &r.guest == o));
         w.files_out.extend(records);
+        w.temps.retain(|t| !landed.contains(&&t.path));
     })?;
     Ok((w, written))
 }

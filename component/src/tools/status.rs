@@ -97,6 +97,10 @@ pub fn run(env: &mut Env, _args: &Value) -> ToolResult<Value> {
         if !w.owed.is_empty() {
             warnings.push(format!("files a harvest was asked for are still on the machine: {}", w.owed.join(", ")));
         }
+        if !w.temps.is_empty() {
+            let paths: Vec<&str> = w.temps.iter().map(|t| t.path.as_str()).collect();
+            warnings.push(format!("an interrupted harvest left temp files on the laptop; the next harvest or drop removes them: {}", paths.join(", ")));
+        }
         if let Some(f) = w.fork.as_ref().filter(|_| state == "queued") {
             warnings.push(format!("a fork of '{}' waiting for a free slot", f.parent));
         }
