@@ -247,8 +247,14 @@ pub struct HostFacts {
 /// What the OpenCode bridge knows about the user's OpenCode configuration.
 #[derive(Clone, Debug, Default)]
 pub struct OpencodeFacts {
-    /// Agents that lack the default permission rules, with the reason.
+    /// Agents that lack the default permission rules.
     pub agents_without_rules: Vec<String>,
+    /// The rules the plugin adds to an agent (a JSON object), for those that lack them.
+    pub default_rules_json: String,
+    /// The agent making the call, when OpenCode says.
+    pub agent: Option<String>,
+    /// That agent's evaluated rule per tool; empty when unknown.
+    pub tool_rules: Vec<ToolRule>,
     /// The host could not add the default rules (RULES_NOT_ADDED).
     pub rules_not_added: bool,
     /// Why the host's copy of the plugin's skill is unusable (SKILLS_INVALID).
@@ -260,7 +266,7 @@ impl HostFacts {
     /// Tests write facts as the JSON the hosts once passed: {"approved":true, …}.
     pub fn from_json(json: &str) -> HostFacts {
         let v: Value = serde_json::from_str(json).unwrap_or(Value::Null);
-        let oc = ["agentsWithoutRules", "rulesNotAdded", "skillsInvalid"].iter().any(|k| v.get(k).is_some());
+        let oc = ["agentsWithoutRules", "rulesNotAdded", "skillsInvalid", "toolRules"].iter().any(|k| v.get(k).is_some());
         HostFacts {
             approved: v.get("approved").and_then(Value::as_bool).unwrap_or(false),
             opencode_version: v.get("opencodeVersion").and_then(Value::as_str).map(String::from),
@@ -272,9 +278,32 @@ impl HostFacts {
                     .unwrap_or_default(),
                 rules_not_added: v.get("rulesNotAdded").and_then(Value::as_bool).unwrap_or(false),
                 skills_invalid: v.get("skillsInvalid").and_then(Value::as_str).map(String::from),
+                default_rules_json: v.get("defaultRules").map(Value::to_string).unwrap_or_default(),
+                agent: v.get("agent").and_then(Value::as_str).map(String::from),
+                tool_rules: v
+                    .get("toolRules")
+                    .and_then(Value::as_object)
+                    .into_iter()
+                    .flatten()
+                    .map(|(tool, action)| ToolRule {
+                        tool: tool.clone(),
+                        action: action.as_str().unwrap_or_default().trim_end_matches(" hidden").to_string(),
+                        hidden: action.as_str().is_some_and(|a| a.ends_with(" hidden")),
+                    })
+                    .collect(),
             }),
         }
     }
+}
+
+/// One tool's permission for the calling agent, as OpenCode evaluates it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ToolRule {
+    pub tool: String,
+    /// "allow", "ask" or "deny".
+    pub action: String,
+    /// OpenCode does not offer the tool to the agent's model at all.
+    pub hidden: bool,
 }
 
 /// The OpenCode versions our own tests run: the host gate's tested range.

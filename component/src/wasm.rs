@@ -28,6 +28,12 @@ impl ToolsExport for Component {
         let mut files = WitFiles::open(&raw.entropy);
         answer(crate::call(&mut WitPrograms, &mut files, &tool, &args_json, raw))
     }
+
+    fn check(tool: String, args_json: String, context: Context) -> Result<(), ToolError> {
+        let raw = raw_context(context);
+        let mut files = WitFiles::open(&raw.entropy);
+        answer(crate::tools::check(&mut WitPrograms, &mut files, &tool, &args_json, raw).map(|()| serde_json::Value::Null)).map(|_| ())
+    }
 }
 
 impl operations::Guest for Component {
@@ -52,6 +58,13 @@ fn raw_context(c: Context) -> crate::RawContext {
                 agents_without_rules: o.agents_without_rules,
                 rules_not_added: o.rules_not_added,
                 skills_invalid: o.skills_invalid,
+                default_rules_json: o.default_rules_json,
+                agent: o.agent,
+                tool_rules: o
+                    .tool_rules
+                    .into_iter()
+                    .map(|r| crate::options::ToolRule { tool: r.tool, action: r.action, hidden: r.hidden })
+                    .collect(),
             }),
         },
     }

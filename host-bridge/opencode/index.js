@@ -7,7 +7,9 @@ import { randomBytes } from "node:crypto";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { HostProblem, hostFailed, resolveGrants } from "./lib/policy.js";
+import { mayPrompt, opencodeFacts, readAgents } from "./lib/agents.js";
 import { Pool } from "./lib/pool.js";
+import { progressReporter } from "./lib/progress.js";
 import { addDefaultRules } from "./lib/rules.js";
 import { checkSkill } from "./lib/skill.js";
 import { opencodeVersion } from "./lib/version.js";
@@ -15,8 +17,8 @@ import { checkWorld } from "./lib/wit.js";
 
 const SKILLS = fileURLToPath(new URL("./dist/skills", import.meta.url));
 
-// A tool the manifest marks `longRunning` (it can take minutes) shows a title at its start
-// and its end: the manifest's `progress` template with the work filled in.
+// A tool the manifest marks `longRunning` (it can take minutes) shows a title while it
+// runs: the manifest's `progress` template with the work filled in.
 function progressTitle(spec, args) {
   if (!spec.longRunning) return undefined;
   const work = typeof args.work === "string" ? args.work : "";
@@ -70,27 +72,28 @@ async function server(input, options) {
     metadata: { error: e.code, ...extra },
   });
 
+  // The component's answer when it is an error (a tool error or a trap), else undefined.
+  const failed = (tool, r, extra) => {
+    if (r.toolError) return errorResult(tool, r.toolError, extra);
+    // A trap (a panic, an out-of-memory, any failure inside the component) is HOST_FAILED
+    // with the one next step every host gives (policy.json hostFailed).
+    if (r.trap !== undefined) return errorResult(tool, hostFailed(tool, r.trap), extra);
+    return undefined;
+  };
+
   async function execute(spec, rawArgs, ctx) {
     const tool = spec.name;
     const args = rawArgs ?? {};
+    const argsJson = JSON.stringify(args);
     const extra = state.skillsInvalid ? { skillsInvalid: state.skillsInvalid } : {};
     if (problem) return errorResult(tool, problem, extra);
-    let approved = access === "all";
-    if (spec.access === "change" && access === "ask-changes") {
-      const target = typeof args.work === "string" && args.work ? args.work : "*";
-      // Throws when the user rejects: OpenCode reports the rejection, and the component
-      // (and with it every boxd CLI call) never runs.
-      await ctx.ask({ permission: tool, patterns: [target], always: [target], metadata: { tool, work: args.work ?? null } });
-      approved = true;
-    }
-    const progress = progressTitle(spec, args);
-    if (progress) ctx.metadata?.({ title: progress, metadata: { step: "start" } });
     // Asked once; an "unknown" (the server did not answer) is asked again next call.
     version ??= opencodeVersion(input);
-    const hostVersion = await version;
+    const [hostVersion, agents] = await Promise.all([version, readAgents(input)]);
     if (hostVersion === "unknown") version = undefined;
+    const opencode = opencodeFacts({ agents, agent: ctx.agent, tools: manifest.tools, access, fromConfig: state, skillsInvalid: state.skillsInvalid });
     // The WIT context (wit/plugin.wit): typed, with OpenCode's own facts grouped.
-    const r = await pool.call(tool, JSON.stringify(args), {
+    const context = (approved) => ({
       hostName: "opencode",
       hostVersion,
       optionsJson: JSON.stringify(grants.componentOptions),
@@ -100,18 +103,37 @@ async function server(input, options) {
       entropy: new Uint8Array(randomBytes(32)),
       approved,
       opencodeVersion: hostVersion,
-      opencode: {
-        agentsWithoutRules: state.agentsWithoutRules,
-        rulesNotAdded: state.rulesNotAdded,
-        skillsInvalid: state.skillsInvalid || undefined,
-      },
-    }, ctx.abort);
-    if (progress) ctx.metadata?.({ title: `${progress.replace(/…$/, "")}: done`, metadata: { step: "done" } });
+      opencode,
+    });
+    // Before anyone may be asked, the checks that need no change (bad arguments, no boxd
+    // CLI, ACCESS_DENIED, a drop that will be refused, …): a call that cannot succeed
+    // fails here, without a prompt.
+    if (mayPrompt(opencode, tool)) {
+      const checked = await pool.check(tool, argsJson, context(false), ctx.abort);
+      if (checked.aborted) throw new Error(`${tool} was aborted`);
+      const refused = failed(tool, checked, extra);
+      if (refused) return refused;
+    }
+    // OpenCode decides with the agent's rules (and the session's): allow answers at once,
+    // deny and a rejection throw (OpenCode reports them, and nothing runs), ask prompts.
+    const target = typeof args.work === "string" && args.work ? args.work : "*";
+    await ctx.ask({ permission: tool, patterns: [target], always: [target], metadata: { tool, work: args.work ?? null } });
+    // Progress (lib/progress.js): the running part's title, at the start and at each boxd
+    // (or opencode) command the call runs.
+    const progress = progressTitle(spec, args);
+    const reporter = progress ? progressReporter(input, ctx) : undefined;
+    let steps = 0;
+    const onSpawn = reporter && ((req) => {
+      // The verb only ("boxd machine new", "opencode import"): never a path or a value.
+      const step = [req.program, ...req.args.filter((a) => !a.startsWith("-")).slice(0, req.program === "boxd" ? 2 : 1)].join(" ");
+      reporter.report(`${progress} (${step})`, { step, steps: ++steps });
+    });
+    reporter?.report(progress, { step: "start" });
+    const r = await pool.call(tool, argsJson, context(true), ctx.abort, onSpawn);
+    await reporter?.close();
     if (r.aborted) throw new Error(`${tool} was aborted`);
-    if (r.toolError) return errorResult(tool, r.toolError, extra);
-    // A trap (a panic, an out-of-memory, any failure inside the component) is HOST_FAILED
-    // with the one next step every host gives (policy.json hostFailed).
-    if (r.trap !== undefined) return errorResult(tool, hostFailed(tool, r.trap), extra);
+    const refused = failed(tool, r, extra);
+    if (refused) return refused;
     let value;
     try {
       value = JSON.parse(r.ok);
@@ -121,7 +143,7 @@ async function server(input, options) {
     return {
       title: typeof args.work === "string" ? `${tool} ${args.work}` : tool,
       output: typeof value === "string" ? value : pretty(value),
-      metadata: { ...(typeof args.work === "string" ? { work: args.work } : {}), ...(progress ? { step: "done" } : {}), ...extra },
+      metadata: { ...(typeof args.work === "string" ? { work: args.work } : {}), ...(progress ? { step: "done", steps } : {}), ...extra },
     };
   }
 

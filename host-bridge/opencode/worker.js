@@ -89,6 +89,10 @@ parentPort.on("message", async (m) => {
     if (m.type === "describe") return done({ ok: tools.describe() });
     const ctx = { ...m.ctx, nowMs: BigInt(m.ctx.nowMs), entropy: new Uint8Array(m.ctx.entropy) };
     try {
+      if (m.type === "check") {
+        tools.check(m.tool, m.args, ctx);
+        return done({ ok: "" });
+      }
       return done({ ok: tools.call(m.tool, m.args, ctx) });
     } catch (e) {
       // A tool error is a ComponentError whose own `payload` is the WIT tool-error record.

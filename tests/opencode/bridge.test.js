@@ -204,7 +204,7 @@ describe("the worker pool with the real component", { skip: missingPrerequisite(
     const ctx = (facts = {}) => ({
       hostName: "opencode", hostVersion: "1.18.33", optionsJson: JSON.stringify(g.componentOptions), project: g.project, ledger: g.ledger,
       nowMs: Date.now(), entropy: new Uint8Array(32).fill(7), approved: true, opencodeVersion: "1.18.33",
-      opencode: { agentsWithoutRules: [], rulesNotAdded: false, ...facts },
+      opencode: { agentsWithoutRules: [], defaultRulesJson: "{}", toolRules: [], rulesNotAdded: false, ...facts },
     });
     return { dir, g, pool, ctx, env };
   }

@@ -18,6 +18,9 @@ const lastAssistantText = async (l, sid) => {
   return texts.at(-1)?.text ?? "";
 };
 
+/** Every request OpenCode sent the scripted model, oldest first (tools: the names offered). */
+const modelRequests = (l) => fs.readFileSync(path.join(l.root, "model.jsonl"), "utf8").trim().split("\n").map((x) => JSON.parse(x));
+
 describe("in OpenCode, access all", { skip }, () => {
   let l;
   before(async () => {
@@ -26,6 +29,8 @@ describe("in OpenCode, access all", { skip }, () => {
         agent: {
           builder: { mode: "primary", description: "an agent with a base allow", permission: { "*": "allow", boxd_drop: "deny" } },
           careful: { mode: "subagent", description: "an agent without one", permission: { "*": "ask" } },
+          // The user's own rules for the built-in agent the calls come from.
+          build: { permission: { boxd_image: "deny", boxd_sleep: "ask" } },
         },
       },
     });
@@ -41,9 +46,26 @@ describe("in OpenCode, access all", { skip }, () => {
     assert.equal(status.host.name, "opencode");
     assert.equal(status.host.version, OC_VERSION, "the running OpenCode's version");
     assert.equal(status.guest.opencode, OC_VERSION);
-    assert.deepEqual(status.agentsWithoutRules, ["careful"]);
+    // Every agent OpenCode runs whose rules would not let the tools run, built-in ones too
+    // (explore denies everything), each with the rules to paste.
+    assert.deepEqual(status.agentsWithoutRules, ["careful", "explore"]);
+    const paste = status.rulesToPaste.config.agent;
+    assert.deepEqual(Object.keys(paste), ["careful", "explore"]);
+    assert.equal(paste.careful.permission["boxd_*"], "allow");
+    assert.equal(paste.careful.permission.boxd_drop, "allow");
     assert.equal(status.rulesAdded, true);
     assert.match(await lastAssistantText(l, sid), /^MODEL_DONE after boxd_status: /);
+  });
+
+  test("status follows the calling agent's own rules; a tool they deny is not offered", T, async () => {
+    const status = outputJson(await l.callTool("boxd_status"));
+    assert.equal(status.agent, "build");
+    const row = (name) => status.tools.find((t) => t.name === name);
+    assert.deepEqual([row("boxd_image").runs, row("boxd_image").hidden], ["denied", true]);
+    assert.deepEqual([row("boxd_sleep").runs, row("boxd_sleep").rule], ["asks", "ask"]);
+    assert.deepEqual([row("boxd_ensure").runs, row("boxd_ensure").rule], ["runs", "allow"]);
+    const offered = modelRequests(l).at(-1).tools;
+    assert.ok(offered.includes("boxd_ensure") && !offered.includes("boxd_image"), offered.join(", "));
   });
 
   test("a tool error reaches the model with its code and next step", T, async () => {
@@ -70,8 +92,7 @@ describe("in OpenCode, access all", { skip }, () => {
   });
 
   test("the model is given each tool's own JSON Schema", T, async () => {
-    const log = fs.readFileSync(path.join(l.root, "model.jsonl"), "utf8").trim().split("\n").map((x) => JSON.parse(x));
-    const offered = log.find((e) => e.tools.includes("boxd_ensure")).body.tools.map((t) => t.function);
+    const offered = modelRequests(l).find((e) => e.tools.includes("boxd_ensure")).body.tools.map((t) => t.function);
     const ensure = offered.find((f) => f.name === "boxd_ensure");
     assert.deepEqual(ensure.parameters.required, ["work"], "directory stays optional");
     assert.equal(ensure.parameters.additionalProperties, false);
@@ -131,6 +152,23 @@ describe("in OpenCode, access all", { skip }, () => {
     assert.ok(l.boxdCalls().some((argv) => argv[0] === "machine" && argv[1] === "new" && argv[2] === "oc-w1"));
     assert.deepEqual(part.state.metadata.work, "w1");
   });
+
+  test("a long call shows its progress in the running tool part before it completes", T, async () => {
+    l.faults([{ verb: "machine new", times: 1, action: "delay", ms: 4000 }]);
+    const sid = await l.session();
+    await l.promptAsync(sid, '@@tool:boxd_ensure:{"work":"w2"}@@');
+    // What OpenCode shows while the call runs: the part's title, from ctx.metadata.
+    const running = await l.waitFor("a progress title on the running part", async () =>
+      (await l.toolParts(sid, "boxd_ensure")).find((p) => p.state.status === "running" && /\(boxd machine new\)$/.test(p.state.title ?? "")));
+    assert.equal(running.state.title, "ensuring machine oc-w2… (boxd machine new)");
+    assert.equal(running.state.metadata.step, "boxd machine new");
+    assert.ok(running.state.metadata.steps >= 2, "the reads before it were shown too");
+    await l.waitIdle(sid);
+    // The answer replaces the progress: OpenCode's own final write, never undone by ours.
+    const done = await l.toolPart(sid, "boxd_ensure");
+    assert.equal(done.state.status, "completed");
+    assert.doesNotMatch(done.state.title, /\(boxd /);
+  });
 });
 
 describe("in OpenCode, access read-only (the shipped files only, no node_modules)", { skip }, () => {
@@ -147,64 +185,28 @@ describe("in OpenCode, access read-only (the shipped files only, no node_modules
     if (l?.shipped) fs.rmSync(l.shipped, { recursive: true, force: true });
   });
 
-  test("a change is refused by the component (ACCESS_DENIED) and no machine is made", T, async () => {
+  test("the change tools' rules are deny, so the model is not offered them and makes no machine", T, async () => {
     l.seedGolden();
     const before = l.boxdCalls().length;
-    const part = await l.callTool("boxd_ensure", { work: "w1" });
-    assert.equal(outputJson(part).error, "ACCESS_DENIED");
-    const calls = l.boxdCalls().slice(before);
-    assert.deepEqual(calls.filter((a) => a[0] === "machine" && a[1] === "new"), []);
-    assert.deepEqual(changeCommands(calls), []);
+    const sid = await l.session();
+    await l.prompt(sid, '@@tool:boxd_ensure:{"work":"w1"}@@');
+    assert.deepEqual(await l.toolParts(sid), [], "no tool call: the directive named a tool not offered");
+    const offered = modelRequests(l).at(-1).tools;
+    assert.ok(offered.includes("boxd_status") && offered.includes("boxd_job"), offered.join(", "));
+    const change = ["boxd_ensure", "boxd_submit", "boxd_harvest", "boxd_sleep", "boxd_resume", "boxd_image", "boxd_fork", "boxd_drop"];
+    assert.deepEqual(offered.filter((t) => change.includes(t)), []);
+    assert.deepEqual(changeCommands(l.boxdCalls().slice(before)), []);
+    const build = (await l.get("/agent")).find((a) => a.name === "build").permission;
+    assert.equal(build.findLast((r) => r.permission === "boxd_ensure").action, "deny");
   });
 
-  test("reads still run", T, async () => {
+  test("reads still run, and status says the change tools are denied and hidden", T, async () => {
     const status = outputJson(await l.callTool("boxd_status"));
     assert.equal(status.access, "read-only");
-    assert.ok(status.tools.filter((t) => t.access === "change").every((t) => t.runs === "denied"));
-  });
-});
-
-describe("in OpenCode, access ask-changes", { skip }, () => {
-  let l;
-  before(async () => {
-    l = await Laptop.start("ask", { options: { access: "ask-changes" } });
-  });
-  after(() => l?.stop());
-
-  async function askFor(tool, args) {
-    const sid = await l.session();
-    await l.promptAsync(sid, `@@tool:${tool}:${JSON.stringify(args)}@@`);
-    const ask = await l.waitFor(`a permission request for ${tool}`, async () => (await l.get("/permission")).find((p) => p.sessionID === sid));
-    return { sid, ask };
-  }
-
-  test("a change raises a permission request; a reject leaves the machine untouched", T, async () => {
-    l.seedGolden();
-    const before = l.boxdCalls().length;
-    const { sid, ask } = await askFor("boxd_ensure", { work: "w1" });
-    assert.equal(ask.permission, "boxd_ensure");
-    assert.deepEqual(ask.patterns, ["w1"]);
-    await l.post(`/permission/${ask.id}/reply`, { reply: "reject" });
-    await l.waitIdle(sid);
-    const part = await l.toolPart(sid, "boxd_ensure");
-    assert.equal(part.state.status, "error");
-    assert.deepEqual(changeCommands(l.boxdCalls().slice(before)), [], "no boxd command that changes anything");
-    assert.deepEqual(l.boxdCalls().slice(before), [], "the component was not called at all");
-    assert.ok(!fs.existsSync(path.join(l.ledger, "works/w1")));
-  });
-
-  test("an approval reaches the component as approved: true", T, async () => {
-    const { sid, ask } = await askFor("boxd_sleep", { work: "w2" });
-    await l.post(`/permission/${ask.id}/reply`, { reply: "once" });
-    await l.waitIdle(sid);
-    // Without the approval the component would answer APPROVAL_REQUIRED; with it, the
-    // call gets as far as the ledger, which has no such work.
-    assert.equal(outputJson(await l.toolPart(sid, "boxd_sleep")).error, "WORK_UNKNOWN");
-  });
-
-  test("reads do not ask", T, async () => {
-    const status = outputJson(await l.callTool("boxd_status"));
-    assert.equal(status.access, "ask-changes");
+    const change = status.tools.filter((t) => t.access === "change");
+    assert.equal(change.length, 8);
+    assert.ok(change.every((t) => t.runs === "denied" && t.hidden === true), JSON.stringify(change));
+    assert.ok(status.tools.filter((t) => t.access === "read").every((t) => t.runs === "runs"));
   });
 });
 

@@ -41,36 +41,27 @@ pub fn hours(ms: u64) -> f64 {
     (ms / 36_000) as f64 / 100.0
 }
 
-pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
-    let (work, machine) = work_arg(args)?;
-    // Only ever compared with the paths the machine reports, never used to touch a file:
-    // any name the guest can list (control characters included) can be given up.
-    let discard: Vec<String> = args
-        .get("discard")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .filter_map(Value::as_str)
-        .map(|p| p.trim_start_matches("./").trim_end_matches('/').to_string())
-        .filter(|p| !p.is_empty())
-        .collect();
-    let now = env.now();
+/// What a drop will do, decided from reads only (the ledger and one `machine get`). Every
+/// refusal before the machine is sealed comes from here, so `check` gives it before the
+/// user is asked.
+enum Plan {
+    AlreadyDropped(Work),
+    /// A queued fork: no machine, nothing on boxd to account for.
+    Queued,
+    /// The machine is gone: close the work, naming what could not be recovered.
+    Gone(Work),
+    /// Running and ours, its transcript proven: seal, check the live state, remove.
+    Live(Work),
+}
+
+fn plan(env: &mut Env, work: &str, machine: &str) -> ToolResult<Plan> {
     let ctx = env.ctx;
-    let w = Ledger::for_call(&mut env.files, ctx).require(&work)?;
+    let w = Ledger::for_call(&mut env.files, ctx).require(work)?;
     if w.is_closed() {
-        let mut out = work_json(&w, "gone");
-        out["dropped"] = json!(false);
-        out["next"] = json!("Nothing to do: this work was already dropped.");
-        return Ok(out);
+        return Ok(Plan::AlreadyDropped(w));
     }
-    // What an interrupted harvest left on the laptop goes first, whatever the drop decides.
-    let w = super::harvest::sweep_temps(env, w)?;
-    let mut ledger = Ledger::for_call(&mut env.files, ctx);
     if w.state == WorkState::Queued {
-        // A queued fork never had a machine: nothing on boxd to account for.
-        let (_, mut out) = close(&mut ledger, &work, ctx)?;
-        out["next"] = json!("Done: the fork was still queued and had no machine; it is closed.");
-        return Ok(out);
+        return Ok(Plan::Queued);
     }
     if let (WorkState::Creating, Some(f)) = (w.state, &w.fork) {
         return Err(ToolError::with_next(
@@ -88,27 +79,8 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
             format!("Call boxd_ensure for work '{work}' (it adopts the machine or makes one), then boxd_drop."),
         ));
     }
-    let mut boxd = Boxd::new(&mut env.programs, ctx.options.boxd_timeout_seconds);
-    let Some(info) = boxd.get(&machine).map_err(Failure::into_error)? else {
-        // Nothing left to destroy: close the work and say what could not be recovered.
-        let covered = w.proofs.last().map_or(0, |p| p.prompts as usize);
-        let lost: Vec<String> = w.prompts.iter().skip(covered).map(|p| p.id.clone()).chain(w.owed.iter().cloned()).collect();
-        let w = ledger.update(&work, |w| {
-            w.state = WorkState::Closed;
-            w.unrecovered = lost.clone();
-            w.seen_not_running(ctx.now_ms, ctx.options.idle_ms(), true);
-            w.settle(&ctx.options.prices, ctx.now_ms);
-        })?;
-        let mut out = work_json(&w, "gone");
-        out["dropped"] = json!(true);
-        out["machineWasGone"] = json!(true);
-        out["settled"] = settled_json(&w);
-        out["unrecovered"] = json!({
-            "prompts": w.prompts.iter().skip(covered).map(|p| p.id.clone()).collect::<Vec<_>>(),
-            "files": w.owed,
-        });
-        out["next"] = json!("Done: the machine was already gone; the work is closed. The prompts listed as unrecovered never reached this laptop.");
-        return Ok(out);
+    let Some(info) = Boxd::new(&mut env.programs, ctx.options.boxd_timeout_seconds).get(machine).map_err(Failure::into_error)? else {
+        return Ok(Plan::Gone(w));
     };
     check_machine(&w, &info)?;
     match State::from_status(&info.status) {
@@ -123,6 +95,73 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
         }
     }
     require_proven(&w)?;
+    Ok(Plan::Live(w))
+}
+
+/// The refusals a drop gives before it changes anything (see `plan`).
+pub fn check(env: &mut Env, args: &Value) -> ToolResult<()> {
+    let (work, machine) = work_arg(args)?;
+    plan(env, &work, &machine).map(|_| ())
+}
+
+pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
+    let (work, machine) = work_arg(args)?;
+    // Only ever compared with the paths the machine reports, never used to touch a file:
+    // any name the guest can list (control characters included) can be given up.
+    let discard: Vec<String> = args
+        .get("discard")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .map(|p| p.trim_start_matches("./").trim_end_matches('/').to_string())
+        .filter(|p| !p.is_empty())
+        .collect();
+    let now = env.now();
+    // What an interrupted harvest left on the laptop goes first, whatever the drop decides
+    // (not in `plan`, which `check` runs and which changes nothing).
+    let w = Ledger::for_call(&mut env.files, env.ctx).require(&work)?;
+    if !w.is_closed() {
+        super::harvest::sweep_temps(env, w)?;
+    }
+    let plan = plan(env, &work, &machine)?;
+    let ctx = env.ctx;
+    let mut ledger = Ledger::for_call(&mut env.files, ctx);
+    let w = match plan {
+        Plan::AlreadyDropped(w) => {
+            let mut out = work_json(&w, "gone");
+            out["dropped"] = json!(false);
+            out["next"] = json!("Nothing to do: this work was already dropped.");
+            return Ok(out);
+        }
+        Plan::Queued => {
+            let (_, mut out) = close(&mut ledger, &work, ctx)?;
+            out["next"] = json!("Done: the fork was still queued and had no machine; it is closed.");
+            return Ok(out);
+        }
+        Plan::Gone(w) => {
+            let covered = w.proofs.last().map_or(0, |p| p.prompts as usize);
+            let lost: Vec<String> = w.prompts.iter().skip(covered).map(|p| p.id.clone()).chain(w.owed.iter().cloned()).collect();
+            let w = ledger.update(&work, |w| {
+                w.state = WorkState::Closed;
+                w.unrecovered = lost.clone();
+                w.seen_not_running(ctx.now_ms, ctx.options.idle_ms(), true);
+                w.settle(&ctx.options.prices, ctx.now_ms);
+            })?;
+            let mut out = work_json(&w, "gone");
+            out["dropped"] = json!(true);
+            out["machineWasGone"] = json!(true);
+            out["settled"] = settled_json(&w);
+            out["unrecovered"] = json!({
+                "prompts": w.prompts.iter().skip(covered).map(|p| p.id.clone()).collect::<Vec<_>>(),
+                "files": w.owed,
+            });
+            out["next"] = json!("Done: the machine was already gone; the work is closed. The prompts listed as unrecovered never reached this laptop.");
+            return Ok(out);
+        }
+        Plan::Live(w) => w,
+    };
+    let mut boxd = Boxd::new(&mut env.programs, ctx.options.boxd_timeout_seconds);
     // Intent before effect: from here a submit is refused (the laptop side), and a drop
     // killed anywhere below is finished by the next one.
     ledger.update(&work, |w| w.state = WorkState::Dropping)?;

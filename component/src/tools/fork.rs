@@ -29,26 +29,40 @@ use crate::paths;
 /// The most forks one call may name (each is a billing machine).
 pub const MAX_FORKS: usize = 8;
 
-pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
+/// The parent, its existing forks and the new fork ids, read from the ledger and checked:
+/// every refusal before a fork is recorded.
+fn admit(env: &mut Env, args: &Value) -> ToolResult<(Work, Vec<Work>, Vec<String>)> {
     let (parent_id, _) = work_arg(args)?;
     let ids = fork_ids(args, &parent_id)?;
-    let ctx = env.ctx;
-    let version = Opencode::new(&mut env.programs).version(ctx);
-    let mut ledger = Ledger::for_call(&mut env.files, ctx);
+    let mut ledger = Ledger::for_call(&mut env.files, env.ctx);
     let parent = ledger.require(&parent_id)?;
     require_open(&parent)?;
     if parent.state != WorkState::Open {
         return Err(ToolError::new(Code::WorkConflict, format!("work '{parent_id}' is {}; only an open work can be forked", parent.state.as_str())));
     }
-    let mut forks = forks_of(&mut ledger, &parent_id)?;
-    let mut order = forks.iter().map(|w| w.fork.as_ref().map_or(0, |f| f.order)).max().unwrap_or(0);
-    let new: Vec<&String> = ids.iter().filter(|id| !forks.iter().any(|w| &&w.work == id)).collect();
+    let forks = forks_of(&mut ledger, &parent_id)?;
+    let new: Vec<String> = ids.into_iter().filter(|id| !forks.iter().any(|w| &w.work == id)).collect();
     if !new.is_empty() {
         // Only a proven parent is copied: a fork of an unharvested transcript would hold
         // prompts the laptop has never seen.
         require_proven(&parent)?;
     }
-    for id in new {
+    Ok((parent, forks, new))
+}
+
+/// The refusals a fork gives before it records anything (see `admit`).
+pub fn check(env: &mut Env, args: &Value) -> ToolResult<()> {
+    admit(env, args).map(|_| ())
+}
+
+pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
+    let (parent, mut forks, new) = admit(env, args)?;
+    let parent_id = parent.work.clone();
+    let ctx = env.ctx;
+    let version = Opencode::new(&mut env.programs).version(ctx);
+    let mut ledger = Ledger::for_call(&mut env.files, ctx);
+    let mut order = forks.iter().map(|w| w.fork.as_ref().map_or(0, |f| f.order)).max().unwrap_or(0);
+    for id in &new {
         order += 1;
         forks.push(record_fork(&mut ledger, ctx, &parent, id, order)?);
     }

@@ -10,36 +10,29 @@ use super::machine::{owned_state, work_json};
 use super::{require_proven, work_arg, Env};
 use crate::boxd::{Boxd, Failure, State};
 use crate::errors::{Code, ToolError, ToolResult};
-use crate::ledger::Ledger;
+use crate::ledger::{Ledger, Work};
 use crate::paths;
 
-pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
-    let (work, machine) = work_arg(args)?;
-    let name = args.get("name").and_then(Value::as_str).unwrap_or_default().to_string();
-    if !paths::is_snapshot_name(&name) {
+/// What an image will do, decided from reads only (the ledger, the snapshot list, one
+/// `machine get`): every refusal comes from here, so `check` gives it before anyone is asked.
+enum Plan {
+    /// This work's own save whose answer was lost (recorded before it ran).
+    AlreadyMade(Work),
+    Save(Work),
+}
+
+fn plan(env: &mut Env, work: &str, machine: &str, name: &str) -> ToolResult<Plan> {
+    if !paths::is_snapshot_name(name) {
         return Err(ToolError::new(Code::NameInvalid, format!("snapshot name '{name}' must be lowercase [a-z0-9-] starting with a letter")));
     }
     let ctx = env.ctx;
-    let mut ledger = Ledger::for_call(&mut env.files, ctx);
-    let w = ledger.require(&work)?;
+    let w = Ledger::for_call(&mut env.files, ctx).require(work)?;
     super::require_open(&w)?;
     require_proven(&w)?;
     let mut boxd = Boxd::new(&mut env.programs, ctx.options.boxd_timeout_seconds);
     if boxd.snapshots().map_err(Failure::into_error)?.iter().any(|s| s.name == name) {
-        // This work's own save whose answer was lost (recorded before it ran) is done.
-        if w.images_pending.contains(&name) || w.images.contains(&name) {
-            let n = name.clone();
-            ledger.update(&work, |w| {
-                w.images_pending.retain(|p| p != &n);
-                if !w.images.contains(&n) {
-                    w.images.push(n);
-                }
-            })?;
-            let mut out = work_json(&w, "running");
-            out["snapshot"] = json!(name);
-            out["alreadyMade"] = json!(true);
-            out["next"] = json!(format!("Set \"snapshot\": \"{name}\" in the plugin options to boot new works from it."));
-            return Ok(out);
+        if w.images_pending.iter().chain(&w.images).any(|n| n == name) {
+            return Ok(Plan::AlreadyMade(w));
         }
         return Err(ToolError::new(Code::SnapshotExists, format!("a snapshot named '{name}' already exists")));
     }
@@ -55,6 +48,39 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
             ));
         }
     }
+    Ok(Plan::Save(w))
+}
+
+/// The refusals an image gives before it records the save (see `plan`).
+pub fn check(env: &mut Env, args: &Value) -> ToolResult<()> {
+    let (work, machine) = work_arg(args)?;
+    plan(env, &work, &machine, args.get("name").and_then(Value::as_str).unwrap_or_default()).map(|_| ())
+}
+
+pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
+    let (work, machine) = work_arg(args)?;
+    let name = args.get("name").and_then(Value::as_str).unwrap_or_default().to_string();
+    let plan = plan(env, &work, &machine, &name)?;
+    let ctx = env.ctx;
+    let mut ledger = Ledger::for_call(&mut env.files, ctx);
+    let mut boxd = Boxd::new(&mut env.programs, ctx.options.boxd_timeout_seconds);
+    let w = match plan {
+        Plan::AlreadyMade(w) => {
+            let n = name.clone();
+            ledger.update(&work, |w| {
+                w.images_pending.retain(|p| p != &n);
+                if !w.images.contains(&n) {
+                    w.images.push(n);
+                }
+            })?;
+            let mut out = work_json(&w, "running");
+            out["snapshot"] = json!(name);
+            out["alreadyMade"] = json!(true);
+            out["next"] = json!(format!("Set \"snapshot\": \"{name}\" in the plugin options to boot new works from it."));
+            return Ok(out);
+        }
+        Plan::Save(w) => w,
+    };
     let n = name.clone();
     ledger.update(&work, |w| {
         if !w.images_pending.contains(&n) {

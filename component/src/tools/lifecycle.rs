@@ -19,7 +19,7 @@ use crate::paths;
 
 /// The work's laptop folder: inside a granted root, an existing directory, reached through
 /// no symlink. Checked before anything is created.
-fn work_directory(env: &mut Env, args: &Value) -> ToolResult<String> {
+pub(super) fn work_directory(env: &mut Env, args: &Value) -> ToolResult<String> {
     let ctx = env.ctx;
     let roots = super::laptop_roots(ctx);
     let Some(d) = args.get("directory").and_then(Value::as_str) else { return Ok(ctx.project.clone()) };

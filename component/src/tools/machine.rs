@@ -81,6 +81,18 @@ pub enum Build<'d> {
     Rebuild,
 }
 
+/// SNAPSHOT_MISSING unless the golden snapshot (the `snapshot` option) exists.
+pub fn require_golden<P: Programs>(boxd: &mut Boxd<P>, ctx: &Context, machine: &str, build: Build) -> ToolResult<()> {
+    let snapshot = &ctx.options.snapshot;
+    if boxd.snapshots().map_err(Failure::into_error)?.iter().any(|s| &s.name == snapshot) {
+        return Ok(());
+    }
+    Err(ToolError::new(Code::SnapshotMissing, match build {
+        Build::New { .. } => format!("the golden snapshot '{snapshot}' does not exist, so no machine was created"),
+        Build::Rebuild => format!("{machine} is gone and the golden snapshot '{snapshot}' does not exist to rebuild it"),
+    }))
+}
+
 /// Create the work's machine from the golden snapshot. Intent before effect: the work is
 /// recorded as creating (no id) first, so a create that lands after boxd stops answering
 /// is adopted by the next ensure instead of becoming a second machine; it opens only with
@@ -92,13 +104,7 @@ pub fn create_machine<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Le
         Build::Rebuild => ledger.read(work)?.map(|w| w.directory).unwrap_or_default(),
     };
     super::admission::admit(boxd, ledger, ctx, work, &directory)?;
-    let snapshots = boxd.snapshots().map_err(Failure::into_error)?;
-    if !snapshots.iter().any(|s| &s.name == snapshot) {
-        return Err(ToolError::new(Code::SnapshotMissing, match build {
-            Build::New { .. } => format!("the golden snapshot '{snapshot}' does not exist, so no machine was created"),
-            Build::Rebuild => format!("{machine} is gone and the golden snapshot '{snapshot}' does not exist to rebuild it"),
-        }));
-    }
+    require_golden(boxd, ctx, &machine, build)?;
     let now = iso8601(ctx.now_ms);
     ledger.upsert(work, |cur| {
         let mut w = match (cur.filter(|w| !w.is_closed()), build) {

@@ -22,6 +22,7 @@ pub mod image;
 pub mod job;
 pub mod lifecycle;
 pub mod machine;
+pub mod preflight;
 pub mod registry;
 pub mod status;
 pub mod submit;
@@ -67,8 +68,10 @@ pub fn context(raw: RawContext) -> ToolResult<Context> {
     })
 }
 
-/// One tool call, as every host makes it.
-pub fn call<P: Programs, F: Files>(programs: &mut P, files: &mut F, tool: &str, args_json: &str, raw: RawContext) -> ToolResult<Value> {
+/// The checks every call passes before its tool runs, in order: the tool is known, the
+/// arguments match its schema, the options are valid, the host is tested, the access
+/// option allows a change at all. Approval is left to the caller.
+fn admit(tool: &str, args_json: &str, raw: RawContext) -> ToolResult<(&'static registry::ToolSpec, Value, Context)> {
     let spec = registry::find(tool).ok_or_else(|| {
         let names: alloc::vec::Vec<&str> = registry::TOOLS.iter().map(|t| t.name).collect();
         ToolError::new(Code::ToolUnknown, format!("there is no tool '{tool}'; the tools are {}", names.join(", ")))
@@ -90,14 +93,30 @@ pub fn call<P: Programs, F: Files>(programs: &mut P, files: &mut F, tool: &str, 
             AccessOption::ReadOnly => {
                 return Err(ToolError::new(Code::AccessDenied, format!("{} changes a machine, and the plugin's access is \"read-only\"", spec.name)));
             }
-            AccessOption::AskChanges if !ctx.facts.approved => {
-                return Err(ToolError::new(Code::ApprovalRequired, format!("{} changes a machine and needs the user's approval first", spec.name)));
-            }
             AccessOption::AskChanges => {}
         }
     }
+    Ok((spec, args, ctx))
+}
+
+/// One tool call, as every host makes it.
+pub fn call<P: Programs, F: Files>(programs: &mut P, files: &mut F, tool: &str, args_json: &str, raw: RawContext) -> ToolResult<Value> {
+    let (spec, args, ctx) = admit(tool, args_json, raw)?;
+    if spec.access == ToolAccess::Change && ctx.options.access == AccessOption::AskChanges && !ctx.facts.approved {
+        return Err(ToolError::new(Code::ApprovalRequired, format!("{} changes a machine and needs the user's approval first", spec.name)));
+    }
     let mut env = Env { programs, files, ctx: &ctx };
     (spec.run)(&mut env, &args)
+}
+
+/// A call's checks without the call (the WIT `check`): everything `admit` checks, then
+/// the tool's own refusals, through capabilities that allow reads only. Ok means the
+/// call may go ahead; a host asks the user only then.
+pub fn check<P: Programs, F: Files>(programs: &mut P, files: &mut F, tool: &str, args_json: &str, raw: RawContext) -> ToolResult<()> {
+    let (spec, args, ctx) = admit(tool, args_json, raw)?;
+    let Some(check) = spec.check else { return Ok(()) };
+    let (mut programs, mut files) = (preflight::ReadsOnly(programs), preflight::ReadFiles(files));
+    check(&mut Env { programs: &mut programs, files: &mut files, ctx: &ctx }, &args)
 }
 
 /// HOST_UNTESTED: OpenCode outside the range our own tests run.

@@ -4,7 +4,7 @@
 
 use serde_json::{json, Value};
 
-use super::{drop, fork, harvest, image, job, lifecycle, status, submit, Env};
+use super::{drop, fork, harvest, image, job, lifecycle, preflight, status, submit, Env};
 use crate::errors::ToolResult;
 
 /// What a tool does to a machine, which decides whether the `access` option lets it run.
@@ -26,6 +26,9 @@ impl ToolAccess {
 /// A tool's run: its checked arguments in, its JSON answer out.
 pub type Run = fn(&mut Env, &Value) -> ToolResult<Value>;
 
+/// A tool's own checks before anyone is asked: the refusal its `run` would give, or ok.
+pub type Check = fn(&mut Env, &Value) -> ToolResult<()>;
+
 pub struct ToolSpec {
     pub name: &'static str,
     pub access: ToolAccess,
@@ -40,6 +43,9 @@ pub struct ToolSpec {
     /// tool): how the user finds out what is wrong.
     pub on_untested_host: bool,
     pub run: Run,
+    /// The tool's refusals before its first change, through reads only (see `preflight`);
+    /// None when only the common checks apply.
+    pub check: Option<Check>,
     pub description: &'static str,
     /// Builds the JSON Schema of the arguments.
     pub schema: fn() -> Value,
@@ -66,6 +72,7 @@ pub const TOOLS: &[ToolSpec] = &[
         progress: None,
         on_untested_host: true,
         run: status::run,
+        check: None,
         description: "Show the boxd CLI sign-in, the golden snapshot, every open work with its machine state and warnings, the tools, and one next step. Starts nothing.",
         schema: || object(json!({}), &[]),
     },
@@ -77,6 +84,7 @@ pub const TOOLS: &[ToolSpec] = &[
         progress: None,
         on_untested_host: false,
         run: job::run,
+        check: None,
         description: "How a work's run is going: busy, idle, asleep, gone or starting; when idle the last outcome (completed, failed, aborted), the newest assistant text (redacted, at most 300 characters), the last activity time and the prompts waiting. Never wakes a machine.",
         schema: only_work,
     },
@@ -88,6 +96,7 @@ pub const TOOLS: &[ToolSpec] = &[
         progress: Some("ensuring machine oc-{work}…"),
         on_untested_host: false,
         run: lifecycle::ensure,
+        check: Some(preflight::ensure),
         description: "Create (or adopt) the private boxd machine oc-<work> for a work, from the golden snapshot, and record it in the ledger. Cheap and idempotent on a healthy work.",
         schema: || object(json!({
             "work": work(),
@@ -102,6 +111,7 @@ pub const TOOLS: &[ToolSpec] = &[
         progress: Some("submitting to oc-{work}…"),
         on_untested_host: false,
         run: submit::run,
+        check: Some(submit::check),
         description: "Send a task to a work's guest OpenCode session, optionally copying laptop files into the work tree first. Returns once the guest admitted the prompt (queued: true when a run was busy); call boxd_job in a later turn.",
         schema: || object(json!({
             "work": work(),
@@ -125,6 +135,7 @@ pub const TOOLS: &[ToolSpec] = &[
         progress: Some("harvesting work {work}…"),
         on_untested_host: false,
         run: harvest::run,
+        check: Some(preflight::open_work),
         description: "Bring a work home: export the guest's session tree, import it into this laptop's OpenCode (parents first) and prove it by reading it back, record the guest's git state (storing uncommitted changes as a patch), then copy the named files back.",
         schema: || object(json!({
             "work": work(),
@@ -145,6 +156,7 @@ pub const TOOLS: &[ToolSpec] = &[
         progress: None,
         on_untested_host: false,
         run: lifecycle::sleep,
+        check: Some(preflight::open_work),
         description: "Hibernate a work's machine. Destroys nothing and keeps the disk; always allowed. Records a warning when the newest prompt is not yet harvested.",
         schema: only_work,
     },
@@ -156,6 +168,7 @@ pub const TOOLS: &[ToolSpec] = &[
         progress: Some("waking oc-{work}…"),
         on_untested_host: false,
         run: lifecycle::resume,
+        check: Some(preflight::known_work),
         description: "Wake a hibernated work's machine (resetting its idle bound), or rebuild a gone one from the golden snapshot.",
         schema: only_work,
     },
@@ -167,6 +180,7 @@ pub const TOOLS: &[ToolSpec] = &[
         progress: None,
         on_untested_host: false,
         run: image::run,
+        check: Some(image::check),
         description: "Save a work's machine as a new named snapshot. Refuses until a harvest has proven the transcript since the last prompt.",
         schema: || object(json!({
             "work": work(),
@@ -181,6 +195,7 @@ pub const TOOLS: &[ToolSpec] = &[
         progress: Some("forking work {work}…"),
         on_untested_host: false,
         run: fork::run,
+        check: Some(fork::check),
         description: "Fork a work whose transcript is proven into new works (one machine each, a copy of its work tree) to try several approaches: each fork is its own work, recorded with its parent, and takes its own prompts (boxd_submit) and harvest. Forks past a running-machine cap wait queued; calling again for the same work admits them in order once a slot frees.",
         schema: || object(json!({
             "work": work(),
@@ -200,6 +215,7 @@ pub const TOOLS: &[ToolSpec] = &[
         progress: None,
         on_untested_host: false,
         run: drop::run,
+        check: Some(drop::check),
         description: "Destroy a work's machine, only when the laptop can account for everything on it: the guest is stopped, then its live state is checked in the same call (proven transcript, every commit in the ledger's bundle, uncommitted changes in the stored patch, every new file harvested or sent from the laptop). A work whose machine is gone is closed, naming what could not be recovered.",
         schema: || object(json!({
             "work": work(),

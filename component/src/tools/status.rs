@@ -11,8 +11,8 @@ use super::Env;
 use crate::boxd::{Boxd, Failure, State};
 use crate::errors::{Code, ToolError, ToolResult};
 use crate::ledger::{amount, Ledger, Work, WorkState};
-use crate::options::{self, AccessOption, Context};
-use super::registry::{ToolAccess, TOOLS};
+use crate::options::{self, AccessOption, Context, ToolRule};
+use super::registry::{ToolAccess, ToolSpec, TOOLS};
 
 pub fn run(env: &mut Env, _args: &Value) -> ToolResult<Value> {
     let ctx = env.ctx;
@@ -120,20 +120,9 @@ pub fn run(env: &mut Env, _args: &Value) -> ToolResult<Value> {
         }));
     }
 
-    let tools: Vec<Value> = TOOLS
-        .iter()
-        .map(|t| {
-            let runs = match (t.access, opts.access) {
-                (ToolAccess::Read, _) | (_, AccessOption::All) => "runs",
-                (_, AccessOption::AskChanges) => "asks",
-                (_, AccessOption::ReadOnly) => "denied",
-            };
-            json!({ "name": t.name, "access": t.access.as_str(), "runs": runs })
-        })
-        .collect();
-
     let bridge_facts = ctx.facts.opencode.clone();
     let bridge = bridge_facts.clone().unwrap_or_default();
+    let tools: Vec<Value> = TOOLS.iter().map(|t| tool_row(t, opts.access, bridge.tool_rules.iter().find(|r| r.tool == t.name))).collect();
     let laptop_opencode = crate::opencode::known_version(ctx);
     let (lo, hi) = options::TESTED_OPENCODE;
     let host_ok = ctx.host_name != "opencode" || options::in_tested_range(&ctx.host_version);
@@ -167,7 +156,11 @@ pub fn run(env: &mut Env, _args: &Value) -> ToolResult<Value> {
     });
     // What only the OpenCode bridge knows appears only there (its rules, its skill copy).
     if bridge_facts.is_some() {
+        answer["agent"] = json!(bridge.agent);
         answer["agentsWithoutRules"] = json!(bridge.agents_without_rules);
+        if let Some(paste) = rules_to_paste(&bridge.agents_without_rules, &bridge.default_rules_json) {
+            answer["rulesToPaste"] = paste;
+        }
         answer["rulesAdded"] = json!(!bridge.rules_not_added);
         answer["skills"] = match &bridge.skills_invalid {
             Some(why) => json!({ "ok": false, "error": Code::SkillsInvalid.as_str(), "reason": why }),
@@ -175,6 +168,42 @@ pub fn run(env: &mut Env, _args: &Value) -> ToolResult<Value> {
         };
     }
     Ok(answer)
+}
+
+/// A tool's row: whether it runs, asks or is denied for the calling agent. The access
+/// option decides first; the agent's own rule in OpenCode (when the bridge read it) can
+/// only make that stricter: a deny hides the tool, an ask makes the bridge ask.
+fn tool_row(t: &ToolSpec, access: AccessOption, rule: Option<&ToolRule>) -> Value {
+    let by_access = match (t.access, access) {
+        (ToolAccess::Read, _) | (_, AccessOption::All) => "runs",
+        (_, AccessOption::AskChanges) => "asks",
+        (_, AccessOption::ReadOnly) => "denied",
+    };
+    let runs = match rule {
+        Some(r) if r.hidden || r.action == "deny" => "denied",
+        Some(r) if r.action == "ask" && by_access == "runs" => "asks",
+        _ => by_access,
+    };
+    let mut row = json!({ "name": t.name, "access": t.access.as_str(), "runs": runs });
+    if let Some(r) = rule {
+        row["rule"] = json!(r.action);
+        row["hidden"] = json!(r.hidden);
+    }
+    row
+}
+
+/// What to add to opencode.json for the agents without the default rules: each agent's
+/// permission with the rules, to merge after the agent's own "*" rule (later keys win).
+fn rules_to_paste(agents: &[String], rules_json: &str) -> Option<Value> {
+    let rules: Value = serde_json::from_str(rules_json).ok().filter(Value::is_object)?;
+    if agents.is_empty() {
+        return None;
+    }
+    let agent: serde_json::Map<String, Value> = agents.iter().map(|a| (a.clone(), json!({ "permission": rules }))).collect();
+    Some(json!({
+        "config": { "agent": agent },
+        "how": "Merge this into opencode.json: each agent's rules go into agent.<name>.permission after its \"*\" rule, so they win over it.",
+    }))
 }
 
 /// A work's spend as boxd_status and boxd_job show it (in the price table's currency).
@@ -198,5 +227,49 @@ pub fn job_state(s: State) -> &'static str {
         State::Stopped => "stopped",
         State::Failed => "failed",
         State::Gone => "gone",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::{raw_context as raw, MemFiles, Scripted};
+    use crate::tools::call;
+
+    fn status(options: &str, facts: &str) -> Value {
+        let (mut p, mut f) = (Scripted::default(), MemFiles::new(&["/p", "/l"]));
+        p.push_exit(0, "[]", "");
+        p.push_exit(0, "[]", "");
+        call(&mut p, &mut f, "boxd_status", "{}", raw(options, facts)).unwrap()
+    }
+
+    fn row<'a>(v: &'a Value, tool: &str) -> &'a Value {
+        v["tools"].as_array().unwrap().iter().find(|t| t["name"] == tool).unwrap()
+    }
+
+    #[test]
+    fn a_tool_the_users_rule_denies_or_asks_is_not_said_to_run() {
+        let facts = r#"{"agent":"build","toolRules":{"boxd_drop":"deny hidden","boxd_sleep":"ask","boxd_job":"allow"},"defaultRules":{"boxd_*":"allow"}}"#;
+        let v = status("{}", facts);
+        assert_eq!(v["agent"], "build");
+        assert_eq!(row(&v, "boxd_drop")["runs"], "denied");
+        assert_eq!(row(&v, "boxd_drop")["hidden"], true);
+        assert_eq!(row(&v, "boxd_sleep")["runs"], "asks");
+        assert_eq!(row(&v, "boxd_job")["runs"], "runs");
+        assert_eq!(row(&v, "boxd_job")["rule"], "allow");
+        // A rule never loosens the access option.
+        let v = status(r#"{"access":"read-only"}"#, r#"{"toolRules":{"boxd_ensure":"allow"}}"#);
+        assert_eq!(row(&v, "boxd_ensure")["runs"], "denied");
+    }
+
+    #[test]
+    fn every_agent_without_the_rules_gets_them_to_paste() {
+        let v = status("{}", r#"{"agentsWithoutRules":["careful","explore"],"defaultRules":{"boxd_*":"allow","boxd_drop":"ask"}}"#);
+        assert_eq!(v["agentsWithoutRules"], json!(["careful", "explore"]));
+        let agents = &v["rulesToPaste"]["config"]["agent"];
+        assert_eq!(agents["careful"]["permission"], json!({ "boxd_*": "allow", "boxd_drop": "ask" }));
+        assert_eq!(agents["explore"]["permission"]["boxd_drop"], "ask");
+        assert!(v["rulesToPaste"]["how"].as_str().unwrap().contains("after its \"*\" rule"));
+        assert!(status("{}", r#"{"agentsWithoutRules":[],"defaultRules":{}}"#).get("rulesToPaste").is_none());
     }
 }

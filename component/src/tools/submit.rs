@@ -64,7 +64,17 @@ fn refused(path: &str, why: &str) -> ToolError {
     ToolError::new(Code::PathRefused, format!("laptop file '{path}' {why}"))
 }
 
-pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
+/// What a submit needs before it records anything, read and checked: the prompt, the
+/// files (every one before any boxd call), the open work whose machine runs.
+struct Admitted {
+    work: String,
+    machine: String,
+    prompt: String,
+    files: Vec<Incoming>,
+    w: crate::ledger::Work,
+}
+
+fn admit(env: &mut Env, args: &Value) -> ToolResult<Admitted> {
     let (work, machine) = work_arg(args)?;
     let prompt = args.get("prompt").and_then(Value::as_str).unwrap_or_default().to_string();
     if prompt.trim().is_empty() {
@@ -78,14 +88,25 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
         ));
     }
     let files = check_files(env, args)?;
+    let ctx = env.ctx;
+    let w = Ledger::for_call(&mut env.files, ctx).require(&work)?;
+    super::require_open(&w)?;
+    super::admission::check_lifetime(&w, ctx)?;
+    running_state(&mut Boxd::new(&mut env.programs, ctx.options.boxd_timeout_seconds), &w)?;
+    Ok(Admitted { work, machine, prompt, files, w })
+}
+
+/// The refusals a submit gives before it records the prompt (see `admit`).
+pub fn check(env: &mut Env, args: &Value) -> ToolResult<()> {
+    admit(env, args).map(|_| ())
+}
+
+pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
+    let Admitted { work, machine, prompt, files, w } = admit(env, args)?;
     let now = env.now();
     let ctx = env.ctx;
     let mut ledger = Ledger::for_call(&mut env.files, ctx);
-    let w = ledger.require(&work)?;
-    super::require_open(&w)?;
-    super::admission::check_lifetime(&w, ctx)?;
     let mut boxd = Boxd::new(&mut env.programs, ctx.options.boxd_timeout_seconds);
-    running_state(&mut boxd, &w)?;
 
     // A prompt recorded before its exec whose answer never came (the host was killed, boxd
     // timed out) is the same prompt when it is sent again: it keeps its id, and the guest,

@@ -32,8 +32,16 @@ export class Pool {
    * One tool call. Resolves to {ok: json} | {toolError: {code, message, next}} |
    * {trap: message} | {aborted: true}; never rejects.
    */
-  call(tool, args, ctx, signal) {
-    return this.#run({ type: "call", tool, args, ctx }, signal);
+  call(tool, args, ctx, signal, onSpawn) {
+    return this.#run({ type: "call", tool, args, ctx }, signal, onSpawn);
+  }
+
+  /**
+   * The component's checks for a call, through reads only (the WIT `check`). Resolves to
+   * {ok} when the call may go ahead, else as `call`.
+   */
+  check(tool, args, ctx, signal) {
+    return this.#run({ type: "check", tool, args, ctx }, signal);
   }
 
   get size() {
@@ -54,9 +62,10 @@ export class Pool {
     }
   }
 
-  #run(msg, signal) {
+  // `onSpawn(request)` hears of each child the call starts, as it starts (progress).
+  #run(msg, signal, onSpawn) {
     return new Promise((resolve) => {
-      const job = { msg: { ...msg, id: this.#next++ }, resolve, kills: new Set(), aborted: false };
+      const job = { msg: { ...msg, id: this.#next++ }, resolve, kills: new Set(), aborted: false, onSpawn };
       if (signal) {
         if (signal.aborted) return resolve({ aborted: true });
         // Abort kills the children this call is running; the component then sees them
@@ -129,6 +138,9 @@ export class Pool {
     if (!job || job.aborted) {
       reply = { tag: "err", val: { tag: "failed", val: "the user aborted this tool call" } };
     } else {
+      try {
+        job.onSpawn?.(m.req);
+      } catch {} // progress is a courtesy: it never fails the call
       reply = await runChild(m.req, this.#grants, (kill) => {
         job.kills.add(kill);
         return () => job.kills.delete(kill);

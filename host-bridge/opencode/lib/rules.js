@@ -18,9 +18,14 @@
 //     only for tools the global permission does not name, so the user's global rule keeps
 //     deciding; deny for explore/compaction/title/summary → report it.
 //
-// The rules: "boxd_*" → allow, every tool → allow, except that under access
-// "ask-changes" each change tool is "ask": a base allow would otherwise answer the
-// plugin's own ctx.ask before the user saw it.
+// The rules: "boxd_*" → allow, every tool → allow, except the change tools: "deny" under
+// access "read-only" (OpenCode then does not offer them to the model at all), and "ask"
+// under "ask-changes" (a base allow would otherwise answer the plugin's own ctx.ask
+// before the user saw it).
+//
+// At a call, the bridge reads the rules back as OpenCode evaluates them (GET /agent, every
+// agent's merged ruleset) to tell the component what the calling agent may do and which
+// agents lack the rules: see `toolRules` and `lacksRules` below.
 
 const isObject = (v) => v !== null && typeof v === "object" && !Array.isArray(v);
 
@@ -29,8 +34,43 @@ const BUILTIN_DENY_ALL = ["explore", "compaction", "title", "summary"];
 
 export function defaultRules(tools, access) {
   const rules = { "boxd_*": "allow" };
-  for (const t of tools) rules[t.name] = t.access === "change" && access === "ask-changes" ? "ask" : "allow";
+  const change = { "read-only": "deny", "ask-changes": "ask" }[access] ?? "allow";
+  for (const t of tools) rules[t.name] = t.access === "change" ? change : "allow";
   return rules;
+}
+
+// A ruleset as GET /agent shows it: [{permission, pattern, action}], the last match wins.
+const lastRule = (ruleset, tool, pattern) =>
+  (Array.isArray(ruleset) ? ruleset : []).findLast((r) => wildcardMatch(r.permission, tool) && (pattern === undefined || wildcardMatch(r.pattern, pattern)));
+
+/**
+ * Each tool's rule for one agent, as OpenCode decides it: the action for any work (pattern
+ * "*"; no rule is "ask"), and whether OpenCode hides the tool from the model (the last
+ * rule naming it denies pattern "*").
+ */
+export function toolRules(ruleset, tools) {
+  return tools.map((t) => {
+    const last = lastRule(ruleset, t.name);
+    return {
+      tool: t.name,
+      action: lastRule(ruleset, t.name, "*")?.action ?? "ask",
+      hidden: last?.pattern === "*" && last?.action === "deny",
+    };
+  });
+}
+
+/**
+ * Whether an agent lacks the default rules: for some tool, a rule that names no boxd tool
+ * (its base "*", another wildcard) decides otherwise than the default would. A rule the
+ * user wrote for a boxd tool is their choice, not a missing rule.
+ */
+export function lacksRules(ruleset, tools, access) {
+  const wanted = defaultRules(tools, access);
+  return tools.some((t) => {
+    const r = lastRule(ruleset, t.name, "*");
+    if (r && (r.permission === t.name || r.permission.startsWith("boxd_"))) return false;
+    return (r?.action ?? "ask") !== wanted[t.name];
+  });
 }
 
 /** The action of a permission value's base rule (permission "*", pattern "*"), or undefined. */

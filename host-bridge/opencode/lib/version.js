@@ -12,7 +12,7 @@ import { execFile } from "node:child_process";
 
 const VERSION = /^\d+\.\d+\.\d+\S*$/;
 
-function within(ms, promise) {
+export function within(ms, promise) {
   let timer;
   return Promise.race([promise, new Promise((_, reject) => (timer = setTimeout(() => reject(new Error("timeout")), ms)))]).finally(() => clearTimeout(timer));
 }
