@@ -273,7 +273,11 @@ fn tour(f: &Grants, dir: &Path, boxd_local: &Path, opencode: &Path, kept: Option
         println!("   boxd-host call boxd_status --project {} --ledger {} --boxd {} --opencode {}", project.display(), ledger.display(), boxd_local.display(), opencode.display());
         if code == 0 {
             let kept = Kept { dir, laptop: &laptop, project: &project, ledger: &ledger, boxd_home: &boxd_home, boxd_local, opencode, opencode_version: &oc_version, guest_config: GUEST_CONFIG };
-            let command = opencode::wire(&kept, plugin)?;
+            let (spec, command) = opencode::wire(&kept, plugin)?;
+            println!("   the project's opencode.json loads the plugin {spec}");
+            if let Plugin::Npm(_) = plugin {
+                println!("   (from npm; from a checkout, pass --plugin with the tarball `npm pack` makes in host-bridge/opencode)");
+            }
             println!("\nOpen OpenCode there (its own data, the plugin, boxd-local, the scripted model) with:\n{command}");
         } else {
             println!("   (not wired for OpenCode: a step failed)");

@@ -58,8 +58,9 @@ pub struct Kept<'a> {
     pub guest_config: &'a str,
 }
 
-/// Write the project's OpenCode wiring; returns the command that opens OpenCode there.
-pub fn wire(k: &Kept, plugin: &Plugin) -> Result<String> {
+/// Write the project's OpenCode wiring; returns the plugin spec it names and the command
+/// that opens OpenCode there.
+pub fn wire(k: &Kept, plugin: &Plugin) -> Result<(String, String)> {
     let spec = match plugin {
         Plugin::Tarball(file) => {
             let copy = k.dir.join(file.file_name().context("a tarball has a file name")?);
@@ -79,7 +80,7 @@ pub fn wire(k: &Kept, plugin: &Plugin) -> Result<String> {
     let script = k.dir.join("run-opencode");
     write_new(&script, &run_script(k))?;
     std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
-    Ok(sh_quote(&script.display().to_string()))
+    Ok((spec, sh_quote(&script.display().to_string())))
 }
 
 /// OpenCode installs @opencode-ai/plugin into every config folder (a network step of 20 s
