@@ -115,6 +115,11 @@ fn the_tour_keeps_nothing_in_a_folder_that_is_not_empty() {
     let out = tour(&["--keep", fresh.to_str().unwrap(), "--plugin", "/nowhere/opencode-boxd-0.1.0.tgz"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("no such file or folder"), "{}", String::from_utf8_lossy(&out.stderr));
+    // So is a file that is not a tarball npm pack made.
+    std::fs::write(s.0.join("notes.tgz"), "not gzip").unwrap();
+    let out = tour(&["--keep", fresh.to_str().unwrap(), "--plugin", s.0.join("notes.tgz").to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a tarball"), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(!fresh.exists());
 }
 

@@ -266,19 +266,26 @@ fn tour(f: &Grants, dir: &Path, boxd_local: &Path, opencode: &Path, kept: Option
     }
     let calls = std::fs::read_to_string(boxd_home.join("calls.jsonl")).map(|t| t.lines().count()).unwrap_or(0);
     println!("\n   boxd calls made: {calls} (boxd-local's call log); audit log: {}", audit_log.display());
-    let code = if steps.iter().all(|s| s["ok"] == true) { 0 } else { 1 };
+    let mut code = if steps.iter().all(|s| s["ok"] == true) { 0 } else { 1 };
     if let Some(plugin) = kept {
         println!("\nkept in {}.", dir.display());
         println!("   boxd-host there: export BOXD_LOCAL_HOME={} HOME={l} XDG_DATA_HOME={l}/data XDG_CONFIG_HOME={l}/config XDG_CACHE_HOME={l}/cache XDG_STATE_HOME={l}/state", boxd_home.display());
         println!("   boxd-host call boxd_status --project {} --ledger {} --boxd {} --opencode {}", project.display(), ledger.display(), boxd_local.display(), opencode.display());
         if code == 0 {
             let kept = Kept { dir, laptop: &laptop, project: &project, ledger: &ledger, boxd_home: &boxd_home, boxd_local, opencode, opencode_version: &oc_version, guest_config: GUEST_CONFIG };
-            let (spec, command) = opencode::wire(&kept, plugin)?;
-            println!("   the project's opencode.json loads the plugin {spec}");
-            if let Plugin::Npm(_) = plugin {
-                println!("   (from npm; from a checkout, pass --plugin with the tarball `npm pack` makes in host-bridge/opencode)");
+            match opencode::wire(&kept, plugin) {
+                Ok((spec, command)) => {
+                    println!("   the project's opencode.json loads the plugin {spec}");
+                    if let Plugin::Npm(_) = plugin {
+                        println!("   (from npm; from a checkout, pass --plugin with the tarball `npm pack` makes in host-bridge/opencode)");
+                    }
+                    println!("\nOpen OpenCode there (its own data, the plugin, boxd-local, the scripted model) with:\n{command}");
+                }
+                Err(e) => {
+                    println!("   not wired for OpenCode: {e:#}");
+                    code = 1;
+                }
             }
-            println!("\nOpen OpenCode there (its own data, the plugin, boxd-local, the scripted model) with:\n{command}");
         } else {
             println!("   (not wired for OpenCode: a step failed)");
         }

@@ -40,6 +40,12 @@ impl Plugin {
             }
             return Ok(Plugin::Folder(real));
         }
+        // npm pack makes a gzip file; anything else would only fail inside OpenCode later.
+        let mut magic = [0u8; 2];
+        let gzip = std::fs::File::open(&real).and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic)).is_ok() && magic == [0x1f, 0x8b];
+        if !gzip {
+            bail!("--plugin {spec}: not a tarball from `npm pack` (not gzip), nor a folder");
+        }
         Ok(Plugin::Tarball(real))
     }
 }
@@ -64,6 +70,9 @@ pub fn wire(k: &Kept, plugin: &Plugin) -> Result<(String, String)> {
     let spec = match plugin {
         Plugin::Tarball(file) => {
             let copy = k.dir.join(file.file_name().context("a tarball has a file name")?);
+            if copy.exists() {
+                bail!("{} exists already; the tarball is not copied over it", copy.display());
+            }
             std::fs::copy(file, &copy).with_context(|| format!("copying {} into {}", file.display(), k.dir.display()))?;
             // An npm spec with a file: tarball: OpenCode 1.18 installs it into its cache.
             format!("{PACKAGE}@file:{}", copy.display())
