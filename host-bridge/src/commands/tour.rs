@@ -2,7 +2,8 @@
 //! the provider and a scripted model answers on loopback; the tour builds a golden image
 //! through the component, then runs host-bridge/tour/plan.json (ensure → submit with a
 //! file → job until idle → harvest, SUMMARY.md comes back → drop) through the real
-//! component, prints each step, the audit, and one JSON summary line last.
+//! component, prints each step, the audit, and one JSON summary line last. With `--keep
+//! DIR` everything stays in DIR, wired for OpenCode (tour/opencode.rs).
 
 use std::io::{Read, Write};
 use std::net::TcpListener;
