@@ -78,9 +78,13 @@ pub enum Command {
     Mcp,
     /// The whole product on boxd-local with a scripted model: golden image, ensure, submit (with a file), job, harvest, drop, audit
     Tour {
-        /// Keep the tour's folders here instead of removing them
+        /// Keep the tour's folders here (a new or empty folder), wired for OpenCode
         #[arg(long, value_name = "DIR")]
         keep: Option<PathBuf>,
+        /// The plugin the kept project's OpenCode loads: a tarball from `npm pack`, a plugin
+        /// folder, or an npm spec (default: opencode-boxd at this version, from npm)
+        #[arg(long, value_name = "SPEC", requires = "keep")]
+        plugin: Option<String>,
     },
     /// Build the golden image: a machine with this laptop's OpenCode, snapshotted
     Golden(GoldenArgs),

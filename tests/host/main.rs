@@ -16,6 +16,7 @@ mod nothing_lost;
 mod kill_matrix;
 mod concurrency;
 mod tour;
+mod install;
 mod mcp;
 mod opencode;
 mod faults_matrix;

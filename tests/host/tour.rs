@@ -11,10 +11,14 @@ use crate::guest::sha256;
 
 #[test]
 fn the_tour_runs_every_step_and_brings_summary_home() {
+    // The tour as an installed boxd-host runs it: a copy beside boxd-local, away from the
+    // source tree, with the plugin from its npm tarball.
     let s = Scratch::new("tour");
+    let host = crate::install::relocated(&s.0);
+    let tarball = crate::install::packed_plugin(&s.path("pack"));
     let keep = s.0.join("kept");
-    let out = std::process::Command::new(boxd_host())
-        .args(["--opencode", opencode_bin().to_str().unwrap(), "tour", "--keep", keep.to_str().unwrap()])
+    let out = crate::install::away_from_the_source(&host, &s.path("elsewhere"))
+        .args(["--opencode", opencode_bin().to_str().unwrap(), "tour", "--keep", keep.to_str().unwrap(), "--plugin", tarball.to_str().unwrap()])
         .env("BOXD_HOST_CACHE", cache_dir())
         .output()
         .unwrap();
@@ -38,6 +42,85 @@ fn the_tour_runs_every_step_and_brings_summary_home() {
     assert_eq!(String::from_utf8_lossy(&list.stdout).trim(), "[]");
     assert!(stdout.contains("boxd:plugin/spawn@0.1.0") && stdout.contains("programs it may run"));
     assert!(keep.join("audit.jsonl").exists() && keep.join("ledger/works/tour/work.json").exists());
+
+    // The one command it printed opens OpenCode in the kept project: run it as printed,
+    // with `run` for one non-interactive prompt the scripted model turns into boxd_status.
+    let lines: Vec<&str> = stdout.lines().collect();
+    let at = lines.iter().position(|l| l.starts_with("Open OpenCode there")).expect("the tour prints how to open OpenCode");
+    let command = lines[at + 1];
+    let answer = opencode_run(&s.path("elsewhere"), &format!("{command} run --format json '@@tool:boxd_status:{{}}@@'"));
+    assert_eq!(answer["boxd"]["cli"], "signed in", "{answer}");
+    assert_eq!(answer["host"]["name"], "opencode", "{answer}");
+    // The tour's golden image, in the kept boxd-local: this OpenCode talks to that project's boxd.
+    assert_eq!((answer["snapshot"]["name"].as_str(), answer["snapshot"]["present"].as_bool()), (Some("opencode-golden"), Some(true)), "{answer}");
+    // The plugin OpenCode loaded is the tarball's copy in the kept folder, installed into its own cache.
+    let spec = format!("opencode-boxd@file:{}", keep.join(tarball.file_name().unwrap()).display());
+    assert!(keep.join("laptop/cache/opencode/packages").join(spec).join("node_modules/opencode-boxd/dist/worker.js").exists());
+}
+
+/// `sh -c LINE` (an `opencode run --format json` through the tour's script), bounded;
+/// the boxd_status answer among the events it printed.
+fn opencode_run(cwd: &std::path::Path, line: &str) -> serde_json::Value {
+    use std::os::unix::process::CommandExt;
+    let mut child = std::process::Command::new("sh")
+        .args(["-c", line])
+        .current_dir(cwd)
+        .process_group(0)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (stdout, stderr) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
+    let read = |mut r: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut text = String::new();
+            let _ = r.read_to_string(&mut text);
+            text
+        })
+    };
+    let (out, err) = (read(Box::new(stdout)), read(Box::new(stderr)));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(180);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            // The whole group: the script, opencode and the scripted model it started.
+            let _ = std::process::Command::new("kill").args(["-KILL", &format!("-{}", child.id())]).status();
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let (out, err) = (out.join().unwrap(), err.join().unwrap());
+    let part = out
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|e| e["type"] == "tool_use" && e["part"]["tool"] == "boxd_status")
+        .unwrap_or_else(|| panic!("no boxd_status call in the output of {line}:\n{out}\n{err}"));
+    assert_eq!(part["part"]["state"]["status"], "completed", "{part}");
+    serde_json::from_str(part["part"]["state"]["output"].as_str().unwrap()).unwrap()
+}
+
+#[test]
+fn the_tour_keeps_nothing_in_a_folder_that_is_not_empty() {
+    let s = Scratch::new("tour-keep");
+    let mine = s.path("mine");
+    std::fs::write(mine.join("notes.md"), "mine\n").unwrap();
+    let tour = |args: &[&str]| std::process::Command::new(boxd_host()).arg("tour").args(args).env("BOXD_HOST_CACHE", cache_dir()).output().unwrap();
+    let out = tour(&["--keep", mine.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stdout));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is not empty"), "{}", String::from_utf8_lossy(&out.stderr));
+    let left: Vec<_> = std::fs::read_dir(&mine).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(left, ["notes.md"]);
+    assert_eq!(std::fs::read_to_string(mine.join("notes.md")).unwrap(), "mine\n");
+    // A plugin path that is not there is refused before the tour starts, and nothing is made.
+    let fresh = s.0.join("fresh");
+    let out = tour(&["--keep", fresh.to_str().unwrap(), "--plugin", "/nowhere/opencode-boxd-0.1.0.tgz"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no such file or folder"), "{}", String::from_utf8_lossy(&out.stderr));
+    // So is a file that is not a tarball npm pack made.
+    std::fs::write(s.0.join("notes.tgz"), "not gzip").unwrap();
+    let out = tour(&["--keep", fresh.to_str().unwrap(), "--plugin", s.0.join("notes.tgz").to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a tarball"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!fresh.exists());
 }
 
 /// A release server that fails `failures` times (503), then serves `body`.

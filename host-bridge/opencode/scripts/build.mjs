@@ -33,7 +33,7 @@ if (!fs.existsSync(wasm)) fail(`${wasm} is missing: run \`cargo build -p boxd-ho
 const version = (name) => JSON.parse(fs.readFileSync(path.join(here, "node_modules", name, "package.json"), "utf8")).version;
 const pkg = JSON.parse(fs.readFileSync(path.join(here, "package.json"), "utf8"));
 // The shim patch in worker.js depends on the shim's internals: build only with the pinned one.
-const shimWanted = pkg.dependencies["@bytecodealliance/preview2-shim"];
+const shimWanted = pkg.devDependencies["@bytecodealliance/preview2-shim"];
 if (version("@bytecodealliance/preview2-shim") !== shimWanted) {
   fail(`node_modules has preview2-shim ${version("@bytecodealliance/preview2-shim")}, package.json pins ${shimWanted}: run npm ci`);
 }

@@ -19,7 +19,7 @@ pub fn run(cli: Cli) -> Result<u8> {
         Command::Call { tool, args } => call::run(grants, &tool, args),
         Command::Audit { json } => audit::run(grants, json),
         Command::Mcp => mcp::serve(grants),
-        Command::Tour { keep } => tour::run(grants, keep),
+        Command::Tour { keep, plugin } => tour::run(grants, keep, plugin),
         Command::Golden(args) => golden::run(grants, &args),
     }
 }

@@ -2,7 +2,8 @@
 //! the provider and a scripted model answers on loopback; the tour builds a golden image
 //! through the component, then runs host-bridge/tour/plan.json (ensure → submit with a
 //! file → job until idle → harvest, SUMMARY.md comes back → drop) through the real
-//! component, prints each step, the audit, and one JSON summary line last.
+//! component, prints each step, the audit, and one JSON summary line last. With `--keep
+//! DIR` everything stays in DIR, wired for OpenCode (tour/opencode.rs).
 
 use std::io::{Read, Write};
 use std::net::TcpListener;
@@ -15,6 +16,9 @@ use serde_json::{json, Value};
 
 use crate::cli::Grants;
 use crate::session::Session;
+
+mod opencode;
+use opencode::{Kept, Plugin};
 
 /// The scripted model ships with the tour (it is product code: the tour cannot run
 /// without it); the tests start the same file.
@@ -88,13 +92,20 @@ fn start_model(dir: &Path) -> Result<(Killed, String)> {
     Ok((Killed(child), url))
 }
 
-pub fn run(f: &Grants, keep: Option<PathBuf>) -> Result<u8> {
-    let exe_dir = std::env::current_exe()?.parent().context("no exe folder")?.to_path_buf();
-    let boxd_local = f.boxd.clone().unwrap_or_else(|| exe_dir.join("boxd-local"));
-    if !boxd_local.exists() {
-        bail!("boxd-local is not next to boxd-host ({}); build it: cargo build -p boxd-local", boxd_local.display());
+pub fn run(f: &Grants, keep: Option<PathBuf>, plugin: Option<String>) -> Result<u8> {
+    let plugin = Plugin::parse(plugin.as_deref())?;
+    if let Some(d) = &keep {
+        refuse_unless_empty(d)?;
     }
     let path_var = std::env::var("PATH").ok();
+    let boxd_local = match &f.boxd {
+        Some(p) => p.clone(),
+        None => find_boxd_local(path_var.as_deref())?,
+    };
+    if !boxd_local.exists() {
+        bail!("--boxd {} does not exist", boxd_local.display());
+    }
+    let boxd_local = std::fs::canonicalize(&boxd_local)?;
     let opencode = match &f.opencode {
         Some(p) => p.clone(),
         None => crate::policy::find_on_path("opencode", path_var.as_deref()).context(
@@ -116,14 +127,41 @@ pub fn run(f: &Grants, keep: Option<PathBuf>) -> Result<u8> {
             d
         }
     };
-    let result = tour(f, &dir, &boxd_local, &opencode, keep.is_some());
+    let result = tour(f, &dir, &boxd_local, &opencode, keep.is_some().then_some(&plugin));
     if keep.is_none() {
         let _ = std::fs::remove_dir_all(&dir);
     }
     result
 }
 
-fn tour(f: &Grants, dir: &Path, boxd_local: &Path, opencode: &Path, kept: bool) -> Result<u8> {
+/// boxd-local next to this binary (a build or `cargo install` puts both in one folder), else
+/// on PATH.
+fn find_boxd_local(path_var: Option<&str>) -> Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let beside = exe.parent().context("no exe folder")?.join("boxd-local");
+    if beside.exists() {
+        return Ok(beside);
+    }
+    crate::policy::find_on_path("boxd-local", path_var).with_context(|| {
+        format!("the tour runs on boxd-local, which is neither next to boxd-host ({}) nor on PATH: cargo install --path host-bridge/boxd-local --locked (or cargo build -p boxd-local), or pass --boxd", beside.display())
+    })
+}
+
+/// `--keep DIR`: a new folder or an empty one. The tour writes a whole project there, so
+/// it refuses a folder that holds anything rather than overwrite someone's files.
+fn refuse_unless_empty(d: &Path) -> Result<()> {
+    let empty = match std::fs::read_dir(d) {
+        Ok(mut entries) => entries.next().is_none(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => true,
+        Err(e) => return Err(e).with_context(|| format!("--keep {}", d.display())),
+    };
+    if !empty {
+        bail!("--keep {}: the folder is not empty; the tour writes a new project there and overwrites nothing, so name a new or empty folder", d.display());
+    }
+    Ok(())
+}
+
+fn tour(f: &Grants, dir: &Path, boxd_local: &Path, opencode: &Path, kept: Option<&Plugin>) -> Result<u8> {
     let sub = |n: &str| -> Result<PathBuf> {
         let p = dir.join(n);
         std::fs::create_dir_all(&p)?;
@@ -229,13 +267,30 @@ fn tour(f: &Grants, dir: &Path, boxd_local: &Path, opencode: &Path, kept: bool) 
     }
     let calls = std::fs::read_to_string(boxd_home.join("calls.jsonl")).map(|t| t.lines().count()).unwrap_or(0);
     println!("\n   boxd calls made: {calls} (boxd-local's call log); audit log: {}", audit_log.display());
-    if kept {
-        println!("\nkept in {}. To go on there:", dir.display());
-        println!("   export BOXD_LOCAL_HOME={} HOME={l} XDG_DATA_HOME={l}/data XDG_CONFIG_HOME={l}/config XDG_CACHE_HOME={l}/cache XDG_STATE_HOME={l}/state", boxd_home.display());
+    let mut code = if steps.iter().all(|s| s["ok"] == true) { 0 } else { 1 };
+    if let Some(plugin) = kept {
+        println!("\nkept in {}.", dir.display());
+        println!("   boxd-host there: export BOXD_LOCAL_HOME={} HOME={l} XDG_DATA_HOME={l}/data XDG_CONFIG_HOME={l}/config XDG_CACHE_HOME={l}/cache XDG_STATE_HOME={l}/state", boxd_home.display());
         println!("   boxd-host call boxd_status --project {} --ledger {} --boxd {} --opencode {}", project.display(), ledger.display(), boxd_local.display(), opencode.display());
-        println!("   (the scripted model has stopped; start it again with: node {}/scripted-model.mjs)", dir.display());
+        if code == 0 {
+            let kept = Kept { dir, laptop: &laptop, project: &project, ledger: &ledger, boxd_home: &boxd_home, boxd_local, opencode, opencode_version: &oc_version, guest_config: GUEST_CONFIG };
+            match opencode::wire(&kept, plugin) {
+                Ok((spec, command)) => {
+                    println!("   the project's opencode.json loads the plugin {spec}");
+                    if let Plugin::Npm(_) = plugin {
+                        println!("   (from npm; from a checkout, pass --plugin with the tarball `npm pack` makes in host-bridge/opencode)");
+                    }
+                    println!("\nOpen OpenCode there (its own data, the plugin, boxd-local, the scripted model) with:\n{command}");
+                }
+                Err(e) => {
+                    println!("   not wired for OpenCode: {e:#}");
+                    code = 1;
+                }
+            }
+        } else {
+            println!("   (not wired for OpenCode: a step failed)");
+        }
     }
-    let code = if steps.iter().all(|s| s["ok"] == true) { 0 } else { 1 };
     finish(&steps, "tour", &harvested, started, code)
 }
 
