@@ -220,3 +220,37 @@ fn golden_refuses_a_literal_key_and_a_missing_env_name_before_any_machine() {
     assert!(e["next"].as_str().unwrap().contains("boxd env set NOT_SET_ANYWHERE"), "{e}");
     assert_eq!(String::from_utf8_lossy(&laptop.boxd(&["machine", "list", "--json"]).stdout).trim(), "[]");
 }
+
+/// A tour whose submit fails (a boxd that refuses the guest's submit) removes its machine
+/// before its folder goes: a boxd-local machine's processes (the guest's OpenCode server)
+/// would outlive the folder, running with nothing left to reach them.
+#[test]
+fn a_failed_tour_removes_its_machine_and_leaves_no_process() {
+    let s = Scratch::new("tour-fails");
+    let tmp = s.path("tmp");
+    std::fs::create_dir_all(&tmp).unwrap();
+    let boxd = s.0.join("boxd");
+    std::fs::write(&boxd, format!("#!/bin/sh\ncase \"$*\" in *' submit --work'*) echo 'error: injected by the test' >&2; exit 1;; esac\nexec '{}' \"$@\"\n", boxd_local().display())).unwrap();
+    std::fs::set_permissions(&boxd, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let out = std::process::Command::new(boxd_host())
+        .args(["--opencode", opencode_bin().to_str().unwrap(), "--boxd", boxd.to_str().unwrap(), "tour"])
+        .env("TMPDIR", &tmp)
+        .env("BOXD_HOST_CACHE", cache_dir())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let last: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(last["tour"], "failed", "{stdout}");
+    assert!(last["steps"].as_array().unwrap().iter().any(|s| s["step"] == "boxd_submit" && s["ok"] == false), "{last}");
+    assert!(stdout.contains("removed the tour's machine oc-tour"), "{stdout}");
+    // The tour's folder is gone, and no process runs from it.
+    let left: Vec<String> = std::fs::read_dir(&tmp).unwrap().flatten().map(|e| e.file_name().to_string_lossy().into_owned()).filter(|n| n.starts_with("boxd-tour-")).collect();
+    assert!(left.is_empty(), "the tour removed its folder: {left:?}");
+    let tmp = tmp.display().to_string();
+    for p in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(cmd) = std::fs::read(p.path().join("cmdline")) else { continue };
+        let cwd = std::fs::read_link(p.path().join("cwd")).map(|c| c.display().to_string()).unwrap_or_default();
+        assert!(!String::from_utf8_lossy(&cmd).contains(&tmp) && !cwd.starts_with(&tmp), "a process outlived the tour: {} {}", String::from_utf8_lossy(&cmd).replace('\0', " "), cwd);
+    }
+}

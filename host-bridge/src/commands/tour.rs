@@ -237,13 +237,20 @@ fn tour(f: &Grants, dir: &Path, boxd_local: &Path, opencode: &Path, kept: Option
         let args = step["args"].to_string();
         println!("\n{}. {tool}", i + 2);
         let t0 = Instant::now();
-        let mut result = host.call(tool, &args)?;
+        let mut result = host.call(tool, &args);
         // A step with "until" asks again in later "turns" while the field holds (bounded).
-        while step.get("until").is_some_and(|u| holds(u, &result)) && t0.elapsed() < Duration::from_secs(180) {
-            println!("   {}… asking again", result.as_ref().map(|v| v["state"].to_string()).unwrap_or_default());
+        while result.as_ref().is_ok_and(|r| step.get("until").is_some_and(|u| holds(u, r))) && t0.elapsed() < Duration::from_secs(180) {
+            println!("   {}… asking again", result.as_ref().ok().and_then(|r| r.as_ref().ok()).map(|v| v["state"].to_string()).unwrap_or_default());
             std::thread::sleep(Duration::from_millis(700));
-            result = host.call(tool, &args)?;
+            result = host.call(tool, &args);
         }
+        let result = match result {
+            Ok(r) => r,
+            Err(e) => {
+                remove_machine(&mut host, kept.is_some());
+                return Err(e);
+            }
+        };
         let ms = t0.elapsed().as_millis();
         match result {
             Ok(v) => {
@@ -268,6 +275,9 @@ fn tour(f: &Grants, dir: &Path, boxd_local: &Path, opencode: &Path, kept: Option
     let calls = std::fs::read_to_string(boxd_home.join("calls.jsonl")).map(|t| t.lines().count()).unwrap_or(0);
     println!("\n   boxd calls made: {calls} (boxd-local's call log); audit log: {}", audit_log.display());
     let mut code = if steps.iter().all(|s| s["ok"] == true) { 0 } else { 1 };
+    if code != 0 {
+        remove_machine(&mut host, kept.is_some());
+    }
     if let Some(plugin) = kept {
         println!("\nkept in {}.", dir.display());
         println!("   boxd-host there: export BOXD_LOCAL_HOME={} HOME={l} XDG_DATA_HOME={l}/data XDG_CONFIG_HOME={l}/config XDG_CACHE_HOME={l}/cache XDG_STATE_HOME={l}/state", boxd_home.display());
@@ -292,6 +302,20 @@ fn tour(f: &Grants, dir: &Path, boxd_local: &Path, opencode: &Path, kept: Option
         }
     }
     finish(&steps, "tour", &harvested, started, code)
+}
+
+/// A failed tour's machine: removed when the tour's folder goes with it (a boxd-local
+/// machine's processes would outlive its folder), else named so the user can remove it.
+fn remove_machine(host: &mut Session, kept: bool) {
+    if kept {
+        println!("   the tour's machine oc-tour is left for you to look at; remove it with: boxd-local machine remove oc-tour -y");
+        return;
+    }
+    match host.run_granted("boxd", &["machine", "remove", "oc-tour", "-y", "--json"]) {
+        Ok(out) if out.exit_code == Some(0) || String::from_utf8_lossy(&out.stderr).contains("not found") => println!("   removed the tour's machine oc-tour"),
+        Ok(out) => println!("   could not remove the tour's machine oc-tour: {}", String::from_utf8_lossy(&out.stderr).trim()),
+        Err(e) => println!("   could not remove the tour's machine oc-tour: {e:#}"),
+    }
 }
 
 /// Whether every field of a step's `until` still has its value in the answer.
