@@ -23,3 +23,4 @@ mod secrets;
 mod policy_vectors;
 mod round_trips;
 mod streaming;
+mod live_check;
