@@ -103,7 +103,7 @@ fn name_from(inv: &Invocation, positional: Option<&String>) -> Res<Option<String
     match (positional, inv.value("--name")) {
         (Some(a), Some(b)) if a != b => Err(Fail::usage(
             format!("two names given: '{a}' and --name '{b}'"),
-            format!("hint: usage: boxd {}", crate::cli::spec_of(inv.verb).usage),
+            crate::cli::usage_hint(inv.verb),
         )),
         (Some(a), _) => Ok(Some(a.clone())),
         (None, b) => Ok(b.map(str::to_string)),
@@ -122,7 +122,7 @@ fn boot_secs(d: Duration) -> String {
 pub fn create(ctx: &Ctx) -> Res<(Machine, String)> {
     let inv = ctx.inv;
     let name = name_from(inv, inv.args.first())?.ok_or_else(|| {
-        Fail::usage("a machine name is required", format!("hint: usage: boxd {}", crate::cli::spec_of(inv.verb).usage))
+        Fail::usage("a machine name is required", crate::cli::usage_hint(inv.verb))
     })?;
     check_name(&name)?;
     let b = bounds(inv)?;
