@@ -24,3 +24,4 @@ mod policy_vectors;
 mod round_trips;
 mod streaming;
 mod live_check;
+mod boxd_local_remove;

@@ -334,13 +334,15 @@ pub fn remove(ctx: &Ctx) -> Res<i32> {
     Ok(0)
 }
 
-/// Kill the processes, forget the record, delete the folder (in that order, so nothing
-/// writes into a folder being deleted and a crash leaves at worst an orphan folder).
+/// Kill the processes, forget the record, move the folder to the trash (in that order, so
+/// nothing writes into a folder being deleted and a crash leaves at worst an orphan
+/// folder). The trash is emptied after the answer (trash.rs), so a machine with many
+/// files is removed as fast as any other.
 pub fn destroy(lock: &mut Locked, m: &Machine) -> Res<()> {
     procs::kill_all(&m.id);
     lock.state.machines.retain(|x| x.id != m.id);
     lock.save()?;
-    fstree::remove_tree(&lock.home.machine_dir(&m.id))
+    crate::trash::discard(lock.home, &lock.home.machine_dir(&m.id), &m.id)
         .map_err(|e| Fail::io(format!("deleting the home of '{}'", m.name), e))
 }
 
