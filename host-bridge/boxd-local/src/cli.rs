@@ -248,6 +248,19 @@ struct Bounds {
     destroy: Option<String>,
 }
 
+/// What `new` and `fork` both set: isolation, sharing, idle bounds.
+#[derive(Debug, Args)]
+struct Settings {
+    /// Recorded and shown (isolated: yes)
+    #[arg(long)]
+    isolated: bool,
+    /// Recorded and shown (sharing: shared)
+    #[arg(long)]
+    shared: bool,
+    #[command(flatten)]
+    bounds: Bounds,
+}
+
 #[derive(Debug, Args)]
 struct NewArgs {
     name: Option<String>,
@@ -257,14 +270,8 @@ struct NewArgs {
     /// Restore the snapshot's latest version
     #[arg(long = "from-snapshot", value_name = "S")]
     from_snapshot: Option<String>,
-    /// Recorded and shown (isolated: yes)
-    #[arg(long)]
-    isolated: bool,
-    /// Recorded and shown (sharing: shared)
-    #[arg(long)]
-    shared: bool,
     #[command(flatten)]
-    bounds: Bounds,
+    settings: Settings,
     /// 1, 2, 4 or 8 (recorded only)
     #[arg(long)]
     vcpu: Option<String>,
@@ -280,12 +287,8 @@ struct ForkArgs {
     /// The new machine's name (flat form: `fork SRC --name=NEW`)
     #[arg(long = "name", value_name = "NEW")]
     name_flag: Option<String>,
-    #[arg(long)]
-    isolated: bool,
-    #[arg(long)]
-    shared: bool,
     #[command(flatten)]
-    bounds: Bounds,
+    settings: Settings,
 }
 
 #[derive(Debug, Args)]
@@ -345,10 +348,12 @@ impl Build {
         }
         self
     }
-    fn bounds(self, b: Bounds) -> Build {
-        self.value("--auto-suspend-timeout", b.suspend)
-            .value("--auto-hibernate-timeout", b.hibernate)
-            .value("--auto-destroy-timeout", b.destroy)
+    fn settings(self, s: Settings) -> Build {
+        self.flag("--isolated", s.isolated)
+            .flag("--shared", s.shared)
+            .value("--auto-suspend-timeout", s.bounds.suspend)
+            .value("--auto-hibernate-timeout", s.bounds.hibernate)
+            .value("--auto-destroy-timeout", s.bounds.destroy)
     }
 }
 
@@ -357,9 +362,7 @@ fn new(g: Global, a: NewArgs) -> Build {
         .arg(a.name)
         .value("--name", a.name_flag)
         .value("--from-snapshot", a.from_snapshot)
-        .flag("--isolated", a.isolated)
-        .flag("--shared", a.shared)
-        .bounds(a.bounds)
+        .settings(a.settings)
         .value("--vcpu", a.vcpu)
         .value("--memory", a.memory)
 }
@@ -369,9 +372,7 @@ fn fork(g: Global, a: ForkArgs) -> Build {
         .arg(a.src)
         .arg(a.new)
         .value("--name", a.name_flag)
-        .flag("--isolated", a.isolated)
-        .flag("--shared", a.shared)
-        .bounds(a.bounds)
+        .settings(a.settings)
 }
 
 fn exec(g: Global, a: ExecArgs) -> Build {

@@ -94,6 +94,21 @@ impl<'r, 'a> Checks<'r, 'a> {
         self.set(id, Verdict::Differs { expected: expected.into(), seen: seen.into() });
     }
 
+    /// Record a verdict that ends the step (`Err`) or lets the run go on (`Ok`).
+    fn stop_with(&mut self, id: u8, v: Verdict) -> Step {
+        self.set(id, v);
+        Err(())
+    }
+
+    fn go_on_with(&mut self, id: u8, v: Verdict) -> Step {
+        self.set(id, v);
+        Ok(())
+    }
+
+    fn differing(expected: &str, seen: String) -> Verdict {
+        Verdict::Differs { expected: expected.into(), seen }
+    }
+
     fn judge(&mut self, id: u8, ok: bool, expected: &str, seen: impl FnOnce() -> String) {
         if ok { self.set(id, Verdict::Held) } else { self.differs(id, expected, seen()) }
     }
@@ -278,8 +293,8 @@ impl<'r, 'a> Checks<'r, 'a> {
         let (var, value) = (self.names.var.clone(), self.names.value.clone());
         self.made.var = true;
         match self.boxd.call(&["env", "set", &var, &value, "--secret"]) {
-            Err(why) => return Err(self.set(13, Verdict::CouldNot(why))),
-            Ok(s) if !s.ok() => return Err(self.differs(13, "`env set` exits 0", s.brief())),
+            Err(why) => return self.stop_with(13, Verdict::CouldNot(why)),
+            Ok(s) if !s.ok() => return self.stop_with(13, Self::differing("`env set` exits 0", s.brief())),
             Ok(_) => {}
         }
         let (_, list) = self.json(13, &["env", "list", "--json"])?;
@@ -296,7 +311,7 @@ impl<'r, 'a> Checks<'r, 'a> {
     fn background(&mut self) -> Step {
         let s = self.exec_for(8, &["sh", "-c", "'setsid sleep 600 >/dev/null 2>&1 </dev/null & echo $!'"], None)?;
         let Some(pid) = s.stdout.trim().parse::<u32>().ok().filter(|_| s.ok()) else {
-            return Err(self.differs(8, "a pid", s.brief()));
+            return self.stop_with(8, Self::differing("a pid", s.brief()));
         };
         self.pid = Some(pid);
         let alive = self.is_sleep(8, pid)?;
@@ -318,7 +333,7 @@ impl<'r, 'a> Checks<'r, 'a> {
         }
         self.json(9, &["machine", "wake", &m, "--json"])?;
         self.wait_running()?;
-        let Some(pid) = self.pid else { return Ok(self.set(9, Verdict::CouldNot("no process from check 8".into()))) };
+        let Some(pid) = self.pid else { return self.go_on_with(9, Verdict::CouldNot("no process from check 8".into())) };
         let alive = self.is_sleep(9, pid)?;
         self.judge(9, alive, "the same pid is `sleep`", || format!("pid {pid} is gone after the wake"));
         Ok(())
@@ -327,8 +342,8 @@ impl<'r, 'a> Checks<'r, 'a> {
     fn config(&mut self) -> Step {
         let m = self.names.machine.clone();
         match self.boxd.call(&["machine", "config", "set", &m, "auto-hibernate.timeout", "1900"]) {
-            Err(why) => return Ok(self.set(10, Verdict::CouldNot(why))),
-            Ok(s) if !s.ok() => return Ok(self.differs(10, "`config set` exits 0", s.brief())),
+            Err(why) => return self.go_on_with(10, Verdict::CouldNot(why)),
+            Ok(s) if !s.ok() => return self.go_on_with(10, Self::differing("`config set` exits 0", s.brief())),
             Ok(_) => {}
         }
         let (_, v) = self.json(10, &["machine", "get", &m, "--json"])?;
@@ -341,8 +356,8 @@ impl<'r, 'a> Checks<'r, 'a> {
         self.made.snapshot = true;
         // A save copies the whole disk: it may take longer than other calls.
         match self.boxd.call_with(&["snapshots", "save", &m, &snap], None, self.boxd.timeout * 5) {
-            Err(why) => return Ok(self.set(11, Verdict::CouldNot(why))),
-            Ok(s) if !s.ok() => return Ok(self.differs(11, "`snapshots save` exits 0", s.brief())),
+            Err(why) => return self.go_on_with(11, Verdict::CouldNot(why)),
+            Ok(s) if !s.ok() => return self.go_on_with(11, Self::differing("`snapshots save` exits 0", s.brief())),
             Ok(_) => {}
         }
         let (_, list) = self.json(11, &["snapshots", "list", "--json"])?;
@@ -357,7 +372,7 @@ impl<'r, 'a> Checks<'r, 'a> {
         let (seen, _) = self.json(12, &["machine", "remove", &m, "-y", "--json"])?;
         let s = match self.boxd.call(&["machine", "get", &m, "--json"]) {
             Ok(s) => s,
-            Err(why) => return Ok(self.set(12, Verdict::CouldNot(why))),
+            Err(why) => return self.go_on_with(12, Verdict::CouldNot(why)),
         };
         let gone = s.code == Some(1) && s.error_line() == Some(format!("error: VM '{m}' not found").as_str());
         if gone {
