@@ -113,6 +113,16 @@ fn every_check_holds_against_boxd_local_and_nothing_is_left() {
 }
 
 #[test]
+fn the_real_clis_noise_before_json_does_not_break_the_contract() {
+    let c = Check::new("lc-noise");
+    let out = c.command(&[]).env("BOXD_LOCAL_NOISE", "1").output().unwrap();
+    let table = stdout(&out);
+    assert_eq!(out.status.code(), Some(0), "{table}");
+    assert_eq!(result_of(&table, 2), "held", "{table}");
+    c.assert_nothing_left();
+}
+
+#[test]
 fn without_the_flag_the_sign_out_check_is_not_run() {
     let c = Check::new("lc-nosignout");
     let (code, table) = c.run(&[]);

@@ -435,7 +435,11 @@ impl<'r, 'a> Checks<'r, 'a> {
     }
 
     /// Row 16, after the cleanup: sign out, see the listing fail, sign in again.
-    pub fn sign_out(&mut self, allowed: bool) -> Option<String> {
+    pub fn sign_out(&mut self, allowed: bool, interrupted: bool) -> Option<String> {
+        if interrupted {
+            self.set(SIGN_OUT_ROW, Verdict::CouldNot("interrupted".into()));
+            return None;
+        }
         if !allowed {
             self.set(SIGN_OUT_ROW, Verdict::CouldNot("would sign you out; give --sign-out to run it".into()));
             return None;
