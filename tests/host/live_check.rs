@@ -173,6 +173,18 @@ fn a_signed_out_cli_could_not_start_and_nothing_is_made() {
 }
 
 #[test]
+fn a_name_that_answers_as_existing_is_refused_before_anything_is_made() {
+    let c = Check::new("lc-taken");
+    // `machine get` of the fresh name answers 0: as if a machine of that name existed.
+    c.faults(r#"[{"verb":"machine get","times":1,"action":"garbage","output":"{}"}]"#);
+    let out = c.command(&[]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("already exists; live-check touches only what it makes"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(c.laptop.boxd_calls().len(), 3 + 1, "nothing but the absence check ran");
+    c.assert_nothing_left();
+}
+
+#[test]
 fn ctrl_c_ends_the_run_in_its_cleanup() {
     let c = Check::new("lc-sigint");
     c.faults(r#"[{"verb":"machine hibernate","times":1,"action":"delay","ms":3000}]"#);
