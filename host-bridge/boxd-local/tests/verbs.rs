@@ -23,6 +23,9 @@ fn help_says_it_is_not_a_vm() {
         assert!(r.out.contains(&format!("Usage: boxd {}", verb.join(" "))), "{verb:?}: {}", r.out);
     }
     assert!(h.ok(&["help", "machine", "exec"]).out.contains("sh -c"));
+    for verb in ["get", "remove", "fork"] {
+        assert!(h.ok(&["machine", verb, "--help"]).out.contains("not a VM"), "machine {verb} --help says it");
+    }
 }
 
 #[test]
