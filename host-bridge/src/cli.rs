@@ -88,6 +88,25 @@ pub enum Command {
     },
     /// Build the golden image: a machine with this laptop's OpenCode, snapshotted
     Golden(GoldenArgs),
+    /// Check the boxd behaviours the plugin relies on against this boxd CLI, with one throwaway machine (docs/live-check.md)
+    LiveCheck(LiveCheckArgs),
+}
+
+#[derive(Clone, Debug, Args)]
+#[command(after_help = "exit codes: 0 every check held or could not be made, 1 a check differs or something is left, 2 could not start, 130 interrupted")]
+pub struct LiveCheckArgs {
+    /// The snapshot the throwaway machine starts from (check 3)
+    #[arg(long, default_value = "opencode-golden")]
+    pub snapshot: String,
+    /// Also run the sign-out check: signs this CLI out, then runs `boxd auth login`
+    #[arg(long = "sign-out")]
+    pub sign_out: bool,
+    /// Seconds one boxd call may take (a snapshot save five times this)
+    #[arg(long = "call-timeout", value_name = "S", default_value_t = 120)]
+    pub call_timeout: u64,
+    /// Print the contract as docs/live-check.md's table, and run nothing
+    #[arg(long)]
+    pub contract: bool,
 }
 
 #[derive(Clone, Debug, Args)]

@@ -25,3 +25,5 @@ mod policy_vectors;
 mod round_trips;
 mod streaming;
 mod temps;
+mod live_check;
+mod boxd_local_remove;

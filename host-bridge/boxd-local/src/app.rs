@@ -2,13 +2,13 @@
 //! dispatch, call log. The only place that prints failures and picks the exit code.
 
 use crate::calllog::{self, Line};
-use crate::cli::{self, Invocation};
+use crate::cli::{self, Invocation, Parsed};
 use crate::fail::{Fail, Res};
 use crate::faults::{self, Action, Rule};
 use crate::machines::{self, Landing};
 use crate::output::{Out, UPDATE_NOTICE};
 use crate::store::Home;
-use crate::{auth, copy, envvars, exec, help, power, snapshots, util};
+use crate::{auth, copy, envvars, exec, power, snapshots, util};
 use std::io::Write;
 use std::time::{Duration, Instant};
 
@@ -68,12 +68,16 @@ fn noise_on(home: &Home) -> bool {
 }
 
 fn invoke(home: &Home, argv: &[String], note: &mut Note, t: u64) -> Res<i32> {
-    let inv = cli::parse(argv)?;
+    let inv = match cli::parse(argv)? {
+        Parsed::Run(inv) => inv,
+        // Help and completions: printed before any rule, sweep or sign-in check.
+        Parsed::Print(text) => {
+            // A closed pipe (`| head`) is the reader's choice, not a failure.
+            let _ = std::io::stdout().write_all(text.as_bytes());
+            return Ok(0);
+        }
+    };
     let out = Out::new(inv.global.json, noise_on(home));
-    if inv.help || inv.verb == "help" {
-        help::print(&inv, &out);
-        return Ok(0);
-    }
     if out.noise {
         eprintln!("{UPDATE_NOTICE}");
     }

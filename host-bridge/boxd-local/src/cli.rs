@@ -1,29 +1,41 @@
-//! The command line: global flags anywhere (before `--`), verb aliases normalised to the
-//! canonical noun-verb form (`ls` → `machine list`), per-verb flags and positional counts,
-//! and usage errors that end with a hint. Parsing only: nothing here touches state.
+//! The command line, parsed by clap: the boxd 0.2.x noun-verb commands, their flat
+//! aliases (`ls` → `machine list`), global flags anywhere before `--`, help for every
+//! command, suggestions for typos, and shell completions (`boxd-local completions bash`).
+//! The result is an `Invocation`: the canonical verb plus its arguments and flags, which
+//! the commands read. Usage errors keep the boxd dialect: one `error:` line, one `hint:`
+//! line, exit 1. Parsing only: nothing here touches state.
+
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 
 use crate::fail::{Fail, Res};
+use crate::help;
 
-#[derive(Default, Debug)]
+#[derive(Default, Debug, Clone, Args)]
 pub struct Global {
+    /// Print JSON
+    #[arg(long, global = true)]
     pub json: bool,
+    /// Organisation (only echoed by `auth`)
+    #[arg(long, global = true, value_name = "O")]
     pub org: Option<String>,
+    /// API URL (accepted, unused)
+    #[arg(long = "api-url", global = true, value_name = "U")]
     pub api_url: Option<String>,
+    /// Token: counts as signed in (as env BOXD_TOKEN does)
+    #[arg(long, global = true, value_name = "T")]
     pub token: Option<String>,
 }
 
 #[derive(Debug)]
 pub struct Invocation {
-    /// Canonical verb, e.g. `machine list`; `help` for help requests.
+    /// Canonical verb, e.g. `machine list`.
     pub verb: &'static str,
     pub args: Vec<String>,
-    /// (flag as spelled in the spec, value)
+    /// (flag as the docs spell it, value)
     pub flags: Vec<(&'static str, Option<String>)>,
     /// exec: the command words, joined later into one `sh -c` line.
     pub command: Vec<String>,
     pub global: Global,
-    /// `--help`/`-h` was given: `verb` says which help.
-    pub help: bool,
 }
 
 impl Invocation {
@@ -40,7 +52,7 @@ impl Invocation {
     }
 
     pub fn confirmed(&self) -> bool {
-        self.has("-y") || self.has("--yes") || self.has("--confirm")
+        self.has("-y")
     }
 
     /// The machine this invocation names, for fault rules (`machine` filter, lose_machine).
@@ -57,362 +69,450 @@ impl Invocation {
     }
 }
 
-pub struct Spec {
-    pub verb: &'static str,
-    /// Usage after `boxd `.
-    pub usage: &'static str,
-    pub about: &'static str,
-    /// (flag, takes a value)
-    pub flags: &'static [(&'static str, bool)],
-    pub min: usize,
-    pub max: usize,
+/// What the command line asks for: a command, or text to print (help, completions).
+pub enum Parsed {
+    Run(Invocation),
+    Print(String),
 }
 
-const BOUNDS: [(&str, bool); 3] =
-    [("--auto-suspend-timeout", true), ("--auto-hibernate-timeout", true), ("--auto-destroy-timeout", true)];
-const NEW_FLAGS: &[(&str, bool)] = &[
-    ("--name", true),
-    ("--from-snapshot", true),
-    ("--isolated", false),
-    ("--shared", false),
-    BOUNDS[0],
-    BOUNDS[1],
-    BOUNDS[2],
-    ("--vcpu", true),
-    ("--memory", true),
-];
-const FORK_FLAGS: &[(&str, bool)] =
-    &[("--name", true), ("--isolated", false), ("--shared", false), BOUNDS[0], BOUNDS[1], BOUNDS[2]];
-const CONFIRM: &[(&str, bool)] = &[("-y", false), ("--yes", false), ("--confirm", false)];
-
-const fn spec(verb: &'static str, usage: &'static str, about: &'static str, min: usize, max: usize) -> Spec {
-    Spec { verb, usage, about, flags: &[], min, max }
+#[derive(Debug, Parser)]
+#[command(
+    name = "boxd",
+    bin_name = "boxd",
+    about = "boxd-local 0.2.20-local — a boxd-compatible CLI whose \"machines\" live on this computer",
+    before_help = help::NOT_A_VM,
+    after_help = help::AFTER_TOP,
+    disable_version_flag = true,
+    subcommand_required = true,
+    args_override_self = true,
+    max_term_width = 100
+)]
+struct Cli {
+    #[command(flatten)]
+    global: Global,
+    #[command(subcommand)]
+    command: Top,
 }
 
-pub const SPECS: &[Spec] = &[
-    spec("auth", "auth [--json]", "show who is signed in", 0, 0),
-    spec("auth login", "auth login", "sign in (local: no account, no browser)", 0, 0),
-    spec("auth logout", "auth logout", "sign out", 0, 0),
-    spec("version", "version", "print the version", 0, 0),
-    Spec { flags: NEW_FLAGS, ..spec("machine new", "machine new NAME [--from-snapshot S] [--isolated] [--shared] [--auto-suspend-timeout SECS] [--auto-hibernate-timeout SECS] [--auto-destroy-timeout SECS] [--vcpu N] [--memory M]", "create a machine (a home folder here) and start it", 0, 1) },
-    spec("machine list", "machine list [--json]", "list machines, one per line", 0, 0),
-    spec("machine get", "machine get NAME [--json]", "show one machine", 1, 1),
-    Spec {
-        flags: &[("-e", true), ("--env", true), ("--timeout", true), ("--tty", false), ("-t", false)],
-        ..spec("machine exec", "machine exec NAME [-e K=V]... [--timeout SECS] [--tty] -- CMD...", "run CMD (words joined, run by sh -c) in the machine's home", 1, 1)
+#[derive(Debug, Subcommand)]
+enum Top {
+    /// Show who is signed in; `auth login` / `auth logout`
+    Auth {
+        #[command(subcommand)]
+        action: Option<AuthAction>,
     },
-    Spec { flags: &[("-r", false), ("--recursive", false)], ..spec("machine cp", "machine cp SRC DST [-r]", "copy files; one side is VM:path, '-' is stdin/stdout", 2, 2) },
-    Spec { flags: CONFIRM, ..spec("machine remove", "machine remove NAME -y|--confirm", "destroy a machine: kill its processes, delete its home", 1, 1) },
-    spec("machine start", "machine start NAME", "start a stopped machine", 1, 1),
-    spec("machine stop", "machine stop NAME", "power off: kill its processes, keep its home", 1, 1),
-    spec("machine reboot", "machine reboot NAME", "kill its processes and come back running", 1, 1),
-    spec("machine pause", "machine pause NAME", "suspend to standby (processes stopped)", 1, 1),
-    spec("machine resume", "machine resume NAME", "resume from standby", 1, 1),
-    spec("machine hibernate", "machine hibernate NAME", "hibernate (processes stopped)", 1, 1),
-    spec("machine wake", "machine wake NAME", "wake a hibernated machine", 1, 1),
-    Spec { flags: FORK_FLAGS, ..spec("machine fork", "machine fork SRC [NEW] [--isolated] [--shared] [--auto-*-timeout SECS]", "copy a machine's home and settings into a new machine", 1, 2) },
-    spec("machine config set", "machine config set NAME auto-suspend.timeout|auto-hibernate.timeout|auto-destroy.timeout SECS", "change an idle bound (0 = off)", 3, 3),
-    spec("snapshots save", "snapshots save VM NAME", "save the machine's home as a new version of snapshot NAME", 2, 2),
-    spec("snapshots list", "snapshots list [--json]", "list snapshots (latest version of each)", 0, 0),
-    Spec { flags: CONFIRM, ..spec("snapshots remove", "snapshots remove NAME -y", "delete a snapshot and all its versions", 1, 1) },
-    Spec { flags: &[("--secret", false), ("--scope", true), ("--domains", true)], ..spec("env set", "env set NAME VALUE [--secret] [--scope shared|private|all] [--domains D]", "set an account env var for every exec session", 2, 2) },
-    spec("env list", "env list [--json]", "list env vars (secrets sealed)", 0, 0),
-    spec("env rm", "env rm NAME", "remove an env var", 1, 1),
-    spec("env scope", "env scope NAME shared|private|all", "change an env var's scope", 2, 2),
-    spec("help", "help [COMMAND]", "show help", 0, 3),
-];
-
-/// Every accepted spelling, longest first where one is a prefix of another.
-const ALIASES: &[(&[&str], &str)] = &[
-    (&["machine", "config", "set"], "machine config set"),
-    (&["auth", "login"], "auth login"),
-    (&["auth", "logout"], "auth logout"),
-    (&["auth"], "auth"),
-    (&["login"], "auth login"),
-    (&["logout"], "auth logout"),
-    (&["whoami"], "auth"),
-    (&["version"], "version"),
-    (&["help"], "help"),
-    (&["machine", "new"], "machine new"),
-    (&["new"], "machine new"),
-    (&["machine", "list"], "machine list"),
-    (&["machine", "ls"], "machine list"),
-    (&["list"], "machine list"),
-    (&["ls"], "machine list"),
-    (&["machine", "get"], "machine get"),
-    (&["info"], "machine get"),
-    (&["machine", "exec"], "machine exec"),
-    (&["exec"], "machine exec"),
-    (&["machine", "cp"], "machine cp"),
-    (&["cp"], "machine cp"),
-    (&["machine", "remove"], "machine remove"),
-    (&["machine", "rm"], "machine remove"),
-    (&["destroy"], "machine remove"),
-    (&["rm"], "machine remove"),
-    (&["machine", "start"], "machine start"),
-    (&["machine", "stop"], "machine stop"),
-    (&["machine", "reboot"], "machine reboot"),
-    (&["reboot"], "machine reboot"),
-    (&["machine", "pause"], "machine pause"),
-    (&["pause"], "machine pause"),
-    (&["machine", "resume"], "machine resume"),
-    (&["resume"], "machine resume"),
-    (&["machine", "hibernate"], "machine hibernate"),
-    (&["machine", "wake"], "machine wake"),
-    (&["machine", "fork"], "machine fork"),
-    (&["fork"], "machine fork"),
-    (&["snapshots", "save"], "snapshots save"),
-    (&["snapshots", "list"], "snapshots list"),
-    (&["snapshots", "remove"], "snapshots remove"),
-    (&["env", "set"], "env set"),
-    (&["env", "list"], "env list"),
-    (&["env", "ls"], "env list"),
-    (&["env", "rm"], "env rm"),
-    (&["env", "remove"], "env rm"),
-    (&["env", "scope"], "env scope"),
-];
-
-pub const NOUNS: &[&str] = &["machine", "auth", "snapshots", "env"];
-
-pub fn spec_of(verb: &str) -> &'static Spec {
-    SPECS.iter().find(|s| s.verb == verb).unwrap_or(&SPECS[SPECS.len() - 1])
+    /// Print the version
+    Version,
+    /// Machines: new, list, get, exec, cp, remove, power, fork, config
+    #[command(subcommand, after_help = help::NOT_A_VM_SHORT)]
+    Machine(MachineCmd),
+    /// Snapshots of a machine's home
+    #[command(subcommand, after_help = help::NOT_A_VM_SHORT)]
+    Snapshots(SnapshotsCmd),
+    /// Account env vars, given to every exec session
+    #[command(subcommand)]
+    Env(EnvCmd),
+    /// Print a shell completion script (boxd-local only)
+    Completions {
+        shell: clap_complete::Shell,
+    },
+    // The flat aliases of boxd CLI 0.2.x: hidden, listed in the top help's after_help.
+    #[command(hide = true)]
+    Login,
+    #[command(hide = true)]
+    Logout,
+    #[command(hide = true)]
+    Whoami,
+    #[command(hide = true)]
+    New(NewArgs),
+    #[command(hide = true, alias = "ls")]
+    List,
+    #[command(hide = true)]
+    Info(Named),
+    #[command(hide = true)]
+    Exec(ExecArgs),
+    #[command(hide = true)]
+    Cp(CpArgs),
+    #[command(hide = true, alias = "destroy")]
+    Rm(RemoveArgs),
+    #[command(hide = true)]
+    Pause(Named),
+    #[command(hide = true)]
+    Resume(Named),
+    #[command(hide = true)]
+    Reboot(Named),
+    #[command(hide = true)]
+    Fork(ForkArgs),
 }
 
-const VALUE_GLOBALS: [&str; 3] = ["--org", "--api-url", "--token"];
+#[derive(Debug, Subcommand)]
+enum AuthAction {
+    /// Sign in (local: no account, no browser)
+    Login,
+    /// Sign out
+    Logout,
+}
 
-/// How many tokens a global flag at `argv[i]` takes (0 = not a global flag).
-fn global_width(argv: &[String], i: usize) -> usize {
-    let a = argv[i].as_str();
-    if a == "--json" || VALUE_GLOBALS.iter().any(|g| a.strip_prefix(g).is_some_and(|r| r.starts_with('='))) {
-        1
-    } else if VALUE_GLOBALS.contains(&a) {
-        2
-    } else {
-        0
+#[derive(Debug, Subcommand)]
+enum MachineCmd {
+    /// Create a machine (a home folder here) and start it
+    New(NewArgs),
+    /// List machines, one per line
+    #[command(visible_alias = "ls")]
+    List,
+    /// Show one machine
+    Get(Named),
+    /// Run CMD (words joined, run by sh -c) in the machine's home
+    #[command(after_help = help::EXEC)]
+    Exec(ExecArgs),
+    /// Copy files; one side is VM:path, '-' is stdin/stdout
+    Cp(CpArgs),
+    /// Destroy a machine: kill its processes, delete its home
+    #[command(visible_alias = "rm")]
+    Remove(RemoveArgs),
+    /// Start a stopped machine
+    Start(Named),
+    /// Power off: kill its processes, keep its home
+    Stop(Named),
+    /// Kill its processes and come back running
+    Reboot(Named),
+    /// Suspend to standby (processes stopped)
+    Pause(Named),
+    /// Resume from standby
+    Resume(Named),
+    /// Hibernate (processes stopped)
+    Hibernate(Named),
+    /// Wake a hibernated machine
+    Wake(Named),
+    /// Copy a machine's home and settings into a new machine
+    Fork(ForkArgs),
+    /// Change an idle bound (0 = off)
+    #[command(subcommand)]
+    Config(ConfigCmd),
+}
+
+#[derive(Debug, Subcommand)]
+enum ConfigCmd {
+    /// Set auto-suspend.timeout, auto-hibernate.timeout or auto-destroy.timeout (seconds)
+    Set { name: String, key: String, secs: String },
+}
+
+#[derive(Debug, Subcommand)]
+enum SnapshotsCmd {
+    /// Save the machine's home as a new version of snapshot NAME
+    Save { vm: String, name: String },
+    /// List snapshots (latest version of each)
+    List,
+    /// Delete a snapshot and all its versions
+    Remove(RemoveArgs),
+}
+
+#[derive(Debug, Subcommand)]
+enum EnvCmd {
+    /// Set an account env var for every exec session
+    Set {
+        name: String,
+        value: String,
+        /// A secret: listed as (sealed)
+        #[arg(long)]
+        secret: bool,
+        /// shared, private or all
+        #[arg(long)]
+        scope: Option<String>,
+        /// Domains a secret is substituted for (recorded only)
+        #[arg(long)]
+        domains: Option<String>,
+    },
+    /// List env vars (secrets sealed)
+    #[command(visible_alias = "ls")]
+    List,
+    /// Remove an env var
+    #[command(visible_alias = "remove")]
+    Rm { name: String },
+    /// Change an env var's scope
+    Scope { name: String, scope: String },
+}
+
+#[derive(Debug, Args)]
+struct Named {
+    name: String,
+}
+
+#[derive(Debug, Args)]
+struct Bounds {
+    #[arg(long = "auto-suspend-timeout", value_name = "SECS")]
+    suspend: Option<String>,
+    #[arg(long = "auto-hibernate-timeout", value_name = "SECS")]
+    hibernate: Option<String>,
+    #[arg(long = "auto-destroy-timeout", value_name = "SECS")]
+    destroy: Option<String>,
+}
+
+/// What `new` and `fork` both set: isolation, sharing, idle bounds.
+#[derive(Debug, Args)]
+struct Settings {
+    /// Recorded and shown (isolated: yes)
+    #[arg(long)]
+    isolated: bool,
+    /// Recorded and shown (sharing: shared)
+    #[arg(long)]
+    shared: bool,
+    #[command(flatten)]
+    bounds: Bounds,
+}
+
+#[derive(Debug, Args)]
+struct NewArgs {
+    name: Option<String>,
+    /// The name (flat form: `new --name=N`)
+    #[arg(long = "name", value_name = "NAME")]
+    name_flag: Option<String>,
+    /// Restore the snapshot's latest version
+    #[arg(long = "from-snapshot", value_name = "S")]
+    from_snapshot: Option<String>,
+    #[command(flatten)]
+    settings: Settings,
+    /// 1, 2, 4 or 8 (recorded only)
+    #[arg(long)]
+    vcpu: Option<String>,
+    /// Recorded only
+    #[arg(long)]
+    memory: Option<String>,
+}
+
+#[derive(Debug, Args)]
+struct ForkArgs {
+    src: String,
+    new: Option<String>,
+    /// The new machine's name (flat form: `fork SRC --name=NEW`)
+    #[arg(long = "name", value_name = "NEW")]
+    name_flag: Option<String>,
+    #[command(flatten)]
+    settings: Settings,
+}
+
+#[derive(Debug, Args)]
+struct ExecArgs {
+    name: String,
+    /// K=V for this session (repeatable)
+    #[arg(short = 'e', long = "env", value_name = "K=V")]
+    env: Vec<String>,
+    /// Seconds (fractions allowed); then exit 124
+    #[arg(long, value_name = "SECS")]
+    timeout: Option<String>,
+    /// Merge stderr into stdout (there is no pty)
+    #[arg(short = 't', long)]
+    tty: bool,
+    /// The command: the words after `--` (or after NAME), joined with spaces
+    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, value_name = "CMD")]
+    command: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+struct CpArgs {
+    src: String,
+    dst: String,
+    /// Copy a folder
+    #[arg(short = 'r', long)]
+    recursive: bool,
+}
+
+#[derive(Debug, Args)]
+struct RemoveArgs {
+    name: String,
+    /// Do not ask
+    #[arg(short = 'y', long = "yes", visible_alias = "confirm")]
+    yes: bool,
+}
+
+/// An invocation being built: the verb, then its arguments and flags in the docs' spelling.
+struct Build(Invocation);
+
+impl Build {
+    fn new(verb: &'static str, global: Global) -> Build {
+        Build(Invocation { verb, args: Vec::new(), flags: Vec::new(), command: Vec::new(), global })
+    }
+    fn arg(mut self, a: impl Into<Option<String>>) -> Build {
+        self.0.args.extend(a.into());
+        self
+    }
+    fn flag(mut self, name: &'static str, on: bool) -> Build {
+        if on {
+            self.0.flags.push((name, None));
+        }
+        self
+    }
+    fn value(mut self, name: &'static str, v: Option<String>) -> Build {
+        if v.is_some() {
+            self.0.flags.push((name, v));
+        }
+        self
+    }
+    fn settings(self, s: Settings) -> Build {
+        self.flag("--isolated", s.isolated)
+            .flag("--shared", s.shared)
+            .value("--auto-suspend-timeout", s.bounds.suspend)
+            .value("--auto-hibernate-timeout", s.bounds.hibernate)
+            .value("--auto-destroy-timeout", s.bounds.destroy)
     }
 }
 
-fn take_global(argv: &[String], i: usize, g: &mut Global) -> Res<usize> {
-    let width = global_width(argv, i);
-    if width == 0 {
-        return Ok(0);
+fn new(g: Global, a: NewArgs) -> Build {
+    Build::new("machine new", g)
+        .arg(a.name)
+        .value("--name", a.name_flag)
+        .value("--from-snapshot", a.from_snapshot)
+        .settings(a.settings)
+        .value("--vcpu", a.vcpu)
+        .value("--memory", a.memory)
+}
+
+fn fork(g: Global, a: ForkArgs) -> Build {
+    Build::new("machine fork", g)
+        .arg(a.src)
+        .arg(a.new)
+        .value("--name", a.name_flag)
+        .settings(a.settings)
+}
+
+fn exec(g: Global, a: ExecArgs) -> Build {
+    let mut b = Build::new("machine exec", g).arg(a.name).value("--timeout", a.timeout).flag("-t", a.tty);
+    for pair in a.env {
+        b = b.value("-e", Some(pair));
     }
-    let a = argv[i].as_str();
-    if a == "--json" {
-        g.json = true;
-        return Ok(1);
+    b.0.command = a.command;
+    b
+}
+
+fn cp(g: Global, a: CpArgs) -> Build {
+    Build::new("machine cp", g).arg(a.src).arg(a.dst).flag("--recursive", a.recursive)
+}
+
+fn remove(verb: &'static str, g: Global, a: RemoveArgs) -> Build {
+    Build::new(verb, g).arg(a.name).flag("-y", a.yes)
+}
+
+fn named(verb: &'static str, g: Global, a: Named) -> Build {
+    Build::new(verb, g).arg(a.name)
+}
+
+fn machine(g: Global, cmd: MachineCmd) -> Build {
+    use MachineCmd as M;
+    match cmd {
+        M::New(a) => new(g, a),
+        M::List => Build::new("machine list", g),
+        M::Get(a) => named("machine get", g, a),
+        M::Exec(a) => exec(g, a),
+        M::Cp(a) => cp(g, a),
+        M::Remove(a) => remove("machine remove", g, a),
+        M::Start(a) => named("machine start", g, a),
+        M::Stop(a) => named("machine stop", g, a),
+        M::Reboot(a) => named("machine reboot", g, a),
+        M::Pause(a) => named("machine pause", g, a),
+        M::Resume(a) => named("machine resume", g, a),
+        M::Hibernate(a) => named("machine hibernate", g, a),
+        M::Wake(a) => named("machine wake", g, a),
+        M::Fork(a) => fork(g, a),
+        M::Config(ConfigCmd::Set { name, key, secs }) => Build::new("machine config set", g).arg(name).arg(key).arg(secs),
     }
-    let (name, value) = match a.split_once('=') {
-        Some((n, v)) => (n, v.to_string()),
-        None => match argv.get(i + 1) {
-            Some(v) => (a, v.clone()),
-            None => return Err(Fail::usage(format!("'{a}' needs a value"), "hint: see 'boxd --help'")),
-        },
+}
+
+fn invocation(cli: Cli) -> Build {
+    let g = cli.global;
+    match cli.command {
+        Top::Auth { action: None } | Top::Whoami => Build::new("auth", g),
+        Top::Auth { action: Some(AuthAction::Login) } | Top::Login => Build::new("auth login", g),
+        Top::Auth { action: Some(AuthAction::Logout) } | Top::Logout => Build::new("auth logout", g),
+        Top::Version => Build::new("version", g),
+        Top::Machine(cmd) => machine(g, cmd),
+        Top::Snapshots(SnapshotsCmd::Save { vm, name }) => Build::new("snapshots save", g).arg(vm).arg(name),
+        Top::Snapshots(SnapshotsCmd::List) => Build::new("snapshots list", g),
+        Top::Snapshots(SnapshotsCmd::Remove(a)) => remove("snapshots remove", g, a),
+        Top::Env(EnvCmd::Set { name, value, secret, scope, domains }) => Build::new("env set", g)
+            .arg(name)
+            .arg(value)
+            .flag("--secret", secret)
+            .value("--scope", scope)
+            .value("--domains", domains),
+        Top::Env(EnvCmd::List) => Build::new("env list", g),
+        Top::Env(EnvCmd::Rm { name }) => Build::new("env rm", g).arg(name),
+        Top::Env(EnvCmd::Scope { name, scope }) => Build::new("env scope", g).arg(name).arg(scope),
+        Top::Completions { .. } => unreachable!("answered by parse"),
+        Top::New(a) => new(g, a),
+        Top::List => Build::new("machine list", g),
+        Top::Info(a) => named("machine get", g, a),
+        Top::Exec(a) => exec(g, a),
+        Top::Cp(a) => cp(g, a),
+        Top::Rm(a) => remove("machine remove", g, a),
+        Top::Pause(a) => named("machine pause", g, a),
+        Top::Resume(a) => named("machine resume", g, a),
+        Top::Reboot(a) => named("machine reboot", g, a),
+        Top::Fork(a) => fork(g, a),
+    }
+}
+
+/// The derived command, with the not-a-VM note on every machine and snapshots command's help.
+fn command() -> clap::Command {
+    fn note(noun: clap::Command) -> clap::Command {
+        let verbs: Vec<String> = noun.get_subcommands().map(|v| v.get_name().to_string()).collect();
+        verbs.iter().fold(noun, |noun, verb| {
+            noun.mut_subcommand(verb, |v| if v.get_after_help().is_some() { v } else { v.after_help(help::NOT_A_VM_SHORT) })
+        })
+    }
+    Cli::command().mut_subcommand("machine", note).mut_subcommand("snapshots", note)
+}
+
+pub fn parse(argv: &[String]) -> Res<Parsed> {
+    if argv.iter().take_while(|a| *a != "--").any(|a| a == "--version") {
+        // The real 0.2.x CLI rejects it too; `version` is the command.
+        return Err(Fail::usage("unexpected argument '--version' found", "hint: use 'boxd version'"));
+    }
+    let matches = command().try_get_matches_from(std::iter::once("boxd").chain(argv.iter().map(String::as_str)));
+    let cli = match matches.and_then(|m| Cli::from_arg_matches(&m)) {
+        Ok(cli) => cli,
+        Err(e) if matches!(e.kind(), clap::error::ErrorKind::DisplayHelp) => return Ok(Parsed::Print(e.render().to_string())),
+        Err(e) => return Err(usage(e)),
     };
-    match name {
-        "--org" => g.org = Some(value),
-        "--api-url" => g.api_url = Some(value),
-        _ => g.token = Some(value),
+    if let Top::Completions { shell } = cli.command {
+        let mut script = Vec::new();
+        clap_complete::generate(shell, &mut command(), "boxd-local", &mut script);
+        return Ok(Parsed::Print(String::from_utf8_lossy(&script).into_owned()));
     }
-    Ok(width)
+    Ok(Parsed::Run(invocation(cli).0))
 }
 
-fn hint_for(spec: &Spec) -> String {
-    format!("hint: usage: boxd {} (see 'boxd {} --help')", spec.usage, spec.verb)
-}
-
-fn is_help(a: &str) -> bool {
-    a == "-h" || a == "--help"
-}
-
-pub fn parse(argv: &[String]) -> Res<Invocation> {
-    // 1. The verb words: leading non-flag tokens, skipping global and help flags.
-    let mut words: Vec<usize> = Vec::new();
-    let mut i = 0;
-    while i < argv.len() && words.len() < 3 {
-        let a = argv[i].as_str();
-        if a == "--" {
-            break;
-        }
-        let w = global_width(argv, i);
-        if w > 0 {
-            i += w;
-            continue;
-        }
-        if is_help(a) {
-            i += 1;
-            continue;
-        }
-        if a.starts_with('-') {
-            break;
-        }
-        words.push(i);
-        i += 1;
+/// A clap usage error as the boxd dialect: one `error:` line (clap's message, with its
+/// continuation lines) and one `hint:` line (clap's suggestion, else the usage and where
+/// to read more).
+fn usage(e: clap::Error) -> Fail {
+    let text = e.render().to_string();
+    let lines: Vec<&str> = text.lines().collect();
+    let usage_line = lines.iter().find_map(|l| l.trim().strip_prefix("Usage: "));
+    // The command path of the usage line ("boxd machine get"), without its arguments.
+    let path = usage_line.map(|u| u.split_whitespace().take_while(|w| !w.starts_with(['[', '<', '-'])).collect::<Vec<_>>().join(" "));
+    let path = path.unwrap_or_else(|| "boxd".to_string());
+    if e.kind() == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+        // clap would print the whole help; boxd says what is missing.
+        let message = if path == "boxd" { "no command given".to_string() } else { format!("'{path}' needs a subcommand") };
+        return Fail::usage(message, format!("hint: see '{path} --help' for the commands"));
     }
-    let wanted_help = argv.iter().take_while(|a| *a != "--").any(|a| is_help(a));
-    let (verb, used) = resolve(argv, &words, wanted_help)?;
-    let spec = spec_of(verb);
-
-    // 2. Everything else, in order.
-    let mut inv = Invocation {
-        verb,
-        args: Vec::new(),
-        flags: Vec::new(),
-        command: Vec::new(),
-        global: Global::default(),
-        help: false,
+    let first = lines.first().copied().unwrap_or_default().trim_start_matches("error: ").to_string();
+    let detail: Vec<&str> = lines.iter().skip(1).take_while(|l| !l.trim().is_empty()).map(|l| l.trim()).collect();
+    let message = if detail.is_empty() { first } else { format!("{first} {}", detail.join(" ")) };
+    // clap's "did you mean" tips help; its "to pass '--x' as a value, use '-- --x'" does not.
+    let tip = lines.iter().filter_map(|l| l.trim().strip_prefix("tip: ")).find(|t| !t.starts_with("to pass"));
+    let hint = match (tip, usage_line) {
+        (Some(tip), _) => format!("hint: {tip}"),
+        (None, Some(u)) => format!("hint: usage: {u} (see '{path} --help')"),
+        (None, None) => "hint: see 'boxd --help'".to_string(),
     };
-    let exec = verb == "machine exec";
-    let mut i = 0;
-    while i < argv.len() {
-        if words[..used].contains(&i) {
-            i += 1;
-            continue;
-        }
-        let a = argv[i].as_str();
-        if a == "--" {
-            let rest = argv[i + 1..].iter().cloned();
-            if exec { inv.command.extend(rest) } else { inv.args.extend(rest) }
-            break;
-        }
-        let w = take_global(argv, i, &mut inv.global)?;
-        if w > 0 {
-            i += w;
-            continue;
-        }
-        if is_help(a) {
-            inv.help = true;
-            i += 1;
-            continue;
-        }
-        if a == "--version" {
-            // The real 0.2.x CLI rejects it too; `version` is the command.
-            return Err(Fail::usage("unexpected argument '--version' found", "hint: use 'boxd version'"));
-        }
-        if a.starts_with('-') && a.len() > 1 {
-            let (name, inline) = match a.split_once('=') {
-                Some((n, v)) if n.starts_with("--") => (n, Some(v.to_string())),
-                _ => (a, None),
-            };
-            let Some(&(flag, takes)) = spec.flags.iter().find(|(f, _)| *f == name) else {
-                return Err(Fail::usage(
-                    format!("unexpected argument '{name}' for 'boxd {verb}'"),
-                    hint_for(spec),
-                ));
-            };
-            let value = if takes {
-                match inline {
-                    Some(v) => Some(v),
-                    None => {
-                        i += 1;
-                        Some(argv.get(i).cloned().ok_or_else(|| {
-                            Fail::usage(format!("'{name}' needs a value"), hint_for(spec))
-                        })?)
-                    }
-                }
-            } else if inline.is_some() {
-                return Err(Fail::usage(format!("'{name}' takes no value"), hint_for(spec)));
-            } else {
-                None
-            };
-            inv.flags.push((flag, value));
-            i += 1;
-            continue;
-        }
-        // Without `--`, exec's command starts at the first word after NAME.
-        if exec && inv.args.len() == 1 {
-            inv.command.extend(argv[i..].iter().cloned());
-            break;
-        }
-        inv.args.push(a.to_string());
-        i += 1;
-    }
-    if inv.help {
-        return Ok(inv);
-    }
-    if inv.args.len() < spec.min {
-        return Err(Fail::usage(format!("missing arguments for 'boxd {verb}'"), hint_for(spec)));
-    }
-    if inv.args.len() > spec.max {
-        return Err(Fail::usage(
-            format!("unexpected argument '{}' for 'boxd {verb}'", inv.args[spec.max]),
-            hint_for(spec),
-        ));
-    }
-    if exec && inv.command.is_empty() {
-        return Err(Fail::usage("missing command: nothing to run", hint_for(spec)));
-    }
-    Ok(inv)
+    Fail::usage(message, hint)
 }
 
-/// The longest alias made of the leading words, and how many words it used.
-fn resolve(argv: &[String], words: &[usize], wanted_help: bool) -> Res<(&'static str, usize)> {
-    let ws: Vec<&str> = words.iter().map(|&k| argv[k].as_str()).collect();
-    for n in (1..=ws.len()).rev() {
-        if let Some((_, verb)) = ALIASES.iter().find(|(w, _)| *w == &ws[..n]) {
-            return Ok((verb, n));
-        }
-    }
-    let top = "hint: see 'boxd --help' for the commands";
-    match ws.first() {
-        None if wanted_help => Ok(("help", 0)),
-        None => Err(Fail::usage("no command given", top)),
-        // `boxd machine --help` shows the noun's commands.
-        Some(noun) if NOUNS.contains(noun) && (wanted_help || ws.len() == 1) => {
-            if wanted_help {
-                Ok(("help", 0))
-            } else {
-                Err(Fail::usage(format!("'boxd {noun}' needs a subcommand"), format!("hint: see 'boxd {noun} --help'")))
-            }
-        }
-        Some(noun) if NOUNS.contains(noun) => Err(Fail::usage(
-            format!("unrecognized subcommand '{}' for 'boxd {noun}'", ws[1]),
-            format!("hint: see 'boxd {noun} --help'"),
-        )),
-        Some(w) => Err(Fail::usage(format!("unrecognized subcommand '{w}'"), top)),
-    }
+/// The hint for a usage mistake the commands find themselves (two names given).
+pub fn usage_hint(verb: &str) -> String {
+    format!("hint: see 'boxd {verb} --help'")
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn p(s: &str) -> Res<Invocation> {
-        parse(&s.split_whitespace().map(String::from).collect::<Vec<_>>())
-    }
-
-    #[test]
-    fn aliases_normalise() {
-        assert_eq!(p("ls").unwrap().verb, "machine list");
-        assert_eq!(p("machine ls --json").unwrap().verb, "machine list");
-        assert_eq!(p("--json info a").unwrap().verb, "machine get");
-        assert_eq!(p("whoami").unwrap().verb, "auth");
-        assert_eq!(p("auth --json").unwrap().verb, "auth");
-        assert_eq!(p("env remove X").unwrap().verb, "env rm");
-        assert_eq!(p("machine config set a auto-suspend.timeout 0").unwrap().args.len(), 3);
-        let n = p("new --name=box").unwrap();
-        assert_eq!((n.verb, n.value("--name")), ("machine new", Some("box")));
-    }
-
-    #[test]
-    fn globals_anywhere_but_not_after_dashdash() {
-        let e = p("machine exec --org o vm --json -- echo --json").unwrap();
-        assert!(e.global.json);
-        assert_eq!(e.global.org.as_deref(), Some("o"));
-        assert_eq!(e.command, vec!["echo", "--json"]);
-        let e = p("exec vm ls -la").unwrap();
-        assert_eq!(e.command, vec!["ls", "-la"]);
-    }
-
-    #[test]
-    fn usage_errors() {
-        assert!(p("machine new a --bogus").is_err());
-        assert!(p("machine get").is_err());
-        assert!(p("machine get a b").is_err());
-        assert!(p("machine exec a").is_err());
-        assert!(p("frobnicate").is_err());
-        assert!(p("machine").is_err());
-        assert!(p("--version").is_err());
-        assert!(p("machine --help").unwrap().help);
-    }
-}
+mod tests;

@@ -27,7 +27,7 @@ pub fn split_remote(arg: &str) -> Option<(&str, &str)> {
 
 pub fn cp(ctx: &Ctx) -> Res<i32> {
     let (src, dst) = (ctx.inv.args[0].as_str(), ctx.inv.args[1].as_str());
-    let recursive = ctx.inv.has("-r") || ctx.inv.has("--recursive");
+    let recursive = ctx.inv.has("--recursive");
     let (stats, to_stdout) = match (split_remote(src), split_remote(dst)) {
         (Some(_), Some(_)) => {
             return Err(Fail::new("copying between two machines is not supported — copy through a local file"));

@@ -64,10 +64,8 @@ pub fn exec(ctx: &Ctx) -> Res<i32> {
     let name = inv.args[0].as_str();
     let line = inv.command.join(" ");
     let timeout = inv.value("--timeout").map(parse_timeout).transpose()?;
-    let mut pairs = inv.values("-e");
-    pairs.extend(inv.values("--env"));
-    let pairs = parse_pairs(pairs)?;
-    let tty = inv.has("--tty") || inv.has("-t");
+    let pairs = parse_pairs(inv.values("-e"))?;
+    let tty = inv.has("-t");
     let me = procs::self_session();
 
     let (id, vars) = {

@@ -103,7 +103,7 @@ fn name_from(inv: &Invocation, positional: Option<&String>) -> Res<Option<String
     match (positional, inv.value("--name")) {
         (Some(a), Some(b)) if a != b => Err(Fail::usage(
             format!("two names given: '{a}' and --name '{b}'"),
-            format!("hint: usage: boxd {}", crate::cli::spec_of(inv.verb).usage),
+            crate::cli::usage_hint(inv.verb),
         )),
         (Some(a), _) => Ok(Some(a.clone())),
         (None, b) => Ok(b.map(str::to_string)),
@@ -122,7 +122,7 @@ fn boot_secs(d: Duration) -> String {
 pub fn create(ctx: &Ctx) -> Res<(Machine, String)> {
     let inv = ctx.inv;
     let name = name_from(inv, inv.args.first())?.ok_or_else(|| {
-        Fail::usage("a machine name is required", format!("hint: usage: boxd {}", crate::cli::spec_of(inv.verb).usage))
+        Fail::usage("a machine name is required", crate::cli::usage_hint(inv.verb))
     })?;
     check_name(&name)?;
     let b = bounds(inv)?;
@@ -334,13 +334,15 @@ pub fn remove(ctx: &Ctx) -> Res<i32> {
     Ok(0)
 }
 
-/// Kill the processes, forget the record, delete the folder (in that order, so nothing
-/// writes into a folder being deleted and a crash leaves at worst an orphan folder).
+/// Kill the processes, forget the record, move the folder to the trash (in that order, so
+/// nothing writes into a folder being deleted and a crash leaves at worst an orphan
+/// folder). The trash is emptied after the answer (trash.rs), so a machine with many
+/// files is removed as fast as any other.
 pub fn destroy(lock: &mut Locked, m: &Machine) -> Res<()> {
     procs::kill_all(&m.id);
     lock.state.machines.retain(|x| x.id != m.id);
     lock.save()?;
-    fstree::remove_tree(&lock.home.machine_dir(&m.id))
+    crate::trash::discard(lock.home, &lock.home.machine_dir(&m.id), &m.id)
         .map_err(|e| Fail::io(format!("deleting the home of '{}'", m.name), e))
 }
 

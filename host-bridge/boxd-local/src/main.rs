@@ -19,6 +19,7 @@ mod power;
 mod procs;
 mod snapshots;
 mod store;
+mod trash;
 mod util;
 
 fn main() {
@@ -26,5 +27,8 @@ fn main() {
         .skip(1)
         .map(|a| a.to_string_lossy().into_owned())
         .collect();
+    if argv.first().map(String::as_str) == Some(trash::PURGE_ARG) {
+        std::process::exit(trash::purge());
+    }
     std::process::exit(app::run(argv));
 }

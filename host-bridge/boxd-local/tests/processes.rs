@@ -4,7 +4,7 @@
 
 mod common;
 use common::*;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 fn settles(counter: &std::path::Path) -> bool {
     let a = lines(counter);
@@ -79,6 +79,31 @@ fn remove_kills_processes_and_deletes_the_home() {
     h.ok(&["machine", "remove", "r", "-y"]);
     assert!(proc_state(pid).is_none() && proc_state(nohup_pid).is_none());
     assert!(!home.exists());
+}
+
+/// A home with many files (a guest OpenCode's package cache) is removed as fast as an
+/// empty one: the folder goes to the trash at once and is deleted after the answer.
+#[test]
+fn remove_does_not_wait_for_a_big_home_to_be_deleted() {
+    let h = Home::new("bigremove");
+    h.ok(&["machine", "new", "small"]);
+    h.ok(&["machine", "new", "big"]);
+    h.ok(&["machine", "exec", "big", "--", "mkdir -p .cache/opencode/node_modules && cd .cache/opencode/node_modules && seq 1 30000 | xargs touch && chmod 555 ."]);
+    let big_dir = h.machine_home("big").parent().unwrap().to_path_buf();
+    let (pid, _) = start_counter(&h, "big");
+    let timed = |name: &str| {
+        let t = Instant::now();
+        h.ok(&["machine", "remove", name, "-y"]);
+        t.elapsed()
+    };
+    let (small, big) = (timed("small"), timed("big"));
+    assert!(big < small + Duration::from_millis(500), "big {big:?} vs small {small:?}");
+    assert!(proc_state(pid).is_none(), "its processes are gone when remove answers");
+    assert!(!big_dir.exists(), "the folder left machines/ at once");
+    wait_for("the trash to be emptied (a read-only folder too)", 30, || {
+        std::fs::read_dir(h.dir.join("trash")).map(|d| d.count() == 0).unwrap_or(true)
+    });
+    assert!(!h.calls().iter().any(|c| c["argv"][0] == "--purge-trash"), "the purge is not a logged call");
 }
 
 #[test]

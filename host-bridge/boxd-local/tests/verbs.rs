@@ -14,7 +14,34 @@ fn help_says_it_is_not_a_vm() {
     assert!(r.out.contains("NOT A VM"), "{}", r.out);
     assert!(r.out.contains("no isolation"));
     assert!(h.ok(&["machine", "exec", "--help"]).out.contains("sh -c"));
-    assert!(h.ok(&["machine", "--help"]).out.contains("machine new"));
+    let noun = h.ok(&["machine", "--help"]).out;
+    assert!(noun.contains("Usage: boxd machine") && noun.contains("\n  new "), "{noun}");
+    // Every command has its own help, and help never needs a sign-in or touches state.
+    h.ok(&["auth", "logout"]);
+    for verb in [&["machine", "new"][..], &["machine", "config", "set"], &["snapshots", "save"], &["env", "set"], &["auth", "login"], &["version"]] {
+        let r = h.ok(&[verb, &["--help"]].concat());
+        assert!(r.out.contains(&format!("Usage: boxd {}", verb.join(" "))), "{verb:?}: {}", r.out);
+    }
+    assert!(h.ok(&["help", "machine", "exec"]).out.contains("sh -c"));
+    for verb in ["get", "remove", "fork"] {
+        assert!(h.ok(&["machine", verb, "--help"]).out.contains("not a VM"), "machine {verb} --help says it");
+    }
+}
+
+#[test]
+fn typos_get_a_suggestion_and_shells_get_completions() {
+    let h = Home::new("typos");
+    let r = h.run(&["machine", "lsit"]);
+    assert_eq!(r.code, 1);
+    assert!(r.err.lines().nth(1).is_some_and(|l| l.starts_with("hint: ") && l.contains("'list'")), "{}", r.err);
+    let r = h.run(&["machine", "get", "a", "--jsno"]);
+    assert!(r.err.contains("--json"), "a flag typo names the flag: {}", r.err);
+    for shell in ["bash", "zsh", "fish"] {
+        let script = h.ok(&["completions", shell]).out;
+        assert!(script.contains("boxd-local") && script.contains("snapshots"), "{shell}: {script}");
+    }
+    assert_eq!(h.run(&["completions", "tcsh"]).code, 1, "an unknown shell is a usage error");
+    assert!(!h.dir.join("state.json").exists(), "help and completions touch no state");
 }
 
 #[test]

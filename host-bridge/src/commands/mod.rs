@@ -5,6 +5,7 @@ mod audit;
 mod call;
 mod describe;
 pub mod golden;
+pub mod live_check;
 pub mod mcp;
 pub mod tour;
 
@@ -21,5 +22,6 @@ pub fn run(cli: Cli) -> Result<u8> {
         Command::Mcp => mcp::serve(grants),
         Command::Tour { keep, plugin } => tour::run(grants, keep, plugin),
         Command::Golden(args) => golden::run(grants, &args),
+        Command::LiveCheck(args) => live_check::run(grants, &args),
     }
 }
