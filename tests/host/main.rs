@@ -17,6 +17,7 @@ mod kill_matrix;
 mod concurrency;
 mod tour;
 mod mcp;
+mod mcp_inspector;
 mod opencode;
 mod faults_matrix;
 mod secrets;
