@@ -18,7 +18,6 @@ mod concurrency;
 mod tour;
 mod mcp;
 mod mcp_inspector;
-mod rough_edges;
 mod opencode;
 mod faults_matrix;
 mod secrets;
