@@ -22,7 +22,9 @@ fn inspector() -> PathBuf {
 fn inspect(laptop: &Laptop, server_flags: &[&str], request: &[&str]) -> (i32, Value) {
     let home = laptop.scratch.path("inspector-home");
     let mut cmd = Command::new(inspector());
-    cmd.args(["--cli", "--format", "json", "--quiet"]);
+    // The first start may compile the component: more than the Inspector's 15 s default
+    // on a loaded machine.
+    cmd.args(["--cli", "--format", "json", "--quiet", "--connect-timeout", "120000"]);
     for (k, v) in [("BOXD_LOCAL_HOME", laptop.boxd_home.as_path()), ("BOXD_HOST_CACHE", cache_dir())] {
         cmd.arg("-e").arg(format!("{k}={}", v.display()));
     }
