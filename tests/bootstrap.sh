@@ -16,11 +16,15 @@ command -v node >/dev/null || { say "node (>= 20) is missing: it runs the pinned
 command -v python3 >/dev/null || { say "python3 is missing: the guest helper runs on it"; exit 1; }
 command -v git >/dev/null || { say "git is missing"; exit 1; }
 
-# The real OpenCode from npm, pinned in tests/package.json (guest and laptop in the tests).
-want=$(node -e 'console.log(require(process.argv[1]).dependencies["opencode-ai"])' "$here/tests/package.json")
+# The real OpenCode (guest and laptop in the tests) and the MCP Inspector (its CLI is the
+# second real MCP client, tests/host/mcp_inspector.rs) from npm, pinned in tests/package.json.
+pinned() { node -e 'console.log(require(process.argv[1]).dependencies[process.argv[2]])' "$here/tests/package.json" "$1"; }
+want=$(pinned opencode-ai)
 have=$("$here/tests/node_modules/.bin/opencode" --version 2>/dev/null || true)
-if [ "$have" != "$want" ]; then
-  say "installing opencode-ai@$want into tests/node_modules"
+inspector_want=$(pinned @modelcontextprotocol/inspector)
+inspector_have=$("$here/tests/node_modules/.bin/mcp-inspector" --version 2>/dev/null || true)
+if [ "$have" != "$want" ] || [ "$inspector_have" != "$inspector_want" ]; then
+  say "installing opencode-ai@$want and @modelcontextprotocol/inspector@$inspector_want into tests/node_modules"
   # npm install, not ci: the lock lists only this platform of opencode-ai's optional binaries.
   (cd "$here/tests" && npm install --no-fund --no-audit --loglevel=error)
   # npm may skip the package's postinstall, which links the platform binary into place.

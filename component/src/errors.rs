@@ -45,7 +45,7 @@ codes! {
     GuestVersion = "GUEST_VERSION" => "Boot the work from a golden image whose OpenCode is the same version as this laptop's (boxd-host golden).";
     PathRefused = "PATH_REFUSED" => "Use a regular file inside the project or a folder named in allowedRoots (no symlinks); to allow a folder, add it to allowedRoots and allow it with the external_directory rule.";
     FileTooLarge = "FILE_TOO_LARGE" => "Send files of at most 8 MiB each and 32 MiB per call; split the data or compress it.";
-    FileConflict = "FILE_CONFLICT" => "The laptop copy changed since the last harvest: move it aside or harvest to another folder with 'to', then harvest again.";
+    FileConflict = "FILE_CONFLICT" => "The laptop file is not what this work last brought home there (another work's harvest or an edit wrote it; the message says which): move it aside or harvest to another folder with 'to', then harvest again.";
     GuestWorkspace = "GUEST_WORKSPACE" => "Boot the work from an image whose /home/boxd the boxd user can write, then call boxd_ensure again.";
     GuestRunFailed = "GUEST_RUN_FAILED" => "Read the transcript (boxd_harvest imports it), then boxd_submit again.";
     RunInterrupted = "RUN_INTERRUPTED" => "Harvest what exists with boxd_harvest, then boxd_submit the prompt again.";

@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 use crate::audit::AuditLog;
 use crate::cli::Grants;
 use crate::opencode_version::OpencodeVersion;
-use crate::runtime::{CallContext, Runtime, ToolError, Trace};
+use crate::runtime::{CallContext, OnFirstSpawn, Runtime, ToolError, Trace};
 
 /// The host name the command line gives the component (MCP gives its own).
 pub const HOST_NAME: &str = "boxd-host";
@@ -59,13 +59,7 @@ impl Session {
 
         let cache = (!f.no_cache).then(cache_dir);
         let opencode = OpencodeVersion::new(&policy, cache.as_deref());
-        let runtime = match &f.component {
-            Some(p) => {
-                let wasm = std::fs::read(p).with_context(|| format!("cannot read the component {}", p.display()))?;
-                Runtime::load(&wasm, policy, cache.as_deref())?
-            }
-            None => Runtime::load_digested(crate::COMPONENT, crate::COMPONENT_SHA256, policy, cache.as_deref())?,
-        };
+        let runtime = load(f, policy, cache.as_deref())?;
         let ctx = CallContext {
             host_name: host_name.into(),
             host_version: env!("CARGO_PKG_VERSION").into(),
@@ -95,9 +89,15 @@ impl Session {
     /// trap in the component (a panic, an out-of-memory) is answered as HOST_FAILED with
     /// the one next step every host gives (policy.json `hostFailed`), never as a backtrace.
     pub fn call(&mut self, tool: &str, args: &str) -> Result<std::result::Result<Value, Value>> {
+        self.call_watched(tool, args, None)
+    }
+
+    /// As `call`, with a hook run just before the call's first spawn (the MCP server's
+    /// progress starts there: runtime::OnFirstSpawn).
+    pub fn call_watched(&mut self, tool: &str, args: &str, on_first_spawn: Option<OnFirstSpawn>) -> Result<std::result::Result<Value, Value>> {
         let ctx = self.fresh_ctx();
         let started = Instant::now();
-        let (result, trace) = self.runtime.call_traced(tool, args, &ctx);
+        let (result, trace) = self.runtime.call_watched(tool, args, &ctx, on_first_spawn);
         Ok(self.answer(tool, started, result, trace))
     }
 
@@ -160,6 +160,25 @@ impl Session {
         self.audit.record(what, ms, &code, &trace);
         answer
     }
+}
+
+/// The component the flags name (`--component`), else the one built in (its sha256
+/// computed at build time), loaded under `policy`.
+fn load(f: &Grants, policy: crate::policy::Policy, cache: Option<&std::path::Path>) -> Result<Runtime> {
+    match &f.component {
+        Some(p) => {
+            let wasm = std::fs::read(p).with_context(|| format!("cannot read the component {}", p.display()))?;
+            Runtime::load(&wasm, policy, cache)
+        }
+        None => Runtime::load_digested(crate::COMPONENT, crate::COMPONENT_SHA256, policy, cache),
+    }
+}
+
+/// The component under a policy that grants nothing (no program, no folder): enough to
+/// describe its tools when a grant cannot be made, so a server can still list them and
+/// answer each call with the problem, as the OpenCode bridge does.
+pub fn ungranted_runtime(f: &Grants) -> Result<Runtime> {
+    load(f, crate::policy::Policy::new(), (!f.no_cache).then(cache_dir).as_deref())
 }
 
 /// A trap in one line: wasmtime's own words ("wasm trap: wasm `unreachable` instruction

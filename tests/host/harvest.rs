@@ -10,8 +10,12 @@ use crate::guest::sha256;
 const W1: &str = r#"{"work":"w1"}"#;
 
 fn run(world: &World, prompt: &str) -> serde_json::Value {
-    world.ok_call("boxd_submit", &json!({ "work": "w1", "prompt": prompt }).to_string());
-    let v = world.job_until_idle("w1");
+    run_on(world, "w1", prompt)
+}
+
+fn run_on(world: &World, work: &str, prompt: &str) -> serde_json::Value {
+    world.ok_call("boxd_submit", &json!({ "work": work, "prompt": prompt }).to_string());
+    let v = world.job_until_idle(work);
     assert_eq!(v["outcome"], "completed", "{v:#}");
     v
 }
@@ -128,6 +132,43 @@ fn files_come_back_with_conflicts_and_symlinks_refused() {
     assert_eq!(std::fs::read_to_string(world.laptop.project.join("out/SUMMARY.md")).unwrap(), "summary v2\n");
     world.err_call("boxd_harvest", r#"{"work":"w1","files":["link.txt"]}"#, "PATH_REFUSED");
     world.err_call("boxd_harvest", r#"{"work":"w1","files":["../x"]}"#, "NAME_INVALID");
+}
+
+/// A FILE_CONFLICT says what the ledger knows of how the laptop file came to be: another
+/// work's harvest wrote it (still its bytes, or edited since), this work's harvest brought
+/// it and it was edited since, or no harvest wrote it.
+#[test]
+fn a_file_conflict_names_the_work_whose_harvest_wrote_the_file() {
+    let world = World::new("harvest-whose");
+    let notes = world.laptop.project.join("NOTES.md");
+    std::fs::write(world.laptop.project.join("TODO.md"), "the user's own\n").unwrap();
+    for (work, text) in [("w1", "notes from w1"), ("w2", "notes from w2, longer")] {
+        world.ok_call("boxd_ensure", &json!({ "work": work }).to_string());
+        run_on(&world, work, &format!("write {}", bash(&format!("echo '{text}' > NOTES.md && echo '{text}' > TODO.md"))));
+    }
+    let conflict = |work: &str, file: &str| {
+        let e = world.err_call("boxd_harvest", &json!({ "work": work, "files": [file] }).to_string(), "FILE_CONFLICT");
+        e["message"].as_str().unwrap().to_string()
+    };
+    world.ok_call("boxd_harvest", r#"{"work":"w1","files":["NOTES.md"]}"#);
+
+    let m = conflict("w2", "NOTES.md");
+    assert!(m.contains("was written by work 'w1''s harvest") && m.contains("not by this work's"), "{m}");
+    assert!(!m.contains("changed on the laptop"), "{m}");
+    assert_eq!(std::fs::read_to_string(&notes).unwrap(), "notes from w1\n", "w2 overwrote nothing");
+
+    std::fs::write(&notes, "notes from w1, then my edit\n").unwrap();
+    let m = conflict("w2", "NOTES.md");
+    assert!(m.contains("was written by work 'w1''s harvest") && m.contains("has changed on the laptop since"), "{m}");
+
+    run_on(&world, "w1", &format!("rewrite {}", bash("echo 'notes from w1, v2' > NOTES.md")));
+    let m = conflict("w1", "NOTES.md");
+    assert!(m.contains("has changed on the laptop since this work's harvest brought it home"), "{m}");
+
+    let m = conflict("w1", "TODO.md");
+    assert!(m.contains("was already on the laptop: no harvest this ledger recorded wrote it"), "{m}");
+    assert_eq!(std::fs::read_to_string(world.laptop.project.join("TODO.md")).unwrap(), "the user's own\n");
+    assert_eq!(std::fs::read_to_string(&notes).unwrap(), "notes from w1, then my edit\n");
 }
 
 #[test]

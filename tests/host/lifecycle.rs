@@ -233,16 +233,32 @@ fn no_boxd_cli_is_boxd_missing_for_a_change() {
     assert!(v["next"].as_str().unwrap().contains("boxd auth login"));
 }
 
+/// The laptop runs another OpenCode than the golden image carries (as when
+/// `allowUntestedHost` lets a newer one through): refused with GUEST_VERSION. The machine
+/// ensure just created can never serve the work, so it is removed and the work closed
+/// (nothing left billing), and once the versions agree a plain ensure starts afresh.
 #[test]
-fn a_guest_whose_opencode_differs_from_the_laptops_is_refused() {
+fn a_guest_whose_opencode_differs_from_the_laptops_is_refused_and_leaves_no_machine() {
     let world = World::new("version");
-    // The laptop says it runs another OpenCode than the golden image carries.
     let fake = world.laptop.scratch.0.join("opencode-other");
-    std::fs::write(&fake, format!("#!/bin/sh\n[ \"$1\" = --version ] && {{ echo 1.18.99; exit 0; }}\nexec '{}' \"$@\"\n", opencode_bin().display())).unwrap();
+    std::fs::write(&fake, format!("#!/bin/sh\n[ \"$1\" = --version ] && {{ echo 1.19.0; exit 0; }}\nexec '{}' \"$@\"\n", opencode_bin().display())).unwrap();
     std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    let (code, v) = world.call_with(&["--opencode", fake.to_str().unwrap()], "boxd_ensure", W1);
+    let flags = ["--opencode", fake.to_str().unwrap(), "--options", r#"{"allowUntestedHost":true}"#];
+    let (code, v) = world.call_with(&flags, "boxd_ensure", W1);
     assert_eq!((code, v["error"].as_str()), (1, Some("GUEST_VERSION")), "{v:#}");
-    assert!(v["message"].as_str().unwrap().contains("1.18.99"), "{v:#}");
+    let message = v["message"].as_str().unwrap();
+    assert!(message.contains("1.19.0") && message.contains("1.18.33"), "names both versions: {message}");
+    assert!(message.contains("oc-w1 was removed and work 'w1' closed"), "says what became of the machine: {message}");
+    let list = world.laptop.boxd(&["machine", "list", "--json"]);
+    assert!(!String::from_utf8_lossy(&list.stdout).contains("oc-w1"), "no machine left running");
+    assert_eq!(world.calls_starting(&["machine", "remove", "oc-w1"]), 1);
+    // The ledger recorded the machine before it was made, and closed the work after.
+    let record: serde_json::Value = serde_json::from_slice(&std::fs::read(world.laptop.ledger.join("works/w1/work.json")).unwrap()).unwrap();
+    assert_eq!(record["state"], "closed", "{record:#}");
+    assert_eq!(world.ok_call("boxd_status", "{}")["works"].as_array().unwrap().len(), 0);
+
+    let v = world.ok_call("boxd_ensure", W1);
+    assert_eq!((v["created"].as_bool(), v["state"].as_str()), (Some(true), Some("running")), "{v:#}");
 }
 
 #[test]

@@ -18,6 +18,7 @@ mod concurrency;
 mod tour;
 mod install;
 mod mcp;
+mod mcp_inspector;
 mod opencode;
 mod faults_matrix;
 mod secrets;

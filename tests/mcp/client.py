@@ -149,15 +149,47 @@ async def a_failing_tool_gives_its_code_and_next_step():
 
 
 @check
-async def long_tools_report_start_and_end_and_reads_report_nothing():
+async def progress_only_for_long_calls_that_passed_their_checks():
     async with session() as s:
-        p = Progress()
-        err(await s.call_tool("boxd_resume", {"work": "nosuch"}, progress_callback=p), "WORK_UNKNOWN")
-        assert [(x[0], x[1]) for x in p.seen] == [(0, 1), (1, 1)], p.seen
-        assert "started" in p.seen[0][2] and "finished" in p.seen[1][2], p.seen
+        # Refused before any program runs: bad arguments, an unknown work. No progress.
+        for call, code in ((("boxd_ensure", {"work": 42}), "ARGS_INVALID"), (("boxd_resume", {"work": "nosuch"}), "WORK_UNKNOWN")):
+            p = Progress()
+            err(await s.call_tool(*call, progress_callback=p), code)
+            assert p.seen == [], (call, p.seen)
         q = Progress()
         ok(await s.call_tool("boxd_status", {}, progress_callback=q))
         assert q.seen == [], q.seen
+    async with session("--options", '{"access":"read-only"}') as s:
+        p = Progress()
+        err(await s.call_tool("boxd_ensure", {"work": "w9"}, progress_callback=p), "ACCESS_DENIED")
+        assert p.seen == [], p.seen
+    # Past its checks, a long call reports its start (at its first boxd call) and its end,
+    # even when it then fails: here the golden snapshot it asks boxd for does not exist.
+    async with session("--options", '{"snapshot":"no-such-golden"}') as s:
+        p = Progress()
+        err(await s.call_tool("boxd_ensure", {"work": "w9"}, progress_callback=p), "SNAPSHOT_MISSING")
+        assert [(x[0], x[1]) for x in p.seen] == [(0, 1), (1, 1)], p.seen
+        assert p.seen[0][2] == "boxd_ensure started" and p.seen[1][2] == "boxd_ensure finished", p.seen
+
+
+@check
+async def a_grant_the_host_cannot_make_answers_every_call_after_the_handshake():
+    async with session("--options", '{"allowedRoots":["/no/such/root"]}') as s:
+        assert len((await s.list_tools()).tools) == 10
+        for tool, arguments in (("boxd_status", {}), ("boxd_ensure", {"work": "w1"})):
+            e = err(await s.call_tool(tool, arguments), "OPTIONS_INVALID")
+            assert "/no/such/root" in e["message"] and "allowedRoots" in e["next"], e
+
+
+@check
+async def status_knows_the_laptop_opencode_and_carries_no_opencode_only_fields():
+    assert args.opencode, "run with --opencode: the server learns the laptop's OpenCode version from it"
+    version = subprocess.run([args.opencode, "--version"], capture_output=True, text=True, check=True).stdout.strip()
+    async with session() as s:
+        v = ok(await s.call_tool("boxd_status", {}))
+    assert v["guest"]["opencode"] == version, v["guest"]
+    for field in ("agentsWithoutRules", "rulesAdded", "skills"):
+        assert field not in v, (field, v)
 
 
 @check

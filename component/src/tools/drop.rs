@@ -25,7 +25,7 @@ fn settled_json(w: &Work) -> Value {
 }
 
 /// Close the work with its settled cost: the record as written, and the answer's start.
-fn close<F: Files>(ledger: &mut Ledger<F>, work: &str, ctx: &Context) -> ToolResult<(Work, Value)> {
+pub(super) fn close<F: Files>(ledger: &mut Ledger<F>, work: &str, ctx: &Context) -> ToolResult<(Work, Value)> {
     let w = ledger.update(work, |w| {
         w.state = WorkState::Closed;
         w.settle(&ctx.options.prices, ctx.now_ms);

@@ -443,14 +443,44 @@ fn check_overwrite(env: &mut Env, w: &Work, file: &Incoming) -> ToolResult<()> {
             let current = if may_match { env.files.sha256(dest).ok().flatten().unwrap_or_default() } else { String::new() };
             let last = last.map(|r| r.sha256.clone());
             if &current != sha && last.as_deref() != Some(current.as_str()) {
+                let cause = conflict_cause(env, w, dest, m.size, current);
                 return Err(ToolError::with_next(
                     Code::FileConflict,
-                    format!("{dest} (from {rel}) differs from what this work last brought home there (another work, or an edit on the laptop); it was not overwritten, and {rel} stays owed"),
+                    format!("{dest} (from {rel}) {cause}; it was not overwritten, and {rel} stays owed"),
                     format!("Move {dest} aside, or call boxd_harvest for work '{}' with \"to\" naming another folder.", w.work),
                 ));
             }
             Ok(())
         }
+    }
+}
+
+/// How a conflicting laptop file came to be, as far as the ledger knows: the newest harvest
+/// of any work that wrote `dest`, and whether the file still holds those bytes (`current`
+/// is its sha256 when already hashed, else empty). Read only on a conflict.
+fn conflict_cause(env: &mut Env, w: &Work, dest: &str, size: u64, mut current: String) -> String {
+    let newest = |records: &[FileRecord]| records.iter().filter(|r| r.laptop == dest).max_by(|a, b| a.at.cmp(&b.at)).cloned();
+    let mut writer = newest(&w.files_out).map(|r| (w.work.clone(), r));
+    let mut ledger = Ledger::for_call(&mut env.files, env.ctx);
+    for id in ledger.ids().unwrap_or_default().into_iter().filter(|id| *id != w.work) {
+        let Some(r) = ledger.read(&id).ok().flatten().and_then(|other| newest(&other.files_out)) else { continue };
+        if writer.as_ref().is_none_or(|(_, mine)| r.at > mine.at) {
+            writer = Some((id, r));
+        }
+    }
+    let Some((by, r)) = writer else {
+        return String::from("was already on the laptop: no harvest this ledger recorded wrote it");
+    };
+    if by == w.work {
+        return format!("has changed on the laptop since this work's harvest brought it home ({})", r.at);
+    }
+    if current.is_empty() && r.size == size {
+        current = env.files.sha256(dest).ok().flatten().unwrap_or_default();
+    }
+    if r.size == size && current == r.sha256 {
+        format!("was written by work '{by}''s harvest ({}), not by this work's", r.at)
+    } else {
+        format!("was written by work '{by}''s harvest ({}) and has changed on the laptop since", r.at)
     }
 }
 

@@ -7,7 +7,7 @@ use alloc::string::String;
 use alloc::vec::Vec;
 use serde_json::{json, Value};
 
-use super::machine::{check_machine, create_machine, owned_state, prepare_guest, work_json, Build};
+use super::machine::{check_machine, create_machine, owned_state, prepare_fresh_guest, prepare_guest, work_json, Build};
 use super::{work_arg, Env};
 use crate::boxd::{Boxd, Failure, MachineInfo, State};
 use crate::caps::{Files, Kind, Programs};
@@ -65,7 +65,7 @@ pub fn ensure(env: &mut Env, args: &Value) -> ToolResult<Value> {
         };
         let (w, st, adopted) = adopt(&mut ledger, w, &info, ctx)?;
         let guest = if matches!(st, State::Running | State::Standby) {
-            prepare_guest(&mut boxd, &mut ledger, &w, &ctx.entropy, version.as_deref())?
+            prepare_fresh_guest(&mut boxd, &mut ledger, ctx, &w, version.as_deref())?
         } else {
             Value::Null
         };
@@ -88,7 +88,7 @@ pub fn ensure(env: &mut Env, args: &Value) -> ToolResult<Value> {
         }
     }
     let w = create_machine(&mut boxd, &mut ledger, ctx, &work, Build::New { directory: &directory })?;
-    let guest = prepare_guest(&mut boxd, &mut ledger, &w, &ctx.entropy, version.as_deref())?;
+    let guest = prepare_fresh_guest(&mut boxd, &mut ledger, ctx, &w, version.as_deref())?;
     Ok(ensured(&w, "running", guest, (false, true), format!("Call boxd_submit for work '{work}' with the task.")))
 }
 

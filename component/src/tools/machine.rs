@@ -181,6 +181,30 @@ pub fn prepare_guest<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Led
     Ok(answer)
 }
 
+/// Prepare the guest of a work no prompt has reached (ensure's). GUEST_VERSION is final for
+/// this machine, which boots the golden image's OpenCode: left running it would bill and
+/// never serve. It holds nothing of the user's, so it is removed and the work closed (the
+/// ledger recorded it before it was made), and a later ensure of the id starts afresh. A
+/// machine a prompt has reached may hold work, so it is left to the user.
+pub fn prepare_fresh_guest<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F>, ctx: &Context, w: &Work, version: Option<&str>) -> ToolResult<Value> {
+    let e = match prepare_guest(boxd, ledger, w, &ctx.entropy, version) {
+        Err(e) if e.code == Code::GuestVersion && w.prompts.is_empty() => e,
+        other => return other,
+    };
+    let (machine, work) = (&w.machine, &w.work);
+    // Intent before effect, as in a drop: one killed after the remove is closed by boxd_drop.
+    ledger.update(work, |w| w.state = WorkState::Dropping)?;
+    if let Err(f) = boxd.remove(machine) {
+        return Err(ToolError::with_next(
+            Code::GuestVersion,
+            format!("{}; removing {machine}, which cannot serve the work, failed too: {}", e.message, f.into_error().message),
+            format!("Remove it with 'boxd machine remove {machine} -y' (the plugin created it and it holds nothing of yours), then call boxd_drop for work '{work}' to close it."),
+        ));
+    }
+    super::drop::close(ledger, work, ctx)?;
+    Err(ToolError::new(Code::GuestVersion, format!("{}; {machine} was removed and work '{work}' closed, so nothing is left running", e.message)))
+}
+
 pub fn work_json(w: &Work, state: &str) -> Value {
     json!({ "work": w.work, "machine": w.machine, "machineId": w.machine_id, "directory": w.directory, "state": state })
 }
@@ -244,5 +268,37 @@ mod tests {
         let c = p.commands();
         let last = &c[c.len() - 3..];
         assert!(last[0] == "machine get oc-w1 --json" && last[1].contains("upload.tmp") && last[2].contains("prepare --work w1"), "{last:?}");
+    }
+
+    /// A machine no prompt has reached that boots another OpenCode than the laptop's is
+    /// removed and the work closed; one a prompt has reached is left for the user.
+    #[test]
+    fn a_guest_version_mismatch_removes_only_a_machine_no_prompt_reached() {
+        const MISMATCH: &str = r#"{"ok":false,"error":"GUEST_VERSION","message":"the machine has OpenCode 1.18.33 but the laptop runs 1.19.0"}"#;
+        for prompted in [false, true] {
+            let mut fs = open_work(Some(GitRecord::default()));
+            if prompted {
+                let mut w = Ledger::new(&mut fs, "/l").require("w1").unwrap();
+                w.prompts.push(crate::ledger::Prompt { id: "p1".into(), admitted: true, ..Default::default() });
+                Ledger::new(&mut fs, "/l").write(&w).unwrap();
+            }
+            let mut p = Scripted::default();
+            p.push_exit(0, OURS, "");
+            p.push_exit(0, "", "");
+            p.push_exit(3, MISMATCH, "");
+            p.push_exit(0, r#"{"name":"oc-w1","status":"destroyed"}"#, "");
+            let e = call(&mut p, &mut fs, "boxd_ensure", r#"{"work":"w1"}"#, raw_context("{}", r#"{"opencodeVersion":"1.19.0"}"#)).unwrap_err();
+            assert_eq!(e.code, Code::GuestVersion, "{e:?}");
+            let w = Ledger::new(&mut fs, "/l").require("w1").unwrap();
+            let removed = p.commands().last().map(String::as_str) == Some("machine remove oc-w1 -y --json");
+            if prompted {
+                assert!(!removed, "{:?}", p.commands());
+                assert_eq!(w.state, WorkState::Open);
+            } else {
+                assert!(removed, "{:?}", p.commands());
+                assert!(e.message.contains("1.19.0") && e.message.contains("oc-w1 was removed and work 'w1' closed"), "{}", e.message);
+                assert_eq!(w.state, WorkState::Closed);
+            }
+        }
     }
 }

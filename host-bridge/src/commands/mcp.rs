@@ -22,6 +22,8 @@ use rmcp::{ErrorData, ServerHandler, ServiceExt as _};
 use serde_json::Value;
 
 use crate::cli::Grants;
+use crate::policy::HostProblem;
+use crate::runtime::OnFirstSpawn;
 use crate::session::Session;
 
 /// The host name the component sees for MCP calls (boxd-host's `call` says `boxd-host`).
@@ -37,17 +39,28 @@ to bring the transcript and files home; then boxd_sleep to stop billing or boxd_
 destroy the machine. Never wait or poll inside one call: do other work and check \
 boxd_job in a later turn. Every error names its code and the one next step to take.";
 
-/// Serve MCP on stdin/stdout until the client closes stdin. Flag errors (a missing
-/// project, a boxd that does not exist) fail here, before the handshake, with exit 2.
+/// Serve MCP on stdin/stdout until the client closes stdin. A grant the host cannot make (a
+/// missing project, a `--boxd` that is not there) does not stop the server: it lists the
+/// tools and answers every call with the problem, as `call` and the OpenCode bridge do, so
+/// the user reads it in the client rather than a bare "failed to connect".
 pub fn serve(grants: &Grants) -> Result<u8> {
-    let host = Session::open(grants, HOST_NAME)?;
     // `approved` stays true, as in `call`: MCP clients (Claude Code, Codex, Cursor) ask
     // the user before each tool call they forward, so a call that reaches us was approved.
     // docs/hosts.md says so, and says to use access "read-only" with a client that does not ask.
-    let manifest: Value = serde_json::from_str(&host.runtime.describe()?).context("the component's manifest is not JSON")?;
+    let (host, described) = match Session::open(grants, HOST_NAME) {
+        Ok(session) => {
+            let described = session.runtime.describe()?;
+            (Host::Ready(Arc::new(Mutex::new(session))), described)
+        }
+        Err(e) => match e.downcast::<HostProblem>() {
+            Ok(problem) => (Host::Refused(problem), crate::session::ungranted_runtime(grants)?.describe()?),
+            Err(e) => return Err(e),
+        },
+    };
+    let manifest: Value = serde_json::from_str(&described).context("the component's manifest is not JSON")?;
     let tools = tools_from_manifest(&manifest)?;
     let long_running = Arc::new(long_running_from_manifest(&manifest));
-    let server = Server { host: Arc::new(Mutex::new(host)), tools: Arc::new(tools), long_running };
+    let server = Server { host: Arc::new(host), tools: Arc::new(tools), long_running };
 
     // One thread drives the protocol; tool calls run on tokio's blocking pool.
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("cannot start the async runtime")?;
@@ -82,8 +95,9 @@ pub fn tools_from_manifest(manifest: &Value) -> Result<Vec<Tool>> {
 }
 
 /// The tools whose manifest entry says `longRunning`: the client gets a progress
-/// notification when they start and when they end. The component runs a call to the end
-/// without yielding, so there are no intermediate steps to report.
+/// notification when such a call makes its first spawn (it has passed its argument checks)
+/// and one when it ends. The component runs a call to the end without yielding, so there
+/// are no intermediate steps to report.
 pub fn long_running_from_manifest(manifest: &Value) -> BTreeSet<String> {
     let tools = manifest.get("tools").and_then(Value::as_array).into_iter().flatten();
     tools.filter(|t| flag(t, "longRunning")).filter_map(|t| t.get("name").and_then(Value::as_str)).map(str::to_string).collect()
@@ -115,24 +129,59 @@ pub fn to_result(answer: std::result::Result<Value, Value>) -> CallToolResult {
     result
 }
 
-#[derive(Clone)]
-struct Server {
+/// What answers the tool calls: the session, or the grant problem that refuses every one.
+enum Host {
     /// Calls run one at a time: the component has no ledger lock, and one agent's calls
     /// on one work (submit, then drop) must not interleave.
-    host: Arc<Mutex<Session>>,
+    Ready(Arc<Mutex<Session>>),
+    Refused(HostProblem),
+}
+
+#[derive(Clone)]
+struct Server {
+    host: Arc<Host>,
     tools: Arc<Vec<Tool>>,
     long_running: Arc<BTreeSet<String>>,
 }
 
 impl Server {
     async fn progress(&self, ctx: &RequestContext<RoleServer>, tool: &str, done: bool) {
-        if !self.long_running.contains(tool) {
-            return;
-        }
         let Some(token) = ctx.meta.get_progress_token() else { return };
         let (progress, message) = if done { (1.0, format!("{tool} finished")) } else { (0.0, format!("{tool} started")) };
         // A client that went away is not our failure: the call's result still matters.
         let _ = ctx.peer.notify_progress(ProgressNotificationParam::new(token, progress).with_total(1.0).with_message(message)).await;
+    }
+
+    /// One call on the blocking pool (the wasmtime call is synchronous and may run for
+    /// minutes). Progress starts at the call's first spawn, which comes only after the
+    /// component's argument, option and access checks: a refused call reports none.
+    async fn run(&self, ctx: &RequestContext<RoleServer>, tool: &str, args: String) -> std::result::Result<Value, Value> {
+        let session = match self.host.as_ref() {
+            Host::Refused(problem) => return Err(problem.to_json()),
+            Host::Ready(session) => session.clone(),
+        };
+        let watched = self.long_running.contains(tool) && ctx.meta.get_progress_token().is_some();
+        let (spawned, first_spawn) = tokio::sync::oneshot::channel::<()>();
+        let hook: Option<OnFirstSpawn> = watched.then(|| Box::new(move || {
+            // The receiver is gone only if the client's request was dropped: nothing to tell.
+            let _ = spawned.send(());
+        }) as OnFirstSpawn);
+        let name = tool.to_string();
+        let call = tokio::task::spawn_blocking(move || session.lock().unwrap_or_else(PoisonError::into_inner).call_watched(&name, &args, hook));
+        // The sender goes with the hook: dropped unfired, the call ended without a spawn.
+        let started = first_spawn.await.is_ok();
+        if started {
+            self.progress(ctx, tool, false).await;
+        }
+        let answer = match call.await {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(e)) => Err(host_failed(tool, format!("{e:#}"))),
+            Err(e) => Err(host_failed(tool, format!("the call panicked ({e})"))),
+        };
+        if started {
+            self.progress(ctx, tool, true).await;
+        }
+        answer
     }
 }
 
@@ -151,20 +200,8 @@ impl ServerHandler for Server {
     // component's check gives ARGS_INVALID with a next step, the same as `boxd-host call`.
 
     async fn call_tool(&self, request: CallToolRequestParams, ctx: RequestContext<RoleServer>) -> Result<CallToolResponse, ErrorData> {
-        let tool = request.name;
         let args = Value::Object(request.arguments.unwrap_or_default()).to_string();
-        self.progress(&ctx, &tool, false).await;
-        // The wasmtime call is synchronous and may run for minutes: off the protocol thread.
-        let host = self.host.clone();
-        let name = tool.to_string();
-        let joined = tokio::task::spawn_blocking(move || host.lock().unwrap_or_else(PoisonError::into_inner).call(&name, &args)).await;
-        let answer = match joined {
-            Ok(Ok(answer)) => answer,
-            Ok(Err(e)) => Err(host_failed(&tool, format!("{e:#}"))),
-            Err(e) => Err(host_failed(&tool, format!("the call panicked ({e})"))),
-        };
-        self.progress(&ctx, &tool, true).await;
-        Ok(to_result(answer).into())
+        Ok(to_result(self.run(&ctx, &request.name, args).await).into())
     }
 }
 

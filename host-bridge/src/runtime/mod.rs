@@ -37,6 +37,11 @@ wasmtime::component::bindgen!({
 pub use exports::boxd::plugin::tools::ToolError;
 use boxd::plugin::spawn as wit_spawn;
 
+/// Runs once, just before a call's first spawn. The component checks a call's arguments,
+/// options and access before it runs any program, so a host that starts progress here
+/// reports it only for calls that passed those checks, with no tool logic of its own.
+pub type OnFirstSpawn = Box<dyn FnOnce() + Send>;
+
 /// What a host knows about one call; becomes the WIT `context`. The Rust hosts have no
 /// OpenCode facts: they are not OpenCode.
 #[derive(Clone, Debug, Default)]
@@ -99,6 +104,7 @@ pub struct HostState {
     kill_at: Option<KillAt>,
     spawns: u32,
     renames: u32,
+    on_first_spawn: Option<OnFirstSpawn>,
 }
 
 /// A test-only kill point: `BOXD_HOST_KILL_AT=before-spawn:N`, `after-spawn:N`,
@@ -150,6 +156,9 @@ impl wit_spawn::Host for HostState {
     fn run(&mut self, r: wit_spawn::Request) -> std::result::Result<wit_spawn::Output, wit_spawn::Error> {
         let started = Instant::now();
         let mut record = SpawnRecord { program: r.program.clone(), args: mask_args(&r.args), ..SpawnRecord::default() };
+        if let Some(hook) = self.on_first_spawn.take() {
+            hook();
+        }
         self.spawns += 1;
         self.kill_point(true, true, self.spawns);
         let result = self.spawn(&r, &mut record);
@@ -269,7 +278,7 @@ impl Runtime {
         &self.policy
     }
 
-    fn store(&self) -> Result<Store<HostState>> {
+    fn store(&self, on_first_spawn: Option<OnFirstSpawn>) -> Result<Store<HostState>> {
         let mut b = WasiCtx::builder();
         // Deny by default: no env, args, stdio or network; only the policy's folders.
         b.allow_blocking_current_thread(true);
@@ -288,12 +297,13 @@ impl Runtime {
                 kill_at: KillAt::from_env(),
                 spawns: 0,
                 renames: 0,
+                on_first_spawn,
             },
         ))
     }
 
     pub fn describe(&self) -> Result<String> {
-        let mut store = self.store()?;
+        let mut store = self.store(None)?;
         let plugin = self.pre.instantiate(&mut store)?;
         plugin.boxd_plugin_tools().call_describe(&mut store).map_err(Into::into)
     }
@@ -308,7 +318,13 @@ impl Runtime {
     /// As `call`, but the trace (spawns, paths) is kept when the call traps, so the audit
     /// log still shows what a failed call touched.
     pub fn call_traced(&self, tool: &str, args: &str, ctx: &CallContext) -> (Result<std::result::Result<String, ToolError>>, Trace) {
-        let mut store = match self.store() {
+        self.call_watched(tool, args, ctx, None)
+    }
+
+    /// As `call_traced`, with `on_first_spawn` run just before the call's first spawn (never,
+    /// when the call spawns nothing). The hook is dropped when the call ends either way.
+    pub fn call_watched(&self, tool: &str, args: &str, ctx: &CallContext, on_first_spawn: Option<OnFirstSpawn>) -> (Result<std::result::Result<String, ToolError>>, Trace) {
+        let mut store = match self.store(on_first_spawn) {
             Ok(s) => s,
             Err(e) => return (Err(e), Trace::default()),
         };
@@ -323,7 +339,7 @@ impl Runtime {
 
     /// The golden-image operation in a fresh instance, traced like a tool call.
     pub fn build_golden(&self, spec_json: &str, ctx: &CallContext) -> (Result<std::result::Result<String, ToolError>>, Trace) {
-        let mut store = match self.store() {
+        let mut store = match self.store(None) {
             Ok(s) => s,
             Err(e) => return (Err(e), Trace::default()),
         };
