@@ -9,6 +9,7 @@ pub mod audit;
 pub mod cli;
 pub mod commands;
 pub mod opencode_version;
+pub mod out;
 pub mod policy;
 pub mod runtime;
 pub mod session;

@@ -164,3 +164,21 @@ fn a_long_tool_shows_progress_only_on_a_terminal() {
     assert!(text.contains("ensuring machine oc-w1"), "{text}");
     assert!(text.contains("SNAPSHOT_MISSING"), "{text}");
 }
+
+/// A reader that goes away (`boxd-host describe | head -1`) ends the output, not the
+/// program with a panic: the command finishes and exits with its own code.
+#[test]
+fn a_closed_stdout_is_not_a_panic() {
+    let mut child = std::process::Command::new(boxd_host())
+        .arg("describe")
+        .env("BOXD_HOST_CACHE", cache_dir())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take()); // the reader is gone before the first line
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(!stderr.contains("panicked") && !stderr.contains("Broken pipe"), "{stderr}");
+}

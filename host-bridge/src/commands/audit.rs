@@ -9,9 +9,9 @@ pub fn run(grants: &Grants, as_json: bool) -> Result<u8> {
     let session = Session::open(grants, crate::session::HOST_NAME)?;
     let reach = crate::audit::reach(&session.runtime);
     if as_json {
-        println!("{}", serde_json::to_string_pretty(&reach)?);
+        crate::outln!("{}", serde_json::to_string_pretty(&reach)?);
     } else {
-        print!("{}", crate::audit::render(&reach));
+        crate::out!("{}", crate::audit::render(&reach));
     }
     Ok(0)
 }

@@ -18,7 +18,7 @@ pub fn run(grants: &Grants, tool: &str, mut args: String) -> Result<u8> {
         // answered in the tools' own shape, as the OpenCode bridge answers every call.
         Err(e) => match e.downcast_ref::<crate::policy::HostProblem>() {
             Some(p) => {
-                println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "error": p.code, "message": p.message, "next": p.next }))?);
+                crate::outln!("{}", serde_json::to_string_pretty(&serde_json::json!({ "error": p.code, "message": p.message, "next": p.next }))?);
                 return Ok(1);
             }
             None => return Err(e),
@@ -33,7 +33,7 @@ pub fn run(grants: &Grants, tool: &str, mut args: String) -> Result<u8> {
         Ok(v) => (v, 0),
         Err(e) => (e, 1),
     };
-    println!("{}", serde_json::to_string_pretty(&answer)?);
+    crate::outln!("{}", serde_json::to_string_pretty(&answer)?);
     Ok(code)
 }
 

@@ -7,6 +7,6 @@ use crate::session::Session;
 
 pub fn run(grants: &Grants) -> Result<u8> {
     let session = Session::open(grants, crate::session::HOST_NAME)?;
-    println!("{}", session.runtime.describe()?);
+    crate::outln!("{}", session.runtime.describe()?);
     Ok(0)
 }

@@ -43,6 +43,6 @@ pub fn run(grants: &Grants, args: &GoldenArgs) -> Result<u8> {
         }
         Err(e) => (e, 1),
     };
-    println!("{}", serde_json::to_string_pretty(&answer)?);
+    crate::outln!("{}", serde_json::to_string_pretty(&answer)?);
     Ok(code)
 }

@@ -170,7 +170,7 @@ fn tour(f: &Grants, dir: &Path, boxd_local: &Path, opencode: &Path, kept: Option
     let (boxd_home, ledger, project, laptop) = (sub("boxd-local")?, sub("ledger")?, sub("project")?, sub("laptop")?);
     let audit_log = dir.join("audit.jsonl");
     let oc_version = String::from_utf8_lossy(&Command::new(opencode).arg("--version").output()?.stdout).trim().to_string();
-    println!("tour: OpenCode {oc_version} · boxd-local (not a VM: machines are folders and processes on this computer) · scripted model");
+    crate::outln!("tour: OpenCode {oc_version} · boxd-local (not a VM: machines are folders and processes on this computer) · scripted model");
 
     // The laptop: its own OpenCode data; boxd-local's state; the guests find OpenCode on PATH.
     let mut vars: Vec<(String, String)> = std::env::vars().filter(|(k, _)| !k.starts_with("XDG_") && k != "HOME").collect();
@@ -205,7 +205,7 @@ fn tour(f: &Grants, dir: &Path, boxd_local: &Path, opencode: &Path, kept: Option
 
     let mut steps: Vec<Value> = Vec::new();
     let started = Instant::now();
-    println!("\n1. golden image");
+    crate::outln!("\n1. golden image");
     let archive = make_archive(dir, opencode)?;
     let spec = json!({
         "snapshot": "opencode-golden",
@@ -218,12 +218,12 @@ fn tour(f: &Grants, dir: &Path, boxd_local: &Path, opencode: &Path, kept: Option
     match host.build_golden(&spec)? {
         Ok(r) => {
             for step in r["steps"].as_array().into_iter().flatten() {
-                println!("   {}", step.as_str().unwrap_or_default());
+                crate::outln!("   {}", step.as_str().unwrap_or_default());
             }
             steps.push(json!({ "step": "golden", "ok": true, "snapshot": r["snapshot"] }));
         }
         Err(e) => {
-            println!("   {}: {}\n   next: {}", e["error"].as_str().unwrap_or(""), e["message"].as_str().unwrap_or(""), e["next"].as_str().unwrap_or(""));
+            crate::outln!("   {}: {}\n   next: {}", e["error"].as_str().unwrap_or(""), e["message"].as_str().unwrap_or(""), e["next"].as_str().unwrap_or(""));
             steps.push(json!({ "step": "golden", "ok": false, "error": e["error"] }));
             return finish(&steps, "tour", &[], started, 1);
         }
@@ -235,12 +235,12 @@ fn tour(f: &Grants, dir: &Path, boxd_local: &Path, opencode: &Path, kept: Option
     for (i, step) in plan.iter().enumerate() {
         let tool = step["tool"].as_str().context("a tour step names its tool")?;
         let args = step["args"].to_string();
-        println!("\n{}. {tool}", i + 2);
+        crate::outln!("\n{}. {tool}", i + 2);
         let t0 = Instant::now();
         let mut result = host.call(tool, &args);
         // A step with "until" asks again in later "turns" while the field holds (bounded).
         while result.as_ref().is_ok_and(|r| step.get("until").is_some_and(|u| holds(u, r))) && t0.elapsed() < Duration::from_secs(180) {
-            println!("   {}… asking again", result.as_ref().ok().and_then(|r| r.as_ref().ok()).map(|v| v["state"].to_string()).unwrap_or_default());
+            crate::outln!("   {}… asking again", result.as_ref().ok().and_then(|r| r.as_ref().ok()).map(|v| v["state"].to_string()).unwrap_or_default());
             std::thread::sleep(Duration::from_millis(700));
             result = host.call(tool, &args);
         }
@@ -254,7 +254,7 @@ fn tour(f: &Grants, dir: &Path, boxd_local: &Path, opencode: &Path, kept: Option
         let ms = t0.elapsed().as_millis();
         match result {
             Ok(v) => {
-                println!("   ok ({ms} ms): {}", summary_line(step, &v));
+                crate::outln!("   ok ({ms} ms): {}", summary_line(step, &v));
                 let files: Vec<Value> = v["files"].as_array().into_iter().flatten().filter(|f| f.get("sha256").is_some()).cloned().collect();
                 if !files.is_empty() {
                     harvested = files;
@@ -262,43 +262,43 @@ fn tour(f: &Grants, dir: &Path, boxd_local: &Path, opencode: &Path, kept: Option
                 steps.push(json!({ "step": tool, "ok": true }));
             }
             Err(e) => {
-                println!("   {} ({ms} ms): {}\n   next: {}", e["error"].as_str().unwrap_or(""), e["message"].as_str().unwrap_or(""), e["next"].as_str().unwrap_or(""));
+                crate::outln!("   {} ({ms} ms): {}\n   next: {}", e["error"].as_str().unwrap_or(""), e["message"].as_str().unwrap_or(""), e["next"].as_str().unwrap_or(""));
                 steps.push(json!({ "step": tool, "ok": false, "error": e["error"] }));
                 break;
             }
         }
     }
-    println!("\n{}. audit: what the plugin could touch", plan.len() + 2);
+    crate::outln!("\n{}. audit: what the plugin could touch", plan.len() + 2);
     for line in crate::audit::render(&crate::audit::reach(&host.runtime)).lines() {
-        println!("   {line}");
+        crate::outln!("   {line}");
     }
     let calls = std::fs::read_to_string(boxd_home.join("calls.jsonl")).map(|t| t.lines().count()).unwrap_or(0);
-    println!("\n   boxd calls made: {calls} (boxd-local's call log); audit log: {}", audit_log.display());
+    crate::outln!("\n   boxd calls made: {calls} (boxd-local's call log); audit log: {}", audit_log.display());
     let mut code = if steps.iter().all(|s| s["ok"] == true) { 0 } else { 1 };
     if code != 0 {
         remove_machine(&mut host, kept.is_some());
     }
     if let Some(plugin) = kept {
-        println!("\nkept in {}.", dir.display());
-        println!("   boxd-host there: export BOXD_LOCAL_HOME={} HOME={l} XDG_DATA_HOME={l}/data XDG_CONFIG_HOME={l}/config XDG_CACHE_HOME={l}/cache XDG_STATE_HOME={l}/state", boxd_home.display());
-        println!("   boxd-host call boxd_status --project {} --ledger {} --boxd {} --opencode {}", project.display(), ledger.display(), boxd_local.display(), opencode.display());
+        crate::outln!("\nkept in {}.", dir.display());
+        crate::outln!("   boxd-host there: export BOXD_LOCAL_HOME={} HOME={l} XDG_DATA_HOME={l}/data XDG_CONFIG_HOME={l}/config XDG_CACHE_HOME={l}/cache XDG_STATE_HOME={l}/state", boxd_home.display());
+        crate::outln!("   boxd-host call boxd_status --project {} --ledger {} --boxd {} --opencode {}", project.display(), ledger.display(), boxd_local.display(), opencode.display());
         if code == 0 {
             let kept = Kept { dir, laptop: &laptop, project: &project, ledger: &ledger, boxd_home: &boxd_home, boxd_local, opencode, opencode_version: &oc_version, guest_config: GUEST_CONFIG };
             match opencode::wire(&kept, plugin) {
                 Ok((spec, command)) => {
-                    println!("   the project's opencode.json loads the plugin {spec}");
+                    crate::outln!("   the project's opencode.json loads the plugin {spec}");
                     if let Plugin::Npm(_) = plugin {
-                        println!("   (from npm; from a checkout, pass --plugin with the tarball `npm pack` makes in host-bridge/opencode)");
+                        crate::outln!("   (from npm; from a checkout, pass --plugin with the tarball `npm pack` makes in host-bridge/opencode)");
                     }
-                    println!("\nOpen OpenCode there (its own data, the plugin, boxd-local, the scripted model) with:\n{command}");
+                    crate::outln!("\nOpen OpenCode there (its own data, the plugin, boxd-local, the scripted model) with:\n{command}");
                 }
                 Err(e) => {
-                    println!("   not wired for OpenCode: {e:#}");
+                    crate::outln!("   not wired for OpenCode: {e:#}");
                     code = 1;
                 }
             }
         } else {
-            println!("   (not wired for OpenCode: a step failed)");
+            crate::outln!("   (not wired for OpenCode: a step failed)");
         }
     }
     finish(&steps, "tour", &harvested, started, code)
@@ -308,13 +308,13 @@ fn tour(f: &Grants, dir: &Path, boxd_local: &Path, opencode: &Path, kept: Option
 /// machine's processes would outlive its folder), else named so the user can remove it.
 fn remove_machine(host: &mut Session, kept: bool) {
     if kept {
-        println!("   the tour's machine oc-tour is left for you to look at; remove it with: boxd-local machine remove oc-tour -y");
+        crate::outln!("   the tour's machine oc-tour is left for you to look at; remove it with: boxd-local machine remove oc-tour -y");
         return;
     }
     match host.run_granted("boxd", &["machine", "remove", "oc-tour", "-y", "--json"]) {
-        Ok(out) if out.exit_code == Some(0) || String::from_utf8_lossy(&out.stderr).contains("not found") => println!("   removed the tour's machine oc-tour"),
-        Ok(out) => println!("   could not remove the tour's machine oc-tour: {}", String::from_utf8_lossy(&out.stderr).trim()),
-        Err(e) => println!("   could not remove the tour's machine oc-tour: {e:#}"),
+        Ok(out) if out.exit_code == Some(0) || String::from_utf8_lossy(&out.stderr).contains("not found") => crate::outln!("   removed the tour's machine oc-tour"),
+        Ok(out) => crate::outln!("   could not remove the tour's machine oc-tour: {}", String::from_utf8_lossy(&out.stderr).trim()),
+        Err(e) => crate::outln!("   could not remove the tour's machine oc-tour: {e:#}"),
     }
 }
 
@@ -352,7 +352,7 @@ fn summary_line(step: &Value, v: &Value) -> String {
 
 fn finish(steps: &[Value], work: &str, harvested: &[Value], started: Instant, code: u8) -> Result<u8> {
     let files: Vec<Value> = harvested.iter().map(|f| json!({ "path": f["path"], "sha256": f["sha256"] })).collect();
-    println!(
+    crate::outln!(
         "{}",
         json!({ "tour": if code == 0 { "ok" } else { "failed" }, "work": work, "machine": format!("oc-{work}"), "steps": steps, "files": files, "seconds": started.elapsed().as_secs() })
     );

@@ -19,14 +19,6 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::Result;
 
-/// A line on stdout; a reader that went away (`| head`) must not stop the cleanup.
-macro_rules! say {
-    ($($t:tt)*) => {{
-        use std::io::Write as _;
-        let _ = writeln!(std::io::stdout().lock(), $($t)*);
-    }};
-}
-
 use crate::audit::AuditLog;
 use crate::cli::{Grants, LiveCheckArgs};
 use checks::{Checks, Cleaned, Names, Verdict};
@@ -34,8 +26,7 @@ use runner::Boxd;
 
 pub fn run(grants: &Grants, args: &LiveCheckArgs) -> Result<u8> {
     if args.contract {
-        use std::io::Write as _;
-        let _ = std::io::stdout().write_all(contract::markdown().as_bytes());
+        crate::out!("{}", contract::markdown());
         return Ok(0);
     }
     let request = crate::policy::GrantRequest {
@@ -74,7 +65,7 @@ pub fn run(grants: &Grants, args: &LiveCheckArgs) -> Result<u8> {
         // Without the record a killed run could not be cleaned up: make nothing.
         Err(e) => return Ok(cannot_start(&format!("{e:#}"))),
     };
-    say!("live-check: {} with machine {}", binary.display(), checks.names().machine);
+    crate::outln!("live-check: {} with machine {}", binary.display(), checks.names().machine);
     checks.run();
     let cleaned = checks.cleanup();
     let interrupted = stop.load(std::sync::atomic::Ordering::SeqCst);
@@ -84,16 +75,16 @@ pub fn run(grants: &Grants, args: &LiveCheckArgs) -> Result<u8> {
     let mut everything_gone = true;
     for c in &cleaned {
         everything_gone &= matches!(c, Cleaned::Gone { .. });
-        say!("{}", cleanup_line(c));
+        crate::outln!("{}", cleanup_line(c));
     }
     if everything_gone {
         record.done();
     } else {
-        say!("cleanup: the record of this run stays in {}; the next live-check removes what is left", dir.display());
+        crate::outln!("cleanup: the record of this run stays in {}; the next live-check removes what is left", dir.display());
     }
     left_over |= !everything_gone;
     if let Some(note) = signed_out {
-        say!("{note}");
+        crate::outln!("{note}");
     }
     let differs = checks.verdicts.values().any(|v| matches!(v, Verdict::Differs { .. }));
     Ok(if interrupted { 130 } else if differs || left_over { 1 } else { 0 })
@@ -114,23 +105,23 @@ fn clean_earlier_runs(boxd: &mut Boxd, dir: &std::path::Path, stop: &AtomicBool)
     let (found, unreadable) = records::leftovers(dir);
     let mut left = false;
     for path in unreadable {
-        say!("earlier run: {path} does not parse; remove it after checking by hand what it names");
+        crate::outln!("earlier run: {path} does not parse; remove it after checking by hand what it names");
         left = true;
     }
     for leftover in found {
         let doc = &leftover.doc;
         if doc.boxd != boxd.binary() {
-            say!("earlier run with {}: {} is left; run live-check with --boxd {}", doc.boxd.display(), leftover.path.display(), doc.boxd.display());
+            crate::outln!("earlier run with {}: {} is left; run live-check with --boxd {}", doc.boxd.display(), leftover.path.display(), doc.boxd.display());
             left = true;
             continue;
         }
-        say!("earlier run (machine {}) did not finish: removing what it made", doc.names.machine);
+        crate::outln!("earlier run (machine {}) did not finish: removing what it made", doc.names.machine);
         let mut checks = Checks::new(boxd, doc.names.clone(), String::new(), stop);
         checks.made = checks::Made { machine: true, snapshot: true, var: true };
         let cleaned = checks.cleanup();
         let gone = cleaned.iter().all(|c| matches!(c, Cleaned::Gone { .. }));
         for c in &cleaned {
-            say!("{}", cleanup_line(c));
+            crate::outln!("{}", cleanup_line(c));
         }
         if gone {
             leftover.forget();
@@ -154,8 +145,8 @@ fn cell(s: &str) -> String {
 }
 
 fn print_table(verdicts: &std::collections::BTreeMap<u8, Verdict>) {
-    say!("| # | behaviour | result | expected | seen |");
-    say!("|---|---|---|---|---|");
+    crate::outln!("| # | behaviour | result | expected | seen |");
+    crate::outln!("|---|---|---|---|---|");
     let (mut held, mut differ, mut could_not) = (0, 0, 0);
     for row in contract::ROWS {
         let v = verdicts.get(&row.id).cloned().unwrap_or(Verdict::CouldNot("not reached".into()));
@@ -173,7 +164,7 @@ fn print_table(verdicts: &std::collections::BTreeMap<u8, Verdict>) {
                 (String::new(), why.clone())
             }
         };
-        say!("| {} | {} | {} | {} | {} |", row.id, cell(row.behaviour), v.word(), cell(&expected), cell(&seen));
+        crate::outln!("| {} | {} | {} | {} | {} |", row.id, cell(row.behaviour), v.word(), cell(&expected), cell(&seen));
     }
-    say!("{} checks: {held} held, {differ} differ, {could_not} could not check", contract::ROWS.len());
+    crate::outln!("{} checks: {held} held, {differ} differ, {could_not} could not check", contract::ROWS.len());
 }
