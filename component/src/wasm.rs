@@ -169,17 +169,31 @@ impl WitFiles {
     }
 }
 
+/// Every byte of an open file, in order, a chunk at a time. The host allocates (and
+/// zeroes) each read's whole length before it reads, so chunks start small (a ledger
+/// record is a few KiB) and double up to 1 MiB for a big file; the read that finds the
+/// end asks for the current chunk size and gets nothing.
+fn each_chunk(fd: &Descriptor, mut take: impl FnMut(&[u8])) -> Result<(), FsError> {
+    let (mut at, mut len) = (0u64, 16u64 << 10);
+    loop {
+        let (chunk, eof) = fd.read(len, at).map_err(io)?;
+        take(&chunk);
+        at += chunk.len() as u64;
+        if eof || chunk.is_empty() {
+            return Ok(());
+        }
+        if chunk.len() as u64 == len {
+            len = (len * 2).min(1 << 20);
+        }
+    }
+}
+
 impl Files for WitFiles {
     fn read(&mut self, path: &str) -> Result<Option<Vec<u8>>, FsError> {
         let Some(fd) = self.open_file(path)? else { return Ok(None) };
         let mut out = Vec::new();
-        loop {
-            let (chunk, eof) = fd.read(1 << 20, out.len() as u64).map_err(io)?;
-            out.extend_from_slice(&chunk);
-            if eof || chunk.is_empty() {
-                return Ok(Some(out));
-            }
-        }
+        each_chunk(&fd, |chunk| out.extend_from_slice(chunk))?;
+        Ok(Some(out))
     }
 
     /// Hashed a megabyte at a time: a laptop file compared at harvest never sits in the
@@ -187,15 +201,9 @@ impl Files for WitFiles {
     fn sha256(&mut self, path: &str) -> Result<Option<String>, FsError> {
         use sha2::{Digest, Sha256};
         let Some(fd) = self.open_file(path)? else { return Ok(None) };
-        let (mut hasher, mut at) = (Sha256::new(), 0u64);
-        loop {
-            let (chunk, eof) = fd.read(1 << 20, at).map_err(io)?;
-            hasher.update(&chunk);
-            at += chunk.len() as u64;
-            if eof || chunk.is_empty() {
-                return Ok(Some(crate::encode::hex(&hasher.finalize())));
-            }
-        }
+        let mut hasher = Sha256::new();
+        each_chunk(&fd, |chunk| hasher.update(chunk))?;
+        Ok(Some(crate::encode::hex(&hasher.finalize())))
     }
 
     fn write_atomic(&mut self, path: &str, bytes: &[u8]) -> Result<(), FsError> {
@@ -284,13 +292,7 @@ impl Files for WitFiles {
         };
         let mut size = 0u64;
         if kind == Kind::File {
-            loop {
-                let (chunk, eof) = d.read(1 << 20, size).map_err(io)?;
-                size += chunk.len() as u64;
-                if eof || chunk.is_empty() {
-                    break;
-                }
-            }
+            each_chunk(d, |chunk| size += chunk.len() as u64)?;
         }
         Ok(Some(Meta { kind, size }))
     }
