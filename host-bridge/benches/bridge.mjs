@@ -19,7 +19,7 @@ const pool = new Pool(g);
 const ctx = () => ({
   hostName: "opencode", hostVersion: "1.18.33", optionsJson: JSON.stringify(g.componentOptions), project: g.project, ledger: g.ledger,
   nowMs: Date.now(), entropy: new Uint8Array(32).fill(7), approved: true, opencodeVersion: "1.18.33",
-  opencode: { agentsWithoutRules: [], rulesNotAdded: false },
+  opencode: { agentsWithoutRules: [], defaultRulesJson: "{}", toolRules: [], rulesNotAdded: false },
 });
 const median = (v) => v.sort((a, b) => a - b)[Math.floor(v.length / 2)];
 async function timed(f) {
