@@ -74,17 +74,21 @@ pub fn run(env: &mut Env, _args: &Value) -> ToolResult<Value> {
             (Ok(_), None) => "gone".to_string(),
             (Ok(_), Some(s)) => job_state(State::from_status(s)).to_string(),
         };
-        // What the listing shows, applied to a copy: status reads and writes nothing.
-        let mut seen = w.clone();
+        // What the listing shows, applied to the record as read (never written back: status
+        // writes nothing). It changes only the running intervals, which nothing below but
+        // the spend reads, so no copy is needed.
+        let mut seen = w;
         match state.as_str() {
             "running" | "starting" => seen.open_run(ctx.now_ms),
             "asleep" | "stopped" | "gone" | "failed" => seen.seen_not_running(ctx.now_ms, opts.idle_ms(), state != "asleep"),
             _ => {}
         }
-        total += seen.spend_micros(&opts.prices, ctx.now_ms);
-        burn += seen.burn_micros(&opts.prices);
+        let w = &seen;
+        let spend = spend_json(w, ctx);
+        total += w.spend_micros(&opts.prices, ctx.now_ms);
+        burn += w.burn_micros(&opts.prices);
         let mut warnings = w.warnings.clone();
-        let lifetime = super::admission::lifetime_note(&w, ctx);
+        let lifetime = super::admission::lifetime_note(w, ctx);
         if let Some((word, left)) = lifetime {
             warnings.push(match word {
                 "past" => "past its maxLifetimeHours: it takes no more prompts; harvest and drop it".to_string(),
@@ -115,7 +119,7 @@ pub fn run(env: &mut Env, _args: &Value) -> ToolResult<Value> {
         works.push(json!({
             "work": w.work, "machine": w.machine, "state": state, "directory": w.directory,
             "prompts": w.prompts.len(), "proven": w.proven(), "warnings": warnings,
-            "spend": spend_json(&seen, ctx), "lifetime": lifetime.map(|(word, _)| word),
+            "spend": spend, "lifetime": lifetime.map(|(word, _)| word),
             "parent": w.fork.as_ref().map(|f| f.parent.clone()),
         }));
     }
