@@ -118,8 +118,7 @@ impl Session {
         let policy = self.runtime.policy();
         let binary = policy.allows(program).map_err(|r| anyhow::anyhow!("{r:?}"))?.to_path_buf();
         let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
-        let started = Instant::now();
-        let out = crate::spawn::run(crate::spawn::Spawn {
+        let spawn = crate::spawn::Spawn {
             name: program,
             binary: &binary,
             args: &args,
@@ -128,21 +127,9 @@ impl Session {
             stdin: None,
             timeout: std::time::Duration::from_secs(60),
             bounds: crate::policy::bounds(),
-        });
-        let record = crate::runtime::SpawnRecord {
-            program: program.into(),
-            args: crate::runtime::mask_args(&args),
-            grant: Some(format!("host: {program} (the host's own call, not the component's)")),
-            exit_code: out.as_ref().ok().and_then(|o| o.exit_code),
-            outcome: if out.is_ok() { "exited".into() } else { "failed".into() },
-            duration_ms: started.elapsed().as_millis() as u64,
         };
-        let code = match &out {
-            Ok(o) if o.exit_code == Some(0) => Ok(()),
-            _ => Err("HOST_SPAWN_FAILED".to_string()),
-        };
-        self.audit.record(&format!("host:{program}"), record.duration_ms, &code, &Trace { spawns: vec![record], paths: Vec::new() });
-        out.map_err(|f| anyhow::anyhow!("{program} {}: {f:?}", args.join(" ")))
+        let grant = format!("host: {program} (the host's own call, not the component's)");
+        host_call(&mut self.audit, &format!("host:{program}"), grant, spawn).map_err(|f| anyhow::anyhow!("{program} {}: {f:?}", args.join(" ")))
     }
 
     /// The answer as JSON (the result, or `{error, message, next}`), with the audit line
@@ -197,4 +184,33 @@ pub fn entropy() -> Vec<u8> {
     let mut buf = vec![0u8; 32];
     std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut buf)).expect("read /dev/urandom");
     buf
+}
+
+/// A call the host makes itself (not the component's): run by the one process runner and
+/// written to the audit log as `what`, its spawn naming `grant` (why it may run).
+pub fn host_call(audit: &mut AuditLog, what: &str, grant: String, spawn: crate::spawn::Spawn) -> std::result::Result<crate::spawn::Output, crate::spawn::SpawnFailure> {
+    use crate::spawn::SpawnFailure;
+    let (program, args) = (spawn.name, spawn.args);
+    let started = Instant::now();
+    let out = crate::spawn::run(spawn);
+    let record = crate::runtime::SpawnRecord {
+        program: program.into(),
+        args: crate::runtime::mask_args(args),
+        grant: Some(grant),
+        exit_code: out.as_ref().ok().and_then(|o| o.exit_code),
+        outcome: match &out {
+            Ok(_) => "exited",
+            Err(SpawnFailure::TimedOut) => "timed-out",
+            Err(SpawnFailure::NotFound(_)) => "not-found",
+            Err(SpawnFailure::Failed(_)) => "failed",
+        }
+        .into(),
+        duration_ms: started.elapsed().as_millis() as u64,
+    };
+    let code = match &out {
+        Ok(o) if o.exit_code == Some(0) => Ok(()),
+        _ => Err("HOST_CALL_FAILED".to_string()),
+    };
+    audit.record(what, record.duration_ms, &code, &Trace { spawns: vec![record], paths: Vec::new() });
+    out
 }

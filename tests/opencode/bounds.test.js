@@ -22,7 +22,7 @@ after(() => {
 
 function scratch(name) {
   const dir = fs.realpathSync(fs.mkdtempSync(path.join(os.tmpdir(), `boxd-bounds-${name}-`)));
-  cleanup.push(() => fs.rmSync(dir, { recursive: true, force: true, maxRetries: 20, retryDelay: 100 })); // boxd-local's trash purge may still run
+  cleanup.push(() => fs.rmSync(dir, { recursive: true, force: true }));
   return dir;
 }
 

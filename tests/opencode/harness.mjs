@@ -161,10 +161,7 @@ export class Laptop {
         process.kill(-c.pid, "SIGKILL"); // the whole group (started detached): serve's own children too
       } catch {}
     }
-    // boxd-local empties a removed machine's folder after it answers (a detached purge of
-    // its trash), so that purge may still be deleting under this tree: retry, as rm -rf
-    // would be retried by hand.
-    if (!process.env.KEEP_TEST_DIRS) fs.rmSync(this.root, { recursive: true, force: true, maxRetries: 20, retryDelay: 100 });
+    if (!process.env.KEEP_TEST_DIRS) fs.rmSync(this.root, { recursive: true, force: true });
   }
 
   async http(method, route, body, ms = 30000) {

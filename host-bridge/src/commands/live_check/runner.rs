@@ -4,7 +4,7 @@
 //! (the check could not be made), never a panic.
 
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::Value;
 
@@ -99,8 +99,7 @@ impl<'a> Boxd<'a> {
     }
 
     fn spawn(&mut self, args: Vec<String>, stdin: Option<&[u8]>, timeout: Duration, grant: String) -> Result<Seen, String> {
-        let started = Instant::now();
-        let out = spawn::run(spawn::Spawn {
+        let spawn = spawn::Spawn {
             name: "boxd",
             binary: &self.binary,
             args: &args,
@@ -109,22 +108,8 @@ impl<'a> Boxd<'a> {
             stdin,
             timeout,
             bounds: crate::policy::bounds(),
-        });
-        let mut record = SpawnRecord {
-            program: "boxd".into(),
-            args: mask_args(&args),
-            grant: Some(grant),
-            exit_code: out.as_ref().ok().and_then(|o| o.exit_code),
-            outcome: match &out {
-                Ok(_) => "exited",
-                Err(SpawnFailure::TimedOut) => "timed-out",
-                Err(SpawnFailure::NotFound(_)) => "not-found",
-                Err(SpawnFailure::Failed(_)) => "failed",
-            }
-            .into(),
-            duration_ms: 0,
         };
-        let answer = match out {
+        match crate::session::host_call(self.audit, "live-check", grant, spawn) {
             Ok(o) => Ok(Seen {
                 code: o.exit_code,
                 stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
@@ -132,14 +117,7 @@ impl<'a> Boxd<'a> {
             }),
             Err(SpawnFailure::TimedOut) => Err(format!("no answer within {} s", timeout.as_secs())),
             Err(SpawnFailure::NotFound(m) | SpawnFailure::Failed(m)) => Err(m),
-        };
-        record.duration_ms = started.elapsed().as_millis() as u64;
-        let result = match &answer {
-            Ok(s) if s.ok() => Ok(()),
-            _ => Err("LIVE_CHECK_CALL".to_string()),
-        };
-        self.audit.record("live-check", record.duration_ms, &result, &Trace { spawns: vec![record], paths: Vec::new() });
-        answer
+        }
     }
 }
 
