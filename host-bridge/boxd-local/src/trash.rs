@@ -50,10 +50,12 @@ fn start_purge(home: &Home) {
         .spawn();
 }
 
-/// Empty the trash (the detached process's whole job).
+/// Empty the trash (the detached process's whole job). The home is the one `start_purge`
+/// named, found without `Home::locate`, which creates its folders: a purge that starts
+/// after the user deleted the home (or while they delete it) must not bring it back.
 pub fn purge() -> i32 {
-    let Ok(home) = Home::locate() else { return 1 };
-    let Ok(entries) = std::fs::read_dir(dir(&home)) else { return 0 };
+    let Some(root) = std::env::var_os("BOXD_LOCAL_HOME").filter(|r| !r.is_empty()) else { return 1 };
+    let Ok(entries) = std::fs::read_dir(Path::new(&root).join("trash")) else { return 0 };
     for entry in entries.flatten() {
         // Two purges may race on one folder: whatever one deleted, the other skips.
         let _ = fstree::remove_tree(&entry.path());

@@ -150,3 +150,16 @@ fn a_running_exec_keeps_its_machine_awake() {
     let out = child.wait_with_output().unwrap();
     assert_eq!(String::from_utf8_lossy(&out.stdout), "done\n");
 }
+
+/// A purge that starts after the home was deleted (it is detached, and may start late)
+/// creates nothing: the deleted home stays deleted.
+#[test]
+fn a_late_purge_does_not_bring_a_deleted_home_back() {
+    let h = Home::new("latepurge");
+    h.ok(&["machine", "new", "gone"]);
+    h.ok(&["machine", "remove", "gone", "-y"]);
+    std::fs::remove_dir_all(&h.dir).ok();
+    let status = h.cmd(&["--purge-trash"]).status().unwrap();
+    assert!(status.success());
+    assert!(!h.dir.exists(), "the purge created {}", h.dir.display());
+}
