@@ -299,7 +299,6 @@ impl<'a, P: Programs> Boxd<'a, P> {
         self.run(argv(&["machine", "remove", name, "-y", "--json"]), None, self.timeout_ms).map(drop)
     }
 
-    /// A machine from boxd's stock image (the golden image's build machine).
     /// Copy `source`'s home (on boxd also its memory and processes) into a new machine
     /// `name`, with our idle bound (a fork inherits the source's otherwise).
     pub fn fork(&mut self, source: &str, name: &str, idle_seconds: u32) -> Result<Created, Failure> {
@@ -307,8 +306,10 @@ impl<'a, P: Programs> Boxd<'a, P> {
         let v = self.run_json(argv(&["machine", "fork", source, name, "--auto-hibernate-timeout", &idle, "--json"]))?;
         Ok(created(&v))
     }
-    pub fn create_bare(&mut self, name: &str) -> Result<(), Failure> {
-        self.run_json(argv(&["machine", "new", name, "--json"])).map(drop)
+
+    /// A machine from boxd's stock image (the golden image's build machine); its id.
+    pub fn create_bare(&mut self, name: &str) -> Result<Option<String>, Failure> {
+        self.run_json(argv(&["machine", "new", name, "--json"])).map(|v| created(&v).id)
     }
 
     /// The names in `boxd env list` (values are never read).

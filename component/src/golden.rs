@@ -15,8 +15,9 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::boxd::{sh_quote, Boxd};
-use crate::caps::Programs;
+use crate::caps::{Files, Programs};
 use crate::errors::{Code, ToolError, ToolResult};
+use crate::ledger::{BuildMachine, Ledger};
 use crate::options::Context;
 
 /// Where OpenCode's release archives live; `{version}` and `{target}` are filled in.
@@ -181,7 +182,7 @@ echo "golden: OpenCode $v installed after $n attempt(s)"
 /// Build the image. The answer reports every step; the build machine is removed even when
 /// a step fails (the error says whether it went), and no snapshot is saved unless every
 /// step succeeded.
-pub fn build<P: Programs>(programs: &mut P, ctx: &Context, spec_json: &str) -> ToolResult<Value> {
+pub fn build<P: Programs, F: Files>(programs: &mut P, files: &mut F, ctx: &Context, spec_json: &str) -> ToolResult<Value> {
     let spec = Spec::parse(spec_json)?;
     let mut steps: Vec<String> = Vec::new();
     let version = match &spec.opencode_version {
@@ -190,6 +191,8 @@ pub fn build<P: Programs>(programs: &mut P, ctx: &Context, spec_json: &str) -> T
     };
     let config = spec.config.clone().unwrap_or_else(|| default_config(spec.model.as_deref()));
     let mut boxd = Boxd::new(programs, ctx.options.boxd_timeout_seconds);
+    let mut ledger = Ledger::for_call(files, ctx);
+    let earlier = remove_left_behind(&mut boxd, &mut ledger, ctx, &mut steps)?;
     if boxd.snapshots().map_err(|f| f.into_error())?.iter().any(|s| s.name == spec.snapshot) {
         return Err(ToolError::with_next(
             Code::SnapshotExists,
@@ -209,11 +212,20 @@ pub fn build<P: Programs>(programs: &mut P, ctx: &Context, spec_json: &str) -> T
     }
     let machine = format!("golden-build-{}", &crate::encode::hex(&ctx.entropy)[..12.min(ctx.entropy.len() * 2)]);
     steps.push(format!("creating build machine {machine}"));
-    boxd.create_bare(&machine).map_err(|f| f.into_error())?;
+    // Written down before boxd is asked, so a host killed from here on leaves a machine the
+    // next build can find and remove (remove_left_behind).
+    let mut record = BuildMachine { machine: machine.clone(), id: None, started_at_ms: ctx.now_ms, ended: false };
+    ledger.note_build_machine(&record)?;
+    record.id = boxd.create_bare(&machine).map_err(|f| f.into_error())?;
+    if record.id.is_some() {
+        ledger.note_build_machine(&record)?;
+    }
     steps.push(format!("writing the OpenCode config, then installing OpenCode {version}"));
     let installed = install(&mut boxd, &machine, &spec, &version, &config, &mut steps);
     steps.push(format!("removing build machine {machine}"));
     let removed = boxd.remove(&machine).is_ok();
+    // A record that stays is handled by the next build: found gone and forgotten, or removed.
+    let _ = if removed { ledger.forget_build_machine(&machine) } else { ledger.note_build_machine(&BuildMachine { ended: true, ..record }) };
     let installed = installed.map_err(|mut e| {
         if !removed {
             e.message = format!("{}; the build machine {machine} could not be removed: remove it with 'boxd machine remove {machine} -y'", e.message);
@@ -225,9 +237,63 @@ pub fn build<P: Programs>(programs: &mut P, ctx: &Context, spec_json: &str) -> T
         "opencode": version,
         "install": installed,
         "buildMachineRemoved": removed,
+        "earlierBuildMachines": earlier,
         "steps": steps,
         "boxdCalls": boxd.calls,
     }))
+}
+
+/// A build's recorded machine is certainly abandoned once this long has passed: the sum of
+/// the timeouts of a build's own calls (new, the install, the snapshot, remove), plus a
+/// margin for the host's own work. A younger one may belong to a build still running.
+fn abandoned_after_ms(ctx: &Context) -> u64 {
+    let boxd = u64::from(ctx.options.boxd_timeout_seconds);
+    (u64::from(INSTALL_SECONDS) + 7 * boxd + 600) * 1000
+}
+
+/// Only names a build makes: a record edited to name another machine is never acted on.
+fn is_build_machine_name(name: &str) -> bool {
+    name.strip_prefix("golden-build-").is_some_and(|h| !h.is_empty() && h.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)))
+}
+
+/// Remove the build machines of earlier builds that were killed before their own cleanup.
+/// One is removed only when the ledger recorded it, its build is certainly over, and boxd's
+/// machine of that name is the one recorded (same id when the id was recorded). Returns
+/// what happened to each, for the answer; a boxd failure here is reported, not fatal.
+fn remove_left_behind<P: Programs, F: Files>(boxd: &mut Boxd<'_, P>, ledger: &mut Ledger<'_, F>, ctx: &Context, steps: &mut Vec<String>) -> ToolResult<Vec<Value>> {
+    let mut out = Vec::new();
+    for m in ledger.build_machines()? {
+        if !is_build_machine_name(&m.machine) {
+            continue;
+        }
+        let age = ctx.now_ms.saturating_sub(m.started_at_ms);
+        let outcome = if !m.ended && age < abandoned_after_ms(ctx) {
+            format!("left alone: its build started {} min ago and may still be running", age / 60_000)
+        } else {
+            match boxd.get(&m.machine) {
+                Ok(None) => {
+                    ledger.forget_build_machine(&m.machine)?;
+                    "already gone".to_string()
+                }
+                Ok(Some(live)) if m.id.as_ref().is_some_and(|id| *id != live.id) => {
+                    // The name was freed and taken again: that machine is not ours.
+                    ledger.forget_build_machine(&m.machine)?;
+                    format!("left alone: boxd's machine of that name has id {}, not the recorded {}", live.id, m.id.as_deref().unwrap_or_default())
+                }
+                Ok(Some(_)) => match boxd.remove(&m.machine) {
+                    Ok(()) => {
+                        ledger.forget_build_machine(&m.machine)?;
+                        "removed".to_string()
+                    }
+                    Err(f) => format!("could not be removed ({}); the next build tries again", f.into_error().message),
+                },
+                Err(f) => format!("could not be checked ({}); the next build tries again", f.into_error().message),
+            }
+        };
+        steps.push(format!("build machine {} of an interrupted build: {outcome}", m.machine));
+        out.push(json!({ "machine": m.machine, "outcome": outcome }));
+    }
+    Ok(out)
 }
 
 /// The laptop's OpenCode version, from the laptop OpenCode adapter (the host's word, else
@@ -283,5 +349,84 @@ mod tests {
         let text = script(&s, "1.18.33");
         assert!(text.contains(r#"'http://h/v1.18.33/o-{target}.tgz'\''x'"#), "{text}");
         assert!(text.contains(r#"[ "$v" = 1.18.33 ]"#));
+    }
+
+    use crate::ledger::{BuildMachine, Ledger};
+    use crate::testing::{raw_context, MemFiles, Scripted};
+
+    const HOUR_MS: u64 = 3_600_000;
+
+    fn recorded(fs: &mut MemFiles, machine: &str, id: Option<&str>, started_at_ms: u64, ended: bool) {
+        let m = BuildMachine { machine: machine.into(), id: id.map(Into::into), started_at_ms, ended };
+        Ledger::new(fs, "/l").note_build_machine(&m).unwrap();
+    }
+
+    fn left(fs: &mut MemFiles) -> Vec<String> {
+        Ledger::new(fs, "/l").build_machines().unwrap().into_iter().map(|m| m.machine).collect()
+    }
+
+    /// A build whose snapshot name is taken stops after the leftovers are dealt with, so
+    /// each case below runs only the cleanup (and the snapshot listing).
+    fn build_at(now_ms: u64, p: &mut Scripted, fs: &mut MemFiles) -> Vec<String> {
+        p.push_exit(0, r#"[{"name":"opencode-golden"}]"#, "");
+        let mut raw = raw_context("{}", "{}");
+        raw.now_ms = now_ms;
+        let ctx = crate::tools::context(raw).unwrap();
+        let e = build(p, fs, &ctx, r#"{"opencodeVersion":"1.18.33"}"#).unwrap_err();
+        assert_eq!(e.code, Code::SnapshotExists);
+        p.commands()
+    }
+
+    #[test]
+    fn no_record_means_no_extra_boxd_call() {
+        let (mut p, mut fs) = (Scripted::default(), MemFiles::new(&["/p", "/l"]));
+        assert_eq!(build_at(10 * HOUR_MS, &mut p, &mut fs), ["snapshots list --json"]);
+    }
+
+    #[test]
+    fn an_abandoned_build_machine_is_removed_once_it_is_the_recorded_one() {
+        let (mut p, mut fs) = (Scripted::default(), MemFiles::new(&["/p", "/l"]));
+        recorded(&mut fs, "golden-build-aaaa", Some("vm_a"), 0, false);
+        recorded(&mut fs, "golden-build-bbbb", None, 0, false); // killed before boxd answered
+        p.push_exit(0, r#"{"name":"golden-build-aaaa","id":"vm_a","status":"running"}"#, "");
+        p.push_exit(0, "{}", "");
+        p.push_exit(0, r#"{"name":"golden-build-bbbb","id":"vm_b","status":"running"}"#, "");
+        p.push_exit(0, "{}", "");
+        let asked = build_at(10 * HOUR_MS, &mut p, &mut fs);
+        assert_eq!(asked[..4], ["machine get golden-build-aaaa --json", "machine remove golden-build-aaaa -y --json", "machine get golden-build-bbbb --json", "machine remove golden-build-bbbb -y --json"]);
+        assert!(left(&mut fs).is_empty());
+    }
+
+    #[test]
+    fn a_build_that_may_still_run_or_a_name_now_someone_else_s_is_left_alone() {
+        let (mut p, mut fs) = (Scripted::default(), MemFiles::new(&["/p", "/l"]));
+        recorded(&mut fs, "golden-build-beef", Some("vm_y"), 10 * HOUR_MS - 60_000, false);
+        recorded(&mut fs, "golden-build-c0ffee", Some("vm_old"), 0, false);
+        p.push_exit(0, r#"{"name":"golden-build-c0ffee","id":"vm_new","status":"running"}"#, "");
+        let asked = build_at(10 * HOUR_MS, &mut p, &mut fs);
+        // young: no call at all; c0ffee: only looked at, never removed.
+        assert_eq!(asked, ["machine get golden-build-c0ffee --json", "snapshots list --json"]);
+        assert_eq!(left(&mut fs), ["golden-build-beef"], "the other machine's record is forgotten");
+    }
+
+    #[test]
+    fn an_ended_build_s_machine_is_retried_at_once_and_a_gone_one_forgotten() {
+        let (mut p, mut fs) = (Scripted::default(), MemFiles::new(&["/p", "/l"]));
+        recorded(&mut fs, "golden-build-e0", Some("vm_e"), 10 * HOUR_MS - 1000, true);
+        recorded(&mut fs, "golden-build-f0", Some("vm_f"), 0, false);
+        p.push_exit(0, r#"{"name":"golden-build-e0","id":"vm_e","status":"running"}"#, "");
+        p.push_fail(1, "error: remove failed");
+        p.push_fail(1, "error: VM 'golden-build-f0' not found");
+        let asked = build_at(10 * HOUR_MS, &mut p, &mut fs);
+        assert_eq!(asked.len(), 4, "{asked:?}");
+        assert_eq!(left(&mut fs), ["golden-build-e0"], "a failed remove keeps the record for the next build");
+    }
+
+    #[test]
+    fn a_record_naming_another_machine_is_never_acted_on() {
+        let (mut p, mut fs) = (Scripted::default(), MemFiles::new(&["/p", "/l"]));
+        fs.put("/l/golden-builds/prod-db.json", br#"{"machine":"prod-db","startedAtMs":0}"#);
+        fs.put("/l/golden-builds/golden-build-ab.json", br#"{"machine":"prod-db","startedAtMs":0}"#);
+        assert_eq!(build_at(10 * HOUR_MS, &mut p, &mut fs), ["snapshots list --json"]);
     }
 }

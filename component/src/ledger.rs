@@ -23,7 +23,9 @@ use crate::caps::{Files, FsError};
 use crate::errors::{Code, ToolError, ToolResult};
 use crate::paths;
 
+mod builds;
 mod spend;
+pub use builds::BuildMachine;
 pub use spend::{amount, micros, Prices, RunInterval, Settled, MACHINE_SIZE};
 
 pub const SCHEMA: u32 = 1;

@@ -38,7 +38,9 @@ impl ToolsExport for Component {
 
 impl operations::Guest for Component {
     fn build_golden(spec_json: String, context: Context) -> Result<String, ToolError> {
-        answer(crate::tools::context(raw_context(context)).and_then(|ctx| crate::golden::build(&mut WitPrograms, &ctx, &spec_json)))
+        let raw = raw_context(context);
+        let mut files = WitFiles::open(&raw.entropy);
+        answer(crate::tools::context(raw).and_then(|ctx| crate::golden::build(&mut WitPrograms, &mut files, &ctx, &spec_json)))
     }
 }
 

@@ -206,6 +206,47 @@ fn golden_fails_loudly_with_no_snapshot_and_no_build_machine_left() {
     assert_eq!(String::from_utf8_lossy(&laptop.boxd(&["machine", "list", "--json"]).stdout).trim(), "[]");
 }
 
+/// A host killed mid-build leaves its build machine (it bills until removed). The build
+/// recorded it in the ledger before asking boxd, so a later build removes it once that
+/// build is certainly over, and leaves alone one that may still be running.
+#[test]
+fn a_killed_golden_build_leaves_a_machine_the_next_build_removes() {
+    let laptop = Laptop::new("golden-killed");
+    let (url, _) = flaky_server(0, archive(&laptop.scratch.0));
+    let machines = || -> Vec<String> {
+        let v: serde_json::Value = serde_json::from_slice(&laptop.boxd(&["machine", "list", "--json"]).stdout).unwrap();
+        v.as_array().unwrap().iter().map(|m| m["name"].as_str().unwrap().to_string()).collect()
+    };
+    // Killed right after `machine new` answered (spawns: snapshots list, machine new).
+    let args = ["golden", "--opencode-version", "1.18.33", "--url", url.as_str(), "--retry-delay", "0", "--name", "first"];
+    let killed = laptop.host_with(&args, &[("BOXD_HOST_KILL_AT", "after-spawn:2")]);
+    assert_eq!(killed.status.code(), None, "killed by the signal");
+    let left = machines();
+    assert!(left.len() == 1 && left[0].starts_with("golden-build-"), "{left:?}");
+    let record = laptop.ledger.join("golden-builds").join(format!("{}.json", left[0]));
+    assert!(record.exists());
+
+    // Moments later its build may, as far as anyone can tell, still be running: left alone.
+    let (code, report, _, _) = golden(&laptop, &url, &["--name", "second"]);
+    assert_eq!(code, Some(0), "{report}");
+    assert_eq!(report["earlierBuildMachines"][0]["machine"], left[0].as_str());
+    assert!(report["earlierBuildMachines"][0]["outcome"].as_str().unwrap().starts_with("left alone"), "{report}");
+    assert_eq!(machines(), left, "only the killed build's machine; the second build removed its own");
+
+    // A day later (the record says so) the next build removes it, and forgets it.
+    let text = std::fs::read_to_string(&record).unwrap();
+    let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    v["startedAtMs"] = serde_json::json!(v["startedAtMs"].as_u64().unwrap() - 86_400_000);
+    std::fs::write(&record, v.to_string()).unwrap();
+    let (code, report, _, _) = golden(&laptop, &url, &["--name", "third"]);
+    assert_eq!(code, Some(0), "{report}");
+    assert_eq!(report["earlierBuildMachines"][0]["outcome"], "removed", "{report}");
+    assert!(machines().is_empty(), "{:?}", machines());
+    assert!(!record.exists());
+    let snaps = String::from_utf8(laptop.boxd(&["snapshots", "list", "--json"]).stdout).unwrap();
+    assert!(snaps.contains("\"second\"") && snaps.contains("\"third\"") && !snaps.contains("\"first\""), "{snaps}");
+}
+
 #[test]
 fn golden_refuses_a_literal_key_and_a_missing_env_name_before_any_machine() {
     let laptop = Laptop::new("golden-refuse");
