@@ -42,6 +42,7 @@ fn the_tour_runs_every_step_and_brings_summary_home() {
     assert_eq!(String::from_utf8_lossy(&list.stdout).trim(), "[]");
     assert!(stdout.contains("boxd:plugin/spawn@0.1.0") && stdout.contains("programs it may run"));
     assert!(keep.join("audit.jsonl").exists() && keep.join("ledger/works/tour/work.json").exists());
+    assert!(stdout.contains(&format!("audit log: {}", keep.join("audit.jsonl").display())), "the kept audit log is named");
 
     // The one command it printed opens OpenCode in the kept project: run it as printed,
     // with `run` for one non-interactive prompt the scripted model turns into boxd_status.
@@ -285,6 +286,7 @@ fn a_failed_tour_removes_its_machine_and_leaves_no_process() {
     assert_eq!(last["tour"], "failed", "{stdout}");
     assert!(last["steps"].as_array().unwrap().iter().any(|s| s["step"] == "boxd_submit" && s["ok"] == false), "{last}");
     assert!(stdout.contains("removed the tour's machine oc-tour"), "{stdout}");
+    assert!(stdout.contains("the audit log goes with the tour's folder") && !stdout.contains("audit.jsonl"), "no path that is gone is printed: {stdout}");
     // The tour's folder is gone, and no process runs from it.
     let left: Vec<String> = std::fs::read_dir(&tmp).unwrap().flatten().map(|e| e.file_name().to_string_lossy().into_owned()).filter(|n| n.starts_with("boxd-tour-")).collect();
     assert!(left.is_empty(), "the tour removed its folder: {left:?}");

@@ -273,7 +273,9 @@ fn tour(f: &Grants, dir: &Path, boxd_local: &Path, opencode: &Path, kept: Option
         crate::outln!("   {line}");
     }
     let calls = std::fs::read_to_string(boxd_home.join("calls.jsonl")).map(|t| t.lines().count()).unwrap_or(0);
-    crate::outln!("\n   boxd calls made: {calls} (boxd-local's call log); audit log: {}", audit_log.display());
+    // Without --keep the folder, audit log included, goes when the tour ends: name no path.
+    let log = if kept.is_some() { format!("audit log: {}", audit_log.display()) } else { "the audit log goes with the tour's folder (keep both with --keep DIR)".into() };
+    crate::outln!("\n   boxd calls made: {calls} (boxd-local's call log); {log}");
     let mut code = if steps.iter().all(|s| s["ok"] == true) { 0 } else { 1 };
     if code != 0 {
         remove_machine(&mut host, kept.is_some());
