@@ -19,3 +19,6 @@ pub mod spawn;
 pub const COMPONENT: &[u8] = include_bytes!(env!("COMPONENT_WASM"));
 /// Its sha256 (hex), computed by build.rs.
 pub const COMPONENT_SHA256: &str = env!("COMPONENT_SHA256");
+/// Its compiled form for this host's engine, made by build.rs (empty when the host was
+/// built for another target than the build machine's: then the first start compiles).
+pub const COMPONENT_PRECOMPILED: &[u8] = include_bytes!(env!("COMPONENT_PRECOMPILED"));

@@ -157,7 +157,7 @@ fn load(f: &Grants, policy: crate::policy::Policy, cache: Option<&std::path::Pat
             let wasm = std::fs::read(p).with_context(|| format!("cannot read the component {}", p.display()))?;
             Runtime::load(&wasm, policy, cache)
         }
-        None => Runtime::load_digested(crate::COMPONENT, crate::COMPONENT_SHA256, policy, cache),
+        None => Runtime::load_built_in(policy, cache),
     }
 }
 

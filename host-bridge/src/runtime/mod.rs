@@ -12,10 +12,11 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result};
 use sha2::{Digest, Sha256};
 use wasmtime::component::{Component, HasSelf, Linker, ResourceTable};
-use wasmtime::{Config, Engine, Store};
+use wasmtime::{Engine, Store};
 use wasmtime_wasi::filesystem::{WasiFilesystem, WasiFilesystemView};
 use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxView, WasiView};
 
+mod engine;
 pub mod frames;
 mod trace;
 pub use trace::{mask_args, PathRecord, SpawnRecord, Trace};
@@ -241,13 +242,30 @@ impl Runtime {
         Self::load_digested(wasm, &hex(&Sha256::digest(wasm)), policy, cache)
     }
 
-    /// As `load`, for a component whose sha256 is known (the built-in one's, from build.rs).
+    /// The component built into this host: compiled at build time (build.rs) when this
+    /// host runs where it was built, so even a first start compiles nothing.
+    pub fn load_built_in(policy: Policy, cache: Option<&Path>) -> Result<Runtime> {
+        Self::load_with(crate::COMPONENT, crate::COMPONENT_SHA256, Some(crate::COMPONENT_PRECOMPILED), policy, cache)
+    }
+
+    /// As `load`, for a component whose sha256 is known.
     pub fn load_digested(wasm: &[u8], sha256: &str, policy: Policy, cache: Option<&Path>) -> Result<Runtime> {
-        let mut config = Config::new();
-        config.wasm_component_model(true);
-        let engine = Engine::new(&config)?;
+        Self::load_with(wasm, sha256, None, policy, cache)
+    }
+
+    /// As `load_digested`, trying `precompiled` (this engine's compiled form of `wasm`) first.
+    fn load_with(wasm: &[u8], sha256: &str, precompiled: Option<&[u8]>, policy: Policy, cache: Option<&Path>) -> Result<Runtime> {
+        let engine = Engine::new(&engine::config())?;
         let sha256 = sha256.to_string();
-        let (component, compiled) = compile_cached(&engine, wasm, &sha256, cache).map_err(|e| {
+        // SAFETY: the bytes were made by build.rs with `precompile_component` of the same
+        // wasmtime and configuration (engine.rs) from this very component, and are part of
+        // this binary. An engine that does not match refuses them (then: compile as usual).
+        let ready = precompiled.filter(|b| !b.is_empty()).and_then(|b| unsafe { Component::deserialize(&engine, b) }.ok());
+        let loaded = match ready {
+            Some(c) => Ok((c, false)),
+            None => compile_cached(&engine, wasm, &sha256, cache),
+        };
+        let (component, compiled) = loaded.map_err(|e| {
             // wasmtime's own error ends in a dump of the bytes it read: keep its first line.
             let first = e.to_string().lines().next().unwrap_or("").to_string();
             anyhow::anyhow!("cannot load the component: it is not a WebAssembly component this host can compile ({first})")
@@ -448,5 +466,21 @@ mod tests {
     fn the_built_in_digest_is_the_component_s() {
         use sha2::Digest;
         assert_eq!(super::hex(&sha2::Sha256::digest(crate::COMPONENT)), crate::COMPONENT_SHA256);
+    }
+
+    #[test]
+    fn the_built_in_component_loads_compiled_and_junk_in_its_place_is_compiled_instead() {
+        use super::Runtime;
+        use crate::policy::Policy;
+        // Built here, for this machine: a start compiles nothing (and writes no cache).
+        let dir = std::env::temp_dir().join(format!("boxd-precompiled-{}", std::process::id()));
+        let r = Runtime::load_built_in(Policy::new(), Some(&dir)).unwrap();
+        assert!(!crate::COMPONENT_PRECOMPILED.is_empty() && !r.compiled);
+        assert!(!dir.exists(), "nothing was compiled, so nothing was cached");
+        assert!(r.describe().unwrap().contains("boxd_status"));
+        // Bytes the engine refuses are never run: the component is compiled as usual.
+        let r = Runtime::load_with(crate::COMPONENT, crate::COMPONENT_SHA256, Some(b"not a compiled component"), Policy::new(), None).unwrap();
+        assert!(r.compiled);
+        assert!(r.describe().unwrap().contains("boxd_status"));
     }
 }
