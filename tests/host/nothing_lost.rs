@@ -169,6 +169,36 @@ fn a_work_whose_machine_is_gone_can_be_closed_naming_what_was_lost() {
     assert_eq!(status["works"], json!([]), "the work is closed");
 }
 
+/// A machine that vanished after a prompt the laptop never harvested, then rebuilt by
+/// boxd_resume: that prompt's run went with the machine. The rebuild says so (and keeps it
+/// in the record), so the harvest proves what the rebuilt machine holds instead of waiting
+/// forever for a transcript no machine has, and the work can be dropped.
+#[test]
+fn a_rebuilt_machine_names_the_prompts_that_went_with_the_old_one_and_the_work_goes_on() {
+    let world = World::new("lost-rebuilt");
+    world.ok_call("boxd_ensure", W1);
+    world.ok_call("boxd_submit", r#"{"work":"w1","prompt":"kept"}"#);
+    assert_eq!(world.job_until_idle("w1")["outcome"], "completed");
+    world.ok_call("boxd_harvest", W1);
+    let p = world.ok_call("boxd_submit", r#"{"work":"w1","prompt":"never harvested"}"#);
+    assert_eq!(world.job_until_idle("w1")["outcome"], "completed");
+    assert!(world.laptop.boxd(&["machine", "remove", "oc-w1", "-y"]).status.success());
+    let v = world.ok_call("boxd_resume", W1);
+    assert_eq!(v["action"], "rebuilt");
+    assert_eq!(v["unrecovered"]["prompts"], json!([p["promptId"]]), "{v:#}");
+    assert!(v["restoredSessions"].as_u64() >= Some(1), "the proven transcript is back: {v:#}");
+    let status = world.ok_call("boxd_status", "{}");
+    let w1 = &status["works"][0];
+    assert_eq!(w1["prompts"], 1, "{w1:#}");
+    assert!(w1["warnings"].to_string().contains("their runs are lost"), "{w1:#}");
+    let record: serde_json::Value = serde_json::from_slice(&std::fs::read(world.laptop.ledger.join("works/w1/work.json")).unwrap()).unwrap();
+    assert_eq!(record["unrecovered"], json!([p["promptId"]]));
+    // The work goes on: the harvest proves the rebuilt machine's transcript, and drop closes it.
+    assert_eq!(world.job_until_idle("w1")["state"], "idle");
+    world.ok_call("boxd_harvest", W1);
+    assert_eq!(world.ok_call("boxd_drop", W1)["dropped"], true);
+}
+
 #[test]
 fn ensure_refuses_a_directory_that_is_not_a_plain_folder_before_creating_anything() {
     let world = World::new("lost-dir");

@@ -249,6 +249,8 @@ pub fn resume(env: &mut Env, args: &Value) -> ToolResult<Value> {
     if matches!(state, State::Asleep | State::Standby | State::Stopped | State::Failed) {
         super::admission::admit_wake(&mut ledger, ctx, &work, &w.directory)?;
     }
+    // A rebuild names the prompts whose runs went with the gone machine.
+    let mut lost: Vec<String> = Vec::new();
     let action = match state {
         State::Asleep => {
             boxd.wake(&machine).map_err(super::admission::refused)?;
@@ -274,7 +276,8 @@ pub fn resume(env: &mut Env, args: &Value) -> ToolResult<Value> {
         }
         // The name is free (boxd knows no machine by it): rebuild under it.
         State::Gone => {
-            create_machine(&mut boxd, &mut ledger, ctx, &work, Build::Rebuild)?;
+            let rebuilt = create_machine(&mut boxd, &mut ledger, ctx, &work, Build::Rebuild)?;
+            lost = w.prompts.iter().filter(|p| !rebuilt.prompts.iter().any(|q| q.id == p.id)).map(|p| p.id.clone()).collect();
             Wake::Rebuilt
         }
     };
@@ -299,6 +302,9 @@ pub fn resume(env: &mut Env, args: &Value) -> ToolResult<Value> {
     let mut out = work_json(&w, "running");
     out["action"] = json!(action.word());
     out["restoredSessions"] = json!(restored);
+    if !lost.is_empty() {
+        out["unrecovered"] = json!({ "prompts": lost });
+    }
     out["next"] = json!(format!("Call boxd_job for work '{work}'."));
     Ok(out)
 }

@@ -117,6 +117,17 @@ pub fn create_machine<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Le
         }
         // A rebuild: the gone machine's interval ended an idle bound after its last use.
         w.seen_not_running(ctx.now_ms, ctx.options.idle_ms(), true);
+        if let Build::Rebuild = build {
+            // The prompts after the last proof ran only on the gone machine: their runs went
+            // with it. Named here, in the same write as the rebuild's intent, so no later
+            // harvest waits for a transcript that no machine holds (and drop does not either).
+            let covered = w.proofs.last().map_or(0, |p| p.prompts as usize).min(w.prompts.len());
+            let lost: Vec<alloc::string::String> = w.prompts.drain(covered..).map(|p| p.id).collect();
+            if !lost.is_empty() {
+                w.warnings.push(format!("{now}: prompt(s) {} ran on {machine} after the last harvest; that machine was gone when it was rebuilt, so their runs are lost (the rebuilt machine holds the transcript as of the last harvest)", lost.join(", ")));
+                w.unrecovered.extend(lost);
+            }
+        }
         w.state = WorkState::Creating;
         w.machine_id = None;
         if w.created_ms == 0 {
