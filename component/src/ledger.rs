@@ -85,6 +85,11 @@ pub struct Work {
     /// What a drop of a vanished machine could not recover (prompt ids after the proof).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unrecovered: Vec<String>,
+    /// A rebuilt machine that does not hold the proven transcript yet: set with the
+    /// rebuild's intent, cleared once the transcript is imported (by boxd_resume or the
+    /// boxd_ensure that adopts it), so a rebuild cut short still gets it.
+    #[serde(default, skip_serializing_if = "core::ops::Not::not")]
+    pub restore_pending: bool,
     /// When the work was created (the creating call's clock); 0 in records older than
     /// the spend ledger, whose lifetime and asleep time are then unknown.
     #[serde(default, skip_serializing_if = "is_zero")]

@@ -160,6 +160,7 @@ impl Matrix {
         for p in ledger_problems(&self.world.laptop.ledger) {
             self.problems.push(format!("{at}: {p}"));
         }
+        eprintln!("cell {at}: {shown}"); // with --nocapture, where a long run is
         self.cells.push(Cell { fault: fault.name, tool, shown, fired, secs });
         self.heal();
     }

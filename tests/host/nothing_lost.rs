@@ -199,6 +199,64 @@ fn a_rebuilt_machine_names_the_prompts_that_went_with_the_old_one_and_the_work_g
     assert_eq!(world.ok_call("boxd_drop", W1)["dropped"], true);
 }
 
+/// A rebuild whose `machine new` answers too late (CREATE_UNCERTAIN; the machine lands
+/// anyway): the machine is adopted by the next call, and must still get the proven
+/// transcript, or every harvest after would find an empty guest (found by the full faults
+/// matrix). Until then a submit is refused (the machine is not yet known to be ours).
+#[test]
+fn a_rebuild_that_answered_late_gets_the_transcript_when_it_is_adopted() {
+    let world = World::new("late-rebuild");
+    world.ok_call("boxd_ensure", W1);
+    world.ok_call("boxd_submit", r#"{"work":"w1","prompt":"kept"}"#);
+    assert_eq!(world.job_until_idle("w1")["outcome"], "completed");
+    world.ok_call("boxd_harvest", W1);
+    assert!(world.laptop.boxd(&["machine", "remove", "oc-w1", "-y"]).status.success());
+    world.faults(r#"[{"verb":"machine new","times":1,"action":"hang","ms":8000,"land":true}]"#);
+    let (code, v) = world.call_with(&["--options", r#"{"boxdTimeoutSeconds":5}"#], "boxd_resume", W1);
+    assert_eq!((code, v["error"].as_str()), (1, Some("CREATE_UNCERTAIN")), "{v:#}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !machine_exists(&world, "oc-w1") {
+        assert!(std::time::Instant::now() < deadline, "the late create never landed");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    // Landed, adopted by ensure: the proven transcript goes onto it in the same call.
+    let record = || -> serde_json::Value { serde_json::from_slice(&std::fs::read(world.laptop.ledger.join("works/w1/work.json")).unwrap()).unwrap() };
+    assert_eq!(record()["restorePending"], true);
+    let e = world.err_call("boxd_submit", r#"{"work":"w1","prompt":"too early"}"#, "NOT_OURS");
+    assert!(e["next"].as_str().unwrap().contains("boxd_ensure"), "{e:#}");
+    let v = world.ok_call("boxd_ensure", W1);
+    assert_eq!(v["adopted"], true, "{v:#}");
+    assert!(record().get("restorePending").is_none(), "{:#}", record());
+    // The work goes on from its proven transcript: harvest proves it, a new prompt continues it.
+    world.ok_call("boxd_harvest", W1);
+    world.ok_call("boxd_submit", r#"{"work":"w1","prompt":"after the rebuild"}"#);
+    assert_eq!(world.job_until_idle("w1")["outcome"], "completed");
+    world.ok_call("boxd_harvest", W1);
+
+    // A rebuild killed after its create, just before the import (its last spawn): the
+    // record says the transcript is owed; submit and harvest refuse and name boxd_resume,
+    // which imports it.
+    let log = world.laptop.scratch.0.join("rebuild.jsonl");
+    assert!(world.laptop.boxd(&["machine", "remove", "oc-w1", "-y"]).status.success());
+    let (code, v) = world.call_with(&["--audit-log", log.to_str().unwrap()], "boxd_resume", W1);
+    assert_eq!((code, v["action"].as_str()), (0, Some("rebuilt")), "{v:#}");
+    let audit: serde_json::Value = serde_json::from_str(std::fs::read_to_string(&log).unwrap().lines().last().unwrap()).unwrap();
+    let spawns = audit["spawns"].as_array().unwrap().len();
+    assert!(audit["spawns"][spawns - 1]["args"].to_string().contains("import"), "the import is the rebuild's last spawn: {audit:#}");
+    assert!(world.laptop.boxd(&["machine", "remove", "oc-w1", "-y"]).status.success());
+    let killed = world.laptop.host_with(&["call", "boxd_resume", W1], &[("BOXD_HOST_KILL_AT", &format!("before-spawn:{spawns}"))]);
+    assert_eq!(killed.status.code(), None, "killed before the import");
+    assert_eq!(record()["restorePending"], true);
+    for (tool, args) in [("boxd_submit", r#"{"work":"w1","prompt":"too early"}"#), ("boxd_harvest", W1)] {
+        let e = world.err_call(tool, args, "MACHINE_GONE");
+        assert!(e["message"].as_str().unwrap().contains("not on it yet") && e["next"].as_str().unwrap().contains("boxd_resume"), "{tool}: {e:#}");
+    }
+    let v = world.ok_call("boxd_resume", W1);
+    assert_eq!((v["action"].as_str(), v["restoredSessions"].as_u64()), (Some("already running"), Some(1)), "{v:#}");
+    let h = world.ok_call("boxd_harvest", W1);
+    assert_eq!(world.ok_call("boxd_drop", W1)["dropped"], true, "{h:#}");
+}
+
 #[test]
 fn ensure_refuses_a_directory_that_is_not_a_plain_folder_before_creating_anything() {
     let world = World::new("lost-dir");

@@ -64,10 +64,12 @@ pub fn ensure(env: &mut Env, args: &Value) -> ToolResult<Value> {
             ));
         };
         let (w, st, adopted) = adopt(&mut ledger, w, &info, ctx)?;
-        let guest = if matches!(st, State::Running | State::Standby) {
-            prepare_fresh_guest(&mut boxd, &mut ledger, ctx, &w, version.as_deref())?
+        let (w, guest) = if matches!(st, State::Running | State::Standby) {
+            let guest = prepare_fresh_guest(&mut boxd, &mut ledger, ctx, &w, version.as_deref())?;
+            // A rebuild whose create answered late: this adoption finishes it.
+            (restore_if_pending(&mut boxd, &mut ledger, w)?.0, guest)
         } else {
-            Value::Null
+            (w, Value::Null)
         };
         let next = match st {
             State::Asleep | State::Stopped => format!("Call boxd_resume for work '{work}' to wake its machine."),
@@ -214,6 +216,18 @@ fn restore_transcript<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Le
     Ok(n)
 }
 
+/// A rebuilt machine gets the proven transcript once: imported, then the record says so.
+/// (Cut short between the two, the next call imports it again; an import of the same
+/// sessions writes the same sessions.)
+fn restore_if_pending<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F>, w: Work) -> ToolResult<(Work, usize)> {
+    if !w.restore_pending {
+        return Ok((w, 0));
+    }
+    let n = restore_transcript(boxd, ledger, &w)?;
+    let w = ledger.update(&w.work, |w| w.restore_pending = false)?;
+    Ok((w, n))
+}
+
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Wake {
     Woken,
@@ -298,7 +312,7 @@ pub fn resume(env: &mut Env, args: &Value) -> ToolResult<Value> {
     // Prepare starts a server that is not running; a run it interrupted is reported once,
     // by the next boxd_job (no status exec here: resume stays within four round trips).
     prepare_guest(&mut boxd, &mut ledger, &w, &ctx.entropy, version.as_deref())?;
-    let restored = if action == Wake::Rebuilt { restore_transcript(&mut boxd, &mut ledger, &w)? } else { 0 };
+    let (w, restored) = restore_if_pending(&mut boxd, &mut ledger, w)?;
     let mut out = work_json(&w, "running");
     out["action"] = json!(action.word());
     out["restoredSessions"] = json!(restored);

@@ -58,6 +58,11 @@ pub fn owned_state<P: Programs>(boxd: &mut Boxd<P>, w: &Work) -> ToolResult<Stat
 pub fn running_state<P: Programs>(boxd: &mut Boxd<P>, w: &Work) -> ToolResult<()> {
     let (machine, work) = (&w.machine, &w.work);
     match owned_state(boxd, w)? {
+        State::Running | State::Standby if w.restore_pending => Err(ToolError::with_next(
+            Code::MachineGone,
+            format!("{machine} was rebuilt, but the proven transcript is not on it yet"),
+            format!("Call boxd_resume for work '{work}': it imports the proven transcript onto the rebuilt machine."),
+        )),
         State::Running | State::Standby => Ok(()),
         State::Asleep | State::Stopped => Err(ToolError::with_next(
             Code::MachineAsleep,
@@ -123,6 +128,7 @@ pub fn create_machine<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Le
             // harvest waits for a transcript that no machine holds (and drop does not either).
             let covered = w.proofs.last().map_or(0, |p| p.prompts as usize).min(w.prompts.len());
             let lost: Vec<alloc::string::String> = w.prompts.drain(covered..).map(|p| p.id).collect();
+            w.restore_pending = !w.proofs.is_empty();
             if !lost.is_empty() {
                 w.warnings.push(format!("{now}: prompt(s) {} ran on {machine} after the last harvest; that machine was gone when it was rebuilt, so their runs are lost (the rebuilt machine holds the transcript as of the last harvest)", lost.join(", ")));
                 w.unrecovered.extend(lost);
