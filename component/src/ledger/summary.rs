@@ -213,6 +213,51 @@ mod tests {
         }
     }
 
+    /// Every field of a grown record, at every depth, replaced by each of a few wrong
+    /// values: a record the full read takes, the summary takes and shows the same; a record
+    /// the summary refuses gets the full read's error, word for word.
+    #[test]
+    fn any_damaged_field_reads_the_same_or_fails_the_same() {
+        fn paths(v: &serde_json::Value, at: &str, out: &mut Vec<String>) {
+            let children: Vec<(String, &serde_json::Value)> = match v {
+                serde_json::Value::Object(m) => m.iter().map(|(k, c)| (format!("{at}/{k}"), c)).collect(),
+                serde_json::Value::Array(a) => a.iter().take(2).enumerate().map(|(i, c)| (format!("{at}/{i}"), c)).collect(),
+                _ => return,
+            };
+            for (path, child) in children {
+                out.push(path.clone());
+                paths(child, &path, out);
+            }
+        }
+        let wrong: Vec<serde_json::Value> = ["null", "-1", "1.5", "\"x\"", "[]", "{}", "[{}]", "true", "18446744073709551616"].iter().map(|v| serde_json::from_str(v).unwrap()).collect();
+        let (mut cases, mut refused) = (0, 0);
+        for mut w in grown_works() {
+            // Two of each list are damaged: the rest only make each case slower.
+            w.runs.drain(..w.runs.len().saturating_sub(2));
+            w.sleeps.truncate(2);
+            let good = serde_json::to_value(&w).unwrap();
+            let mut all = Vec::new();
+            paths(&good, "", &mut all);
+            for (path, value) in all.iter().flat_map(|p| wrong.iter().map(move |v| (p, v))) {
+                let mut damaged = good.clone();
+                *damaged.pointer_mut(path).unwrap() = value.clone();
+                let mut fs = ledger_with(damaged.to_string().as_bytes());
+                let mut l = Ledger::new(&mut fs, "/l");
+                match (l.read("w1"), l.summary("w1")) {
+                    (Ok(Some(full)), Ok(Some(summary))) => assert_eq!(as_status_sees(&summary, 40 * H), as_status_sees(&full, 40 * H), "{path} = {value}"),
+                    (Err(full), Err(summary)) => {
+                        assert_eq!((summary.code, &summary.message, &summary.next), (full.code, &full.message, &full.next), "{path} = {value}");
+                        refused += 1;
+                    }
+                    (Err(_), Ok(_)) => {} // a field status never reads: left to the tools that read it
+                    (full, summary) => panic!("{path} = {value}: the full read gave {full:?}, the summary {summary:?}"),
+                }
+                cases += 1;
+            }
+        }
+        assert!(cases > 1000 && refused > 100, "{cases} cases, {refused} refused");
+    }
+
     /// The one deliberate difference: a damaged field status never reads is left to the
     /// tools that read it (and the summary still writes nothing).
     #[test]
