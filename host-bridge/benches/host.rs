@@ -45,18 +45,25 @@ fn timed(n: usize, mut f: impl FnMut()) -> Duration {
 /// boxd CLI the call runs.
 fn cpu_time() -> Duration {
     #[repr(C)]
+    #[derive(Clone, Copy, Default)]
+    struct Timeval {
+        sec: i64,
+        usec: i64,
+    }
+    #[repr(C)]
+    #[derive(Default)]
     struct Rusage {
-        utime: (i64, i64),
-        stime: (i64, i64),
+        utime: Timeval,
+        stime: Timeval,
         rest: [i64; 14],
     }
     unsafe extern "C" {
         fn getrusage(who: i32, usage: *mut Rusage) -> i32;
     }
-    let mut r = Rusage { utime: (0, 0), stime: (0, 0), rest: [0; 14] };
+    let mut r = Rusage::default();
     // SAFETY: getrusage(RUSAGE_SELF = 0) fills the struct, laid out as Linux's rusage.
     assert_eq!(unsafe { getrusage(0, &mut r) }, 0, "getrusage");
-    let tv = |(s, us): (i64, i64)| Duration::from_secs(s as u64) + Duration::from_micros(us as u64);
+    let tv = |t: Timeval| Duration::from_secs(t.sec as u64) + Duration::from_micros(t.usec as u64);
     tv(r.utime) + tv(r.stime)
 }
 
