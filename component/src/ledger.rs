@@ -25,6 +25,7 @@ use crate::paths;
 
 mod builds;
 mod spend;
+mod summary;
 pub use builds::BuildMachine;
 pub use spend::{amount, micros, Prices, RunInterval, Settled, MACHINE_SIZE};
 
@@ -442,31 +443,24 @@ impl<'a, F: Files> Ledger<'a, F> {
     /// One work's record, or None when the ledger has never seen it.
     pub fn read(&mut self, work: &str) -> ToolResult<Option<Work>> {
         let path = self.record_path(work);
-        let bytes = self.files.read(&path).map_err(|e| ledger_error("read the ledger", e))?;
-        let Some(bytes) = bytes else { return Ok(None) };
-        // A record this plugin wrote parses at once. One that does not may be newer (it can
-        // hold words, a state, this plugin lacks): its reader is told to update rather than
-        // that the record is broken. The same holds for a newer record that happens to parse.
-        #[derive(Deserialize)]
-        struct Versioned {
-            schema: u32,
+        let Some(bytes) = self.record_bytes(&path)? else { return Ok(None) };
+        parse_record(&path, &bytes).map(Some)
+    }
+
+    /// What boxd_status shows of a work: the record with every field status does not read
+    /// left empty (ledger/summary.rs). Never to be written back. A record the summary
+    /// cannot take is read in full, so its error is the full read's.
+    pub fn summary(&mut self, work: &str) -> ToolResult<Option<Work>> {
+        let path = self.record_path(work);
+        let Some(bytes) = self.record_bytes(&path)? else { return Ok(None) };
+        match serde_json::from_slice::<summary::Summary>(&bytes) {
+            Ok(s) if s.schema <= SCHEMA => Ok(Some(s.into_work())),
+            _ => parse_record(&path, &bytes).map(Some),
         }
-        let parsed = serde_json::from_slice::<Work>(&bytes);
-        let schema = match &parsed {
-            Ok(w) => Some(w.schema),
-            Err(_) => serde_json::from_slice::<Versioned>(&bytes).ok().map(|v| v.schema),
-        };
-        if let Some(newer) = schema.filter(|s| *s > SCHEMA) {
-            return Err(ToolError::with_next(
-                Code::LedgerFailed,
-                format!("{path} has schema {newer} but this plugin reads up to {SCHEMA}"),
-                "Update the plugin to the version that wrote this ledger.",
-            ));
-        }
-        let w = parsed.map_err(|e| {
-            ToolError::new(Code::LedgerFailed, format!("{path} is not a ledger record ({e}); it was left as it is"))
-        })?;
-        Ok(Some(w))
+    }
+
+    fn record_bytes(&mut self, path: &str) -> ToolResult<Option<Vec<u8>>> {
+        self.files.read(path).map_err(|e| ledger_error("read the ledger", e))
     }
 
     /// A work the tool needs to exist.
@@ -525,6 +519,30 @@ impl<'a, F: Files> Ledger<'a, F> {
         self.files.create_new(&path, fresh.as_bytes()).map_err(|e| ledger_error("store the server password", e))?;
         self.password(work)?.filter(|p| !p.is_empty()).ok_or_else(|| ToolError::new(Code::LedgerFailed, format!("{path} could not be created")))
     }
+}
+
+/// A record's bytes as a `Work`. A record this plugin wrote parses at once. One that does
+/// not may be newer (it can hold words, a state, this plugin lacks): its reader is told to
+/// update rather than that the record is broken. The same holds for a newer record that
+/// happens to parse.
+fn parse_record(path: &str, bytes: &[u8]) -> ToolResult<Work> {
+    #[derive(Deserialize)]
+    struct Versioned {
+        schema: u32,
+    }
+    let parsed = serde_json::from_slice::<Work>(bytes);
+    let schema = match &parsed {
+        Ok(w) => Some(w.schema),
+        Err(_) => serde_json::from_slice::<Versioned>(bytes).ok().map(|v| v.schema),
+    };
+    if let Some(newer) = schema.filter(|s| *s > SCHEMA) {
+        return Err(ToolError::with_next(
+            Code::LedgerFailed,
+            format!("{path} has schema {newer} but this plugin reads up to {SCHEMA}"),
+            "Update the plugin to the version that wrote this ledger.",
+        ));
+    }
+    parsed.map_err(|e| ToolError::new(Code::LedgerFailed, format!("{path} is not a ledger record ({e}); it was left as it is")))
 }
 
 /// Hours-minutes-seconds UTC from Unix milliseconds, as ISO 8601 (the component has no

@@ -56,7 +56,7 @@ pub fn run(env: &mut Env, _args: &Value) -> ToolResult<Value> {
     let (mut total, mut burn) = (0u64, 0u64);
     for id in ids {
         // One unreadable record is that work's problem, reported in its row; the rest go on.
-        let w = match ledger.read(&id) {
+        let w = match ledger.summary(&id) {
             Ok(Some(w)) => w,
             Ok(None) => continue,
             Err(e) => {
@@ -116,12 +116,15 @@ pub fn run(env: &mut Env, _args: &Value) -> ToolResult<Value> {
                 _ => format!("Call boxd_harvest for work '{}' to bring its transcript home.", w.work),
             });
         }
-        works.push(json!({
+        let mut row = json!({
             "work": w.work, "machine": w.machine, "state": state, "directory": w.directory,
             "prompts": w.prompts.len(), "proven": w.proven(), "warnings": warnings,
-            "spend": spend, "lifetime": lifetime.map(|(word, _)| word),
+            "lifetime": lifetime.map(|(word, _)| word),
             "parent": w.fork.as_ref().map(|f| f.parent.clone()),
-        }));
+        });
+        // Values already built are moved in: json! would copy them whole (to_value).
+        row["spend"] = spend;
+        works.push(row);
     }
 
     let bridge_facts = ctx.facts.opencode.clone();
@@ -147,17 +150,17 @@ pub fn run(env: &mut Env, _args: &Value) -> ToolResult<Value> {
     let mut answer = json!({
         "boxd": { "cli": cli, "reason": cli_reason, "connection": connection, "calls": boxd.calls },
         "access": opts.access.as_str(),
-        "snapshot": snapshot,
         "guest": match &laptop_opencode {
             Some(v) => json!({ "opencode": v, "note": "machines must boot an image whose OpenCode is this version" }),
             None => json!({ "opencode": Value::Null, "note": "the laptop's OpenCode version is not known to this host" }),
         },
-        "works": works,
         "spend": { "total": amount(total), "burnPerHour": amount(burn), "burnRateCeiling": opts.burn_rate_ceiling.map(amount) },
-        "tools": tools,
         "host": { "name": ctx.host_name, "version": ctx.host_version, "testedOpenCode": format!(">={lo} <{hi}"), "tested": host_ok },
         "next": next,
     });
+    answer["snapshot"] = snapshot;
+    answer["works"] = Value::Array(works);
+    answer["tools"] = Value::Array(tools);
     // What only the OpenCode bridge knows appears only there (its rules, its skill copy).
     if bridge_facts.is_some() {
         answer["agent"] = json!(bridge.agent);
@@ -238,7 +241,7 @@ pub fn job_state(s: State) -> &'static str {
 mod tests {
     use super::*;
     use crate::testing::{raw_context as raw, MemFiles, Scripted};
-    use crate::tools::call;
+    use crate::tools::{call, RawContext};
 
     fn status(options: &str, facts: &str) -> Value {
         let (mut p, mut f) = (Scripted::default(), MemFiles::new(&["/p", "/l"]));
@@ -264,6 +267,40 @@ mod tests {
         // A rule never loosens the access option.
         let v = status(r#"{"access":"read-only"}"#, r#"{"toolRules":{"boxd_ensure":"allow"}}"#);
         assert_eq!(row(&v, "boxd_ensure")["runs"], "denied");
+    }
+
+    /// A work whose record grew (every run and sleep kept for the spend, many prompts and
+    /// proofs) shows the spend its whole record gives, from the summary status reads.
+    #[test]
+    fn a_record_with_a_huge_runs_list_gives_the_same_status() {
+        use crate::ledger::{Ledger, Proof, Prompt, WorkState};
+        let (mut p, mut f) = (Scripted::default(), MemFiles::new(&["/p", "/l"]));
+        let mut w = Work::new("w1", "/p", "t");
+        w.state = WorkState::Open;
+        w.created_ms = 1;
+        for i in 0..20_000u64 {
+            w.open_run(i * 10);
+            w.close_run(i * 10 + 7, "boxd_sleep");
+        }
+        w.open_run(300_000);
+        for i in 0..200u64 {
+            w.prompts.push(Prompt { id: format!("p{i}"), at: "t".into(), sha256: "0".repeat(64), bytes: 3, admitted: true, at_ms: 300_000 + i });
+            w.proofs.push(Proof { at: "t".into(), prompts: i + 1, ..Default::default() });
+        }
+        Ledger::new(&mut f, "/l").write(&w).unwrap();
+        p.push_exit(0, "[]", "");
+        p.push_exit(0, "[]", "");
+        let at_nine = || RawContext { now_ms: 9_000_000, ..raw("{}", "") };
+        let ctx = crate::tools::context(at_nine()).unwrap();
+        let v = call(&mut p, &mut f, "boxd_status", "{}", at_nine()).unwrap();
+        // The listing does not show oc-w1: status sees it gone, as the whole record would.
+        let mut seen = w.clone();
+        seen.seen_not_running(ctx.now_ms, ctx.options.idle_ms(), true);
+        let row = &v["works"][0];
+        assert_eq!((row["state"].as_str(), row["prompts"].as_u64(), row["proven"].as_bool()), (Some("gone"), Some(200), Some(true)));
+        assert_eq!(row["spend"], spend_json(&seen, &ctx));
+        assert_eq!(v["spend"]["total"], json!(amount(seen.spend_micros(&ctx.options.prices, ctx.now_ms))));
+        assert!(seen.spend_micros(&ctx.options.prices, ctx.now_ms) > 0);
     }
 
     #[test]
