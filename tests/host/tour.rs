@@ -226,6 +226,8 @@ fn a_killed_golden_build_leaves_a_machine_the_next_build_removes() {
     assert!(left.len() == 1 && left[0].starts_with("golden-build-"), "{left:?}");
     let record = laptop.ledger.join("golden-builds").join(format!("{}.json", left[0]));
     assert!(record.exists());
+    let status = |laptop: &Laptop| -> serde_json::Value { serde_json::from_slice(&laptop.host(&["call", "boxd_status", "{}"]).stdout).unwrap() };
+    assert_eq!(status(&laptop)["buildMachinesLeft"]["machines"][0]["machine"], left[0].as_str(), "boxd_status shows what bills");
 
     // Moments later its build may, as far as anyone can tell, still be running: left alone.
     let (code, report, _, _) = golden(&laptop, &url, &["--name", "second"]);
@@ -244,6 +246,7 @@ fn a_killed_golden_build_leaves_a_machine_the_next_build_removes() {
     assert_eq!(report["earlierBuildMachines"][0]["outcome"], "removed", "{report}");
     assert!(machines().is_empty(), "{:?}", machines());
     assert!(!record.exists());
+    assert!(status(&laptop).get("buildMachinesLeft").is_none());
     let snaps = String::from_utf8(laptop.boxd(&["snapshots", "list", "--json"]).stdout).unwrap();
     assert!(snaps.contains("\"second\"") && snaps.contains("\"third\"") && !snaps.contains("\"first\""), "{snaps}");
 }

@@ -147,6 +147,13 @@ pub fn run(env: &mut Env, _args: &Value) -> ToolResult<Value> {
         Some(w) => format!("Call boxd_job for work '{}' to see how its run is going.", w["work"].as_str().unwrap_or("")),
     });
 
+    // Build machines a killed `boxd-host golden` left behind (it records each before asking
+    // for it) that boxd still lists: they bill until the next build or the user removes them.
+    let builds_left: Vec<Value> = match Ledger::for_call(&mut env.files, ctx).build_machines() {
+        Ok(left) => left.into_iter().filter_map(|m| states.get(&m.machine).map(|st| json!({ "machine": m.machine, "status": st }))).collect(),
+        Err(_) => Vec::new(),
+    };
+
     let mut answer = json!({
         "boxd": { "cli": cli, "reason": cli_reason, "connection": connection, "calls": boxd.calls },
         "access": opts.access.as_str(),
@@ -161,6 +168,12 @@ pub fn run(env: &mut Env, _args: &Value) -> ToolResult<Value> {
     answer["snapshot"] = snapshot;
     answer["works"] = Value::Array(works);
     answer["tools"] = Value::Array(tools);
+    if !builds_left.is_empty() {
+        answer["buildMachinesLeft"] = json!({
+            "machines": builds_left,
+            "note": "left by a golden build that was stopped before removing them; the next boxd-host golden removes them, or remove each with 'boxd machine remove NAME -y'",
+        });
+    }
     // What only the OpenCode bridge knows appears only there (its rules, its skill copy).
     if bridge_facts.is_some() {
         answer["agent"] = json!(bridge.agent);
