@@ -38,6 +38,12 @@ fn a_cap_is_reached_then_freed_by_a_sleep() {
     for w in status["works"].as_array().unwrap() {
         assert!(w["spend"]["spent"].as_f64().is_some(), "{w:#}");
     }
+    // w2's machine removed outside the plugin: its record still has an open run, but a
+    // wake is refused only for what really runs (the refusal is checked against the
+    // account's listing), so w1 wakes.
+    assert!(world.laptop.boxd(&["machine", "remove", "oc-w2", "-y"]).status.success());
+    let (code, v) = with(&world, one, "boxd_resume", r#"{"work":"w1"}"#);
+    assert_eq!((code, v["action"].as_str()), (0, Some("woken")), "{v:#}");
 }
 
 #[test]

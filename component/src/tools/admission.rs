@@ -146,10 +146,16 @@ pub fn admit<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F>, 
     headroom(boxd, ledger, ctx, work)?.check(ctx, work, directory, spent)
 }
 
-/// Admit one wake of `work` from the ledger's own knowledge (see `headroom_known`).
-pub fn admit_wake<F: Files>(ledger: &mut Ledger<F>, ctx: &Context, work: &str, directory: &str) -> ToolResult<()> {
+/// Admit one wake of `work` from the ledger's own knowledge (see `headroom_known`). The
+/// ledger can over-count (a machine removed outside the plugin still has an open run in
+/// its record), so a refusal is checked once against the account's listing before it is
+/// given: only what really runs refuses a wake. The usual wake makes no extra call.
+pub fn admit_wake<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F>, ctx: &Context, work: &str, directory: &str) -> ToolResult<()> {
     let spent = ledger.read(work)?.filter(|w| !w.is_closed()).map_or(0, |w| w.spend_micros(&ctx.options.prices, ctx.now_ms));
-    headroom_known(ledger, ctx, work)?.check(ctx, work, directory, spent)
+    match headroom_known(ledger, ctx, work)?.check(ctx, work, directory, spent) {
+        Err(e) if matches!(e.code, Code::CapReached | Code::CeilingReached) => headroom(boxd, ledger, ctx, work)?.check(ctx, work, directory, spent),
+        known => known,
+    }
 }
 
 /// A boxd failure from a create, fork or wake: the account's quota refusing it has its
