@@ -364,6 +364,30 @@ export function allowsCwd(grants, cwd) {
   return { refused: `${cwd} is outside the preopened folders` };
 }
 
+/** A fresh unlinked, owner-only temporary file for a child's stdout; its descriptor. */
+function makeOutputFile() {
+  const tmp = path.join(os.tmpdir(), `.boxd-bridge-${process.pid}-${randomBytes(6).toString("hex")}.out`);
+  const fd = fs.openSync(tmp, "wx+", 0o600);
+  fs.unlinkSync(tmp);
+  return fd;
+}
+
+// One output file made ahead, between children: making it costs ~0.2 ms on the plugin's
+// thread, which would otherwise sit between the component's request and its child's start.
+// Never shared: each child takes its own, and the next is made after it started.
+let spareOutput = null;
+function takeOutputFile() {
+  const fd = spareOutput ?? makeOutputFile();
+  spareOutput = null;
+  setImmediate(() => {
+    if (spareOutput !== null) return;
+    try {
+      spareOutput = makeOutputFile();
+    } catch {} // the next child makes its own, and reports the failure
+  });
+  return fd;
+}
+
 /**
  * Run one child for the component: the WIT spawn.run, async on this thread. Resolves to
  * {tag:"ok", val:{exitCode, stdout, stderr}} or {tag:"err", val:{tag, val?}}; never rejects.
@@ -400,9 +424,7 @@ export function runChild(req, grants, track = () => () => {}) {
     // delivers exactly 64 KiB through a pipe, all of it into a file). As spawn.rs does.
     let outFd;
     try {
-      const tmp = path.join(os.tmpdir(), `.boxd-bridge-${process.pid}-${randomBytes(6).toString("hex")}.out`);
-      outFd = fs.openSync(tmp, "wx+", 0o600);
-      fs.unlinkSync(tmp);
+      outFd = takeOutputFile();
     } catch (e) {
       frames.closeAll(outgoing);
       return resolve(err("failed", `${req.program}: cannot make its output file: ${e.message}`));
