@@ -10,7 +10,7 @@ import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { Worker } from "node:worker_threads";
-import { BOXD_LOCAL, PLUGIN, missingPrerequisite } from "./harness.mjs";
+import { PLUGIN, missingPrerequisite, waitGone } from "./harness.mjs";
 
 const built = fs.existsSync(path.join(PLUGIN, "dist/worker.js"));
 const skip = built ? false : "host-bridge/opencode/dist is missing: run npm run build there";
@@ -29,20 +29,6 @@ function scratch(name) {
   return dir;
 }
 
-// Whether a process is gone (or a zombie nobody has reaped yet).
-function gone(pid) {
-  try {
-    const stat = fs.readFileSync(`/proc/${pid}/stat`, "utf8");
-    return stat.slice(stat.lastIndexOf(")") + 1).trim().startsWith("Z");
-  } catch {
-    return true;
-  }
-}
-async function waitGone(pid, ms = 10000) {
-  const until = Date.now() + ms;
-  while (!gone(pid) && Date.now() < until) await new Promise((r) => setTimeout(r, 50));
-  return gone(pid);
-}
 async function readPids(file) {
   while (!fs.existsSync(file) || fs.readFileSync(file, "utf8").trim().split("\n").length < 2) await new Promise((r) => setTimeout(r, 20));
   return fs.readFileSync(file, "utf8").trim().split("\n").map(Number);
