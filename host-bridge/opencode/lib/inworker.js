@@ -18,7 +18,8 @@
 // Where /proc/thread-self/children is missing, every request takes the plugin's thread.
 import { spawnSync } from "node:child_process";
 import fs from "node:fs";
-import { BOUNDS, OUTPUT_FILE_MARK, checkLaunch, overCap, readStart, takeOutputFile } from "./policy.js";
+import { OUTPUT_FILE_MARK, readStart, takeOutputFile } from "./outputs.js";
+import { BOUNDS, checkLaunch, overCap } from "./policy.js";
 
 // The shared words of a worker (Int32Array over a SharedArrayBuffer).
 export const REPLY = 0; // raised by the main thread when a spawn reply is on the port

@@ -6,11 +6,10 @@
 // dist/policy.json, a copy of host-bridge/policy.json, checked here at load.
 // tests/vectors/policy.json holds resolveGrants and policy.rs `resolve` to one outcome.
 import { spawn } from "node:child_process";
-import { randomBytes } from "node:crypto";
 import fs from "node:fs";
-import os from "node:os";
 import path from "node:path";
 import * as frames from "./frames.js";
+import { readStart, takeOutputFile } from "./outputs.js";
 
 const HOST_ERRORS = { hostFailed: "HOST_FAILED", optionsInvalid: "OPTIONS_INVALID", ledgerFailed: "LEDGER_FAILED" };
 
@@ -364,33 +363,6 @@ export function allowsCwd(grants, cwd) {
   return { refused: `${cwd} is outside the preopened folders` };
 }
 
-/** What every output file's name holds (lib/inworker.js finds a child's by it). */
-export const OUTPUT_FILE_MARK = `.boxd-bridge-${process.pid}-`;
-
-/** A fresh unlinked, owner-only temporary file for a child's output; its descriptor. */
-function makeOutputFile() {
-  const tmp = path.join(os.tmpdir(), `${OUTPUT_FILE_MARK}${randomBytes(6).toString("hex")}.out`);
-  const fd = fs.openSync(tmp, "wx+", 0o600);
-  fs.unlinkSync(tmp);
-  return fd;
-}
-
-// One output file made ahead, between children: making it costs ~0.2 ms on the plugin's
-// thread, which would otherwise sit between the component's request and its child's start.
-// Never shared: each child takes its own, and the next is made after it started.
-let spareOutput = null;
-export function takeOutputFile() {
-  const fd = spareOutput ?? makeOutputFile();
-  spareOutput = null;
-  setImmediate(() => {
-    if (spareOutput !== null) return;
-    try {
-      spareOutput = makeOutputFile();
-    } catch {} // the next child makes its own, and reports the failure
-  });
-  return fd;
-}
-
 /**
  * What one request runs, as the policy allows it ({binary, cwd, env}), or the spawn's
  * refusal ({refused}: the WIT error): a granted program and arguments, a working
@@ -414,22 +386,6 @@ export function checkLaunch(req, grants) {
 export function overCap(program, stream) {
   const cap = BOUNDS[stream];
   return err("failed", `${program} printed more than ${human(cap)} on ${stream}; the cap is ${human(cap)} (host-bridge/policy.json outputCaps.${stream}), so the host killed it`);
-}
-
-/** Up to `limit` bytes from the start of the file `fd`. */
-export function readStart(fd, limit) {
-  let size = 0;
-  try {
-    size = Math.min(fs.fstatSync(fd).size, limit);
-  } catch {}
-  const buf = Buffer.alloc(size);
-  let off = 0;
-  while (off < size) {
-    const n = fs.readSync(fd, buf, off, size - off, off);
-    if (n === 0) break;
-    off += n;
-  }
-  return buf.subarray(0, off);
 }
 
 /**
