@@ -91,6 +91,7 @@ export function runInWorker(req, grants, shared, call) {
 }
 
 function killGroup(pid) {
+  if (!(pid > 0)) return; // kill(-0) would be our own group: OpenCode's
   try {
     process.kill(-pid, "SIGKILL");
   } catch {}
