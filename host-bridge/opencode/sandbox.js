@@ -38,7 +38,11 @@ if (!P.__boxdPatched) {
     let type;
     try {
       type = this.statAt(pathFlags, path).type;
-    } catch {}
+    } catch (e) {
+      // Nothing there and nothing to create: the open would fail the same way, and each
+      // open is a round trip to the shim's I/O thread (a ledger's missing files are many).
+      if (e === "no-entry" && !openFlags?.create) throw e;
+    }
     if (type !== undefined && !["regular-file", "directory", "symbolic-link"].includes(type)) throw "access";
     const fd = openAt.call(this, pathFlags, path, openFlags, { ...descriptorFlags, mutateDirectory: false });
     const base = hostPaths.get(this);

@@ -4,9 +4,11 @@
 //
 // Why a worker: the component's `spawn.run` import is synchronous, so a boxd CLI call of
 // minutes would block whatever thread runs the component. Here it blocks only this worker.
-// The child itself is started by the plugin's main thread (lib/policy.js, async, its own
-// process group, killed as a group on timeout); this thread posts the request and sleeps
-// on an Atomics flag until the reply is on its port (the synckit pattern the shim uses).
+// A child with nothing to stream runs here (lib/inworker.js: spawnSync, its own process
+// group, the main thread watching for abort and the output caps). One with stdin or files
+// is started by the plugin's main thread (lib/policy.js runChild, async, streaming); this
+// thread posts the request and sleeps on an Atomics word until the reply is on its port
+// (the synckit pattern the shim uses).
 //
 // Each call gets a fresh instance (as in the Rust host): a trap cannot poison the next
 // call, and guest state never outlives the call. The core modules compile once per worker,
@@ -15,6 +17,14 @@ import { parentPort, workerData, receiveMessageOnPort, MessageChannel } from "no
 import fs from "node:fs";
 import { instantiate } from "./dist/boxd_component.js";
 import { createSandbox } from "./sandbox.js";
+import { REPLY, SHARED_WORDS, runInWorker, runsInWorker, threadId } from "./lib/inworker.js";
+
+// Node 20 has no JSPI. The glue asks for `WebAssembly.promising` four times per instance
+// and falls back to the plain export when it throws; each such TypeError makes V8 re-parse
+// the glue's 200 KB instantiate function to word its message (~2 ms each, ~9 ms of CPU per
+// call). Handing back the plain export is exactly that fallback, minus the throw. Only this
+// worker's globals are touched.
+if (typeof WebAssembly.promising !== "function") WebAssembly.promising = (f) => f;
 
 const sandbox = createSandbox(workerData);
 
@@ -24,30 +34,35 @@ function getCoreModule(name) {
   return compiled.get(name);
 }
 
-// The spawn RPC: the reply is posted on `replies` before the flag is raised.
-const flag = new Int32Array(new SharedArrayBuffer(4));
+// The spawn RPC: the reply is posted on `replies` before the REPLY word is raised. The
+// other shared words carry an abort and a cap kill (lib/inworker.js).
+const shared = new Int32Array(new SharedArrayBuffer(SHARED_WORDS * 4));
 const { port1: replies, port2 } = new MessageChannel();
-parentPort.postMessage({ type: "ready", flag: flag.buffer, port: port2 }, [port2]);
+// Set when this thread may run children itself (lib/inworker.js).
+const tid = threadId();
+parentPort.postMessage({ type: "ready", shared: shared.buffer, port: port2, tid }, [port2]);
 
 let currentCall = 0;
 
 /** boxd:plugin/spawn#run. Returns {tag:"ok"|"err", val} exactly as the WIT result. */
 function run(req) {
-  Atomics.store(flag, 0, 0);
-  parentPort.postMessage({
-    type: "spawn",
-    call: currentCall,
-    req: {
-      program: req.program, args: req.args, stdin: req.stdin ?? null, env: req.env, cwd: req.cwd ?? null, timeoutMs: req.timeoutMs,
-      stdinFiles: req.stdinFiles ?? [], stdoutFiles: req.stdoutFiles ?? [],
-    },
-  });
-  Atomics.wait(flag, 0, 0);
-  // The flag is raised after the reply is posted; allow a moment for it to show on the port.
+  const request = {
+    program: req.program, args: req.args, stdin: req.stdin ?? null, env: req.env, cwd: req.cwd ?? null, timeoutMs: req.timeoutMs,
+    stdinFiles: req.stdinFiles ?? [], stdoutFiles: req.stdoutFiles ?? [],
+  };
+  if (tid && runsInWorker(request)) {
+    // Told, not asked: the main thread reports progress and watches the output meanwhile.
+    parentPort.postMessage({ type: "spawning", call: currentCall, req: request });
+    return runInWorker(request, workerData, shared, currentCall);
+  }
+  Atomics.store(shared, REPLY, 0);
+  parentPort.postMessage({ type: "spawn", call: currentCall, req: request });
+  Atomics.wait(shared, REPLY, 0);
+  // The word is raised after the reply is posted; allow a moment for it to show on the port.
   for (let i = 0; i < 1000; i++) {
     const m = receiveMessageOnPort(replies);
     if (m) return m.message;
-    Atomics.wait(flag, 0, 1, 10);
+    Atomics.wait(shared, REPLY, 1, 10);
   }
   return { tag: "err", val: { tag: "failed", val: "the host did not answer the spawn request" } };
 }
@@ -68,6 +83,7 @@ async function fresh() {
 // The instance the next call takes: made while the worker waits, never used twice.
 let ready = null;
 function prepareNext() {
+  if (ready) return; // one is waiting already
   ready = fresh();
   ready.catch(() => {}); // a failure is retried by the call that takes it
 }
@@ -82,7 +98,9 @@ parentPort.on("message", async (m) => {
   currentCall = m.id;
   const done = (r) => {
     parentPort.postMessage({ type: "done", id: m.id, ...r });
-    prepareNext();
+    // Made a moment later: instantiating at once delayed the answer reaching the main
+    // thread by ~0.5 ms (measured). A call arriving first makes its own.
+    setTimeout(prepareNext, 1);
   };
   try {
     const tools = await take();

@@ -8,7 +8,7 @@ import { execFileSync } from "node:child_process";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
-import { BOXD_LOCAL, PLUGIN, REPO, missingPrerequisite, probeWrite } from "./harness.mjs";
+import { BOXD_LOCAL, PLUGIN, REPO, missingPrerequisite, probeWrite, waitGone } from "./harness.mjs";
 
 const built = fs.existsSync(path.join(PLUGIN, "dist/worker.js"));
 const skip = built ? false : "host-bridge/opencode/dist is missing: run npm run build there";
@@ -36,22 +36,6 @@ function grants(dir, options) {
 }
 
 const sh = (script, g, timeoutMs = 60000) => policy.runChild({ program: "boxd", args: ["-c", script], env: [], timeoutMs }, g);
-
-// Whether a process is gone (or a zombie nobody has reaped yet).
-function gone(pid) {
-  try {
-    const stat = fs.readFileSync(`/proc/${pid}/stat`, "utf8");
-    return stat.slice(stat.lastIndexOf(")") + 1).trim().startsWith("Z");
-  } catch {
-    return true;
-  }
-}
-
-async function waitGone(pid, ms = 10000) {
-  const until = Date.now() + ms;
-  while (!gone(pid) && Date.now() < until) await new Promise((r) => setTimeout(r, 50));
-  return gone(pid);
-}
 
 describe("children under the caps", { skip }, () => {
   test("the caps are policy.json's, the same numbers boxd-host reads", () => {

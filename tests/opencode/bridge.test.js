@@ -171,6 +171,17 @@ describe("grants and children", { skip: skipNoBuild }, () => {
     assert.equal(cat.val.exitCode, 0);
   });
 
+  test("children started together each answer with their own output", async () => {
+    const dir = scratch("together");
+    const g = grants(dir, { boxd: "/bin/sh" });
+    // The first still writes while the others start: each has its own stdout file.
+    const runs = ["a", "b", "c"].map((word, i) =>
+      lib.policy.runChild({ program: "boxd", args: ["-c", `for n in 1 2 3; do echo ${word}$n; sleep 0.0${3 - i}; done`], env: [], timeoutMs: 5000 }, g),
+    );
+    const outs = (await Promise.all(runs)).map(text);
+    assert.deepEqual(outs, ["a1\na2\na3\n", "b1\nb2\nb3\n", "c1\nc2\nc3\n"]);
+  });
+
   test("a timeout kills the whole process group, grandchildren included", async () => {
     const dir = scratch("timeout");
     const pids = path.join(dir, "pids");
@@ -241,7 +252,9 @@ describe("the worker pool with the real component", { skip: missingPrerequisite(
 
   test("the shim write workaround: a write with mutateDirectory succeeds in the worker", async () => {
     const { g } = setup("probe");
-    assert.equal((await probeWrite(g, g.ledger)).ok, "probe");
+    const probe = await probeWrite(g, g.ledger);
+    assert.equal(probe.ok, "probe");
+    assert.deepEqual(probe.missing, { file: "no-entry", inMissingFolder: "no-entry", created: "opened" }, "a missing name fails as the shim's open would; create still creates");
   });
 
   test("a second call does not wait behind a 5-second one", async () => {

@@ -321,3 +321,20 @@ export function probeWrite(grants, dir) {
     worker.once("error", reject);
   }).finally(() => worker.terminate());
 }
+
+/** Whether a process is gone (or a zombie nobody has reaped yet: this container's PID 1 does not). */
+export function gone(pid) {
+  try {
+    const stat = fs.readFileSync(`/proc/${pid}/stat`, "utf8");
+    return stat.slice(stat.lastIndexOf(")") + 1).trim().startsWith("Z");
+  } catch {
+    return true;
+  }
+}
+
+/** Whether `pid` is gone within `ms`. */
+export async function waitGone(pid, ms = 10000) {
+  const until = Date.now() + ms;
+  while (!gone(pid) && Date.now() < until) await sleep(50);
+  return gone(pid);
+}

@@ -1,7 +1,7 @@
 // A test-only worker: the shipped worker's sandbox (host-bridge/opencode/sandbox.js, the
 // patched preview2-shim) with one job, a write with the flag the shim refuses into a
-// preopen. It proves the workaround and the mode a created file gets (0600 in the ledger
-// only). Started by harness.mjs probeWrite; never shipped.
+// preopen. It proves the workaround, the mode a created file gets (0600 in the ledger
+// only) and how an open of a missing name fails. Started by harness.mjs probeWrite; never shipped.
 import { parentPort, workerData } from "node:worker_threads";
 import fs from "node:fs";
 import { createSandbox } from "../../host-bridge/opencode/sandbox.js";
@@ -18,7 +18,27 @@ function probeWrite(dir) {
   const back = fs.readFileSync(`${dir}/${name}`, "utf8");
   const mode = fs.statSync(`${dir}/${name}`).mode & 0o777;
   root.unlinkFileAt(name);
-  return { ok: back, mode };
+  return { ok: back, mode, missing: openMissing(root, name) };
+}
+
+// How opens of names that are not there fail (the patch answers them without the shim's
+// I/O thread), and that the same name is then created when asked.
+function openMissing(root, name) {
+  const error = (f) => {
+    try {
+      f();
+      return "opened";
+    } catch (e) {
+      return String(e);
+    }
+  };
+  const missing = {
+    file: error(() => root.openAt({ symlinkFollow: false }, name, {}, { read: true })),
+    inMissingFolder: error(() => root.openAt({ symlinkFollow: true }, `${name}.d/x`, {}, { read: true })),
+    created: error(() => root.openAt({ symlinkFollow: false }, name, { create: true, exclusive: true }, { write: true })),
+  };
+  root.unlinkFileAt(name);
+  return missing;
 }
 
 try {

@@ -6,11 +6,10 @@
 // dist/policy.json, a copy of host-bridge/policy.json, checked here at load.
 // tests/vectors/policy.json holds resolveGrants and policy.rs `resolve` to one outcome.
 import { spawn } from "node:child_process";
-import { randomBytes } from "node:crypto";
 import fs from "node:fs";
-import os from "node:os";
 import path from "node:path";
 import * as frames from "./frames.js";
+import { readStart, takeOutputFile } from "./outputs.js";
 
 const HOST_ERRORS = { hostFailed: "HOST_FAILED", optionsInvalid: "OPTIONS_INVALID", ledgerFailed: "LEDGER_FAILED" };
 
@@ -365,22 +364,39 @@ export function allowsCwd(grants, cwd) {
 }
 
 /**
+ * What one request runs, as the policy allows it ({binary, cwd, env}), or the spawn's
+ * refusal ({refused}: the WIT error): a granted program and arguments, a working
+ * directory inside a preopen, the program's environment plus the request's pairs.
+ */
+export function checkLaunch(req, grants) {
+  const program = allowsCall(grants, req.program, req.args);
+  if (program.refused) return { refused: err("not-allowed", program.refused) };
+  let cwd;
+  if (req.cwd != null) {
+    const c = allowsCwd(grants, req.cwd);
+    if (c.refused) return { refused: err("not-allowed", c.refused) };
+    cwd = c.cwd;
+  }
+  const env = { ...program.env };
+  for (const [k, v] of req.env ?? []) env[k] = v;
+  return { binary: program.binary, cwd, env };
+}
+
+/** The spawn's failure when `program` printed past `stream`'s cap and was killed. */
+export function overCap(program, stream) {
+  const cap = BOUNDS[stream];
+  return err("failed", `${program} printed more than ${human(cap)} on ${stream}; the cap is ${human(cap)} (host-bridge/policy.json outputCaps.${stream}), so the host killed it`);
+}
+
+/**
  * Run one child for the component: the WIT spawn.run, async on this thread. Resolves to
  * {tag:"ok", val:{exitCode, stdout, stderr}} or {tag:"err", val:{tag, val?}}; never rejects.
  * `track` receives a kill function while the child runs (for aborts).
  */
 export function runChild(req, grants, track = () => () => {}) {
-  const program = allowsCall(grants, req.program, req.args);
-  if (program.refused) return Promise.resolve(err("not-allowed", program.refused));
-  const binary = program.binary;
-  let cwd;
-  if (req.cwd != null) {
-    const c = allowsCwd(grants, req.cwd);
-    if (c.refused) return Promise.resolve(err("not-allowed", c.refused));
-    cwd = c.cwd;
-  }
-  const env = { ...program.env };
-  for (const [k, v] of req.env ?? []) env[k] = v;
+  const launch = checkLaunch(req, grants);
+  if (launch.refused) return Promise.resolve(launch.refused);
+  const { binary, cwd, env } = launch;
   // Streamed files are checked (and those sent opened) before the child starts.
   const stdoutFiles = req.stdoutFiles ?? [];
   let outgoing;
@@ -400,9 +416,7 @@ export function runChild(req, grants, track = () => () => {}) {
     // delivers exactly 64 KiB through a pipe, all of it into a file). As spawn.rs does.
     let outFd;
     try {
-      const tmp = path.join(os.tmpdir(), `.boxd-bridge-${process.pid}-${randomBytes(6).toString("hex")}.out`);
-      outFd = fs.openSync(tmp, "wx+", 0o600);
-      fs.unlinkSync(tmp);
+      outFd = takeOutputFile();
     } catch (e) {
       frames.closeAll(outgoing);
       return resolve(err("failed", `${req.program}: cannot make its output file: ${e.message}`));
@@ -430,10 +444,6 @@ export function runChild(req, grants, track = () => () => {}) {
     };
     const untrack = track(killGroup);
     live.add(killGroup);
-    const overCap = (stream) => {
-      const cap = BOUNDS[stream];
-      return err("failed", `${req.program} printed more than ${human(cap)} on ${stream}; the cap is ${human(cap)} (host-bridge/policy.json outputCaps.${stream}), so the host killed it`);
-    };
     const stdoutSize = () => {
       try {
         return fs.fstatSync(outFd).size;
@@ -445,20 +455,9 @@ export function runChild(req, grants, track = () => () => {}) {
     const watch = setInterval(() => {
       if (stdoutSize() > stdoutCap) {
         killGroup();
-        finish(overCap("stdout"));
+        finish(overCap(req.program, "stdout"));
       }
     }, 50);
-    const readStdout = () => {
-      const size = Math.min(stdoutSize(), BOUNDS.stdout + 1);
-      const buf = Buffer.alloc(size);
-      let off = 0;
-      while (off < size) {
-        const n = fs.readSync(outFd, buf, off, size - off, off);
-        if (n === 0) break;
-        off += n;
-      }
-      return buf.subarray(0, off);
-    };
     const finish = (result, drain = false) => {
       if (settled) return;
       settled = true;
@@ -500,7 +499,7 @@ export function runChild(req, grants, track = () => () => {}) {
       if (settled) return;
       if (errSize + c.length > BOUNDS.stderr) {
         killGroup();
-        finish(overCap("stderr"));
+        finish(overCap(req.program, "stderr"));
         return;
       }
       errSize += c.length;
@@ -525,12 +524,12 @@ export function runChild(req, grants, track = () => () => {}) {
     const result = () => {
       const val = { exitCode: exitCode ?? undefined, stderr: new Uint8Array(Buffer.concat(errs)), files: [...sent] };
       if (!stdoutFiles.length) {
-        const stdout = readStdout();
-        if (stdout.length > BOUNDS.stdout) return overCap("stdout");
+        const stdout = readStart(outFd, BOUNDS.stdout + 1);
+        if (stdout.length > BOUNDS.stdout) return overCap(req.program, "stdout");
         return { tag: "ok", val: { ...val, stdout: new Uint8Array(stdout) } };
       }
       const got = frames.receive(outFd, BOUNDS.stdout, stdoutFiles);
-      if (got.line === null) return overCap("stdout");
+      if (got.line === null) return overCap(req.program, "stdout");
       // A child that failed says so in its answer; its files did not come.
       if (got.error && exitCode !== 0) return { tag: "ok", val: { ...val, stdout: new Uint8Array(got.line) } };
       if (got.error) return err("failed", `${req.program}: the files framed on its stdout: ${got.error}`);

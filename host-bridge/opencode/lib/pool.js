@@ -4,11 +4,20 @@
 // stay for the next call (compiling the core module again costs ~50 ms; a fresh instance
 // per call costs ~20 ms and is made inside the worker either way).
 //
-// The children the component asks for are started here, on the plugin's thread, with the
-// async child_process API (lib/policy.js runChild), and the reply is handed to the waiting
-// worker through its port and an Atomics flag.
+// A child with nothing to stream runs in the worker (lib/inworker.js); this thread watches
+// its output and kills it on abort. One with stdin or files is started here, on the
+// plugin's thread, with the async child_process API (lib/policy.js runChild), and the reply
+// is handed to the waiting worker through its port and an Atomics word.
 import { Worker } from "node:worker_threads";
+import { ABORTED, REPLY, killChildrenOf, watchOutput } from "./inworker.js";
 import { runChild } from "./policy.js";
+
+// The worker threads that run children, so none outlives this process (as policy.js does
+// for the children started here).
+const childThreads = new Set();
+process.once("exit", () => {
+  for (const tid of childThreads) killChildrenOf(tid);
+});
 
 export class Pool {
   #grants;
@@ -51,15 +60,18 @@ export class Pool {
   close() {
     this.#closed = true;
     const jobs = [...this.#workers.map((s) => s.job).filter(Boolean), ...this.#queue.splice(0)];
+    // Killed before the workers end: a worker's children are found through its thread.
+    for (const job of jobs) {
+      for (const kill of job.kills) kill(); // no child outlives the plugin
+      job.unwatch?.();
+    }
     for (const s of this.#workers) {
       s.job = null;
+      childThreads.delete(s.tid);
       s.worker.terminate();
     }
     this.#workers = [];
-    for (const job of jobs) {
-      for (const kill of job.kills) kill(); // no child outlives the plugin
-      job.resolve({ trap: "the plugin is shutting down" });
-    }
+    for (const job of jobs) job.resolve({ trap: "the plugin is shutting down" });
   }
 
   // `onSpawn(request)` hears of each child the call starts, as it starts (progress).
@@ -94,24 +106,42 @@ export class Pool {
       }
       slot.job = job;
       slot.worker.ref();
-      slot.ready.then(() => slot.job === job && slot.worker.postMessage(job.msg));
+      slot.ready.then(() => {
+        if (slot.job !== job) return;
+        if (slot.tid) {
+          // The worker's own children: an abort marks the call (the worker refuses its
+          // further spawns) and kills them; the watch kills one it missed by a moment.
+          job.kills.add(() => {
+            Atomics.store(slot.shared, ABORTED, job.msg.id);
+            killChildrenOf(slot.tid);
+          });
+          job.unwatch = watchOutput(slot.tid, slot.shared, () => job.aborted);
+        }
+        slot.worker.postMessage(job.msg);
+      });
     }
   }
 
   #start() {
-    const worker = new Worker(new URL("../dist/worker.js", import.meta.url), { workerData: { preopens: this.#grants.preopens, ledger: this.#grants.ledger } });
+    const { preopens, ledger, programs, programPolicies, childEnv } = this.#grants;
+    const worker = new Worker(new URL("../dist/worker.js", import.meta.url), { workerData: { preopens, ledger, programs, programPolicies, childEnv } });
     worker.unref();
-    const slot = { worker, job: null, flag: null, port: null };
+    const slot = { worker, job: null, shared: null, port: null, tid: undefined };
     slot.ready = new Promise((resolve) => (slot.onReady = resolve));
     worker.on("message", (m) => {
       if (m.type === "ready") {
-        slot.flag = new Int32Array(m.flag);
+        slot.shared = new Int32Array(m.shared);
         slot.port = m.port;
+        slot.tid = m.tid;
+        if (m.tid) childThreads.add(m.tid);
         slot.onReady();
       } else if (m.type === "spawn") {
         this.#spawn(slot, m);
+      } else if (m.type === "spawning") {
+        progress(slot.job, m.req);
       } else if (m.type === "done" && slot.job?.msg.id === m.id) {
         const job = slot.job;
+        job.unwatch?.();
         slot.job = null;
         worker.unref();
         const { type, id, ...result } = m;
@@ -122,6 +152,8 @@ export class Pool {
     const lost = (why) => {
       if (!this.#workers.includes(slot)) return;
       this.#workers = this.#workers.filter((s) => s !== slot);
+      childThreads.delete(slot.tid);
+      slot.job?.unwatch?.();
       if (slot.job) slot.job.resolve({ trap: `the component worker stopped: ${why}` });
       slot.job = null;
       this.#pump();
@@ -138,9 +170,7 @@ export class Pool {
     if (!job || job.aborted) {
       reply = { tag: "err", val: { tag: "failed", val: "the user aborted this tool call" } };
     } else {
-      try {
-        job.onSpawn?.(m.req);
-      } catch {} // progress is a courtesy: it never fails the call
+      progress(job, m.req);
       reply = await runChild(m.req, this.#grants, (kill) => {
         job.kills.add(kill);
         return () => job.kills.delete(kill);
@@ -148,7 +178,14 @@ export class Pool {
     }
     const transfer = reply.tag === "ok" ? [reply.val.stdout.buffer, reply.val.stderr.buffer] : [];
     slot.port.postMessage(reply, transfer);
-    Atomics.store(slot.flag, 0, 1);
-    Atomics.notify(slot.flag, 0);
+    Atomics.store(slot.shared, REPLY, 1);
+    Atomics.notify(slot.shared, REPLY);
   }
+}
+
+/** Tell the call's progress of a child it starts: a courtesy that never fails the call. */
+function progress(job, req) {
+  try {
+    job?.onSpawn?.(req);
+  } catch {}
 }

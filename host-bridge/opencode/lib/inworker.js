@@ -1,0 +1,139 @@
+// A child run by the component's worker itself, with spawnSync, for the requests that need
+// no streaming (no stdin, no files): most boxd calls. The worker is blocked on the call
+// anyway; running the child there spares each one a worker↔main round trip, the async
+// ChildProcess machinery and the fork on the plugin's thread (~0.8 ms a child, measured with
+// benches/bridge.mjs). Requests with stdin or files still go to the plugin's thread
+// (policy.js runChild), which streams them.
+//
+// The promises of runChild are kept, the main thread doing what the blocked worker cannot:
+// - its own process group (detached), killed as a group on timeout (spawnSync kills the
+//   child; the worker kills the group when it returns);
+// - a user abort kills the call's children: the main thread finds them as the children of
+//   the worker's thread (/proc/self/task/TID/children: the thread that forked is their
+//   parent), and the worker refuses any spawn of an aborted call;
+// - output caps: stdout and stderr go to unlinked files (a daemon the child leaves holding
+//   them cannot hold the answer), whose sizes the main thread checks every 50 ms through
+//   /proc/PID/fd, killing the group past a cap;
+// - children die with the plugin's process (the main thread's exit handler).
+// Where /proc/thread-self/children is missing, every request takes the plugin's thread.
+import { spawnSync } from "node:child_process";
+import fs from "node:fs";
+import { OUTPUT_FILE_MARK, readStart, takeOutputFile } from "./outputs.js";
+import { BOUNDS, checkLaunch, overCap } from "./policy.js";
+
+// The shared words of a worker (Int32Array over a SharedArrayBuffer).
+export const REPLY = 0; // raised by the main thread when a spawn reply is on the port
+export const ABORTED = 1; // the id of the call the user aborted
+export const CAPPED_PID = 2; // a child the main thread killed for its output…
+export const CAPPED_STREAM = 3; // …and which stream (1 stdout, 2 stderr)
+export const SHARED_WORDS = 4;
+
+const STREAMS = { 1: "stdout", 2: "stderr" };
+const err = (tag, val) => ({ tag: "err", val: val === undefined ? { tag } : { tag, val } });
+
+/** This thread's id when its children can be listed, else undefined. */
+export function threadId() {
+  try {
+    const tid = fs.readlinkSync("/proc/thread-self").split("/").pop();
+    fs.readFileSync(`/proc/self/task/${tid}/children`);
+    return tid;
+  } catch {
+    return undefined;
+  }
+}
+
+/** Whether the worker runs this request itself (nothing to stream). */
+export function runsInWorker(req) {
+  return !req.stdin?.length && !req.stdinFiles?.length && !req.stdoutFiles?.length;
+}
+
+/**
+ * Run one child on this (worker) thread: the WIT spawn.run's answer. `shared` is the
+ * worker's shared words; `call` the id of the call asking.
+ */
+export function runInWorker(req, grants, shared, call) {
+  if (Atomics.load(shared, ABORTED) === call) return err("failed", "the user aborted this tool call");
+  const launch = checkLaunch(req, grants);
+  if (launch.refused) return launch.refused;
+  const files = [];
+  try {
+    files.push(takeOutputFile(), takeOutputFile());
+    const [out, errOut] = files;
+    const r = spawnSync(launch.binary, req.args, {
+      cwd: launch.cwd,
+      env: launch.env,
+      detached: true,
+      stdio: ["ignore", out, errOut],
+      timeout: Math.max(1, req.timeoutMs),
+      killSignal: "SIGKILL",
+    });
+    if (r.error?.code === "ENOENT") return err("not-found", launch.binary);
+    if (r.error && r.error.code !== "ETIMEDOUT") return err("failed", `${launch.binary}: ${r.error.message}`);
+    if (r.error) {
+      killGroup(r.pid);
+      return err("timed-out");
+    }
+    if (Atomics.load(shared, CAPPED_PID) === r.pid) {
+      Atomics.store(shared, CAPPED_PID, 0);
+      return overCap(req.program, STREAMS[Atomics.load(shared, CAPPED_STREAM)]);
+    }
+    const stdout = readStart(out, BOUNDS.stdout + 1);
+    if (stdout.length > BOUNDS.stdout) return overCap(req.program, "stdout");
+    const stderr = readStart(errOut, BOUNDS.stderr + 1);
+    if (stderr.length > BOUNDS.stderr) return overCap(req.program, "stderr");
+    const exitCode = r.status ?? undefined;
+    return { tag: "ok", val: { exitCode, stdout: new Uint8Array(stdout), stderr: new Uint8Array(stderr), files: [] } };
+  } catch (e) {
+    return err("failed", `${req.program}: ${e.message}`);
+  } finally {
+    for (const fd of files) fs.closeSync(fd);
+  }
+}
+
+function killGroup(pid) {
+  if (!(pid > 0)) return; // kill(-0) would be our own group: OpenCode's
+  try {
+    process.kill(-pid, "SIGKILL");
+  } catch {}
+}
+
+/** The children a worker thread is running now (pids). */
+export function childrenOf(tid) {
+  try {
+    return fs.readFileSync(`/proc/self/task/${tid}/children`, "utf8").split(" ").filter(Boolean).map(Number);
+  } catch {
+    return [];
+  }
+}
+
+/** Kill the process group of every child the worker thread `tid` runs. */
+export function killChildrenOf(tid) {
+  for (const pid of childrenOf(tid)) killGroup(pid);
+}
+
+/**
+ * On the main thread, while a call runs in worker thread `tid`: every 50 ms, a child past
+ * an output cap is noted in `shared` and its group killed, and once `aborted()` every
+ * child is (one started just as the abort came). Returns the stop function.
+ */
+export function watchOutput(tid, shared, aborted) {
+  const timer = setInterval(() => {
+    if (aborted()) return killChildrenOf(tid);
+    for (const pid of childrenOf(tid)) {
+      for (const [fd, stream] of Object.entries(STREAMS)) {
+        let size = 0;
+        try {
+          // Only the file we gave it: a child may point its fd 1 elsewhere itself.
+          if (fs.readlinkSync(`/proc/${pid}/fd/${fd}`).includes(OUTPUT_FILE_MARK)) size = fs.statSync(`/proc/${pid}/fd/${fd}`).size;
+        } catch {}
+        if (size > BOUNDS[stream]) {
+          Atomics.store(shared, CAPPED_STREAM, Number(fd));
+          Atomics.store(shared, CAPPED_PID, pid);
+          killGroup(pid);
+        }
+      }
+    }
+  }, 50);
+  timer.unref?.();
+  return () => clearInterval(timer);
+}

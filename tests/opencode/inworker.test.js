@@ -1,0 +1,202 @@
+// Children run by the component's worker itself (host-bridge/opencode/lib/inworker.js):
+// the promises runChild keeps on the plugin's thread (bounds.test.js, bridge.test.js),
+// kept here with the main thread watching — its own process group killed on timeout,
+// grandchildren too; a user abort kills the call's children; floods cut at the caps; a
+// daemon holding the output does not hold the answer; children die with the process.
+import { test, describe, after } from "node:test";
+import assert from "node:assert/strict";
+import { execFileSync } from "node:child_process";
+import fs from "node:fs";
+import os from "node:os";
+import path from "node:path";
+import { Worker } from "node:worker_threads";
+import { PLUGIN, missingPrerequisite, waitGone } from "./harness.mjs";
+
+const built = fs.existsSync(path.join(PLUGIN, "dist/worker.js"));
+const skip = built ? false : "host-bridge/opencode/dist is missing: run npm run build there";
+const inworker = built ? await import(path.join(PLUGIN, "lib/inworker.js")) : {};
+const poolLib = built ? await import(path.join(PLUGIN, "lib/pool.js")) : {};
+const policy = built ? await import(path.join(PLUGIN, "lib/policy.js")) : {};
+
+const cleanup = [];
+after(() => {
+  for (const f of cleanup.reverse()) f();
+});
+
+function scratch(name) {
+  const dir = fs.realpathSync(fs.mkdtempSync(path.join(os.tmpdir(), `boxd-inworker-${name}-`)));
+  cleanup.push(() => fs.rmSync(dir, { recursive: true, force: true }));
+  return dir;
+}
+
+async function readPids(file) {
+  while (!fs.existsSync(file) || fs.readFileSync(file, "utf8").trim().split("\n").length < 2) await new Promise((r) => setTimeout(r, 20));
+  return fs.readFileSync(file, "utf8").trim().split("\n").map(Number);
+}
+
+// The name boxd is /bin/sh with any arguments: the scripts below play a misbehaving CLI.
+const shGrants = (dir) => ({
+  programs: { boxd: "/bin/sh" },
+  programPolicies: [{ name: "boxd", env: [], grants: [{ name: "any", args: ["{rest}"] }] }],
+  preopens: [dir],
+  childEnv: { PATH: process.env.PATH },
+});
+
+/** A worker thread running requests as the shipped worker does, watched as the pool watches it. */
+async function runner(grants) {
+  const worker = new Worker(new URL("./inworker-worker.mjs", import.meta.url), { workerData: grants });
+  cleanup.push(() => worker.terminate());
+  const { tid, shared } = await new Promise((r) => worker.once("message", r));
+  assert.ok(tid, "this kernel lists a thread's children (/proc/thread-self/children)");
+  const words = new Int32Array(shared);
+  let call = 0;
+  return {
+    tid,
+    words,
+    run(script, { timeoutMs = 60000, aborted = () => false } = {}) {
+      call += 1;
+      const unwatch = inworker.watchOutput(tid, words, aborted);
+      worker.postMessage({ req: { program: "boxd", args: ["-c", script], env: [], timeoutMs, stdinFiles: [], stdoutFiles: [] }, call });
+      return new Promise((r) => worker.once("message", r)).finally(unwatch);
+    },
+    abort() {
+      Atomics.store(words, inworker.ABORTED, call);
+      inworker.killChildrenOf(tid);
+    },
+    /** A further spawn of the same call. */
+    again(script) {
+      worker.postMessage({ req: { program: "boxd", args: ["-c", script], env: [], timeoutMs: 60000 }, call });
+      return new Promise((r) => worker.once("message", r));
+    },
+  };
+}
+
+describe("a child run in the worker", { skip }, () => {
+  test("only requests with nothing to stream run in the worker", () => {
+    assert.equal(inworker.runsInWorker({ stdin: null, stdinFiles: [], stdoutFiles: [] }), true);
+    assert.equal(inworker.runsInWorker({ stdin: new Uint8Array([1]), stdinFiles: [], stdoutFiles: [] }), false);
+    assert.equal(inworker.runsInWorker({ stdin: null, stdinFiles: [{ path: "/x" }], stdoutFiles: [] }), false);
+    assert.equal(inworker.runsInWorker({ stdin: null, stdinFiles: [], stdoutFiles: [{ path: "/x" }] }), false);
+  });
+
+  test("the answer: exit code, stdout and stderr; a name not granted is refused", async () => {
+    const dir = scratch("answer");
+    const r = await (await runner(shGrants(dir))).run("echo out; echo err >&2; exit 3");
+    assert.deepEqual(r, { tag: "ok", val: { exitCode: 3, stdout: new Uint8Array(Buffer.from("out\n")), stderr: new Uint8Array(Buffer.from("err\n")), files: [] } });
+    const w = new Worker(new URL("./inworker-worker.mjs", import.meta.url), { workerData: shGrants(dir) });
+    cleanup.push(() => w.terminate());
+    await new Promise((res) => w.once("message", res));
+    w.postMessage({ req: { program: "sh", args: [], env: [], timeoutMs: 1000 }, call: 1 });
+    const refused = await new Promise((res) => w.once("message", res));
+    assert.equal(refused.val.tag, "not-allowed");
+  });
+
+  test("a timeout kills the whole process group, grandchildren included", async () => {
+    const dir = scratch("timeout");
+    const pids = path.join(dir, "pids");
+    const r = await (await runner(shGrants(dir))).run(`echo $$ > ${pids}; sleep 30 & echo $! >> ${pids}; sleep 30`, { timeoutMs: 300 });
+    assert.deepEqual(r, { tag: "err", val: { tag: "timed-out" } });
+    for (const pid of await readPids(pids)) assert.ok(await waitGone(pid), `${pid} survived the timeout`);
+  });
+
+  test("an abort kills the call's children, grandchildren included, and refuses its next spawn", async () => {
+    const dir = scratch("abort");
+    const pids = path.join(dir, "pids");
+    const run = await runner(shGrants(dir));
+    const answer = run.run(`echo $$ > ${pids}; sleep 300 & echo $! >> ${pids}; sleep 300`);
+    const [child, grandchild] = await readPids(pids);
+    run.abort();
+    const r = await answer;
+    assert.equal(r.tag, "ok");
+    assert.equal(r.val.exitCode, undefined, "killed by a signal");
+    assert.ok(await waitGone(child), "the child survived the abort");
+    assert.ok(await waitGone(grandchild), "the grandchild survived the abort");
+    // The same call asks again: refused, nothing started.
+    const marker = path.join(dir, "started");
+    assert.deepEqual(await run.again(`touch ${marker}`), { tag: "err", val: { tag: "failed", val: "the user aborted this tool call" } });
+    assert.equal(fs.existsSync(marker), false);
+  });
+
+  // Endless floods: only the watch ends them before the timeout.
+  test("an endless stdout: the group is killed and the spawn fails naming the cap", async () => {
+    const r = await (await runner(shGrants(scratch("out")))).run("cat /dev/zero");
+    assert.equal(r.val.tag, "failed");
+    assert.match(r.val.val, /printed more than 64 MiB on stdout; the cap is 64 MiB \(host-bridge\/policy.json outputCaps.stdout\)/);
+  });
+
+  test("an endless stderr: a failure naming the stderr cap", async () => {
+    const r = await (await runner(shGrants(scratch("err")))).run("cat /dev/zero >&2");
+    assert.equal(r.val.tag, "failed");
+    assert.match(r.val.val, /more than 1 MiB on stderr/);
+  });
+
+  test("a daemon holding stdout and stderr: the answer is what the child printed, and the daemon is left alone", async () => {
+    const dir = scratch("daemon");
+    const pidFile = path.join(dir, "pid");
+    const t0 = Date.now();
+    const r = await (await runner(shGrants(dir))).run(`sleep 300 & echo $! > ${pidFile}; echo '{"ok":true}'; exit 0`);
+    assert.equal(r.tag, "ok", JSON.stringify(r));
+    assert.equal(Buffer.from(r.val.stdout).toString(), '{"ok":true}\n');
+    assert.ok(Date.now() - t0 < 10000, `took ${Date.now() - t0} ms`);
+    const pid = Number(fs.readFileSync(pidFile, "utf8").trim());
+    assert.doesNotThrow(() => process.kill(pid, 0), "the background process was killed; it is not the host's to kill");
+    process.kill(pid, "SIGKILL");
+  });
+});
+
+describe("the pool's children in its workers", { skip: missingPrerequisite() ?? false }, () => {
+  // The real component asks for `boxd machine list --json`; boxd is a script that starts a
+  // grandchild and hangs, as a stuck CLI would.
+  function hangingBoxd(dir) {
+    const pids = path.join(dir, "pids");
+    const boxd = path.join(dir, "boxd");
+    fs.writeFileSync(boxd, `#!/bin/sh\necho $$ >> ${pids}\nsleep 300 &\necho $! >> ${pids}\nsleep 300\n`, { mode: 0o755 });
+    fs.mkdirSync(path.join(dir, "proj"));
+    const g = policy.resolveGrants({ options: { boxd, ledgerDir: path.join(dir, "ledger") }, directory: path.join(dir, "proj"), env: { PATH: process.env.PATH, HOME: dir } });
+    const ctx = () => ({
+      hostName: "opencode", hostVersion: "1.18.33", optionsJson: JSON.stringify(g.componentOptions), project: g.project, ledger: g.ledger,
+      nowMs: Date.now(), entropy: new Uint8Array(32).fill(7), approved: true, opencodeVersion: "1.18.33",
+      opencode: { agentsWithoutRules: [], defaultRulesJson: "{}", toolRules: [], rulesNotAdded: false },
+    });
+    return { g, ctx, pids };
+  }
+
+  test("a user abort kills the children the component's worker started", async () => {
+    const { g, ctx, pids } = hangingBoxd(scratch("pool-abort"));
+    const pool = new poolLib.Pool(g);
+    cleanup.push(() => pool.close());
+    const abort = new AbortController();
+    const seen = [];
+    const answer = pool.call("boxd_status", "{}", ctx(), abort.signal, (req) => seen.push(req.args.join(" ")));
+    const [child, grandchild] = await readPids(pids);
+    abort.abort();
+    const r = await answer;
+    assert.ok(r.ok !== undefined || r.toolError !== undefined, JSON.stringify(r));
+    assert.ok(await waitGone(child), "the child survived the abort");
+    assert.ok(await waitGone(grandchild), "the grandchild survived the abort");
+    assert.ok(seen.length >= 1 && seen[0].startsWith("machine list"), `progress heard of the child: ${seen}`);
+  });
+
+  test("children in a worker are killed when the plugin's process exits", async () => {
+    const dir = scratch("pool-exit");
+    const script = `
+      const path = await import("node:path");
+      const fs = await import("node:fs");
+      const policy = await import(${JSON.stringify(path.join(PLUGIN, "lib/policy.js"))});
+      const { Pool } = await import(${JSON.stringify(path.join(PLUGIN, "lib/pool.js"))});
+      const dir = ${JSON.stringify(dir)};
+      const pids = path.join(dir, "pids");
+      fs.writeFileSync(path.join(dir, "boxd"), "#!/bin/sh\\necho $$ >> " + pids + "\\nsleep 300 &\\necho $! >> " + pids + "\\nsleep 300\\n", { mode: 0o755 });
+      fs.mkdirSync(path.join(dir, "proj"));
+      const g = policy.resolveGrants({ options: { boxd: path.join(dir, "boxd"), ledgerDir: path.join(dir, "ledger") }, directory: path.join(dir, "proj"), env: { PATH: process.env.PATH, HOME: dir } });
+      const pool = new Pool(g);
+      pool.call("boxd_status", "{}", { hostName: "opencode", hostVersion: "1.18.33", optionsJson: "{}", project: g.project, ledger: g.ledger, nowMs: Date.now(), entropy: new Uint8Array(32), approved: true });
+      while (!fs.existsSync(pids) || fs.readFileSync(pids, "utf8").trim().split("\\n").length < 2) await new Promise((r) => setTimeout(r, 20));
+      process.exit(0);
+    `;
+    // A file, not -e: a worker inherits the process's flags, and --input-type fails it.
+    fs.writeFileSync(path.join(dir, "plugin.mjs"), script);
+    execFileSync(process.execPath, [path.join(dir, "plugin.mjs")], { stdio: "inherit", timeout: 60000 });
+    for (const pid of await readPids(path.join(dir, "pids"))) assert.ok(await waitGone(pid), `${pid} outlived the plugin's process`);
+  });
+});
