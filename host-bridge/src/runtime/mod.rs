@@ -257,15 +257,7 @@ impl Runtime {
     fn load_with(wasm: &[u8], sha256: &str, precompiled: Option<&[u8]>, policy: Policy, cache: Option<&Path>) -> Result<Runtime> {
         let engine = Engine::new(&engine::config())?;
         let sha256 = sha256.to_string();
-        // SAFETY: the bytes were made by build.rs with `precompile_component` of the same
-        // wasmtime and configuration (engine.rs) from this very component, and are part of
-        // this binary. An engine that does not match refuses them (then: compile as usual).
-        let ready = precompiled.filter(|b| !b.is_empty()).and_then(|b| unsafe { Component::deserialize(&engine, b) }.ok());
-        let loaded = match ready {
-            Some(c) => Ok((c, false)),
-            None => compile_cached(&engine, wasm, &sha256, cache),
-        };
-        let (component, compiled) = loaded.map_err(|e| {
+        let (component, compiled) = compile_cached(&engine, wasm, &sha256, precompiled, cache).map_err(|e| {
             // wasmtime's own error ends in a dump of the bytes it read: keep its first line.
             let first = e.to_string().lines().next().unwrap_or("").to_string();
             anyhow::anyhow!("cannot load the component: it is not a WebAssembly component this host can compile ({first})")
@@ -432,28 +424,42 @@ impl HostState {
     }
 }
 
-fn compile_cached(engine: &Engine, wasm: &[u8], sha256: &str, cache: Option<&Path>) -> Result<(Component, bool)> {
-    let Some(dir) = cache else {
-        return Ok((Component::new(engine, wasm)?, true));
-    };
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    engine.precompile_compatibility_hash().hash(&mut h);
-    let file: PathBuf = dir.join(format!("{}-{:016x}.cwasm", &sha256[..16], h.finish()));
-    if file.exists() {
+/// The compiled component, and whether this start compiled it. In order: the cache's copy
+/// (mapped from its file: the cheapest start), else `precompiled` when this engine takes
+/// those bytes, else Cranelift; either of the last two is written to the cache for the next
+/// start.
+fn compile_cached(engine: &Engine, wasm: &[u8], sha256: &str, precompiled: Option<&[u8]>, cache: Option<&Path>) -> Result<(Component, bool)> {
+    let file = cache.map(|dir| {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        engine.precompile_compatibility_hash().hash(&mut h);
+        dir.join(format!("{}-{:016x}.cwasm", &sha256[..16], h.finish()))
+    });
+    if let Some(file) = file.as_ref().filter(|f| f.exists()) {
         // SAFETY: the file was written by `precompile_component` of an engine with the same
         // compatibility hash (it is in the name) for the wasm with this sha256.
-        if let Ok(c) = unsafe { Component::deserialize_file(engine, &file) } {
+        if let Ok(c) = unsafe { Component::deserialize_file(engine, file) } {
             return Ok((c, false));
         }
     }
-    let bytes = engine.precompile_component(wasm)?;
-    std::fs::create_dir_all(dir).ok();
-    let tmp = file.with_extension(format!("tmp{}", std::process::id()));
-    if std::fs::write(&tmp, &bytes).is_ok() {
-        let _ = std::fs::rename(&tmp, &file);
+    // SAFETY: `precompiled` is build.rs's `precompile_component` of this very component with
+    // the same wasmtime and configuration (engine.rs), carried in this binary; an engine that
+    // does not match refuses it. Bytes we compile here are this engine's own.
+    let ready = precompiled.filter(|b| !b.is_empty()).and_then(|b| unsafe { Component::deserialize(engine, b) }.ok().map(|c| (c, b)));
+    let (component, bytes, compiled) = match ready {
+        Some((c, b)) => (c, std::borrow::Cow::Borrowed(b), false),
+        None => {
+            let b = engine.precompile_component(wasm)?;
+            (unsafe { Component::deserialize(engine, &b)? }, std::borrow::Cow::Owned(b), true)
+        }
+    };
+    if let Some(file) = &file {
+        std::fs::create_dir_all(file.parent().expect("the cache folder")).ok();
+        let tmp = file.with_extension(format!("tmp{}", std::process::id()));
+        if std::fs::write(&tmp, &bytes).is_ok() {
+            let _ = std::fs::rename(&tmp, file);
+        }
     }
-    // SAFETY: these bytes were produced just now by this engine.
-    Ok((unsafe { Component::deserialize(engine, &bytes)? }, true))
+    Ok((component, compiled))
 }
 
 pub fn hex(bytes: &[u8]) -> String {
@@ -472,11 +478,17 @@ mod tests {
     fn the_built_in_component_loads_compiled_and_junk_in_its_place_is_compiled_instead() {
         use super::Runtime;
         use crate::policy::Policy;
-        // Built here, for this machine: a start compiles nothing (and writes no cache).
+        // Built here, for this machine: a first start compiles nothing, and leaves the
+        // compiled bytes in the cache, which the next start maps.
         let dir = std::env::temp_dir().join(format!("boxd-precompiled-{}", std::process::id()));
         let r = Runtime::load_built_in(Policy::new(), Some(&dir)).unwrap();
         assert!(!crate::COMPONENT_PRECOMPILED.is_empty() && !r.compiled);
-        assert!(!dir.exists(), "nothing was compiled, so nothing was cached");
+        let cached: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+        assert_eq!(cached.len(), 1);
+        assert_eq!(std::fs::read(&cached[0]).unwrap(), crate::COMPONENT_PRECOMPILED);
+        let again = Runtime::load_built_in(Policy::new(), Some(&dir)).unwrap();
+        assert!(!again.compiled && again.describe().unwrap().contains("boxd_status"));
+        std::fs::remove_dir_all(&dir).unwrap();
         assert!(r.describe().unwrap().contains("boxd_status"));
         // Bytes the engine refuses are never run: the component is compiled as usual.
         let r = Runtime::load_with(crate::COMPONENT, crate::COMPONENT_SHA256, Some(b"not a compiled component"), Policy::new(), None).unwrap();
