@@ -177,8 +177,7 @@ fn a_work_whose_machine_is_gone_can_be_closed_naming_what_was_lost() {
 fn a_rebuilt_machine_names_the_prompts_that_went_with_the_old_one_and_the_work_goes_on() {
     let world = World::new("lost-rebuilt");
     world.ok_call("boxd_ensure", W1);
-    world.ok_call("boxd_submit", r#"{"work":"w1","prompt":"kept"}"#);
-    assert_eq!(world.job_until_idle("w1")["outcome"], "completed");
+    run(&world, "w1", "kept");
     world.ok_call("boxd_harvest", W1);
     let p = world.ok_call("boxd_submit", r#"{"work":"w1","prompt":"never harvested"}"#);
     assert_eq!(world.job_until_idle("w1")["outcome"], "completed");
@@ -207,8 +206,7 @@ fn a_rebuilt_machine_names_the_prompts_that_went_with_the_old_one_and_the_work_g
 fn a_rebuild_that_answered_late_gets_the_transcript_when_it_is_adopted() {
     let world = World::new("late-rebuild");
     world.ok_call("boxd_ensure", W1);
-    world.ok_call("boxd_submit", r#"{"work":"w1","prompt":"kept"}"#);
-    assert_eq!(world.job_until_idle("w1")["outcome"], "completed");
+    run(&world, "w1", "kept");
     world.ok_call("boxd_harvest", W1);
     assert!(world.laptop.boxd(&["machine", "remove", "oc-w1", "-y"]).status.success());
     world.faults(r#"[{"verb":"machine new","times":1,"action":"hang","ms":8000,"land":true}]"#);
@@ -229,8 +227,7 @@ fn a_rebuild_that_answered_late_gets_the_transcript_when_it_is_adopted() {
     assert!(record().get("restorePending").is_none(), "{:#}", record());
     // The work goes on from its proven transcript: harvest proves it, a new prompt continues it.
     world.ok_call("boxd_harvest", W1);
-    world.ok_call("boxd_submit", r#"{"work":"w1","prompt":"after the rebuild"}"#);
-    assert_eq!(world.job_until_idle("w1")["outcome"], "completed");
+    run(&world, "w1", "after the rebuild");
     world.ok_call("boxd_harvest", W1);
 
     // A rebuild killed after its create, just before the import (its last spawn): the
