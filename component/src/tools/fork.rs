@@ -72,7 +72,7 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
     let mut admitted = Vec::new();
     if !waiting_ids.is_empty() {
         match owned_state(&mut boxd, &parent)? {
-            State::Running | State::Standby => {}
+            State::Running | State::Standby => super::machine::require_restored(&parent)?,
             state => {
                 return Err(ToolError::with_next(
                     Code::MachineAsleep,

@@ -54,16 +54,25 @@ pub fn owned_state<P: Programs>(boxd: &mut Boxd<P>, w: &Work) -> ToolResult<Stat
     }
 }
 
+/// A rebuilt machine that still owes the proven transcript (`restore_pending`) is refused
+/// by every tool that would use or copy its guest (submit, harvest, image, fork): until
+/// boxd_resume imports it, a prompt would start a second history and a copy would lack it.
+pub fn require_restored(w: &Work) -> ToolResult<()> {
+    if !w.restore_pending {
+        return Ok(());
+    }
+    Err(ToolError::with_next(
+        Code::MachineGone,
+        format!("{} was rebuilt, but the proven transcript is not on it yet", w.machine),
+        format!("Call boxd_resume for work '{}': it imports the proven transcript onto the rebuilt machine.", w.work),
+    ))
+}
+
 /// The machine must be up for an exec: asleep, gone and starting are refused without one.
 pub fn running_state<P: Programs>(boxd: &mut Boxd<P>, w: &Work) -> ToolResult<()> {
     let (machine, work) = (&w.machine, &w.work);
     match owned_state(boxd, w)? {
-        State::Running | State::Standby if w.restore_pending => Err(ToolError::with_next(
-            Code::MachineGone,
-            format!("{machine} was rebuilt, but the proven transcript is not on it yet"),
-            format!("Call boxd_resume for work '{work}': it imports the proven transcript onto the rebuilt machine."),
-        )),
-        State::Running | State::Standby => Ok(()),
+        State::Running | State::Standby => require_restored(w),
         State::Asleep | State::Stopped => Err(ToolError::with_next(
             Code::MachineAsleep,
             format!("{machine} is asleep"),
@@ -285,6 +294,29 @@ mod tests {
         let c = p.commands();
         let last = &c[c.len() - 3..];
         assert!(last[0] == "machine get oc-w1 --json" && last[1].contains("upload.tmp") && last[2].contains("prepare --work w1"), "{last:?}");
+    }
+
+    /// A rebuilt machine that still owes the proven transcript: every tool that would use
+    /// or copy its guest refuses, naming boxd_resume, after its one state read.
+    #[test]
+    fn a_machine_owing_the_transcript_is_neither_used_nor_copied() {
+        for (tool, args, answers) in [
+            ("boxd_submit", r#"{"work":"w1","prompt":"hi"}"#, &[OURS][..]),
+            ("boxd_harvest", r#"{"work":"w1"}"#, &[OURS]),
+            ("boxd_image", r#"{"work":"w1","name":"snap-1"}"#, &["[]", OURS]),
+            ("boxd_fork", r#"{"work":"w1","forks":["f1"]}"#, &[OURS]),
+        ] {
+            let mut fs = open_work(Some(GitRecord::default()));
+            Ledger::new(&mut fs, "/l").update("w1", |w| w.restore_pending = true).unwrap();
+            let mut p = Scripted::default();
+            for a in answers {
+                p.push_exit(0, a, "");
+            }
+            let e = call(&mut p, &mut fs, tool, args, raw_context("{}", r#"{"opencodeVersion":"1.18.33"}"#)).unwrap_err();
+            assert_eq!(e.code, Code::MachineGone, "{tool}: {e:?}");
+            assert!(e.message.contains("not on it yet") && e.next.contains("boxd_resume"), "{tool}: {e:?}");
+            assert_eq!(p.commands().len(), answers.len(), "{tool}: {:?}", p.commands());
+        }
     }
 
     /// A machine no prompt has reached that boots another OpenCode than the laptop's is
