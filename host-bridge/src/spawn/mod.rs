@@ -1,0 +1,449 @@
+//! Running one granted program: argument list (no shell), a clean environment, its own
+//! process group, stdin written by a thread (when there is any), stdout into a file and
+//! stderr read by the calling thread, up to the caps of host-bridge/policy.json. The
+//! calling thread polls the child's stderr and a pidfd for its exit (child.rs): no
+//! polling of the child itself, no thread per child. Files can be streamed in (framed
+//! onto stdin after its bytes) and out (framed on stdout after the first line,
+//! demultiplexed into files once the child exited); see runtime/frames.rs. One place
+//! decides how the run ends, from the first of these events:
+//!
+//! - a stream passes its cap: the whole process group is killed, and the spawn fails
+//!   naming the stream and the cap (the component answers e.g. BOXD_FAILED);
+//! - the deadline passes: the group is killed, and the spawn times out;
+//! - the child exits: stdout went to a file (see `stdout_file`), stderr is read to its
+//!   end; a background process that keeps stderr open (a daemon the child started) gets
+//!   `afterExit.graceMs` of silence, then the answer is what the child printed, and that
+//!   process is left alone.
+//!
+//! On Linux each child also gets PR_SET_PDEATHSIG(SIGKILL): if the host itself is killed,
+//! the child dies with it rather than running on as an orphan.
+
+mod child;
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
+use std::path::Path;
+use std::process::ExitStatus;
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crate::runtime::frames::{self, Outgoing, Streamed};
+
+pub struct Output {
+    pub exit_code: Option<i32>,
+    /// With `Streams::stdout_files`, the first line only.
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+    /// The stdin files sent, then the stdout files received.
+    pub files: Vec<Streamed>,
+}
+
+/// The files one run streams, already checked (frames::open_outgoing, check_incoming).
+#[derive(Default)]
+pub struct Streams<'a> {
+    pub stdin_files: Vec<Outgoing>,
+    pub stdout_files: &'a [String],
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub enum SpawnFailure {
+    NotFound(String),
+    TimedOut,
+    Failed(String),
+}
+
+/// The bounds every spawn runs under (host-bridge/policy.json).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Bounds {
+    pub stdout_cap: usize,
+    pub stderr_cap: usize,
+    /// How long the pipes are still read once the direct child has exited.
+    pub after_exit: Duration,
+}
+
+impl Default for Bounds {
+    fn default() -> Self {
+        crate::policy::bounds()
+    }
+}
+
+pub struct Spawn<'a> {
+    /// The program's policy name ("boxd"), for messages.
+    pub name: &'a str,
+    pub binary: &'a Path,
+    pub args: &'a [String],
+    pub env: &'a [(String, String)],
+    pub cwd: Option<&'a Path>,
+    pub stdin: Option<&'a [u8]>,
+    pub timeout: Duration,
+    pub bounds: Bounds,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stream {
+    Stdout,
+    Stderr,
+}
+
+
+/// "64 MiB", "1 MiB", "1536 bytes".
+pub fn human(bytes: usize) -> String {
+    if bytes >= 1 << 20 && bytes % (1 << 20) == 0 {
+        format!("{} MiB", bytes >> 20)
+    } else if bytes >= 1 << 10 && bytes % (1 << 10) == 0 {
+        format!("{} KiB", bytes >> 10)
+    } else {
+        format!("{bytes} bytes")
+    }
+}
+
+/// The child's stdout: an unlinked temporary file of our own, not a pipe. A program that
+/// exits right after a large write loses what a full pipe had not taken yet — the real
+/// `opencode export` (a Bun binary) delivers exactly 64 KiB of a larger session through a
+/// pipe, and all of it into a file — so a file is what every child writes to.
+fn stdout_file() -> std::io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let dir = std::env::temp_dir();
+    // One call and never a name, where the file system can (Linux, O_TMPFILE).
+    #[cfg(target_os = "linux")]
+    if let Ok(f) = std::fs::OpenOptions::new().read(true).write(true).mode(0o600).custom_flags(libc::O_TMPFILE).open(&dir) {
+        return Ok(f);
+    }
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    loop {
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = dir.join(format!(".boxd-host-{}-{n}.out", std::process::id()));
+        match std::fs::OpenOptions::new().read(true).write(true).create_new(true).mode(0o600).open(&path) {
+            Ok(f) => {
+                let _ = std::fs::remove_file(&path);
+                return Ok(f);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// How often the stdout file's size is checked against its cap while the child runs.
+const CAP_WATCH: Duration = Duration::from_millis(50);
+
+pub fn run(s: Spawn<'_>) -> Result<Output, SpawnFailure> {
+    run_streaming(s, Streams::default())
+}
+
+/// What one wait in the run loop saw.
+struct Ready {
+    stderr: bool,
+    exited: bool,
+}
+
+/// Wait until the child's stderr has something (or its end), the child exits, or `wait`
+/// passes. Readiness is level-triggered: what is not handled now shows again.
+fn wait_ready(stderr: Option<&File>, exit: Option<i32>, wait: Duration) -> std::io::Result<Ready> {
+    let mut fds = [stderr.map_or(-1, |f| f.as_raw_fd()), exit.unwrap_or(-1)]
+        .map(|fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 });
+    // Rounded up: a wait cut to 0 ms would spin until the deadline.
+    let ms = wait.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
+    // SAFETY: poll over a local array of two pollfds (a negative fd is skipped).
+    let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) };
+    if r < 0 {
+        let e = std::io::Error::last_os_error();
+        return if e.kind() == std::io::ErrorKind::Interrupted { Ok(Ready { stderr: false, exited: false }) } else { Err(e) };
+    }
+    let seen = |p: &libc::pollfd| p.fd >= 0 && p.revents != 0;
+    Ok(Ready { stderr: seen(&fds[0]), exited: seen(&fds[1]) })
+}
+
+/// As `run`, with files streamed in and out.
+pub fn run_streaming(s: Spawn<'_>, streams: Streams<'_>) -> Result<Output, SpawnFailure> {
+    run_started_by(s, streams, child::start)
+}
+
+fn run_started_by(s: Spawn<'_>, streams: Streams<'_>, start_child: fn(&child::Start<'_>) -> std::io::Result<child::Child>) -> Result<Output, SpawnFailure> {
+    let failed = |e: std::io::Error| SpawnFailure::Failed(format!("{}: {e}", s.name));
+    let out_file = stdout_file().map_err(failed)?;
+    let has_stdin = s.stdin.is_some() || !streams.stdin_files.is_empty();
+    let start = child::Start { binary: s.binary, args: s.args, env: s.env, cwd: s.cwd, stdin_piped: has_stdin, stdout: &out_file };
+    let mut child = start_child(&start).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => SpawnFailure::NotFound(s.binary.display().to_string()),
+        _ => SpawnFailure::Failed(format!("{}: {e}", s.binary.display())),
+    })?;
+    let started = Instant::now();
+    let pgid = child.pid;
+    // The files sent, when every byte of stdin was (the writer's word, after the exit).
+    let (sent_tx, sent_rx) = mpsc::channel();
+    if let Some(mut pipe) = child.stdin.take() {
+        let bytes = s.stdin.unwrap_or_default().to_vec();
+        let files = streams.stdin_files;
+        // A child that exits without reading gives EPIPE; that is not our failure (it
+        // answered without the files, and none is reported sent). A writer blocked by a
+        // child that never reads ends when the group is killed; a file that changed
+        // while it was sent cuts the stream short, which the child sees.
+        thread::spawn(move || {
+            let sent = pipe.write_all(&bytes).and_then(|()| frames::send(&mut pipe, files));
+            drop(pipe);
+            let _ = sent_tx.send(sent.unwrap_or_default());
+        });
+    }
+    let stdout_cap = s.bounds.stdout_cap as u64 + frames::stdout_allowance(streams.stdout_files.len());
+    let over_cap = |which: Stream| {
+        let (stream, cap) = match which {
+            Stream::Stdout => ("stdout", s.bounds.stdout_cap),
+            Stream::Stderr => ("stderr", s.bounds.stderr_cap),
+        };
+        SpawnFailure::Failed(format!(
+            "{} printed more than {} on {stream}; the cap is {} (host-bridge/policy.json outputCaps.{stream}), so the host killed it",
+            s.name,
+            human(cap),
+            human(cap)
+        ))
+    };
+    // Every early end kills the group first, then reaps the leader: until then its pid
+    // cannot name anyone else's process.
+    let end = |child: &mut child::Child, why: SpawnFailure| {
+        kill_group(pgid);
+        let _ = child.reap();
+        Err(why)
+    };
+    let stdout_len = || out_file.metadata().map(|m| m.len()).unwrap_or(0);
+    let deadline = started + s.timeout;
+    let mut stderr = Vec::new();
+    let mut chunk = [0u8; 16 * 1024];
+    let mut status: Option<ExitStatus> = None;
+    let mut grace_until = None;
+    let mut stderr_open = true;
+    loop {
+        if status.is_some() && !stderr_open {
+            break;
+        }
+        if stdout_len() > stdout_cap {
+            return end(&mut child, over_cap(Stream::Stdout));
+        }
+        // The deadline holds after the exit too: stderr that keeps trickling from a process
+        // the child left behind never holds the answer past it.
+        let until = grace_until.map_or(deadline, |g: Instant| g.min(deadline));
+        let now = Instant::now();
+        if now >= until {
+            if status.is_none() {
+                return end(&mut child, SpawnFailure::TimedOut);
+            }
+            // The child exited and the grace is over: something it started still holds
+            // stderr. Answer with what was written, and leave that process alone: a CLI's
+            // own daemon is not ours to kill. A thread drains what it still writes, so it
+            // neither blocks on a full pipe nor dies of SIGPIPE.
+            if let Ok(mut rest) = child.stderr.try_clone() {
+                thread::spawn(move || {
+                    let mut chunk = vec![0u8; 16 * 1024];
+                    while !matches!(rest.read(&mut chunk), Ok(0) | Err(_)) {}
+                });
+            }
+            break;
+        }
+        let ready = match wait_ready(stderr_open.then_some(&child.stderr), status.is_none().then(|| child.exit_fd()), (until - now).min(CAP_WATCH)) {
+            Ok(r) => r,
+            Err(e) => return end(&mut child, SpawnFailure::Failed(format!("{}: waiting for it failed: {e}", s.name))),
+        };
+        if ready.stderr {
+            match child.stderr.read(&mut chunk) {
+                Ok(0) => stderr_open = false,
+                Ok(n) if stderr.len() + n > s.bounds.stderr_cap => return end(&mut child, over_cap(Stream::Stderr)),
+                Ok(n) => {
+                    stderr.extend_from_slice(&chunk[..n]);
+                    // Still arriving (a loaded machine may schedule us late): the grace is
+                    // for silence, not a deadline on what the child already wrote.
+                    if grace_until.is_some() {
+                        grace_until = Some(Instant::now() + s.bounds.after_exit);
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => stderr_open = false,
+            }
+        }
+        if ready.exited {
+            match child.reap() {
+                Ok(st) => {
+                    status = Some(st);
+                    grace_until = Some(Instant::now() + s.bounds.after_exit);
+                }
+                Err(e) => return end(&mut child, SpawnFailure::Failed(format!("{}: waiting for it failed: {e}", s.name))),
+            }
+        }
+    }
+    let status = status.expect("the loop ends with a status");
+    // The writer has finished once the child read all of stdin; a child that stopped
+    // reading (or a process it left holding the pipe) leaves it short, and nothing sent.
+    let mut files = if has_stdin { sent_rx.recv_timeout(STDIN_SETTLE).unwrap_or_default() } else { Vec::new() };
+    // Everything the child wrote is in the file; read at most the cap (a process it left
+    // running may still be writing).
+    let mut f = &out_file;
+    std::io::Seek::seek(&mut f, std::io::SeekFrom::Start(0)).map_err(failed)?;
+    let stdout = if streams.stdout_files.is_empty() {
+        let mut stdout = Vec::new();
+        f.take(s.bounds.stdout_cap as u64 + 1).read_to_end(&mut stdout).map_err(failed)?;
+        if stdout.len() > s.bounds.stdout_cap {
+            return Err(over_cap(Stream::Stdout));
+        }
+        stdout
+    } else {
+        let mut r = std::io::BufReader::with_capacity(64 * 1024, f.take(stdout_cap + 1));
+        let line = frames::first_line(&mut r, s.bounds.stdout_cap).map_err(|_| over_cap(Stream::Stdout))?;
+        match frames::receive(&mut r, streams.stdout_files) {
+            Ok(received) => files.extend(received),
+            // A child that failed says so in its answer; its files did not come.
+            Err(_) if status.code() != Some(0) => {}
+            Err(why) => return Err(SpawnFailure::Failed(format!("{}: the files framed on its stdout: {why}", s.name))),
+        }
+        line
+    };
+    Ok(Output { exit_code: status.code(), stdout, stderr, files })
+}
+
+/// How long the stdin writer may take to report once the child exited.
+const STDIN_SETTLE: Duration = Duration::from_secs(1);
+
+/// SIGKILL the child's process group (the child and everything it started that did not
+/// leave the group).
+pub fn kill_group(pgid: i32) {
+    // SAFETY: kill(2) on a process group we created and on its leader, our unreaped child
+    // (which may have left the group with setsid); no memory is involved.
+    unsafe {
+        libc::kill(-pgid, libc::SIGKILL);
+        libc::kill(pgid, libc::SIGKILL);
+    }
+}
+
+/// Kill this host at once, as `kill -9` would (the test-only kill points).
+pub fn kill_self() -> ! {
+    // SAFETY: kill(2) on our own pid.
+    unsafe {
+        libc::kill(libc::getpid(), libc::SIGKILL);
+    }
+    std::process::abort()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Both ways a child starts: the clone (Linux) and std's `Command` (the fallback).
+    const STARTS: [(&str, fn(&child::Start<'_>) -> std::io::Result<child::Child>); 2] = [("clone", child::start), ("command", child::start_with_command)];
+
+    fn sh_with(start: fn(&child::Start<'_>) -> std::io::Result<child::Child>, script: &str, timeout: Duration, bounds: Bounds) -> (Result<Output, SpawnFailure>, Duration) {
+        let args = vec!["-c".to_string(), script.to_string()];
+        let started = Instant::now();
+        let s = Spawn { name: "sh", binary: Path::new("/bin/sh"), args: &args, env: &[], cwd: None, stdin: None, timeout, bounds };
+        let r = run_started_by(s, Streams::default(), start);
+        (r, started.elapsed())
+    }
+
+    fn each_start(f: impl Fn(&str, &dyn Fn(&str, Duration, Bounds) -> (Result<Output, SpawnFailure>, Duration))) {
+        for (how, start) in STARTS {
+            f(how, &|script, timeout, bounds| sh_with(start, script, timeout, bounds));
+        }
+    }
+
+    const SMALL: Bounds = Bounds { stdout_cap: 1 << 20, stderr_cap: 64 << 10, after_exit: Duration::from_millis(150) };
+
+    #[test]
+    fn output_and_exit_code() {
+        each_start(|how, sh| {
+            let (r, _) = sh("echo hi; echo oops >&2; exit 3", Duration::from_secs(10), SMALL);
+            let o = r.unwrap();
+            assert_eq!((o.exit_code, o.stdout.as_slice(), o.stderr.as_slice()), (Some(3), &b"hi\n"[..], &b"oops\n"[..]), "{how}");
+        });
+    }
+
+    #[test]
+    fn a_flood_past_the_cap_is_killed_and_named() {
+        each_start(|how, sh| {
+            let (r, took) = sh("yes flood", Duration::from_secs(60), SMALL);
+            let Err(SpawnFailure::Failed(m)) = r else { panic!("{how}: expected a failure") };
+            assert!(m.contains("more than 1 MiB on stdout") && m.contains("outputCaps.stdout"), "{how}: {m}");
+            assert!(took < Duration::from_secs(20), "{how}: {took:?}");
+            let (r, _) = sh("yes flood >&2", Duration::from_secs(60), SMALL);
+            let Err(SpawnFailure::Failed(m)) = r else { panic!("{how}: expected a failure") };
+            assert!(m.contains("more than 64 KiB on stderr"), "{how}: {m}");
+        });
+    }
+
+    #[test]
+    fn a_background_process_holding_the_pipe_does_not_lose_the_answer() {
+        each_start(|how, sh| {
+            let (r, took) = sh("sleep 60 & echo '{\"ok\":true}'; exit 0", Duration::from_secs(30), SMALL);
+            let o = r.unwrap();
+            assert_eq!((o.exit_code, o.stdout.as_slice()), (Some(0), &b"{\"ok\":true}\n"[..]), "{how}");
+            assert!(took < Duration::from_secs(10), "{how}: {took:?}");
+        });
+    }
+
+    #[test]
+    fn a_timeout_kills_the_group() {
+        each_start(|how, sh| {
+            let (r, took) = sh("sleep 60 & echo $! > /dev/stderr; sleep 60", Duration::from_millis(300), SMALL);
+            assert!(matches!(r, Err(SpawnFailure::TimedOut)), "{how}");
+            assert!(took < Duration::from_secs(10), "{how}: {took:?}");
+        });
+    }
+
+    /// The child starts clean whichever way: its own process group, only the given
+    /// environment, no blocked signals, SIGPIPE at its default (Rust ignores it in the
+    /// host), the given folder, and no fd the host opened.
+    #[test]
+    fn the_child_starts_clean() {
+        let dir = std::env::temp_dir();
+        let script = "echo pg=$(($(cut -d' ' -f5 /proc/self/stat) == $$)); echo env=$(env | grep -v '^PWD=' | sort | tr '\\n' ,); \
+                      echo cwd=$(pwd); test -e /proc/self/fd/$HOST_FD && echo leaked";
+        // A file the host holds open (close-on-exec, as everything the host opens).
+        let held = File::open("/dev/null").unwrap();
+        for (how, start) in STARTS {
+            let args = vec!["-c".to_string(), script.replace("$HOST_FD", &held.as_raw_fd().to_string())];
+            let env = [("ONLY".to_string(), "this".to_string())];
+            let s = Spawn { name: "sh", binary: Path::new("/bin/sh"), args: &args, env: &env, cwd: Some(&dir), stdin: None, timeout: Duration::from_secs(10), bounds: SMALL };
+            let o = run_started_by(s, Streams::default(), start).unwrap();
+            let mut out = String::from_utf8(o.stdout).unwrap();
+            // The signal state as the exec left it (a shell may change its own).
+            let args = ["-E".to_string(), "^Sig(Blk|Ign)".to_string(), "/proc/self/status".to_string()];
+            let s = Spawn { name: "grep", binary: Path::new("/bin/grep"), args: &args, env: &[], cwd: None, stdin: None, timeout: Duration::from_secs(10), bounds: SMALL };
+            out += &String::from_utf8(run_started_by(s, Streams::default(), start).unwrap().stdout).unwrap();
+            assert!(out.contains("pg=1\n"), "{how}: not its own group leader: {out}");
+            assert!(out.contains("env=ONLY=this,SHLVL=1,\n") || out.contains("env=ONLY=this,\n"), "{how}: {out}");
+            assert!(out.contains("SigBlk:\t0000000000000000\n"), "{how}: {out}");
+            let ign = out.lines().find_map(|l| l.strip_prefix("SigIgn:\t")).unwrap();
+            assert_eq!(u64::from_str_radix(ign, 16).unwrap() & (1 << (libc::SIGPIPE - 1)), 0, "{how}: SIGPIPE ignored: {out}");
+            assert!(out.contains(&format!("cwd={}\n", dir.display())), "{how}: {out}");
+            assert!(!out.contains("leaked"), "{how}: the host's fd {} reached the child", held.as_raw_fd());
+        }
+    }
+
+    #[test]
+    fn a_missing_program_or_folder_is_named() {
+        for (how, start) in STARTS {
+            let s = Spawn { name: "x", binary: Path::new("/nonexistent/boxd"), args: &[], env: &[], cwd: None, stdin: None, timeout: Duration::from_secs(10), bounds: SMALL };
+            assert_eq!(run_started_by(s, Streams::default(), start).err(), Some(SpawnFailure::NotFound("/nonexistent/boxd".into())), "{how}");
+            let s = Spawn { name: "x", binary: Path::new("/bin/true"), args: &[], env: &[], cwd: Some(Path::new("/nonexistent")), stdin: None, timeout: Duration::from_secs(10), bounds: SMALL };
+            assert!(run_started_by(s, Streams::default(), start).is_err(), "{how}");
+        }
+    }
+
+    /// PR_SET_PDEATHSIG holds: a child outlives neither the host nor (as Linux defines the
+    /// parent) the thread that started it, which the test can end where it cannot kill
+    /// itself.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_child_dies_with_its_starter() {
+        for (how, start) in STARTS {
+            let out = stdout_file().unwrap();
+            let mut child = thread::spawn(move || {
+                let args = vec!["30".to_string()];
+                start(&child::Start { binary: Path::new("/bin/sleep"), args: &args, env: &[], cwd: None, stdin_piped: false, stdout: &out }).unwrap()
+            })
+            .join()
+            .unwrap();
+            let status = child.reap().unwrap();
+            use std::os::unix::process::ExitStatusExt;
+            assert_eq!(status.signal(), Some(libc::SIGKILL), "{how}: {status:?}");
+        }
+    }
+}
