@@ -189,6 +189,54 @@ fn the_host_refuses_to_open_fifos_and_devices_before_any_blocking_open() {
     assert_eq!(ask(&rt, "read", &format!("{r}|file")), "ok 4 bytes", "regular files still open");
 }
 
+/// The component reads a file with no flag but READ, which the host opens in one confined
+/// step (runtime/read_open.rs); what it refuses, and how, is what the general path with
+/// its guard answers.
+#[test]
+fn a_read_as_the_component_reads_refuses_all_the_general_path_refuses() {
+    let s = Scratch::new("probe-read-open");
+    let root = s.path("root");
+    std::fs::create_dir_all(root.join("sub")).unwrap();
+    std::fs::write(root.join("file"), "fine").unwrap();
+    std::fs::write(root.join("sub/inner"), "inside").unwrap();
+    mkfifo(&root.join("pipe"));
+    let _socket = std::os::unix::net::UnixListener::bind(root.join("socket")).unwrap();
+    std::os::unix::fs::symlink(root.join("file"), root.join("link")).unwrap();
+    std::os::unix::fs::symlink("/etc", root.join("out")).unwrap();
+    std::os::unix::fs::symlink("sub", root.join("within")).unwrap();
+    let mut policy = Policy::new();
+    policy.preopen(&root, "project").unwrap();
+    policy.preopen(Path::new("/dev"), "allowed").unwrap();
+    let rt = probe(policy);
+    let r = root.display().to_string();
+    // "ok N bytes", or the WASI error's name ("err access").
+    let answer = |root: &str, path: &str| {
+        let a = ask(&rt, "read-nofollow", &format!("{root}|{path}"));
+        match a.split_once("name: \"") {
+            Some((_, rest)) => format!("err {}", rest.split('"').next().unwrap()),
+            None => a,
+        }
+    };
+    let read = |path: &str| answer(&r, path);
+    let started = Instant::now();
+    assert_eq!(read("file"), "ok 4 bytes");
+    assert_eq!(read("sub/inner"), "ok 6 bytes");
+    assert_eq!(read("within/inner"), "ok 6 bytes", "a symlinked folder inside the root is followed, as before");
+    assert_eq!(read("missing"), "err no-entry");
+    for (what, path) in [("a FIFO", "pipe"), ("a socket", "socket")] {
+        assert_eq!(read(path), "err access", "{what}");
+    }
+    for dev in ["zero", "null"] {
+        assert_eq!(answer("/dev", dev), "err access", "/dev/{dev}");
+    }
+    assert_eq!(read("link"), "err loop", "the last component is not followed");
+    for escape in ["out/hostname", "../root/file", "/etc/hostname"] {
+        assert_eq!(read(escape), "err not-permitted", "{escape} leaves the root");
+    }
+    assert!(read("sub").starts_with("err"), "a folder is opened but not read as a file");
+    assert!(started.elapsed() < Duration::from_secs(10), "nothing blocked: {:?}", started.elapsed());
+}
+
 #[test]
 fn files_created_in_the_ledger_are_owner_only_and_project_files_are_not() {
     let s = Scratch::new("probe-modes");

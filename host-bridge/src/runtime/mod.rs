@@ -18,6 +18,8 @@ use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxView, WasiView};
 
 mod engine;
 pub mod frames;
+#[cfg(target_os = "linux")]
+mod read_open;
 mod trace;
 pub use trace::{mask_args, PathRecord, SpawnRecord, Trace};
 
@@ -37,6 +39,11 @@ wasmtime::component::bindgen!({
 
 pub use exports::boxd::plugin::tools::ToolError;
 use boxd::plugin::spawn as wit_spawn;
+
+/// Filesystem calls run on the calling thread: each is a few microseconds of syscall, far
+/// less than a hop to a blocking pool. Descriptors the host opens itself (read_open.rs)
+/// are made with the same setting.
+const BLOCK_CURRENT_THREAD: bool = true;
 
 /// Runs once, just before a call's first spawn. The component checks a call's arguments,
 /// options and access before it runs any program, so a host that starts progress here
@@ -291,7 +298,7 @@ impl Runtime {
     fn store(&self, on_first_spawn: Option<OnFirstSpawn>) -> Result<Store<HostState>> {
         let mut b = WasiCtx::builder();
         // Deny by default: no env, args, stdio or network; only the policy's folders.
-        b.allow_blocking_current_thread(true);
+        b.allow_blocking_current_thread(BLOCK_CURRENT_THREAD);
         for p in self.policy.preopens() {
             let guest = p.path.to_str().context("preopen paths must be UTF-8")?;
             b.preopened_dir(&p.path, guest, FsPerms::ReadWrite)?;

@@ -7,6 +7,7 @@ use anyhow::Result;
 use serde::Serialize;
 use wasmtime::component::{Linker, Resource};
 use wasmtime::StoreContextMut;
+use wasmtime_wasi::p2::bindings::filesystem::types::ErrorCode;
 use wasmtime_wasi::p2::bindings::sync::filesystem::types::{self as fs, HostDescriptor};
 
 use super::HostState;
@@ -86,14 +87,35 @@ pub fn trace_filesystem(linker: &mut Linker<HostState>) -> Result<()> {
         "[method]descriptor.open-at",
         |mut store: StoreContextMut<'_, HostState>, (fd, pf, path, of, df): (Resource<fs::Descriptor>, fs::PathFlags, String, fs::OpenFlags, fs::DescriptorFlags)| {
             let base = fd.rep();
+            let refused = |t: fs::DescriptorType| format!("open (refused: {t:?} is not a regular file or a folder)");
+            #[cfg(target_os = "linux")]
+            if pf == fs::PathFlags::empty() && of == fs::OpenFlags::empty() && df == fs::DescriptorFlags::READ {
+                use super::read_open::{open_to_read, Opened};
+                match open_to_read(store.data_mut(), base, &path) {
+                    Opened::Yes(new) => {
+                        store.data_mut().record_open(base, Some(new.rep()), &path, "read");
+                        return Ok((Ok(new),));
+                    }
+                    Opened::NoEntry => {
+                        let e = ErrorCode::NoEntry;
+                        store.data_mut().record_open(base, None, &path, &format!("read (refused: {e:?})"));
+                        return Ok((Err(e),));
+                    }
+                    Opened::Refused(t) => {
+                        store.data_mut().record_open(base, None, &path, &refused(t));
+                        return Ok((Err(ErrorCode::Access),));
+                    }
+                    Opened::General => {}
+                }
+            }
             // Only regular files and folders are opened: opening a FIFO blocks until a
             // writer comes, a device may never end, a socket cannot be opened. Look first
             // (without opening, confined like the open) and refuse with `access`.
             let look = HostDescriptor::stat_at(&mut store.data_mut().fs_view(), Resource::new_borrow(base), pf, path.clone());
             if let Ok(st) = look {
                 if !matches!(st.type_, fs::DescriptorType::RegularFile | fs::DescriptorType::Directory | fs::DescriptorType::SymbolicLink) {
-                    store.data_mut().record_open(base, None, &path, &format!("open (refused: {:?} is not a regular file or a folder)", st.type_));
-                    return Ok((Err(wasmtime_wasi::p2::bindings::filesystem::types::ErrorCode::Access),));
+                    store.data_mut().record_open(base, None, &path, &refused(st.type_));
+                    return Ok((Err(ErrorCode::Access),));
                 }
             }
             let r = HostDescriptor::open_at(&mut store.data_mut().fs_view(), fd, pf, path.clone(), of, df);

@@ -62,7 +62,7 @@ impl Guest for Probe {
                 })
             }
             "preopens" => Ok(get_directories().into_iter().map(|(_, n)| n).collect::<Vec<_>>().join("\n")),
-            "read" | "write" => {
+            "read" | "read-nofollow" | "write" => {
                 let (root, path) = arg.split_once('|').ok_or_else(|| fail("arg is <preopen>|<path>".into()))?;
                 let dirs = get_directories();
                 let Some((dir, _)) = dirs.iter().find(|(_, n)| n == root) else {
@@ -74,7 +74,9 @@ impl Guest for Probe {
                     (OpenFlags::empty(), DescriptorFlags::READ)
                 };
                 // Follow symlinks here on purpose: the host must still keep us inside.
-                match dir.open_at(PathFlags::SYMLINK_FOLLOW, path, oflags, dflags) {
+                // read-nofollow opens as the real component reads a file: no flag but READ.
+                let follow = if tool == "read-nofollow" { PathFlags::empty() } else { PathFlags::SYMLINK_FOLLOW };
+                match dir.open_at(follow, path, oflags, dflags) {
                     Ok(fd) if tool == "write" => match fd.write(b"probe", 0) {
                         Ok(_) => Ok("ok".to_string()),
                         Err(e) => Ok(format!("err {e:?}")),
