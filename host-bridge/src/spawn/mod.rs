@@ -161,7 +161,10 @@ pub fn run_streaming(s: Spawn<'_>, streams: Streams<'_>) -> Result<Output, Spawn
     run_started_by(s, streams, child::start)
 }
 
-fn run_started_by(s: Spawn<'_>, streams: Streams<'_>, start_child: fn(&child::Start<'_>) -> std::io::Result<child::Child>) -> Result<Output, SpawnFailure> {
+/// How a child is started (child.rs): the clone, or std's `Command` (tests run both).
+type StartChild = fn(&child::Start<'_>) -> std::io::Result<child::Child>;
+
+fn run_started_by(s: Spawn<'_>, streams: Streams<'_>, start_child: StartChild) -> Result<Output, SpawnFailure> {
     let failed = |e: std::io::Error| SpawnFailure::Failed(format!("{}: {e}", s.name));
     let out_file = stdout_file().map_err(failed)?;
     let has_stdin = s.stdin.is_some() || !streams.stdin_files.is_empty();
@@ -328,9 +331,9 @@ mod tests {
     use super::*;
 
     /// Both ways a child starts: the clone (Linux) and std's `Command` (the fallback).
-    const STARTS: [(&str, fn(&child::Start<'_>) -> std::io::Result<child::Child>); 2] = [("clone", child::start), ("command", child::start_with_command)];
+    const STARTS: [(&str, StartChild); 2] = [("clone", child::start), ("command", child::start_with_command)];
 
-    fn sh_with(start: fn(&child::Start<'_>) -> std::io::Result<child::Child>, script: &str, timeout: Duration, bounds: Bounds) -> (Result<Output, SpawnFailure>, Duration) {
+    fn sh_with(start: StartChild, script: &str, timeout: Duration, bounds: Bounds) -> (Result<Output, SpawnFailure>, Duration) {
         let args = vec!["-c".to_string(), script.to_string()];
         let started = Instant::now();
         let s = Spawn { name: "sh", binary: Path::new("/bin/sh"), args: &args, env: &[], cwd: None, stdin: None, timeout, bounds };
