@@ -112,17 +112,22 @@ struct Invocation {
     stdin: Vec<u8>,
 }
 
-/// Replay invocations directly with boxd-local, each with the stdin the host gave it.
+/// Replay invocations directly with boxd-local, each with the stdin the host gave it: as
+/// lean as a script would be (the environment the host gives its children, no stdin pipe
+/// or feeder thread when there is no stdin), so the ratio is the host's cost, not the
+/// replay's.
 fn replay(world: &World, calls: &[Invocation]) {
     for call in calls {
-        let mut child = Command::new(boxd_local())
-            .args(&call.argv)
-            .env("BOXD_LOCAL_HOME", &world.laptop.boxd_home)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let mut cmd = Command::new(boxd_local());
+        let oc = opencode_bin();
+        let path = format!("{}:{}", oc.parent().unwrap().display(), std::env::var("PATH").unwrap_or_default());
+        cmd.args(&call.argv).env_clear().envs(world.laptop_env()).env("PATH", path).env("BOXD_LOCAL_HOME", &world.laptop.boxd_home);
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+        if call.stdin.is_empty() {
+            cmd.stdin(Stdio::null()).output().unwrap();
+            continue;
+        }
+        let mut child = cmd.stdin(Stdio::piped()).spawn().unwrap();
         let mut stdin = child.stdin.take().unwrap();
         let bytes = call.stdin.clone();
         let feeder = std::thread::spawn(move || drop(std::io::Write::write_all(&mut stdin, &bytes)));

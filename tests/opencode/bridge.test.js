@@ -1,5 +1,5 @@
 // The bridge's parts without OpenCode: the grants and the child runner (the same policy as
-// host-bridge/src/policy.rs and spawn.rs), the worker pool with the real component and
+// host-bridge/src/policy.rs and spawn/), the worker pool with the real component and
 // boxd-local, the shim write workaround, the permission rules and the skill check.
 import { test, describe, after } from "node:test";
 import assert from "node:assert/strict";

@@ -1,4 +1,4 @@
-// The bridge's grants, mirroring host-bridge/src/policy.rs and spawn.rs: which binary each
+// The bridge's grants, mirroring host-bridge/src/policy.rs and spawn/: which binary each
 // program name means and which argument lists it may be given (policy/args.rs), which
 // folders are preopened, what environment each program's child gets, and running one child
 // (argument list, no shell, its own process group, killed as a group on timeout). Deny by
@@ -157,7 +157,7 @@ export const POLICY = readPolicy();
 const MiB = 1 << 20;
 const human = (n) => (n >= MiB && n % MiB === 0 ? `${n / MiB} MiB` : n >= 1024 && n % 1024 === 0 ? `${n / 1024} KiB` : `${n} bytes`);
 
-/** The caps on a child's output and the grace after it exits (policy.json, as spawn.rs). */
+/** The caps on a child's output and the grace after it exits (policy.json, as spawn/). */
 export const BOUNDS = {
   stdout: POLICY.outputCaps.stdout,
   stderr: POLICY.outputCaps.stderr,
@@ -413,7 +413,7 @@ export function runChild(req, grants, track = () => () => {}) {
   return new Promise((resolve) => {
     // stdout goes to an unlinked temporary file, not a pipe: a program that exits right
     // after a large write loses what a full pipe had not taken (the real `opencode export`
-    // delivers exactly 64 KiB through a pipe, all of it into a file). As spawn.rs does.
+    // delivers exactly 64 KiB through a pipe, all of it into a file). As spawn/ does.
     let outFd;
     try {
       outFd = takeOutputFile();
@@ -424,7 +424,7 @@ export function runChild(req, grants, track = () => () => {}) {
     let child;
     try {
       // detached: a new process group (setsid), so a timeout can kill grandchildren too
-      // (as spawn.rs does with process_group).
+      // (as spawn/ does with its own process group).
       child = spawn(binary, req.args, { cwd, env, detached: true, stdio: [hasStdin ? "pipe" : "ignore", outFd, "pipe"] });
     } catch (e) {
       fs.closeSync(outFd);

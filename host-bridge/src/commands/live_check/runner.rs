@@ -1,5 +1,5 @@
 //! Every boxd call live-check makes: checked against the policy's argument grants, run by
-//! the one process runner (spawn.rs) with the policy's child environment and a deadline,
+//! the one process runner (spawn/) with the policy's child environment and a deadline,
 //! and written to the audit log. A refusal, a timeout or a spawn failure is an answer too
 //! (the check could not be made), never a panic.
 
