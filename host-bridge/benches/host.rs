@@ -355,6 +355,18 @@ fn bridge(world: &World) {
     row("OpenCode bridge, boxd_status (goal ≤ 1.15×)", &format!("{b:.2} ms"), &format!("{d:.2} ms"), Some(b / d), "jco in a worker, a ready instance per call");
 }
 
+/// The process runner's cost a child: `/bin/true` through spawn::run (its own group,
+/// PDEATHSIG, caps, stdout into a file) beside std's `Command::output()` of the same.
+fn runner() {
+    let bin = std::path::Path::new("/bin/true");
+    let runner = timed(200, || {
+        let s = boxd_host::spawn::Spawn { name: "true", binary: bin, args: &[], env: &[], cwd: None, stdin: None, timeout: Duration::from_secs(10), bounds: Default::default() };
+        assert_eq!(boxd_host::spawn::run(s).ok().and_then(|o| o.exit_code), Some(0));
+    });
+    let std = timed(200, || assert!(Command::new(bin).env_clear().output().unwrap().status.success()));
+    row("process runner, one child (`/bin/true`)", &ms(runner), &format!("{} (std `output()`)", ms(std)), ratio(runner, std), "own group, PDEATHSIG, caps, stdout into a file");
+}
+
 fn main() {
     ensure_boxd_local();
     let started = Instant::now();
@@ -385,6 +397,7 @@ fn main() {
     row("`boxd-host --version` (process start)", &ms(version), "", None, "");
     row("describe, cold / warm cache", &format!("{} / {}", ms(cold), ms(warm)), "", ratio(cold, warm), "the built-in component is compiled at build time");
     row("describe --component (compiled at its first start)", &ms(compiled), &ms(cold), ratio(compiled, cold), "Cranelift; the built-in one skips this");
+    runner();
 
     world.ok_call("boxd_ensure", r#"{"work":"w1"}"#);
     let mut s = session(&world, &world.laptop.ledger);

@@ -288,6 +288,18 @@ impl Policy {
         }
     }
 
+    /// The component may set only variables the policy would pass `program` anyway: no
+    /// LD_PRELOAD, no endpoint of its choosing.
+    pub fn allows_env(&self, program: &str, env: &[(String, String)]) -> Result<(), Refusal> {
+        let names = child_env_names(program);
+        match env.iter().find(|(k, _)| !names.contains(&k.as_str())) {
+            None => Ok(()),
+            Some((k, _)) => Err(Refusal::NotAllowed(format!(
+                "{program} may not be given {k}: the component may set only the variables host-bridge/policy.json passes to {program} (childEnv and programs.{program}.env)"
+            ))),
+        }
+    }
+
     /// A child's working directory must lie inside a preopen.
     pub fn allows_cwd(&self, cwd: &str) -> Result<PathBuf, Refusal> {
         let p = std::fs::canonicalize(cwd).map_err(|_| Refusal::CwdOutside(format!("{cwd} does not exist")))?;
@@ -514,6 +526,22 @@ mod tests {
         assert!(matches!(p.allows_call("opencode", &["--version".into()]), Err(Refusal::NotAllowed(m)) if m.contains("not found on this host")));
         assert!(p.allows_cwd(dir.to_str().unwrap()).is_ok());
         assert!(matches!(p.allows_cwd("/"), Err(Refusal::CwdOutside(_))));
+    }
+
+    #[test]
+    fn the_component_sets_only_variables_the_program_would_get() {
+        let p = Policy::new();
+        let pair = |k: &str| vec![(k.to_string(), "x".to_string())];
+        for name in child_env_names("boxd") {
+            assert_eq!(p.allows_env("boxd", &pair(name)), Ok(()), "{name}");
+        }
+        for name in ["LD_PRELOAD", "LD_LIBRARY_PATH", "NODE_OPTIONS", "BASH_ENV"] {
+            assert!(matches!(p.allows_env("boxd", &pair(name)), Err(Refusal::NotAllowed(m)) if m.contains(name) && m.contains("programs.boxd.env")), "{name}");
+        }
+        // One program's credentials are not another's to ask for.
+        if let Some(own) = child_env_names("boxd").into_iter().find(|n| !child_env_names("opencode").contains(n)) {
+            assert!(p.allows_env("opencode", &pair(own)).is_err(), "{own}");
+        }
     }
 
     #[test]

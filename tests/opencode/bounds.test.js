@@ -43,6 +43,19 @@ describe("children under the caps", { skip }, () => {
     assert.deepEqual(policy.BOUNDS, { stdout: p.outputCaps.stdout, stderr: p.outputCaps.stderr, afterExitMs: p.afterExit.graceMs });
   });
 
+  test("the component sets only variables the policy passes the program (as Policy::allows_env)", async () => {
+    const g = grants(scratch("env"), { boxd: "/bin/sh" });
+    for (const name of ["LD_PRELOAD", "NODE_OPTIONS", "BASH_ENV"]) {
+      const r = await policy.runChild({ program: "boxd", args: ["-c", "echo ran"], env: [[name, "/tmp/x"]], timeoutMs: 10000 }, g);
+      assert.deepEqual([r.tag, r.val.tag], ["err", "not-allowed"], name);
+      assert.match(r.val.val, new RegExp(`may not be given ${name}: .*programs\\.boxd\\.env`));
+    }
+    const name = JSON.parse(fs.readFileSync(path.join(REPO, "host-bridge/policy.json"), "utf8")).childEnv.find((n) => n !== "PATH");
+    const r = await policy.runChild({ program: "boxd", args: ["-c", `printenv ${name}`], env: [[name, "given"]], timeoutMs: 10000 }, g);
+    assert.equal(r.tag, "ok");
+    assert.equal(Buffer.from(r.val.stdout).toString(), "given\n");
+  });
+
   test("2 GB on stdout: the group is killed and the spawn fails naming the cap", async () => {
     const g = grants(scratch("out"), { boxd: "/bin/sh" });
     const t0 = Date.now();

@@ -345,10 +345,20 @@ export function allowsCall(grants, program, args) {
   return { binary: found.binary, grant: checked.grant, env: childEnvFor(grants, program) };
 }
 
+/** The variables `program`'s child may get: the shared childEnv and its own env. */
+function childEnvNames(grants, program) {
+  return [...POLICY.childEnv, ...((grants.programPolicies ?? []).find((p) => p.name === program)?.env ?? [])];
+}
+
 /** What `program`'s child inherits: the shared childEnv and its own env, as Policy::child_env. */
 export function childEnvFor(grants, program) {
-  const names = [...POLICY.childEnv, ...((grants.programPolicies ?? []).find((p) => p.name === program)?.env ?? [])];
+  const names = childEnvNames(grants, program);
   return Object.fromEntries(Object.entries(grants.childEnv).filter(([k]) => names.includes(k)));
+}
+
+/** The refusal of a variable the component asked to set, in Policy::allows_env's words. */
+export function envRefusal(program, name) {
+  return `${program} may not be given ${name}: the component may set only the variables host-bridge/policy.json passes to ${program} (childEnv and programs.${program}.env)`;
 }
 
 /** A child's working directory must lie inside a preopen ({cwd} | {refused}), as Policy::allows_cwd. */
@@ -377,8 +387,14 @@ export function checkLaunch(req, grants) {
     if (c.refused) return { refused: err("not-allowed", c.refused) };
     cwd = c.cwd;
   }
+  // The component may set only variables the policy would pass this program anyway: no
+  // LD_PRELOAD, no endpoint of its choosing (as Policy::allows_env).
+  const names = childEnvNames(grants, req.program);
   const env = { ...program.env };
-  for (const [k, v] of req.env ?? []) env[k] = v;
+  for (const [k, v] of req.env ?? []) {
+    if (!names.includes(k)) return { refused: err("not-allowed", envRefusal(req.program, k)) };
+    env[k] = v;
+  }
   return { binary: program.binary, cwd, env };
 }
 

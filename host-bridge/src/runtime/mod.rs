@@ -40,6 +40,16 @@ wasmtime::component::bindgen!({
 pub use exports::boxd::plugin::tools::ToolError;
 use boxd::plugin::spawn as wit_spawn;
 
+/// Tests only: every open takes the general path (guard, then wasmtime-wasi), so both
+/// paths' answers can be compared (tests/host/bounds.rs).
+#[doc(hidden)]
+pub fn read_open_general_only(on: bool) {
+    #[cfg(target_os = "linux")]
+    read_open::GENERAL_ONLY.store(on, std::sync::atomic::Ordering::Relaxed);
+    #[cfg(not(target_os = "linux"))]
+    let _ = on;
+}
+
 /// Filesystem calls run on the calling thread: each is a few microseconds of syscall, far
 /// less than a hop to a blocking pool. Descriptors the host opens itself (read_open.rs)
 /// are made with the same setting.
@@ -199,6 +209,7 @@ impl HostState {
             None => None,
         };
         let mut env = self.policy.child_env(&r.program);
+        self.policy.allows_env(&r.program, &r.env).map_err(refused)?;
         env.extend(r.env.iter().cloned());
         // Streamed files are checked (and those sent opened) before the child starts.
         let roots: Vec<PathBuf> = self.policy.preopens().iter().map(|p| p.path.clone()).collect();

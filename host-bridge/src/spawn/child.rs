@@ -31,22 +31,31 @@ pub struct Start<'a> {
 }
 
 /// A started child, unreaped until `reap`: its pid (the leader of its own process group)
-/// cannot be reused before, so killing the group never reaches a stranger.
+/// cannot be reused before, so killing the group never reaches a stranger. (With the
+/// fallback's reaper thread it is reaped as it exits; the group may then outlive it.)
 pub struct Child {
     pub pid: i32,
     pub stdin: Option<File>,
     pub stderr: File,
     exit: Exit,
+    /// Its status, once known; `reaped` once waited for.
+    status: Option<ExitStatus>,
+    reaped: bool,
 }
 
 enum Exit {
-    /// Readable once the child exited; reaped with waitpid.
+    /// Readable once the child exited; the status read without reaping, then reaped.
     Pidfd(OwnedFd),
-    /// A thread already reaped it and writes its wait status here.
+    /// A thread reaped it and writes its wait status here (closed unwritten if the wait
+    /// failed).
     Reported(File),
 }
 
 impl Child {
+    fn new(pid: i32, stdin: Option<File>, stderr: File, exit: Exit) -> Child {
+        Child { pid, stdin, stderr, exit, status: None, reaped: false }
+    }
+
     /// Readable (poll) once the child has exited.
     pub fn exit_fd(&self) -> RawFd {
         match &self.exit {
@@ -55,15 +64,25 @@ impl Child {
         }
     }
 
-    /// The child's exit status, waiting for it if it has not exited yet.
-    pub fn reap(&mut self) -> io::Result<ExitStatus> {
-        match &mut self.exit {
+    /// The status of a child that has exited (`exit_fd` readable), leaving it unreaped
+    /// where it can: the zombie keeps its pid and group id ours until `reap`.
+    pub fn exit_status(&mut self) -> io::Result<ExitStatus> {
+        if let Some(s) = self.status {
+            return Ok(s);
+        }
+        let status = match &mut self.exit {
             Exit::Pidfd(_) => loop {
-                let mut status = 0;
-                // SAFETY: waitpid on our own unreaped child, into a local.
-                let r = unsafe { libc::waitpid(self.pid, &mut status, 0) };
-                if r == self.pid {
-                    return Ok(ExitStatus::from_raw(status));
+                // SAFETY: waitid on our own child into a local siginfo; WNOWAIT leaves it.
+                let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+                let r = unsafe { libc::waitid(libc::P_PID, self.pid as libc::id_t, &mut info, libc::WEXITED | libc::WNOWAIT) };
+                if r == 0 {
+                    // SAFETY: waitid filled a SIGCHLD siginfo, whose si_status is set.
+                    let st = unsafe { info.si_status() };
+                    break match info.si_code {
+                        libc::CLD_EXITED => (st & 0xff) << 8,
+                        libc::CLD_DUMPED => st | 0x80,
+                        _ => st,
+                    };
                 }
                 let e = io::Error::last_os_error();
                 if e.kind() != io::ErrorKind::Interrupted {
@@ -72,19 +91,79 @@ impl Child {
             },
             Exit::Reported(f) => {
                 let mut word = [0u8; 4];
-                f.read_exact(&mut word)?;
-                Ok(ExitStatus::from_raw(i32::from_ne_bytes(word)))
+                f.read_exact(&mut word).map_err(|_| io::Error::other("the wait for it failed"))?;
+                self.reaped = true;
+                i32::from_ne_bytes(word)
+            }
+        };
+        let status = ExitStatus::from_raw(status);
+        self.status = Some(status);
+        Ok(status)
+    }
+
+    /// Wait for the child (it may still run) and reap it, once; its status.
+    pub fn reap(&mut self) -> io::Result<ExitStatus> {
+        if self.reaped {
+            return self.exit_status();
+        }
+        if matches!(self.exit, Exit::Reported(_)) {
+            return self.exit_status();
+        }
+        loop {
+            let mut status = 0;
+            // SAFETY: waitpid on our own unreaped child, into a local.
+            let r = unsafe { libc::waitpid(self.pid, &mut status, 0) };
+            if r == self.pid {
+                self.reaped = true;
+                let st = ExitStatus::from_raw(status);
+                self.status.get_or_insert(st);
+                return Ok(st);
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
             }
         }
     }
+}
+
+/// A child dropped unreaped (a panic between its start and its end) is killed with its
+/// group and reaped, not left to run unwatched.
+impl Drop for Child {
+    fn drop(&mut self) {
+        if !self.reaped {
+            super::kill_group(self.pid);
+            let _ = self.reap();
+        }
+    }
+}
+
+/// A thread that waits for `pid` and writes its wait status into the returned pipe.
+fn report_exit(pid: i32) -> io::Result<File> {
+    let (read, mut write) = pipe()?;
+    std::thread::spawn(move || loop {
+        let mut status = 0;
+        // SAFETY: waitpid on our own child, into a local.
+        let r = unsafe { libc::waitpid(pid, &mut status, 0) };
+        if r == pid {
+            let _ = write.write_all(&status.to_ne_bytes());
+            return;
+        }
+        if io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+            return; // closed unwritten: the run fails with "the wait for it failed"
+        }
+    });
+    Ok(read)
 }
 
 /// Start the child in a process group of its own, with only `env`, its stdin a pipe or
 /// /dev/null, its stdout `stdout` and its stderr a pipe.
 pub fn start(s: &Start<'_>) -> io::Result<Child> {
     #[cfg(target_os = "linux")]
-    if let Some(started) = linux::start(s).transpose() {
-        return started;
+    if linux::pollable_pidfds() {
+        if let Some(started) = linux::start(s).transpose() {
+            return started;
+        }
     }
     start_with_command(s)
 }
@@ -103,12 +182,8 @@ pub fn start_with_command(s: &Start<'_>) -> io::Result<Child> {
     let mut child = cmd.spawn()?;
     let (stdin, stderr) = (child.stdin.take().map(owned_file), owned_file(child.stderr.take().expect("stderr is piped")));
     let pid = child.id() as i32;
-    let (read, mut write) = pipe()?;
-    std::thread::spawn(move || {
-        let status = child.wait().map(|s| s.into_raw()).unwrap_or(0);
-        let _ = write.write_all(&status.to_ne_bytes());
-    });
-    Ok(Child { pid, stdin, stderr, exit: Exit::Reported(read) })
+    // std's Child is dropped unwaited (that neither kills nor reaps); the thread reaps it.
+    Ok(Child::new(pid, stdin, stderr, Exit::Reported(report_exit(pid)?)))
 }
 
 fn owned_file(f: impl Into<OwnedFd>) -> File {
@@ -180,11 +255,27 @@ mod linux {
         error: libc::c_int,
     }
 
-    /// None when the kernel refuses the clone itself (before 5.2: no CLONE_PIDFD).
+    /// Whether this kernel gives pidfds that poll readable on exit (5.3 and later): asked
+    /// once, with pidfd_open on ourselves. Before 5.2 clone ignores CLONE_PIDFD silently.
+    pub fn pollable_pidfds() -> bool {
+        static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *OK.get_or_init(|| {
+            // SAFETY: pidfd_open(2) of our own pid; the fd is closed at once.
+            let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, libc::getpid(), 0) };
+            if fd >= 0 {
+                unsafe { libc::close(fd as i32) };
+            }
+            fd >= 0
+        })
+    }
+
+    /// None when the kernel refuses the clone itself.
     pub fn start(s: &Start<'_>) -> io::Result<Option<Child>> {
         let path = cstring(s.binary.as_os_str())?;
         let args = std::iter::once(Ok(path.clone())).chain(s.args.iter().map(|a| cstring(OsStr::new(a)))).collect::<io::Result<Vec<_>>>()?;
-        let env = s.env.iter().map(|(k, v)| cstring(OsStr::new(&format!("{k}={v}")))).collect::<io::Result<Vec<_>>>()?;
+        // One entry a name, the last given winning, as std's `Command::envs` does.
+        let named: std::collections::BTreeMap<&str, &str> = s.env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let env = named.iter().map(|(k, v)| cstring(OsStr::new(&format!("{k}={v}")))).collect::<io::Result<Vec<_>>>()?;
         let cwd = s.cwd.map(|c| cstring(c.as_os_str())).transpose()?;
         let argv: Vec<*const libc::c_char> = args.iter().map(|a| a.as_ptr()).chain([ptr::null()]).collect();
         let envp: Vec<*const libc::c_char> = env.iter().map(|e| e.as_ptr()).chain([ptr::null()]).collect();
@@ -234,9 +325,23 @@ mod linux {
             }
             pid
         };
-        // SAFETY: CLONE_PIDFD stored a new fd (close-on-exec) for this child here.
-        let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
-        let mut child = Child { pid, stdin, stderr, exit: Exit::Pidfd(pidfd) };
+        // A kernel that ignored CLONE_PIDFD leaves the slot at its -1: a thread reports the
+        // exit instead (not reached where pollable_pidfds holds; kept against a surprise).
+        let exit = if pidfd >= 0 {
+            // SAFETY: CLONE_PIDFD stored a new fd (close-on-exec) for this child here.
+            Exit::Pidfd(unsafe { OwnedFd::from_raw_fd(pidfd) })
+        } else {
+            match report_exit(pid) {
+                Ok(f) => Exit::Reported(f),
+                Err(e) => {
+                    super::super::kill_group(pid);
+                    // SAFETY: reaping the child we just killed.
+                    unsafe { libc::waitpid(pid, ptr::null_mut(), 0) };
+                    return Err(e);
+                }
+            }
+        };
+        let mut child = Child::new(pid, stdin, stderr, exit);
         if setup.error != 0 {
             let _ = child.reap();
             return Err(io::Error::from_raw_os_error(setup.error));

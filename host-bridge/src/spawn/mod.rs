@@ -203,8 +203,8 @@ fn run_started_by(s: Spawn<'_>, streams: Streams<'_>, start_child: StartChild) -
             human(cap)
         ))
     };
-    // Every early end kills the group first, then reaps the leader: until then its pid
-    // cannot name anyone else's process.
+    // Every early end kills the group first, then reaps the leader (once: it may have
+    // exited already, unreaped): until then its pid cannot name anyone else's process.
     let end = |child: &mut child::Child, why: SpawnFailure| {
         kill_group(pgid);
         let _ = child.reap();
@@ -265,7 +265,7 @@ fn run_started_by(s: Spawn<'_>, streams: Streams<'_>, start_child: StartChild) -
             }
         }
         if ready.exited {
-            match child.reap() {
+            match child.exit_status() {
                 Ok(st) => {
                     status = Some(st);
                     grace_until = Some(Instant::now() + s.bounds.after_exit);
@@ -275,6 +275,8 @@ fn run_started_by(s: Spawn<'_>, streams: Streams<'_>, start_child: StartChild) -
         }
     }
     let status = status.expect("the loop ends with a status");
+    // Reaped only now: until here its pid and group were certainly still ours.
+    let _ = child.reap();
     // The writer has finished once the child read all of stdin; a child that stopped
     // reading (or a process it left holding the pipe) leaves it short, and nothing sent.
     let mut files = if has_stdin { sent_rx.recv_timeout(STDIN_SETTLE).unwrap_or_default() } else { Vec::new() };
@@ -371,23 +373,68 @@ mod tests {
         });
     }
 
+    fn alive(pid: i32) -> bool {
+        // SAFETY: signal 0 only asks whether the process exists.
+        unsafe { libc::kill(pid, 0) == 0 }
+    }
+
+    fn pid_in(file: &Path) -> i32 {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            if let Some(pid) = std::fs::read_to_string(file).ok().and_then(|s| s.trim().parse().ok()) {
+                return pid;
+            }
+            assert!(Instant::now() < deadline, "no pid in {}", file.display());
+            thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     #[test]
-    fn a_background_process_holding_the_pipe_does_not_lose_the_answer() {
+    fn a_background_process_holding_the_pipe_does_not_lose_the_answer_and_is_left_alone() {
+        let dir = std::env::temp_dir().join(format!("spawn-daemon-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
         each_start(|how, sh| {
-            let (r, took) = sh("sleep 60 & echo '{\"ok\":true}'; exit 0", Duration::from_secs(30), SMALL);
+            let file = dir.join(how);
+            let (r, took) = sh(&format!("sleep 60 & echo $! > {}; echo '{{\"ok\":true}}'; exit 0", file.display()), Duration::from_secs(30), SMALL);
             let o = r.unwrap();
             assert_eq!((o.exit_code, o.stdout.as_slice()), (Some(0), &b"{\"ok\":true}\n"[..]), "{how}");
             assert!(took < Duration::from_secs(10), "{how}: {took:?}");
+            let daemon = pid_in(&file);
+            assert!(alive(daemon), "{how}: the daemon was killed");
+            kill_group(daemon);
         });
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
     fn a_timeout_kills_the_group() {
+        let dir = std::env::temp_dir().join(format!("spawn-timeout-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
         each_start(|how, sh| {
-            let (r, took) = sh("sleep 60 & echo $! > /dev/stderr; sleep 60", Duration::from_millis(300), SMALL);
+            let file = dir.join(how);
+            let (r, took) = sh(&format!("sleep 60 & echo $! > {}; sleep 60", file.display()), Duration::from_millis(300), SMALL);
             assert!(matches!(r, Err(SpawnFailure::TimedOut)), "{how}");
             assert!(took < Duration::from_secs(10), "{how}: {took:?}");
+            // The grandchild went with the group (it is init's to reap: give it a moment).
+            let grandchild = pid_in(&file);
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while alive(grandchild) && std::fs::read_to_string(format!("/proc/{grandchild}/stat")).is_ok_and(|s| !s.contains(") Z ")) {
+                assert!(Instant::now() < deadline, "{how}: the group's sleep {grandchild} outlived the timeout");
+                thread::sleep(Duration::from_millis(10));
+            }
         });
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_name_given_twice_reaches_the_child_once_the_last_winning() {
+        for (how, start) in STARTS {
+            let args = vec!["-c".to_string(), "env | grep '^TWICE='".to_string()];
+            let env = [("TWICE".to_string(), "first".to_string()), ("TWICE".to_string(), "last".to_string())];
+            let s = Spawn { name: "sh", binary: Path::new("/bin/sh"), args: &args, env: &env, cwd: None, stdin: None, timeout: Duration::from_secs(10), bounds: SMALL };
+            let o = run_started_by(s, Streams::default(), start).unwrap();
+            assert_eq!(String::from_utf8(o.stdout).unwrap(), "TWICE=last\n", "{how}");
+        }
     }
 
     /// The child starts clean whichever way: its own process group, only the given
