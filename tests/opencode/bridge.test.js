@@ -159,12 +159,15 @@ describe("grants and children", { skip: skipNoBuild }, () => {
     assert.equal(text(ok), "a b $HOME;\n", "an argument list, no shell");
   });
 
-  test("the child's environment is the allow-list plus the request's pairs; stdin arrives byte for byte", async () => {
+  test("the child's environment is the allow-list, the request setting only listed names; stdin arrives byte for byte", async () => {
     const dir = scratch("env");
     process.env.BOXD_BRIDGE_TEST_SECRET = "leak";
-    const env = await lib.policy.runChild({ program: "boxd", args: [], env: [["EXTRA", "1"]], timeoutMs: 5000 }, grants(dir, { boxd: "/usr/bin/env" }));
+    const env = await lib.policy.runChild({ program: "boxd", args: [], env: [["KEEP", "set"]], timeoutMs: 5000 }, grants(dir, { boxd: "/usr/bin/env" }));
     delete process.env.BOXD_BRIDGE_TEST_SECRET;
-    assert.deepEqual(text(env).trim().split("\n").sort(), [`PATH=${process.env.PATH}`, "EXTRA=1", "KEEP=kept"].sort());
+    assert.deepEqual(text(env).trim().split("\n").sort(), [`PATH=${process.env.PATH}`, "KEEP=set"].sort());
+    const extra = await lib.policy.runChild({ program: "boxd", args: [], env: [["EXTRA", "1"]], timeoutMs: 5000 }, grants(dir, { boxd: "/usr/bin/env" }));
+    assert.deepEqual([extra.tag, extra.val.tag], ["err", "not-allowed"]);
+    assert.match(extra.val.val, /boxd may not be given EXTRA/);
     const bytes = new Uint8Array([0, 1, 2, 255, 10, 13]);
     const cat = await lib.policy.runChild({ program: "boxd", args: [], env: [], stdin: bytes, timeoutMs: 5000 }, grants(dir, { boxd: "/bin/cat" }));
     assert.deepEqual([...cat.val.stdout], [...bytes]);

@@ -376,7 +376,7 @@ export function allowsCwd(grants, cwd) {
 /**
  * What one request runs, as the policy allows it ({binary, cwd, env}), or the spawn's
  * refusal ({refused}: the WIT error): a granted program and arguments, a working
- * directory inside a preopen, the program's environment plus the request's pairs.
+ * directory inside a preopen, the program's environment plus the request's pairs for names it lists.
  */
 export function checkLaunch(req, grants) {
   const program = allowsCall(grants, req.program, req.args);
