@@ -166,6 +166,11 @@ type StartChild = fn(&child::Start<'_>) -> std::io::Result<child::Child>;
 
 fn run_started_by(s: Spawn<'_>, streams: Streams<'_>, start_child: StartChild) -> Result<Output, SpawnFailure> {
     let failed = |e: std::io::Error| SpawnFailure::Failed(format!("{}: {e}", s.name));
+    // A missing working folder would otherwise read as a missing program (both are ENOENT
+    // from the exec's side).
+    if let Some(cwd) = s.cwd.filter(|c| !c.is_dir()) {
+        return Err(SpawnFailure::Failed(format!("{}: its working folder {} does not exist", s.name, cwd.display())));
+    }
     let out_file = stdout_file().map_err(failed)?;
     let has_stdin = s.stdin.is_some() || !streams.stdin_files.is_empty();
     let start = child::Start { binary: s.binary, args: s.args, env: s.env, cwd: s.cwd, stdin_piped: has_stdin, stdout: &out_file };
@@ -473,7 +478,7 @@ mod tests {
             let s = Spawn { name: "x", binary: Path::new("/nonexistent/boxd"), args: &[], env: &[], cwd: None, stdin: None, timeout: Duration::from_secs(10), bounds: SMALL };
             assert_eq!(run_started_by(s, Streams::default(), start).err(), Some(SpawnFailure::NotFound("/nonexistent/boxd".into())), "{how}");
             let s = Spawn { name: "x", binary: Path::new("/bin/true"), args: &[], env: &[], cwd: Some(Path::new("/nonexistent")), stdin: None, timeout: Duration::from_secs(10), bounds: SMALL };
-            assert!(run_started_by(s, Streams::default(), start).is_err(), "{how}");
+            assert_eq!(run_started_by(s, Streams::default(), start).err(), Some(SpawnFailure::Failed("x: its working folder /nonexistent does not exist".into())), "{how}");
         }
     }
 
