@@ -8,8 +8,9 @@
 //! a child (docs/performance.md). The clone also hands back a pidfd, which the run loop
 //! polls beside the child's stderr: no reaper thread.
 //!
-//! Elsewhere (macOS), or on a kernel without CLONE_PIDFD, std's `Command` starts the child
-//! and a thread blocked in wait(2) reports its exit through a pipe, polled the same way.
+//! Elsewhere (macOS), or on a kernel whose pidfds cannot be polled (before 5.3), std's
+//! `Command` starts the child and a thread blocked in wait(2) reports its exit through a
+//! pipe, polled the same way.
 
 use std::ffi::{CString, OsStr};
 use std::fs::File;
