@@ -1,5 +1,5 @@
 //! The shared policy vectors (tests/vectors/policy.json) against boxd-host's own code:
-//! `policy::resolve`, `Policy::allows`/`allows_cwd` and `policy::host_failed`. The
+//! `policy::resolve`, `Policy::allows`/`allows_cwd`/`allows_env` and `policy::host_failed`. The
 //! OpenCode bridge runs the same file through lib/policy.js
 //! (tests/opencode/policy_vectors.test.js), so both hosts must reach the same outcome.
 //!
@@ -9,8 +9,8 @@
 //! grants to check (`programs`, `ledger`, `ledgerMode`, `preopens`, `childEnv` (every
 //! variable some child may get), `childEnvOf` (program → what its child gets),
 //! `componentOptions`, `spawn`). A `spawn` check asks for `program` with `args` (none when
-//! absent) and an optional `cwd`, and is `allowed` (with the `grant` matched), `refused`
-//! (the exact text) or `refusedStartsWith`. `{tmp}` stands for the temp dir everywhere.
+//! absent), an optional `cwd` and optional `env` pairs the request sets, and is `allowed`
+//! (with the `grant` matched), `refused` (the exact text) or `refusedStartsWith`. `{tmp}` stands for the temp dir everywhere.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -114,13 +114,15 @@ fn env_json(vars: impl IntoIterator<Item = (String, String)>) -> Value {
 fn spawn(policy: &policy::Policy, ask: &Value) -> Value {
     let program = ask["program"].as_str().unwrap();
     let args: Vec<String> = ask.get("args").and_then(Value::as_array).into_iter().flatten().map(|a| a.as_str().unwrap().to_string()).collect();
+    let env: Vec<(String, String)> = ask.get("env").and_then(Value::as_array).into_iter().flatten().map(|p| (p[0].as_str().unwrap().to_string(), p[1].as_str().unwrap().to_string())).collect();
     let answer = match (policy.allows_call(program, &args), ask.get("cwd").and_then(Value::as_str)) {
         (Err(r), _) => Err(r),
         (Ok((_, g)), Some(cwd)) => policy.allows_cwd(cwd).map(|_| g),
         (Ok((_, g)), None) => Ok(g),
-    };
+    }
+    .and_then(|g| policy.allows_env(program, &env).map(|()| g));
     let mut out = ask.clone();
-    let asked = |out: &mut Value| out.as_object_mut().unwrap().retain(|k, _| k == "program" || k == "args" || k == "cwd");
+    let asked = |out: &mut Value| out.as_object_mut().unwrap().retain(|k, _| k == "program" || k == "args" || k == "cwd" || k == "env");
     match (answer, ask.get("refusedStartsWith").and_then(Value::as_str)) {
         (Ok(grant), _) => {
             asked(&mut out);

@@ -1,5 +1,5 @@
 // The shared policy vectors (tests/vectors/policy.json) against the bridge's own code:
-// lib/policy.js resolveGrants, allowsCall/allowsCwd and hostFailed. boxd-host runs the
+// lib/policy.js resolveGrants, allowsCall/allowsCwd/allowsEnv and hostFailed. boxd-host runs the
 // same file through policy.rs (tests/host/policy_vectors.rs); the format is described there.
 // Then the test-only probe component ($BOXD_PROBE_WASM) makes the dangerous calls through
 // the bridge's plugin module, as tests/host/confinement.rs makes them through boxd-host.
@@ -52,8 +52,8 @@ function buildWorld(tmp, setup) {
 /** One spawn check in the vectors' words: allowed (with its grant), refused (exact) or refusedStartsWith. */
 function spawnCheck(grants, ask) {
   const call = policy.allowsCall(grants, ask.program, ask.args ?? []);
-  const refused = call.refused ?? (ask.cwd !== undefined ? policy.allowsCwd(grants, ask.cwd).refused : undefined);
-  const base = { program: ask.program, ...(ask.args !== undefined ? { args: ask.args } : {}), ...(ask.cwd !== undefined ? { cwd: ask.cwd } : {}) };
+  const refused = call.refused ?? (ask.cwd !== undefined ? policy.allowsCwd(grants, ask.cwd).refused : undefined) ?? policy.allowsEnv(grants, ask.program, ask.env ?? []).refused;
+  const base = { program: ask.program, ...(ask.args !== undefined ? { args: ask.args } : {}), ...(ask.cwd !== undefined ? { cwd: ask.cwd } : {}), ...(ask.env !== undefined ? { env: ask.env } : {}) };
   if (refused === undefined) return { ...base, allowed: true, grant: call.grant.name };
   if (ask.refusedStartsWith !== undefined && refused.startsWith(ask.refusedStartsWith)) return ask;
   return { ...base, refused };

@@ -356,9 +356,15 @@ export function childEnvFor(grants, program) {
   return Object.fromEntries(Object.entries(grants.childEnv).filter(([k]) => names.includes(k)));
 }
 
-/** The refusal of a variable the component asked to set, in Policy::allows_env's words. */
-export function envRefusal(program, name) {
-  return `${program} may not be given ${name}: the component may set only the variables host-bridge/policy.json passes to ${program} (childEnv and programs.${program}.env)`;
+/**
+ * The component may set only variables the policy would pass `program` anyway: no
+ * LD_PRELOAD, no endpoint of its choosing ({} | {refused}), as Policy::allows_env.
+ */
+export function allowsEnv(grants, program, pairs) {
+  const names = childEnvNames(grants, program);
+  const name = pairs.map(([k]) => k).find((k) => !names.includes(k));
+  if (name === undefined) return {};
+  return { refused: `${program} may not be given ${name}: the component may set only the variables host-bridge/policy.json passes to ${program} (childEnv and programs.${program}.env)` };
 }
 
 /** A child's working directory must lie inside a preopen ({cwd} | {refused}), as Policy::allows_cwd. */
@@ -387,15 +393,9 @@ export function checkLaunch(req, grants) {
     if (c.refused) return { refused: err("not-allowed", c.refused) };
     cwd = c.cwd;
   }
-  // The component may set only variables the policy would pass this program anyway: no
-  // LD_PRELOAD, no endpoint of its choosing (as Policy::allows_env).
-  const names = childEnvNames(grants, req.program);
-  const env = { ...program.env };
-  for (const [k, v] of req.env ?? []) {
-    if (!names.includes(k)) return { refused: err("not-allowed", envRefusal(req.program, k)) };
-    env[k] = v;
-  }
-  return { binary: program.binary, cwd, env };
+  const asked = allowsEnv(grants, req.program, req.env ?? []);
+  if (asked.refused) return { refused: err("not-allowed", asked.refused) };
+  return { binary: program.binary, cwd, env: { ...program.env, ...Object.fromEntries(req.env ?? []) } };
 }
 
 /** The spawn's failure when `program` printed past `stream`'s cap and was killed. */
