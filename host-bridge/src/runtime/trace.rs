@@ -1,7 +1,8 @@
 //! What one call touched: every spawn (arguments with secrets masked, never stdin) and
 //! every path opened with its mode. The runtime owns the trace (each store carries one);
 //! `audit` only reads it. The filesystem functions that reach a path are shadowed here so
-//! each is recorded before wasmtime-wasi (cap-std) performs or refuses it.
+//! each is recorded; a plain read is opened by read_open.rs, everything else by
+//! wasmtime-wasi (cap-std).
 
 use anyhow::Result;
 use serde::Serialize;
