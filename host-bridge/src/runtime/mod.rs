@@ -55,6 +55,19 @@ pub fn read_open_general_only(on: bool) {
 /// are made with the same setting.
 const BLOCK_CURRENT_THREAD: bool = true;
 
+/// wasmtime-wasi runs every filesystem call through tokio (`in_tokio`). Outside a runtime
+/// it builds its own at a process's first call: a multi-thread one with an I/O and a time
+/// driver and two worker threads (~0.3 ms of a one-shot call). Our filesystem calls run on
+/// the calling thread (BLOCK_CURRENT_THREAD) and the world has no clocks or sockets, so a
+/// current-thread runtime without drivers serves; a host already in a runtime (the MCP
+/// server) keeps its own.
+fn in_tokio_context<R>(f: impl FnOnce() -> R) -> R {
+    static PLAIN: std::sync::LazyLock<tokio::runtime::Runtime> =
+        std::sync::LazyLock::new(|| tokio::runtime::Builder::new_current_thread().build().expect("a current-thread tokio runtime needs no resources"));
+    let _entered = tokio::runtime::Handle::try_current().is_err().then(|| PLAIN.enter());
+    f()
+}
+
 /// Runs once, just before a call's first spawn. The component checks a call's arguments,
 /// options and access before it runs any program, so a host that starts progress here
 /// reports it only for calls that passed those checks, with no tool logic of its own.
@@ -333,7 +346,7 @@ impl Runtime {
     pub fn describe(&self) -> Result<String> {
         let mut store = self.store(None)?;
         let plugin = self.pre.instantiate(&mut store)?;
-        plugin.boxd_plugin_tools().call_describe(&mut store).map_err(Into::into)
+        in_tokio_context(|| plugin.boxd_plugin_tools().call_describe(&mut store).map_err(Into::into))
     }
 
     /// One tool call in a fresh instance. The outer error is a host failure (a trap); the
@@ -362,7 +375,7 @@ impl Runtime {
 
     fn call_in(&self, store: &mut Store<HostState>, tool: &str, args: &str, ctx: &CallContext) -> Result<std::result::Result<String, ToolError>> {
         let plugin = self.pre.instantiate(&mut *store)?;
-        Ok(plugin.boxd_plugin_tools().call_call(&mut *store, tool, args, &wit_context(ctx))?)
+        Ok(in_tokio_context(|| plugin.boxd_plugin_tools().call_call(&mut *store, tool, args, &wit_context(ctx)))?)
     }
 
     /// The golden-image operation in a fresh instance, traced like a tool call.
@@ -373,7 +386,7 @@ impl Runtime {
         };
         let r = (|| {
             let plugin = self.pre.instantiate(&mut store)?;
-            Ok(plugin.boxd_plugin_operations().call_build_golden(&mut store, spec_json, &wit_context(ctx))?)
+            Ok(in_tokio_context(|| plugin.boxd_plugin_operations().call_build_golden(&mut store, spec_json, &wit_context(ctx)))?)
         })();
         (r, std::mem::take(&mut store.data_mut().trace))
     }
@@ -490,6 +503,19 @@ mod tests {
     fn the_built_in_digest_is_the_component_s() {
         use sha2::Digest;
         assert_eq!(super::hex(&sha2::Sha256::digest(crate::COMPONENT)), crate::COMPONENT_SHA256);
+    }
+
+    #[test]
+    fn a_call_outside_a_runtime_gets_a_current_thread_one_and_one_inside_keeps_its_own() {
+        use tokio::runtime::{Handle, RuntimeFlavor};
+        let flavor = || Handle::try_current().map(|h| h.runtime_flavor()).ok();
+        assert_eq!(flavor(), None);
+        assert_eq!(super::in_tokio_context(flavor), Some(RuntimeFlavor::CurrentThread));
+        assert_eq!(flavor(), None, "the context ends with the call");
+        let host = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let theirs = host.handle().id();
+        let _entered = host.enter();
+        assert_eq!(super::in_tokio_context(|| Handle::current().id()), theirs);
     }
 
     #[test]
