@@ -101,6 +101,12 @@ impl Session {
         Ok(self.answer(tool, started, result, trace))
     }
 
+    /// For a long-lived host, once an answer is out: the next call's instance is made now
+    /// and the last call's store dropped, off the next call's path (Runtime::ready_next).
+    pub fn ready_next(&self) {
+        self.runtime.ready_next();
+    }
+
     /// The golden-image operation (`boxd-host golden`, the tour), granted, traced and
     /// audited like a tool call; `spec` is docs/golden-image.md's spec.
     pub fn build_golden(&mut self, spec: &Value) -> Result<std::result::Result<Value, Value>> {

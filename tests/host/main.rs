@@ -28,3 +28,4 @@ mod streaming;
 mod temps;
 mod live_check;
 mod boxd_local_remove;
+mod warm;

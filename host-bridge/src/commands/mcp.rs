@@ -50,6 +50,7 @@ pub fn serve(grants: &Grants) -> Result<u8> {
     let (host, described) = match Session::open(grants, HOST_NAME) {
         Ok(session) => {
             let described = session.runtime.describe()?;
+            session.ready_next();
             (Host::Ready(Arc::new(Mutex::new(session))), described)
         }
         Err(e) => match e.downcast::<HostProblem>() {
@@ -167,16 +168,26 @@ impl Server {
             let _ = spawned.send(());
         }) as OnFirstSpawn);
         let name = tool.to_string();
-        let call = tokio::task::spawn_blocking(move || session.lock().unwrap_or_else(PoisonError::into_inner).call_watched(&name, &args, hook));
+        let (answered, answer) = tokio::sync::oneshot::channel();
+        let call = tokio::task::spawn_blocking(move || {
+            let mut session = session.lock().unwrap_or_else(PoisonError::into_inner);
+            let _ = answered.send(session.call_watched(&name, &args, hook));
+            // While the answer goes out: the next call's instance (Session::ready_next).
+            session.ready_next();
+        });
         // The sender goes with the hook: dropped unfired, the call ended without a spawn.
         let started = first_spawn.await.is_ok();
         if started {
             self.progress(ctx, tool, false).await;
         }
-        let answer = match call.await {
+        let answer = match answer.await {
             Ok(Ok(answer)) => answer,
             Ok(Err(e)) => Err(host_failed(tool, format!("{e:#}"))),
-            Err(e) => Err(host_failed(tool, format!("the call panicked ({e})"))),
+            // No answer sent: the call panicked, which its task says.
+            Err(_) => Err(host_failed(tool, match call.await {
+                Err(e) => format!("the call panicked ({e})"),
+                Ok(()) => "the call ended without an answer".to_string(),
+            })),
         };
         if started {
             self.progress(ctx, tool, true).await;

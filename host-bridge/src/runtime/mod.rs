@@ -17,6 +17,8 @@ use wasmtime_wasi::filesystem::{WasiFilesystem, WasiFilesystemView};
 use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxView, WasiView};
 
 mod engine;
+mod kill_at;
+pub use kill_at::KillAt;
 pub mod frames;
 #[cfg(target_os = "linux")]
 mod read_open;
@@ -138,45 +140,6 @@ pub struct HostState {
     on_first_spawn: Option<OnFirstSpawn>,
 }
 
-/// A test-only kill point: `BOXD_HOST_KILL_AT=before-spawn:N`, `after-spawn:N`,
-/// `before-rename:N` or `after-rename:N` (N counts from 1 within one tool call) makes the
-/// host SIGKILL itself at that point, as `kill -9` would. Never set it outside tests
-/// (docs/architecture.md, "Kill points").
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct KillAt {
-    pub before: bool,
-    pub spawn: bool,
-    pub n: u32,
-}
-
-impl KillAt {
-    pub const VAR: &'static str = "BOXD_HOST_KILL_AT";
-
-    pub fn parse(s: &str) -> Option<KillAt> {
-        let (point, n) = s.trim().split_once(':')?;
-        let n: u32 = n.parse().ok().filter(|n| *n >= 1)?;
-        let (before, spawn) = match point {
-            "before-spawn" => (true, true),
-            "after-spawn" => (false, true),
-            "before-rename" => (true, false),
-            "after-rename" => (false, false),
-            _ => return None,
-        };
-        Some(KillAt { before, spawn, n })
-    }
-
-    fn from_env() -> Option<KillAt> {
-        let v = std::env::var(Self::VAR).ok()?;
-        match Self::parse(&v) {
-            Some(k) => Some(k),
-            None => {
-                eprintln!("boxd-host: ignoring {}={v:?} (before-spawn:N, after-spawn:N, before-rename:N or after-rename:N)", Self::VAR);
-                None
-            }
-        }
-    }
-}
-
 impl WasiView for HostState {
     fn ctx(&mut self) -> WasiCtxView<'_> {
         WasiCtxView { ctx: &mut self.wasi, table: &mut self.table }
@@ -256,10 +219,20 @@ impl HostState {
     }
 }
 
+/// A long-lived host's instance for its next call and its last call's store: both are
+/// handled by `Runtime::ready_next`, off the calls' path. `on` once a host asks for it.
+#[derive(Default)]
+struct Warm {
+    on: bool,
+    spare: Option<(Store<HostState>, Plugin)>,
+    spent: Option<Store<HostState>>,
+}
+
 pub struct Runtime {
     engine: Engine,
     component: Component,
     pre: PluginPre<HostState>,
+    warm: std::sync::Mutex<Warm>,
     policy: Arc<Policy>,
     pub sha256: String,
     pub size: usize,
@@ -304,7 +277,7 @@ impl Runtime {
             .instantiate_pre(&component)
             .map_err(|e| anyhow::anyhow!("the component asks for an import this host does not grant: {e}"))?;
         let pre = PluginPre::new(pre)?;
-        Ok(Runtime { engine, component, pre, policy: Arc::new(policy), sha256, size: wasm.len(), compiled })
+        Ok(Runtime { engine, component, pre, warm: Default::default(), policy: Arc::new(policy), sha256, size: wasm.len(), compiled })
     }
 
     pub fn engine(&self) -> &Engine {
@@ -319,7 +292,9 @@ impl Runtime {
         &self.policy
     }
 
-    fn store(&self, on_first_spawn: Option<OnFirstSpawn>) -> Result<Store<HostState>> {
+    /// A call's host state: the policy's folders opened now, as the call starts, so a call
+    /// sees the folders as they are then, even in an instance made ahead (`ready_next`).
+    fn host_state(&self, on_first_spawn: Option<OnFirstSpawn>) -> Result<HostState> {
         let mut b = WasiCtx::builder();
         // Deny by default: no env, args, stdio or network; only the policy's folders.
         b.allow_blocking_current_thread(BLOCK_CURRENT_THREAD);
@@ -327,20 +302,76 @@ impl Runtime {
             let guest = p.path.to_str().context("preopen paths must be UTF-8")?;
             b.preopened_dir(&p.path, guest, FsPerms::ReadWrite)?;
         }
-        Ok(Store::new(
-            &self.engine,
-            HostState {
-                wasi: b.build(),
-                table: ResourceTable::new(),
-                policy: self.policy.clone(),
-                trace: Trace::default(),
-                fds: BTreeMap::new(),
-                kill_at: KillAt::from_env(),
-                spawns: 0,
-                renames: 0,
-                on_first_spawn,
-            },
-        ))
+        Ok(self.host_state_with(b.build(), on_first_spawn))
+    }
+
+    fn host_state_with(&self, wasi: WasiCtx, on_first_spawn: Option<OnFirstSpawn>) -> HostState {
+        HostState {
+            wasi,
+            table: ResourceTable::new(),
+            policy: self.policy.clone(),
+            trace: Trace::default(),
+            fds: BTreeMap::new(),
+            kill_at: KillAt::from_env(),
+            spawns: 0,
+            renames: 0,
+            on_first_spawn,
+        }
+    }
+
+    fn store(&self, on_first_spawn: Option<OnFirstSpawn>) -> Result<Store<HostState>> {
+        Ok(Store::new(&self.engine, self.host_state(on_first_spawn)?))
+    }
+
+    /// A fresh instance for one call: the one `ready_next` made, given this call's host
+    /// state, else one made now. An instance made ahead has answered no call and holds no
+    /// folder: the folders come with the call's host state, opened as the call starts.
+    fn instance(&self, on_first_spawn: Option<OnFirstSpawn>) -> Result<(Store<HostState>, Plugin)> {
+        let state = self.host_state(on_first_spawn)?;
+        match self.warm().spare.take() {
+            Some((mut store, plugin)) => {
+                *store.data_mut() = state;
+                Ok((store, plugin))
+            }
+            None => {
+                let mut store = Store::new(&self.engine, state);
+                let plugin = self.pre.instantiate(&mut store)?;
+                Ok((store, plugin))
+            }
+        }
+    }
+
+    /// A call's store, done with: a long-lived host drops it in `ready_next`, after the
+    /// answer is out (unmapping its memory is ~30-50 µs); others drop it here.
+    fn spent(&self, store: Store<HostState>) {
+        let mut warm = self.warm();
+        let older = if warm.on { warm.spent.replace(store) } else { Some(store) };
+        drop(warm);
+        drop(older);
+    }
+
+    fn warm(&self) -> std::sync::MutexGuard<'_, Warm> {
+        self.warm.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// For a long-lived host (the MCP server), once an answer is out: drop the last call's
+    /// store and make the next call's instance, so neither is on that call's path (the
+    /// OpenCode bridge's worker does the same). A failure here is left for the next call,
+    /// which makes its instance itself and reports what went wrong.
+    pub fn ready_next(&self) {
+        let spent = {
+            let mut warm = self.warm();
+            warm.on = true;
+            warm.spent.take()
+        };
+        drop(spent);
+        if self.warm().spare.is_some() {
+            return;
+        }
+        let mut store = Store::new(&self.engine, self.host_state_with(WasiCtx::builder().build(), None));
+        if let Ok(plugin) = self.pre.instantiate(&mut store) {
+            self.warm().spare = Some((store, plugin));
+        }
     }
 
     pub fn describe(&self) -> Result<String> {
@@ -365,30 +396,24 @@ impl Runtime {
     /// As `call_traced`, with `on_first_spawn` run just before the call's first spawn (never,
     /// when the call spawns nothing). The hook is dropped when the call ends either way.
     pub fn call_watched(&self, tool: &str, args: &str, ctx: &CallContext, on_first_spawn: Option<OnFirstSpawn>) -> (Result<std::result::Result<String, ToolError>>, Trace) {
-        let mut store = match self.store(on_first_spawn) {
-            Ok(s) => s,
-            Err(e) => return (Err(e), Trace::default()),
-        };
-        let r = self.call_in(&mut store, tool, args, ctx);
-        (r, std::mem::take(&mut store.data_mut().trace))
-    }
-
-    fn call_in(&self, store: &mut Store<HostState>, tool: &str, args: &str, ctx: &CallContext) -> Result<std::result::Result<String, ToolError>> {
-        let plugin = self.pre.instantiate(&mut *store)?;
-        Ok(in_tokio_context(|| plugin.boxd_plugin_tools().call_call(&mut *store, tool, args, &wit_context(ctx)))?)
+        self.traced(on_first_spawn, |store, plugin| plugin.boxd_plugin_tools().call_call(store, tool, args, &wit_context(ctx)))
     }
 
     /// The golden-image operation in a fresh instance, traced like a tool call.
     pub fn build_golden(&self, spec_json: &str, ctx: &CallContext) -> (Result<std::result::Result<String, ToolError>>, Trace) {
-        let mut store = match self.store(None) {
+        self.traced(None, |store, plugin| plugin.boxd_plugin_operations().call_build_golden(store, spec_json, &wit_context(ctx)))
+    }
+
+    /// `f` in a fresh instance, with the trace kept whether or not it traps.
+    fn traced<T>(&self, on_first_spawn: Option<OnFirstSpawn>, f: impl FnOnce(&mut Store<HostState>, &Plugin) -> wasmtime::Result<T>) -> (Result<T>, Trace) {
+        let (mut store, plugin) = match self.instance(on_first_spawn) {
             Ok(s) => s,
             Err(e) => return (Err(e), Trace::default()),
         };
-        let r = (|| {
-            let plugin = self.pre.instantiate(&mut store)?;
-            Ok(in_tokio_context(|| plugin.boxd_plugin_operations().call_build_golden(&mut store, spec_json, &wit_context(ctx)))?)
-        })();
-        (r, std::mem::take(&mut store.data_mut().trace))
+        let r = in_tokio_context(|| f(&mut store, &plugin)).map_err(Into::into);
+        let trace = std::mem::take(&mut store.data_mut().trace);
+        self.spent(store);
+        (r, trace)
     }
 }
 

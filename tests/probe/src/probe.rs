@@ -61,6 +61,11 @@ impl Guest for Probe {
                     Err(spawn::Error::Failed(m)) => format!("failed: {m}"),
                 })
             }
+            // How many calls this instance has answered: 1 in a fresh instance.
+            "calls" => {
+                static CALLS: core::sync::atomic::AtomicU32 = core::sync::atomic::AtomicU32::new(0);
+                Ok(format!("{}", CALLS.fetch_add(1, core::sync::atomic::Ordering::Relaxed) + 1))
+            }
             "preopens" => Ok(get_directories().into_iter().map(|(_, n)| n).collect::<Vec<_>>().join("\n")),
             "read" | "read-nofollow" | "write" => {
                 let (root, path) = arg.split_once('|').ok_or_else(|| fail("arg is <preopen>|<path>".into()))?;
