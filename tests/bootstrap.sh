@@ -46,7 +46,12 @@ fi
 
 # The OpenCode bridge's build tools (jco, esbuild) and its pinned preview2-shim, exactly as
 # host-bridge/opencode/package-lock.json has them; `npm run build` there makes its dist/.
-if [ ! -d "$here/host-bridge/opencode/node_modules/@bytecodealliance/jco" ]; then
+# A folder installed from an older lock (another jco) is installed again.
+bridge="$here/host-bridge/opencode"
+locked() { node -e 'console.log(require(process.argv[1]).packages["node_modules/" + process.argv[2]].version)' "$bridge/package-lock.json" "$1"; }
+installed() { node -e 'console.log(require(process.argv[1]).version)' "$bridge/node_modules/$1/package.json" 2>/dev/null || true; }
+if [ "$(installed @bytecodealliance/jco)" != "$(locked @bytecodealliance/jco)" ] \
+  || [ "$(installed @bytecodealliance/preview2-shim)" != "$(locked @bytecodealliance/preview2-shim)" ]; then
   say "installing the OpenCode bridge's build tools into host-bridge/opencode/node_modules"
   (cd "$here/host-bridge/opencode" && npm ci --no-fund --no-audit --loglevel=error)
 fi

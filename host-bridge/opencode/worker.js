@@ -19,13 +19,6 @@ import { instantiate } from "./dist/boxd_component.js";
 import { createSandbox } from "./sandbox.js";
 import { REPLY, SHARED_WORDS, runInWorker, runsInWorker, threadId } from "./lib/inworker.js";
 
-// Node 20 has no JSPI. The glue asks for `WebAssembly.promising` four times per instance
-// and falls back to the plain export when it throws; each such TypeError makes V8 re-parse
-// the glue's 200 KB instantiate function to word its message (~2 ms each, ~9 ms of CPU per
-// call). Handing back the plain export is exactly that fallback, minus the throw. Only this
-// worker's globals are touched.
-if (typeof WebAssembly.promising !== "function") WebAssembly.promising = (f) => f;
-
 const sandbox = createSandbox(workerData);
 
 const compiled = new Map();
@@ -67,6 +60,13 @@ function run(req) {
   return { tag: "err", val: { tag: "failed", val: "the host did not answer the spawn request" } };
 }
 
+/** `run` as the glue takes an import's result: the ok value returned, an error thrown as its payload. */
+function runThrowing(req) {
+  const r = run(req);
+  if (r.tag === "err") throw { payload: r.val };
+  return r.val;
+}
+
 /** A fresh instance that can reach only the granted imports. */
 async function fresh() {
   // Of everything the shim offers we pass on only the two filesystem interfaces, so a
@@ -75,7 +75,7 @@ async function fresh() {
   const imports = {
     "wasi:filesystem/types": offered["wasi:filesystem/types"],
     "wasi:filesystem/preopens": offered["wasi:filesystem/preopens"],
-    "boxd:plugin/spawn": { run },
+    "boxd:plugin/spawn": { run: runThrowing },
   };
   return (await instantiate(getCoreModule, imports)).tools;
 }
