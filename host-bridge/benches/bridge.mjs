@@ -27,7 +27,9 @@ async function timed(f) {
   await f();
   return Number(process.hrtime.bigint() - t) / 1e6;
 }
-await pool.call("boxd_status", "{}", ctx()); // the worker started and its modules compiled
+// The worker started and its modules compiled, then ten calls for V8 to optimise the glue:
+// a worker's first ~10 calls each take up to ~1 ms more (docs/performance.md).
+for (let i = 0; i < 11; i++) await pool.call("boxd_status", "{}", ctx());
 const bridge = [], direct = [];
 for (let i = 0; i < Number(rounds); i++) {
   bridge.push(await timed(async () => {

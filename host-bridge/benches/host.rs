@@ -366,7 +366,7 @@ fn bridge(world: &World) {
         return row("OpenCode bridge, boxd_status", "n/a", "", None, "run npm run build in host-bridge/opencode");
     }
     let dir = world.laptop.scratch.0.join("bridge");
-    let out = Command::new("node").arg(repo().join("host-bridge/benches/bridge.mjs")).arg(boxd_local()).arg(&dir).arg("30").output().unwrap();
+    let out = Command::new("node").arg(repo().join("host-bridge/benches/bridge.mjs")).arg(boxd_local()).arg(&dir).arg("60").output().unwrap();
     assert!(out.status.success(), "bridge.mjs: {}", String::from_utf8_lossy(&out.stderr));
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     let (b, d) = (v["bridgeMs"].as_f64().unwrap(), v["directMs"].as_f64().unwrap());
