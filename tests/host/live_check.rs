@@ -59,6 +59,25 @@ impl Check {
         assert_eq!(records, 0, "a run's record is left in {}", self.state.display());
     }
 
+    /// Until the run `pid` has a boxd call starting with `prefix` running (a child of one of
+    /// its threads). The call log cannot tell: boxd-local writes a call's line as it ends.
+    fn wait_for_running(&self, pid: u32, prefix: &[&str]) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let running = || {
+            let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).into_iter().flatten().flatten();
+            let children: Vec<String> = tasks.filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok()).collect();
+            children.iter().flat_map(|c| c.split_whitespace().map(str::to_string).collect::<Vec<_>>()).any(|child| {
+                let argv = std::fs::read(format!("/proc/{child}/cmdline")).unwrap_or_default();
+                let argv: Vec<&[u8]> = argv.split(|b| *b == 0).skip(1).collect();
+                argv.len() >= prefix.len() && prefix.iter().zip(&argv).all(|(p, a)| p.as_bytes() == *a)
+            })
+        };
+        while !running() {
+            assert!(Instant::now() < deadline, "live-check never ran {prefix:?}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Until boxd-local logs a call of the run (not the golden image's) starting with `prefix`.
     fn wait_for_call(&self, prefix: &[&str]) {
         let deadline = Instant::now() + Duration::from_secs(60);
@@ -189,7 +208,9 @@ fn ctrl_c_ends_the_run_in_its_cleanup() {
     let c = Check::new("lc-sigint");
     c.faults(r#"[{"verb":"machine hibernate","times":1,"action":"delay","ms":3000}]"#);
     let child = c.command(&[]).stdout(Stdio::piped()).spawn().unwrap();
-    c.wait_for_call(&["machine", "hibernate"]);
+    // While the delayed call runs: its log line is written only as it ends, and by then the
+    // rest of the run may be done before the signal lands.
+    c.wait_for_running(child.id(), &["machine", "hibernate"]);
     assert!(Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap().success());
     let out = child.wait_with_output().unwrap();
     let table = stdout(&out);
