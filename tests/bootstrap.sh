@@ -48,10 +48,14 @@ fi
 # host-bridge/opencode/package-lock.json has them; `npm run build` there makes its dist/.
 # A folder installed from an older lock (another jco) is installed again.
 bridge="$here/host-bridge/opencode"
-locked() { node -e 'console.log(require(process.argv[1]).packages["node_modules/" + process.argv[2]].version)' "$bridge/package-lock.json" "$1"; }
-installed() { node -e 'console.log(require(process.argv[1]).version)' "$bridge/node_modules/$1/package.json" 2>/dev/null || true; }
-if [ "$(installed @bytecodealliance/jco)" != "$(locked @bytecodealliance/jco)" ] \
-  || [ "$(installed @bytecodealliance/preview2-shim)" != "$(locked @bytecodealliance/preview2-shim)" ]; then
+[ -f "$bridge/package-lock.json" ] || { say "host-bridge/opencode/package-lock.json is missing: restore it (git checkout)"; exit 1; }
+stale=
+for pkg in @bytecodealliance/jco @bytecodealliance/preview2-shim esbuild; do
+  locked=$(node -e 'console.log(require(process.argv[1]).packages["node_modules/" + process.argv[2]]?.version ?? "")' "$bridge/package-lock.json" "$pkg")
+  installed=$(node -e 'console.log(require(process.argv[1]).version)' "$bridge/node_modules/$pkg/package.json" 2>/dev/null || true)
+  [ -n "$locked" ] && [ "$installed" = "$locked" ] || stale=1
+done
+if [ -n "$stale" ]; then
   say "installing the OpenCode bridge's build tools into host-bridge/opencode/node_modules"
   (cd "$here/host-bridge/opencode" && npm ci --no-fund --no-audit --loglevel=error)
 fi

@@ -7,7 +7,7 @@ import path from "node:path";
 import { fileURLToPath } from "node:url";
 
 const plugin = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../opencode");
-const [boxd, dir, rounds = "30"] = process.argv.slice(2);
+const [boxd, dir, rounds = "60"] = process.argv.slice(2);
 const env = { PATH: process.env.PATH, HOME: dir, BOXD_LOCAL_HOME: path.join(dir, "boxd-local") };
 fs.mkdirSync(path.join(dir, "proj"), { recursive: true });
 fs.mkdirSync(env.BOXD_LOCAL_HOME, { recursive: true });

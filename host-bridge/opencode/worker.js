@@ -20,7 +20,7 @@ import { createSandbox } from "./sandbox.js";
 import { REPLY, SHARED_WORDS, runInWorker, runsInWorker, threadId } from "./lib/inworker.js";
 
 // No stacks: V8 records one for every Error made, and the shim makes one for each path a
-// call finds missing (its lstat throws ENOENT, which it turns into `no-entry`): ~50 µs each,
+// call finds missing (its stat throws ENOENT, which it turns into `no-entry`): ~50 µs each,
 // measured. Nothing here reads a stack; a trap or a lost worker is reported by its message.
 Error.stackTraceLimit = 0;
 

@@ -61,7 +61,12 @@ impl Check {
 
     /// Until the run `pid` has a boxd call starting with `prefix` running (a child of one of
     /// its threads). The call log cannot tell: boxd-local writes a call's line as it ends.
-    fn wait_for_running(&self, pid: u32, prefix: &[&str]) {
+    fn wait_for_running(&self, run: &mut std::process::Child, prefix: &[&str]) {
+        let pid = run.id();
+        assert!(
+            std::path::Path::new(&format!("/proc/{pid}/task/{pid}/children")).exists(),
+            "this kernel does not list a thread's children (/proc/PID/task/TID/children): the test cannot tell when the call runs"
+        );
         let deadline = Instant::now() + Duration::from_secs(60);
         let running = || {
             let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).into_iter().flatten().flatten();
@@ -73,6 +78,7 @@ impl Check {
             })
         };
         while !running() {
+            assert!(run.try_wait().unwrap().is_none(), "live-check ended before it ran {prefix:?}");
             assert!(Instant::now() < deadline, "live-check never ran {prefix:?}");
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -207,10 +213,10 @@ fn a_name_that_answers_as_existing_is_refused_before_anything_is_made() {
 fn ctrl_c_ends_the_run_in_its_cleanup() {
     let c = Check::new("lc-sigint");
     c.faults(r#"[{"verb":"machine hibernate","times":1,"action":"delay","ms":3000}]"#);
-    let child = c.command(&[]).stdout(Stdio::piped()).spawn().unwrap();
+    let mut child = c.command(&[]).stdout(Stdio::piped()).spawn().unwrap();
     // While the delayed call runs: its log line is written only as it ends, and by then the
     // rest of the run may be done before the signal lands.
-    c.wait_for_running(child.id(), &["machine", "hibernate"]);
+    c.wait_for_running(&mut child, &["machine", "hibernate"]);
     assert!(Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap().success());
     let out = child.wait_with_output().unwrap();
     let table = stdout(&out);

@@ -32,10 +32,11 @@ function fail(msg) {
 if (!fs.existsSync(wasm)) fail(`${wasm} is missing: run \`cargo build -p boxd-host\` first (it builds the component)`);
 const version = (name) => JSON.parse(fs.readFileSync(path.join(here, "node_modules", name, "package.json"), "utf8")).version;
 const pkg = JSON.parse(fs.readFileSync(path.join(here, "package.json"), "utf8"));
-// The shim patch in worker.js depends on the shim's internals: build only with the pinned one.
-const shimWanted = pkg.devDependencies["@bytecodealliance/preview2-shim"];
-if (version("@bytecodealliance/preview2-shim") !== shimWanted) {
-  fail(`node_modules has preview2-shim ${version("@bytecodealliance/preview2-shim")}, package.json pins ${shimWanted}: run npm ci`);
+// Build only with the pinned shim and jco: the patch in sandbox.js depends on the shim's
+// internals, and jco's later glue costs ~1 ms more a call (docs/performance.md).
+for (const name of ["@bytecodealliance/preview2-shim", "@bytecodealliance/jco"]) {
+  const wanted = pkg.devDependencies[name];
+  if (version(name) !== wanted) fail(`node_modules has ${name} ${version(name)}, package.json pins ${wanted}: run npm ci (or bash tests/bootstrap.sh)`);
 }
 
 // Build into a sibling folder and swap it in, so a failed build never leaves half a dist/.
