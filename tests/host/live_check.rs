@@ -68,14 +68,16 @@ impl Check {
             "this kernel does not list a thread's children (/proc/PID/task/TID/children): the test cannot tell when the call runs"
         );
         let deadline = Instant::now() + Duration::from_secs(60);
+        // A child's argv after its program starts with `prefix`.
+        let runs_prefix = |child: &str| {
+            let argv = std::fs::read(format!("/proc/{child}/cmdline")).unwrap_or_default();
+            let args: Vec<&[u8]> = argv.split(|b| *b == 0).skip(1).collect();
+            args.len() >= prefix.len() && prefix.iter().zip(&args).all(|(p, a)| p.as_bytes() == *a)
+        };
         let running = || {
             let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).into_iter().flatten().flatten();
-            let children: Vec<String> = tasks.filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok()).collect();
-            children.iter().flat_map(|c| c.split_whitespace().map(str::to_string).collect::<Vec<_>>()).any(|child| {
-                let argv = std::fs::read(format!("/proc/{child}/cmdline")).unwrap_or_default();
-                let argv: Vec<&[u8]> = argv.split(|b| *b == 0).skip(1).collect();
-                argv.len() >= prefix.len() && prefix.iter().zip(&argv).all(|(p, a)| p.as_bytes() == *a)
-            })
+            let children: String = tasks.filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok()).collect::<Vec<_>>().join(" ");
+            children.split_whitespace().any(runs_prefix)
         };
         while !running() {
             assert!(run.try_wait().unwrap().is_none(), "live-check ended before it ran {prefix:?}");
