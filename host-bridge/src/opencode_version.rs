@@ -1,8 +1,12 @@
 //! The laptop OpenCode's version, looked up once per binary and passed to the component
 //! in the call context, so a tool never pays for `opencode --version` (about a second)
-//! per call. A binary is known by its canonical path, size and modification time; the
-//! answers are kept in the cache folder (`opencode-versions.json`), and a long-lived host
-//! (MCP) stats the binary before each call, so an upgrade is seen at once.
+//! per call. A binary is known by its canonical path, size, modification time, inode and
+//! status-change time: a same-size file put back with its old mtime (`cp -p`, `touch -r`)
+//! still has a new ctime, which no user tool sets back. The answers are kept in the cache
+//! folder (`opencode-versions.json`), and a long-lived host (MCP) stats the binary before
+//! each call, so an upgrade is seen at once. A launcher that picks the real binary itself
+//! (a version manager's shim) is the one file whatever it runs: its version is the one
+//! first asked (docs/architecture.md).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -12,9 +16,10 @@ use crate::policy::Policy;
 
 /// What identifies one build of the binary.
 fn key(binary: &Path) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
     let m = std::fs::metadata(binary).ok()?;
     let mtime = m.modified().ok()?.duration_since(UNIX_EPOCH).ok()?.as_nanos();
-    Some(format!("{}|{}|{mtime}", binary.display(), m.len()))
+    Some(format!("{}|{}|{mtime}|{}|{}.{:09}", binary.display(), m.len(), m.ino(), m.ctime(), m.ctime_nsec()))
 }
 
 pub struct OpencodeVersion {

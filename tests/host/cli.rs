@@ -104,8 +104,8 @@ fn the_audit_log_records_each_spawn_and_path() {
     assert!(paths.iter().any(|p| p["path"] == works.as_str()), "{paths:?}");
 }
 
-/// The laptop OpenCode's version is asked once per binary (path, size, mtime), kept in the
-/// cache folder, passed to the component, and asked again when the binary changes.
+/// The laptop OpenCode's version is asked once per binary (path, size, mtime, inode, ctime),
+/// kept in the cache folder, passed to the component, and asked again when the binary changes.
 #[test]
 fn the_laptop_opencode_version_is_asked_once_per_binary() {
     let laptop = Laptop::new("ocversion");
@@ -127,6 +127,19 @@ fn the_laptop_opencode_version_is_asked_once_per_binary() {
     write_bin("1.18.34");
     assert_eq!(status(&laptop), "1.18.34");
     assert_eq!(asked(), 2, "a changed binary is asked again");
+
+    // Replaced by one of the same size with the old mtime put back (as `cp -p` or `touch -r`
+    // leave it): the inode or ctime still differs, so it is asked again.
+    let before = std::fs::metadata(&bin).unwrap();
+    let new = laptop.scratch.0.join("opencode.new");
+    std::fs::write(&new, std::fs::read_to_string(&bin).unwrap().replace("1.18.34", "1.18.35")).unwrap();
+    std::fs::set_permissions(&new, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    std::fs::File::options().write(true).open(&new).unwrap().set_modified(before.modified().unwrap()).unwrap();
+    std::fs::rename(&new, &bin).unwrap();
+    let after = std::fs::metadata(&bin).unwrap();
+    assert_eq!((after.len(), after.modified().unwrap()), (before.len(), before.modified().unwrap()), "the same size and mtime as the one it replaced");
+    assert_eq!(status(&laptop), "1.18.35");
+    assert_eq!(asked(), 3, "a binary put back with the old size and mtime is asked again");
 }
 
 /// A grant the host cannot make is a tool-shaped answer, with its next step, not a crash.
