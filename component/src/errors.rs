@@ -79,10 +79,10 @@ codes! {
     HostFailed = "HOST_FAILED" => "Restart the host; if it happens again, report it with the message.";
     WorkUnknown = "WORK_UNKNOWN" => "Call boxd_ensure with this work id first (boxd_status lists the works the ledger knows).";
     CapReached = "CAP_REACHED" => "Sleep (boxd_sleep) or drop (boxd_drop) one of the running works the message names, then call again.";
-    CeilingReached = "CEILING_REACHED" => "Sleep the running works the message names, or harvest and drop the work over its ceiling; or raise the ceiling in the plugin options.";
+    CeilingReached = "CEILING_REACHED" => "Sleep the running works the message names, or raise the ceiling in the plugin options (a work over its workSpendCeiling wakes only then, for its harvest and drop).";
     QuotaReached = "QUOTA_REACHED" => "Sleep or drop machines on the boxd account (boxd_status lists this ledger's), or raise the account's quota with boxd, then call again.";
     LifetimeReached = "LIFETIME_REACHED" => "Harvest the work (boxd_harvest), then drop it (boxd_drop); start a new work for more prompts.";
-    WorkConflict = "WORK_CONFLICT" => "Use a new work id, or call again with the spec the ledger records for this one (boxd_status shows it).";
+    WorkConflict = "WORK_CONFLICT" => "Use a new work id, or call again with the spec the ledger records for this one (the message names it).";
 }
 
 /// A tool failure as every host shows it: `{error, message, next}`.

@@ -53,10 +53,13 @@ fn a_ceiling_is_crossed_and_the_work_over_it_still_sleeps_and_drops() {
     let v = refused(&world, r#"{"burnRateCeiling":0.3}"#, "boxd_ensure", r#"{"work":"w2"}"#, "CEILING_REACHED");
     assert!(v["message"].as_str().unwrap().contains("burnRateCeiling 0.3000"), "{v:#}");
     // w1 has spent something (it runs), so a spend ceiling of 0 refuses waking it, but
-    // nothing else: it sleeps, harvests and drops.
+    // nothing else: it sleeps, harvests and drops. Asleep, it cannot be harvested or
+    // dropped, so the next step is the one way out: raise the ceiling, then wake it.
     let zero = r#"{"workSpendCeiling":0}"#;
     assert_eq!(with(&world, zero, "boxd_sleep", r#"{"work":"w1"}"#).0, 0);
-    refused(&world, zero, "boxd_resume", r#"{"work":"w1"}"#, "CEILING_REACHED");
+    let v = refused(&world, zero, "boxd_resume", r#"{"work":"w1"}"#, "CEILING_REACHED");
+    assert!(v["next"].as_str().unwrap().starts_with("Raise workSpendCeiling"), "{v:#}");
+    refused(&world, zero, "boxd_harvest", r#"{"work":"w1"}"#, "MACHINE_ASLEEP");
     assert_eq!(with(&world, "{}", "boxd_resume", r#"{"work":"w1"}"#).0, 0);
     let (code, v) = with(&world, zero, "boxd_harvest", r#"{"work":"w1"}"#);
     assert_eq!(code, 0, "{v:#}");

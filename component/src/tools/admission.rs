@@ -108,7 +108,9 @@ impl Headroom {
             return Err(ToolError::with_next(
                 Code::CeilingReached,
                 format!("work '{work}' has spent {:.4} of its workSpendCeiling {:.4}", amount(spent), amount(ceiling)),
-                format!("Harvest work '{work}' (boxd_harvest) and drop it (boxd_drop), or raise workSpendCeiling in the plugin options."),
+                // A create, wake or fork checks it: the machine is not running, so it cannot
+                // be harvested or dropped until the ceiling lets it wake.
+                format!("Raise workSpendCeiling in the plugin options (or set it to null) and call again; an asleep work wakes only then (boxd_resume), for its harvest (boxd_harvest) and drop (boxd_drop)."),
             ));
         }
         let burn: u64 = self.ledger.iter().map(|r| r.rate).sum::<u64>() + o.prices.running_rate(MACHINE_SIZE);

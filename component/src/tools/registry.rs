@@ -85,7 +85,7 @@ pub const TOOLS: &[ToolSpec] = &[
         on_untested_host: false,
         run: job::run,
         check: None,
-        description: "How a work's run is going: busy, idle, asleep, gone or starting; when idle the last outcome (completed, failed, aborted), the newest assistant text (redacted, at most 300 characters), the last activity time and the prompts waiting. Never wakes a machine.",
+        description: "How a work's run is going: busy, idle, asleep, standby (paused by boxd; not woken to look), gone or starting; when idle the last outcome (completed, failed, aborted), the newest assistant text (redacted, at most 300 characters), the last activity time and the prompts waiting. Never wakes a machine.",
         schema: only_work,
     },
     ToolSpec {

@@ -132,8 +132,8 @@ pub fn to_result(answer: std::result::Result<Value, Value>) -> CallToolResult {
 
 /// What answers the tool calls: the session, or the grant problem that refuses every one.
 enum Host {
-    /// Calls run one at a time: the component has no ledger lock, and one agent's calls
-    /// on one work (submit, then drop) must not interleave.
+    /// Calls run one at a time: one agent's calls on one work (submit, then drop) must not
+    /// interleave; the ledger's per-work lock keeps each write whole, not their order.
     Ready(Arc<Mutex<Session>>),
     Refused(HostProblem),
 }
