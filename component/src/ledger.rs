@@ -80,9 +80,14 @@ pub struct Work {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub images_pending: Vec<String>,
     /// Snapshots this work's boxd_image made: asking again for one answers it as made
-    /// (a lost answer's rerun), never a second save.
+    /// (a lost answer's rerun), never a second save, while the work has had no prompt
+    /// since (`images_at`); after one, the name is taken (SNAPSHOT_EXISTS).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub images: Vec<String>,
+    /// How many prompts the work had when each of `images` was saved (absent in records
+    /// older than it: such a save counts as a rerun, as it did then).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub images_at: BTreeMap<String, u64>,
     /// What a drop of a vanished machine could not recover (prompt ids after the proof).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unrecovered: Vec<String>,

@@ -214,6 +214,13 @@ fn image_after_a_proof_makes_an_immutable_snapshot() {
     world.err_call("boxd_image", r#"{"work":"w1","name":"opencode-golden"}"#, "SNAPSHOT_EXISTS");
     run(&world, "more");
     world.err_call("boxd_image", r#"{"work":"w1","name":"w1-snap2"}"#, "NOT_PROVEN");
+    // After a later prompt the same name is not a rerun: the snapshot holds the work as it
+    // was, and a new save cannot take its name.
+    world.ok_call("boxd_harvest", W1);
+    world.forget_calls();
+    let v = world.err_call("boxd_image", r#"{"work":"w1","name":"w1-snap"}"#, "SNAPSHOT_EXISTS");
+    assert!(v["message"].as_str().unwrap().contains("after 1 prompts; it has 2 now"), "{v:#}");
+    assert_eq!(world.calls_starting(&["snapshots", "save"]), 0, "nothing saved");
 }
 
 #[test]

@@ -31,10 +31,23 @@ fn plan(env: &mut Env, work: &str, machine: &str, name: &str) -> ToolResult<Plan
     require_proven(&w)?;
     let mut boxd = Boxd::new(&mut env.programs, ctx.options.boxd_timeout_seconds);
     if boxd.snapshots().map_err(Failure::into_error)?.iter().any(|s| s.name == name) {
-        if w.images_pending.iter().chain(&w.images).any(|n| n == name) {
-            return Ok(Plan::AlreadyMade(w));
+        // A rerun of this work's own save (its answer lost) is answered as made; the same
+        // name asked for after a later prompt would be a new save, which an existing
+        // snapshot cannot take (snapshots are immutable).
+        let prompts = w.prompts.len() as u64;
+        let made_at = w.images.iter().any(|n| n == name).then(|| w.images_at.get(name).copied());
+        match made_at {
+            _ if w.images_pending.iter().any(|n| n == name) => return Ok(Plan::AlreadyMade(w)),
+            Some(None) => return Ok(Plan::AlreadyMade(w)),
+            Some(Some(at)) if at == prompts => return Ok(Plan::AlreadyMade(w)),
+            Some(Some(at)) => {
+                return Err(ToolError::new(
+                    Code::SnapshotExists,
+                    format!("work '{work}' saved snapshot '{name}' after {at} prompts; it has {prompts} now, and a snapshot cannot be saved again under a name"),
+                ));
+            }
+            None => return Err(ToolError::new(Code::SnapshotExists, format!("a snapshot named '{name}' already exists"))),
         }
-        return Err(ToolError::new(Code::SnapshotExists, format!("a snapshot named '{name}' already exists")));
     }
     match owned_state(&mut boxd, &w)? {
         State::Running => super::machine::require_restored(&w)?,
@@ -70,6 +83,7 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
             ledger.update(&work, |w| {
                 w.images_pending.retain(|p| p != &n);
                 if !w.images.contains(&n) {
+                    w.images_at.insert(n.clone(), w.prompts.len() as u64);
                     w.images.push(n);
                 }
             })?;
@@ -91,6 +105,7 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
     let n = name.clone();
     ledger.update(&work, |w| {
         w.images_pending.retain(|p| p != &n);
+        w.images_at.insert(n.clone(), w.prompts.len() as u64);
         w.images.push(n);
     })?;
     let mut out = work_json(&w, "running");
