@@ -37,12 +37,12 @@ async function sent(bytes, files) {
 }
 
 /** `wire` in a file, as a child's stdout is, and frames.receive over it. */
-function received(dir, wire, paths) {
+function received(dir, wire, paths, preopens = [dir]) {
   const out = path.join(dir, `stdout-${dirs.length}-${Math.random()}`);
   fs.writeFileSync(out, wire);
   const fd = fs.openSync(out, "r");
   try {
-    return frames.receive(fd, 1 << 20, paths);
+    return frames.receive(fd, 1 << 20, paths, preopens);
   } finally {
     fs.closeSync(fd);
   }
@@ -84,5 +84,25 @@ describe("frames", { skip }, () => {
     assert.throws(() => frames.openOutgoing([path.join(d, "real")], [path.join(d, "elsewhere")]), /outside/);
     assert.throws(() => frames.checkIncoming([path.join(d, "link", "x")], [d]), /cannot be received|cannot be streamed/);
     frames.checkIncoming([path.join(d, "new")], [d]);
+  });
+
+  // The landing folder checked, then swapped for a symlink to a folder outside every
+  // preopen before the bytes arrive (a user or process moving folders while a harvest
+  // runs): no byte lands outside, and nothing is left there.
+  test("a folder swapped for a symlink after the check is caught before a byte moves", () => {
+    const d = tmp();
+    const [project, outside] = [path.join(d, "project"), path.join(d, "outside")];
+    fs.mkdirSync(path.join(project, "out"), { recursive: true });
+    fs.mkdirSync(outside);
+    const dest = path.join(project, "out", "report.txt");
+    frames.checkIncoming([dest], [project]);
+    fs.renameSync(path.join(project, "out"), path.join(d, "moved"));
+    fs.symlinkSync(outside, path.join(project, "out"));
+    const got = received(d, Buffer.from(`{}\n2\nhi${sha("hi")}\n`), [dest], [project]);
+    assert.match(got.error ?? "", /symlink/);
+    assert.deepEqual(fs.readdirSync(outside), [], "nothing written or left outside the preopen");
+    // A file to send, its folder swapped the same way between the check and the open.
+    fs.writeFileSync(path.join(outside, "secret"), "not the project's");
+    assert.throws(() => frames.openOutgoing([path.join(project, "out", "secret")], [project]), /symlink|outside/);
   });
 });

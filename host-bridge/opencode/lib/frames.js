@@ -38,6 +38,34 @@ function confined(p, preopens, what) {
   }
 }
 
+/**
+ * After an open by path, that the descriptor is the file `p` names now and `p` is still
+ * clean and inside a preopen. Node has no openat2 (the Rust host resolves the open beneath
+ * its preopen in one call), so a folder swapped for a symlink between the check and the
+ * open is caught here instead: `fd` is closed and, when this open `created` the file, the
+ * file is removed wherever it landed, before any byte is written to it or read from it.
+ */
+function openedWhereChecked(fd, p, preopens, what, created) {
+  let same = false;
+  try {
+    confined(p, preopens, what);
+    const [opened, named] = [fs.fstatSync(fd), fs.lstatSync(p)];
+    same = opened.dev === named.dev && opened.ino === named.ino;
+  } catch {}
+  if (same) return;
+  if (created) {
+    try {
+      const landed = fs.readlinkSync(`/proc/self/fd/${fd}`);
+      const [opened, there] = [fs.fstatSync(fd), fs.lstatSync(landed)];
+      if (opened.dev === there.dev && opened.ino === there.ino) fs.unlinkSync(landed);
+    } catch {}
+  }
+  try {
+    fs.closeSync(fd);
+  } catch {}
+  throw new Error(`${p}: a symlink is on the way, or it leads out of its preopened folder`);
+}
+
 /** Open and check every file sent on stdin before the child starts: [{path, fd, size}]. */
 export function openOutgoing(paths, preopens) {
   const { file: fileMax, call: callMax } = fileLimits();
@@ -48,6 +76,7 @@ export function openOutgoing(paths, preopens) {
       confined(p, preopens, "file");
       // O_NONBLOCK: opening a FIFO must not wait for a writer; it is refused below.
       const fd = fs.openSync(p, fs.constants.O_RDONLY | fs.constants.O_NOFOLLOW | fs.constants.O_NONBLOCK);
+      openedWhereChecked(fd, p, preopens, "file", false);
       out.push({ path: p, fd, size: 0 });
       const st = fs.fstatSync(fd);
       if (!st.isFile()) throw new Error(`${p} cannot be streamed: it is not a regular file`);
@@ -118,10 +147,10 @@ export async function send(pipe, bytes, files) {
 
 /**
  * Read the child's stdout file `fd`: its first line (at most `cap` bytes; null when longer),
- * then the frames after it into `paths`, in order, each created new. Returns {line,
- * files} or {line, error} (and then no file of this call is kept).
+ * then the frames after it into `paths`, in order, each created new beneath `preopens`.
+ * Returns {line, files} or {line, error} (and then no file of this call is kept).
  */
-export function receive(fd, cap, paths) {
+export function receive(fd, cap, paths, preopens) {
   let pos = 0;
   const buf = Buffer.allocUnsafe(CHUNK);
   let have = 0;
@@ -177,6 +206,7 @@ export function receive(fd, cap, paths) {
       total += size;
       if (size > fileMax || total > callMax) return fail(`FILE_TOO_LARGE: frame ${received.length + 1} would pass the cap of ${fileMax} bytes a file, ${callMax} a call (protocol.json)`);
       const out = fs.openSync(p, fs.constants.O_WRONLY | fs.constants.O_CREAT | fs.constants.O_EXCL | fs.constants.O_NOFOLLOW, 0o666);
+      openedWhereChecked(out, p, preopens, "file", true);
       const entry = { path: p, size: BigInt(size), sha256: "" };
       received.push(entry);
       const hash = createHash("sha256");

@@ -544,7 +544,7 @@ export function runChild(req, grants, track = () => () => {}) {
         if (stdout.length > BOUNDS.stdout) return overCap(req.program, "stdout");
         return { tag: "ok", val: { ...val, stdout: new Uint8Array(stdout) } };
       }
-      const got = frames.receive(outFd, BOUNDS.stdout, stdoutFiles);
+      const got = frames.receive(outFd, BOUNDS.stdout, stdoutFiles, grants.preopens);
       if (got.line === null) return overCap(req.program, "stdout");
       // A child that failed says so in its answer; its files did not come.
       if (got.error && exitCode !== 0) return { tag: "ok", val: { ...val, stdout: new Uint8Array(got.line) } };

@@ -61,6 +61,53 @@ fn confined(path: &Path, preopens: &[PathBuf], what: &str) -> Result<(), String>
     Ok(())
 }
 
+/// Open `path` (absolute, inside one of `preopens`) resolved beneath its preopen in the
+/// same system call that opens it (Linux `openat2`: no symlink, `..` escape or magic link
+/// anywhere on the way), so a folder swapped for a symlink after `confined` looked cannot
+/// send the open elsewhere. `flags` are open(2)'s (O_NOFOLLOW and O_CLOEXEC are added).
+/// None where openat2 is missing (another OS, Linux before 5.6): the caller then opens by
+/// path after its `confined` check, which leaves that window open.
+fn open_beneath(path: &Path, preopens: &[PathBuf], flags: i32) -> io::Result<Option<File>> {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+        use std::os::unix::ffi::OsStrExt;
+        let Some(root) = preopens.iter().filter(|p| path.starts_with(p)).max_by_key(|p| p.as_os_str().len()) else {
+            return Err(io::Error::other("it is outside the preopened folders"));
+        };
+        let rel = path.strip_prefix(root).map_err(io::Error::other)?;
+        if rel.as_os_str().is_empty() {
+            return Err(io::Error::other("it names a preopened folder itself"));
+        }
+        let dir = File::open(root)?;
+        let rel = std::ffi::CString::new(rel.as_os_str().as_bytes()).map_err(io::Error::other)?;
+        // SAFETY: open_how is plain integers; zero is "no flags".
+        let mut how: libc::open_how = unsafe { std::mem::zeroed() };
+        how.flags = (flags | libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NOCTTY) as u64;
+        if flags & libc::O_CREAT != 0 {
+            how.mode = 0o666; // as std's OpenOptions: the umask applies
+        }
+        how.resolve = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_NO_MAGICLINKS;
+        // SAFETY: openat2 reads the path and the open_how made above, with their size.
+        let fd = unsafe { libc::syscall(libc::SYS_openat2, dir.as_raw_fd(), rel.as_ptr(), &how, std::mem::size_of::<libc::open_how>()) };
+        if fd >= 0 {
+            // SAFETY: openat2 returned a new descriptor that nothing else owns.
+            return Ok(Some(File::from(unsafe { OwnedFd::from_raw_fd(fd as i32) })));
+        }
+        let e = io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::ENOSYS) => Ok(None),
+            Some(libc::ELOOP) | Some(libc::EXDEV) => Err(io::Error::other("a symlink is on the way, or it leads out of its preopened folder")),
+            _ => Err(e),
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = (path, preopens, flags);
+        Ok(None)
+    }
+}
+
 /// A laptop file ready to be sent, opened and checked before the child starts.
 pub struct Outgoing {
     path: String,
@@ -77,11 +124,12 @@ pub fn open_outgoing(paths: &[String], preopens: &[PathBuf]) -> Result<Vec<Outgo
     for p in paths {
         confined(Path::new(p), preopens, "file")?;
         // O_NONBLOCK: opening a FIFO must not wait for a writer; it is refused below.
-        let file = OpenOptions::new()
-            .read(true)
-            .custom_flags(libc_flags::O_NOFOLLOW | libc_flags::O_NONBLOCK)
-            .open(p)
-            .map_err(|e| format!("{p} cannot be streamed: {e}"))?;
+        let opened = match open_beneath(Path::new(p), preopens, libc::O_RDONLY | libc::O_NONBLOCK) {
+            Ok(Some(f)) => Ok(f),
+            Ok(None) => OpenOptions::new().read(true).custom_flags(libc_flags::O_NOFOLLOW | libc_flags::O_NONBLOCK).open(p),
+            Err(e) => Err(e),
+        };
+        let file = opened.map_err(|e| format!("{p} cannot be streamed: {e}"))?;
         let meta = file.metadata().map_err(|e| format!("{p} cannot be streamed: {e}"))?;
         if !meta.is_file() {
             return Err(format!("{p} cannot be streamed: it is not a regular file"));
@@ -151,9 +199,9 @@ pub fn first_line(r: &mut impl BufRead, cap: usize) -> io::Result<Vec<u8>> {
 /// each created new. Returns the files that arrived whole. A frame that is cut short,
 /// damaged, past the limits, or more frames than paths is an error, and then no file of
 /// this call is kept.
-pub fn receive(r: &mut impl BufRead, paths: &[String]) -> Result<Vec<Streamed>, String> {
+pub fn receive(r: &mut impl BufRead, paths: &[String], preopens: &[PathBuf]) -> Result<Vec<Streamed>, String> {
     let mut received: Vec<Streamed> = Vec::new();
-    let result = receive_into(r, paths, &mut received).and_then(|()| durable(&received));
+    let result = receive_into(r, paths, preopens, &mut received).and_then(|()| durable(&received, preopens));
     if result.is_err() {
         for f in &received {
             let _ = std::fs::remove_file(&f.path);
@@ -162,7 +210,7 @@ pub fn receive(r: &mut impl BufRead, paths: &[String]) -> Result<Vec<Streamed>, 
     result.map(|()| received)
 }
 
-fn receive_into(r: &mut impl BufRead, paths: &[String], received: &mut Vec<Streamed>) -> Result<(), String> {
+fn receive_into(r: &mut impl BufRead, paths: &[String], preopens: &[PathBuf], received: &mut Vec<Streamed>) -> Result<(), String> {
     let (file_max, call_max) = limits();
     let mut total = 0u64;
     let mut chunk = vec![0u8; CHUNK];
@@ -182,12 +230,14 @@ fn receive_into(r: &mut impl BufRead, paths: &[String], received: &mut Vec<Strea
         if size > file_max || total > call_max {
             return Err(format!("FILE_TOO_LARGE: frame {} would pass the cap of {file_max} bytes a file, {call_max} a call (protocol.json)", received.len() + 1));
         }
-        let mut out = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .custom_flags(libc_flags::O_NOFOLLOW)
-            .open(path)
-            .map_err(|e| format!("cannot create {path}: {e}"))?;
+        // Created where check_incoming looked, as the guest's bytes arrive: resolved beneath
+        // the preopen in the same call, so a folder swapped meanwhile is refused.
+        let created = match open_beneath(Path::new(path), preopens, libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL) {
+            Ok(Some(f)) => Ok(f),
+            Ok(None) => OpenOptions::new().write(true).create_new(true).custom_flags(libc_flags::O_NOFOLLOW).open(path),
+            Err(e) => Err(e),
+        };
+        let mut out = created.map_err(|e| format!("cannot create {path}: {e}"))?;
         // Recorded at once, so a failure below removes it too.
         received.push(Streamed { path: path.clone(), size, sha256: String::new() });
         let mut digest = Sha256::new();
@@ -215,7 +265,7 @@ fn receive_into(r: &mut impl BufRead, paths: &[String], received: &mut Vec<Strea
 /// Make the received files durable before the component records them as home: one
 /// syncfs(2) per file system on Linux (a flush per file costs ten times as much for many
 /// small files), a flush per file elsewhere.
-fn durable(received: &[Streamed]) -> Result<(), String> {
+fn durable(received: &[Streamed], preopens: &[PathBuf]) -> Result<(), String> {
     #[cfg(target_os = "linux")]
     {
         use std::os::fd::AsRawFd;
@@ -225,7 +275,12 @@ fn durable(received: &[Streamed]) -> Result<(), String> {
         }
         let mut synced = std::collections::BTreeSet::new();
         for f in received {
-            let file = File::open(&f.path).map_err(|e| format!("cannot sync {}: {e}", f.path))?;
+            let file = match open_beneath(Path::new(&f.path), preopens, libc::O_RDONLY) {
+                Ok(Some(file)) => Ok(file),
+                Ok(None) => File::open(&f.path),
+                Err(e) => Err(e),
+            };
+            let file = file.map_err(|e| format!("cannot sync {}: {e}", f.path))?;
             let dev = file.metadata().map_err(|e| format!("cannot sync {}: {e}", f.path))?.dev();
             // SAFETY: syncfs(2) on a descriptor we hold open; no memory is involved.
             if synced.insert(dev) && unsafe { syncfs(file.as_raw_fd()) } != 0 {
@@ -233,6 +288,8 @@ fn durable(received: &[Streamed]) -> Result<(), String> {
             }
         }
     }
+    #[cfg(not(target_os = "linux"))]
+    let _ = preopens;
     #[cfg(not(target_os = "linux"))]
     for f in received {
         File::open(&f.path).and_then(|file| file.sync_all()).map_err(|e| format!("cannot sync {}: {e}", f.path))?;
@@ -275,7 +332,7 @@ mod tests {
         assert_eq!((sent[0].size, sent[1].size), (200_000, 0));
         assert_eq!(sent[1].sha256, "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
         let out: Vec<String> = ["a.out", "b.out"].iter().map(|n| d.join(n).display().to_string()).collect();
-        let got = receive(&mut &wire[..], &out).unwrap();
+        let got = receive(&mut &wire[..], &out, std::slice::from_ref(&d)).unwrap();
         assert_eq!(got.iter().map(|g| &g.sha256).collect::<Vec<_>>(), sent.iter().map(|s| &s.sha256).collect::<Vec<_>>());
         assert_eq!(std::fs::read(d.join("a.out")).unwrap(), std::fs::read(&a).unwrap());
     }
@@ -286,10 +343,41 @@ mod tests {
         let out = vec![d.join("x").display().to_string(), d.join("y").display().to_string()];
         let good = format!("2\nhi{}\n", super::super::hex(&Sha256::digest(b"hi")));
         for bad in [format!("{good}2\nho{}\n", "0".repeat(64)), format!("{good}5\nhi"), format!("{good}{good}{good}"), format!("{good}x\n")] {
-            let e = receive(&mut bad.as_bytes(), &out).unwrap_err();
+            let e = receive(&mut bad.as_bytes(), &out, std::slice::from_ref(&d)).unwrap_err();
             assert!(!d.join("x").exists() && !d.join("y").exists(), "{e}");
         }
-        assert_eq!(receive(&mut good.as_bytes(), &out).unwrap().len(), 1);
+        assert_eq!(receive(&mut good.as_bytes(), &out, std::slice::from_ref(&d)).unwrap().len(), 1);
+    }
+
+    /// The landing folder checked, then swapped for a symlink to a folder outside every
+    /// preopen before the bytes arrive (the user or another process moving folders while
+    /// a harvest runs): the file is created beneath the preopen or not at all.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_landing_folder_swapped_for_a_symlink_after_the_check_is_refused() {
+        let d = dir("swap");
+        let (project, outside) = (d.join("project"), d.join("outside"));
+        std::fs::create_dir_all(project.join("out")).unwrap();
+        std::fs::create_dir_all(&outside).unwrap();
+        let out = vec![project.join("out/report.txt").display().to_string()];
+        let roots = [project.clone()];
+        check_incoming(&out, &roots).unwrap();
+        std::fs::rename(project.join("out"), d.join("moved")).unwrap();
+        std::os::unix::fs::symlink(&outside, project.join("out")).unwrap();
+        let frame = format!("2\nhi{}\n", super::super::hex(&Sha256::digest(b"hi")));
+        let e = receive(&mut frame.as_bytes(), &out, &roots).unwrap_err();
+        assert!(e.contains("symlink"), "{e}");
+        assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0, "nothing written outside the preopen");
+        // A file to send, its folder swapped the same way after the check: not read.
+        std::fs::write(outside.join("secret"), b"not the project's").unwrap();
+        std::fs::remove_file(project.join("out")).unwrap();
+        std::fs::create_dir_all(project.join("out")).unwrap();
+        std::fs::write(project.join("out/secret"), b"mine").unwrap();
+        let send = vec![project.join("out/secret").display().to_string()];
+        confined(Path::new(&send[0]), &roots, "file").unwrap();
+        std::fs::rename(project.join("out"), d.join("moved2")).unwrap();
+        std::os::unix::fs::symlink(&outside, project.join("out")).unwrap();
+        assert!(open_beneath(Path::new(&send[0]), &roots, libc::O_RDONLY).is_err());
     }
 
     #[test]

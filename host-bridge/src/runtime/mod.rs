@@ -194,7 +194,7 @@ impl HostState {
         for (path, mode) in r.stdin_files.iter().map(|p| (p, "stream-in")).chain(r.stdout_files.iter().map(|p| (p, "stream-out"))) {
             self.trace.paths.push(PathRecord { path: path.clone(), mode: mode.to_string() });
         }
-        let streams = spawn::Streams { stdin_files, stdout_files: &r.stdout_files };
+        let streams = spawn::Streams { stdin_files, stdout_files: &r.stdout_files, roots: &roots };
         let out = spawn::run_streaming(spawn::Spawn {
             name: &r.program,
             binary,

@@ -23,7 +23,7 @@ mod child;
 use std::fs::File;
 use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
 use std::sync::mpsc;
 use std::thread;
@@ -45,6 +45,8 @@ pub struct Output {
 pub struct Streams<'a> {
     pub stdin_files: Vec<Outgoing>,
     pub stdout_files: &'a [String],
+    /// The preopened folders the stdout files are created beneath.
+    pub roots: &'a [PathBuf],
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -299,7 +301,7 @@ fn run_started_by(s: Spawn<'_>, streams: Streams<'_>, start_child: StartChild) -
     } else {
         let mut r = std::io::BufReader::with_capacity(64 * 1024, f.take(stdout_cap + 1));
         let line = frames::first_line(&mut r, s.bounds.stdout_cap).map_err(|_| over_cap(Stream::Stdout))?;
-        match frames::receive(&mut r, streams.stdout_files) {
+        match frames::receive(&mut r, streams.stdout_files, streams.roots) {
             Ok(received) => files.extend(received),
             // A child that failed says so in its answer; its files did not come.
             Err(_) if status.code() != Some(0) => {}
