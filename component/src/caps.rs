@@ -111,6 +111,10 @@ pub trait Files {
     fn create_new(&mut self, path: &str, bytes: &[u8]) -> Result<bool, FsError>;
     /// Rename `from` over `to` in the same preopen; false when `from` does not exist.
     fn rename(&mut self, from: &str, to: &str) -> Result<bool, FsError>;
+    /// Move `from` to `to` in the same preopen only if nothing is at `to`: false when
+    /// something is (then `from` stays). A placement that never replaces a file that
+    /// appeared after a check (another harvest's, landing at once).
+    fn place_new(&mut self, from: &str, to: &str) -> Result<bool, FsError>;
     /// The sha256 (hex) of a regular file's bytes, or None when it does not exist. An
     /// implementation may hash it in pieces so the file is never in memory as a whole.
     fn sha256(&mut self, path: &str) -> Result<Option<String>, FsError> {
@@ -145,5 +149,8 @@ impl<T: Files + ?Sized> Files for &mut T {
     }
     fn rename(&mut self, from: &str, to: &str) -> Result<bool, FsError> {
         (**self).rename(from, to)
+    }
+    fn place_new(&mut self, from: &str, to: &str) -> Result<bool, FsError> {
+        (**self).place_new(from, to)
     }
 }

@@ -178,6 +178,13 @@ impl Files for MemFiles {
         self.write_atomic(&p, bytes)?;
         Ok(true)
     }
+    fn place_new(&mut self, from: &str, to: &str) -> Result<bool, FsError> {
+        let t = self.check(to)?;
+        if self.files.contains_key(&t) || self.symlinks.contains(&t) || self.dirs.contains(&t) {
+            return Ok(false);
+        }
+        self.rename(from, to)
+    }
     fn rename(&mut self, from: &str, to: &str) -> Result<bool, FsError> {
         let (f, t) = (self.check(from)?, self.check(to)?);
         match self.files.remove(&f) {

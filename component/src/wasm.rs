@@ -330,6 +330,28 @@ impl Files for WitFiles {
             Err(e) => Err(io(e)),
         }
     }
+
+    /// A hard link, which fails when `to` exists, then the old name removed. A file system
+    /// without hard links (some network and FAT ones) gets a look, then a rename: the
+    /// window between them is left there.
+    fn place_new(&mut self, from: &str, to: &str) -> Result<bool, FsError> {
+        let (dir, rel_from) = self.resolve(from)?;
+        let (_, rel_to) = self.resolve(to)?;
+        match dir.link_at(PathFlags::empty(), rel_from, dir, rel_to) {
+            Ok(()) => {
+                self.remove_file(from)?;
+                Ok(true)
+            }
+            Err(ErrorCode::Exist) => Ok(false),
+            Err(ErrorCode::NotPermitted | ErrorCode::Unsupported | ErrorCode::CrossDevice | ErrorCode::TooManyLinks) => {
+                if self.stat(to)?.is_some() {
+                    return Ok(false);
+                }
+                self.rename(from, to)
+            }
+            Err(e) => Err(io(e)),
+        }
+    }
 }
 
 // --- no_std runtime for a wasm32 cdylib -------------------------------------------------

@@ -403,35 +403,61 @@ fn bring_files(env: &mut Env, w: Work, git: &Value, landing: &[Landing], arrived
         }
         incoming.push(Incoming { landing: l, size: got.size, sha256: got.sha256 });
     }
+    let mut existed = Vec::new();
     for file in &incoming {
-        check_overwrite(env, &w, file)?;
+        existed.push(check_overwrite(env, &w, file)?);
     }
     let now = env.now();
     let mut written = Vec::new();
     let mut records = Vec::new();
-    for Incoming { landing: Landing { rel, dest, temp }, size, sha256 } in incoming {
-        match env.files.rename(temp, dest) {
+    let mut stopped = None;
+    for (Incoming { landing: Landing { rel, dest, temp }, size, sha256 }, existed) in incoming.into_iter().zip(existed) {
+        // A destination that was absent at the check is placed only if it still is: another
+        // harvest (another work's, at once) may have landed a file there since, and it is
+        // never replaced. One that existed was found replaceable (same bytes, or this
+        // work's own) and is renamed over.
+        let placed = if existed { env.files.rename(temp, dest) } else { env.files.place_new(temp, dest) };
+        match placed {
             Ok(true) => {}
-            _ => return Err(ToolError::new(Code::PathRefused, format!("cannot write {dest}"))),
+            Ok(false) if !existed => {
+                stopped = Some(ToolError::with_next(
+                    Code::FileConflict,
+                    format!("{dest} (from {rel}) appeared while this harvest landed its files; it was not overwritten, and {rel} stays owed"),
+                    format!("Move {dest} aside, or call boxd_harvest for work '{}' with \"to\" naming another folder.", w.work),
+                ));
+                break;
+            }
+            _ => {
+                stopped = Some(ToolError::new(Code::PathRefused, format!("cannot write {dest}")));
+                break;
+            }
         }
         records.push(FileRecord { guest: rel.clone(), laptop: dest.clone(), size, sha256: sha256.clone(), at: now.clone() });
         written.push(json!({ "path": rel, "laptop": dest, "size": size, "sha256": sha256 }));
     }
+    // What landed is recorded even when a later file stopped the harvest: those files are
+    // home, and the rest stays owed.
     let landed: Vec<&String> = landing.iter().map(|l| &l.temp).collect();
+    let done = stopped.is_none();
     let w = Ledger::for_call(&mut env.files, env.ctx).update(&w.work, |w| {
         w.owed.retain(|o| !records.iter().any(|r| &r.guest == o));
         w.files_out.extend(records);
-        w.temps.retain(|t| !landed.contains(&&t.path));
+        if done {
+            w.temps.retain(|t| !landed.contains(&&t.path));
+        }
     })?;
-    Ok((w, written))
+    match stopped {
+        Some(e) => Err(e),
+        None => Ok((w, written)),
+    }
 }
 
 /// A laptop file may be replaced only by the same bytes or when it is what this work last
-/// brought home there; a symlink or a folder never.
-fn check_overwrite(env: &mut Env, w: &Work, file: &Incoming) -> ToolResult<()> {
+/// brought home there; a symlink or a folder never. Ok(true) when a file is there now.
+fn check_overwrite(env: &mut Env, w: &Work, file: &Incoming) -> ToolResult<bool> {
     let (Landing { rel, dest, .. }, sha) = (file.landing, &file.sha256);
     match env.files.stat(dest).map_err(|_| ToolError::new(Code::PathRefused, format!("{dest} cannot be checked")))? {
-        None => Ok(()),
+        None => Ok(false),
         Some(m) if m.kind == Kind::Symlink => Err(ToolError::new(Code::PathRefused, format!("{dest} is a symlink on the laptop, which is never followed"))),
         Some(m) if m.kind != Kind::File => Err(ToolError::new(Code::PathRefused, format!("{dest} exists and is not a file"))),
         Some(m) => {
@@ -450,7 +476,7 @@ fn check_overwrite(env: &mut Env, w: &Work, file: &Incoming) -> ToolResult<()> {
                     format!("Move {dest} aside, or call boxd_harvest for work '{}' with \"to\" naming another folder.", w.work),
                 ));
             }
-            Ok(())
+            Ok(true)
         }
     }
 }
@@ -491,6 +517,57 @@ mod tests {
     fn session(id: &str, parent: Option<&str>, n: usize) -> Value {
         let msgs: Vec<Value> = (0..n).map(|i| json!({ "info": { "id": format!("msg_{id}_{i}"), "role": "user" }, "parts": [{ "id": format!("prt_{i}"), "type": "text", "text": "hi" }] })).collect();
         json!({ "info": { "id": id, "parentID": parent }, "messages": msgs })
+    }
+
+    /// MemFiles where another harvest lands `dest` just before this one places its file
+    /// there (after the check found nothing): two works harvesting one path at once.
+    struct LandsFirst {
+        inner: crate::testing::MemFiles,
+        dest: &'static str,
+    }
+
+    impl crate::caps::Files for LandsFirst {
+        fn read(&mut self, p: &str) -> Result<Option<Vec<u8>>, crate::caps::FsError> { self.inner.read(p) }
+        fn write_atomic(&mut self, p: &str, b: &[u8]) -> Result<(), crate::caps::FsError> { self.inner.write_atomic(p, b) }
+        fn create_dir_all(&mut self, p: &str) -> Result<(), crate::caps::FsError> { self.inner.create_dir_all(p) }
+        fn list(&mut self, d: &str) -> Result<Vec<String>, crate::caps::FsError> { self.inner.list(d) }
+        fn stat(&mut self, p: &str) -> Result<Option<crate::caps::Meta>, crate::caps::FsError> { self.inner.stat(p) }
+        fn remove_file(&mut self, p: &str) -> Result<(), crate::caps::FsError> { self.inner.remove_file(p) }
+        fn create_new(&mut self, p: &str, b: &[u8]) -> Result<bool, crate::caps::FsError> { self.inner.create_new(p, b) }
+        fn rename(&mut self, f: &str, t: &str) -> Result<bool, crate::caps::FsError> { self.inner.rename(f, t) }
+        fn place_new(&mut self, f: &str, t: &str) -> Result<bool, crate::caps::FsError> {
+            if t == self.dest {
+                self.inner.put(t, b"the other work's result");
+            }
+            self.inner.place_new(f, t)
+        }
+    }
+
+    #[test]
+    fn a_file_landed_by_another_harvest_after_the_check_is_never_replaced() {
+        use crate::testing::{raw_context, MemFiles, Scripted};
+        let mut files = LandsFirst { inner: MemFiles::new(&["/p", "/l"]), dest: "/p/b.txt" };
+        let ctx = crate::tools::context(raw_context("{}", "{}")).unwrap();
+        let mut w = Work { work: "w1".into(), machine: "oc-w1".into(), schema: crate::ledger::SCHEMA, ..Default::default() };
+        w.owed = vec!["a.txt".into(), "b.txt".into()];
+        let landing: Vec<Landing> = ["a", "b"].iter().map(|n| Landing { rel: format!("{n}.txt"), dest: format!("/p/{n}.txt"), temp: format!("/p/{n}.txt.x-0.boxd-tmp") }).collect();
+        let mut arrived = Vec::new();
+        for l in &landing {
+            files.inner.put(&l.temp, l.rel.as_bytes());
+            arrived.push(Streamed { path: l.temp.clone(), size: l.rel.len() as u64, sha256: crate::encode::sha256_hex(l.rel.as_bytes()) });
+        }
+        Ledger::new(&mut files, "/l").write(&w).unwrap();
+        let git = json!({ "files": [{ "path": "a.txt" }, { "path": "b.txt" }] });
+        let mut programs = Scripted::default();
+        let mut env = Env { programs: &mut programs, files: &mut files, ctx: &ctx };
+        let e = bring_files(&mut env, w, &git, &landing, arrived).unwrap_err();
+        assert_eq!(e.code, Code::FileConflict, "{e:?}");
+        assert!(e.message.contains("appeared while this harvest landed"), "{}", e.message);
+        assert_eq!(files.inner.text("/p/b.txt").as_deref(), Some("the other work's result"), "never replaced");
+        assert_eq!(files.inner.text("/p/a.txt").as_deref(), Some("a.txt"), "the file before it landed");
+        let w = Ledger::new(&mut files, "/l").require("w1").unwrap();
+        assert_eq!(w.owed, ["b.txt"], "the one that did not land stays owed");
+        assert_eq!(w.files_out.iter().map(|r| r.guest.as_str()).collect::<Vec<_>>(), ["a.txt"], "the one that landed is recorded");
     }
 
     #[test]

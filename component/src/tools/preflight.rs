@@ -68,6 +68,9 @@ impl Files for ReadFiles<'_> {
     fn rename(&mut self, from: &str, _: &str) -> Result<bool, FsError> {
         Err(no_write(from))
     }
+    fn place_new(&mut self, from: &str, _: &str) -> Result<bool, FsError> {
+        Err(no_write(from))
+    }
 }
 
 /// boxd_ensure: the folder, then boxd itself (missing, signed out); a work that will need

@@ -29,7 +29,7 @@ pub struct SpawnRecord {
 #[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
 pub struct PathRecord {
     pub path: String,
-    /// read, write, create, dir, mkdir, rename, unlink; stream-in / stream-out for a file
+    /// read, write, create, dir, mkdir, rename, link, unlink; stream-in / stream-out for a file
     /// the host streamed for a spawn (runtime/frames.rs).
     pub mode: String,
 }
@@ -164,6 +164,20 @@ pub fn trace_filesystem(linker: &mut Linker<HostState>) -> Result<()> {
             let n = store.data_mut().next_rename();
             store.data().kill_point(true, false, n);
             let r = HostDescriptor::rename_at(&mut store.data_mut().fs_view(), fd, old, new_fd, new);
+            store.data().kill_point(false, false, n);
+            Ok((split(r)?,))
+        },
+    )?;
+    // A hard link places a harvested file only where nothing is (Files::place_new): a
+    // committed write like a rename, so it is traced and counted as one for the kill points.
+    types.func_wrap(
+        "[method]descriptor.link-at",
+        |mut store: StoreContextMut<'_, HostState>, (fd, flags, old, new_fd, new): (Resource<fs::Descriptor>, fs::PathFlags, String, Resource<fs::Descriptor>, String)| {
+            store.data_mut().record_open(fd.rep(), None, &old, "link-from");
+            store.data_mut().record_open(new_fd.rep(), None, &new, "link-to");
+            let n = store.data_mut().next_rename();
+            store.data().kill_point(true, false, n);
+            let r = HostDescriptor::link_at(&mut store.data_mut().fs_view(), fd, flags, old, new_fd, new);
             store.data().kill_point(false, false, n);
             Ok((split(r)?,))
         },
