@@ -734,6 +734,16 @@ class T2Lifecycle(OneWork):
         self.assertEqual((tree / "\u65e5\u672c/\u30c7\u30fc\u30bf.bin").read_bytes(), blob)
         self.assertEqual((tree / "top.txt").read_bytes(), b"v1\n")
         self.assertEqual(st["outcome"], "completed")
+        # a retried submit (its answer was lost) whose files the agent has changed since:
+        # admitted once, and the files are not put back over the agent's work
+        first = g.submit(self.W, "keep my edits", prompt_id="files-retry", files=[file_item("retry.txt", b"as sent\n")])
+        self.assertNotIn("duplicate", first.json, first)
+        g.wait_idle(self.W)
+        (tree / "retry.txt").write_bytes(b"the agent's edit\n")
+        again = g.submit(self.W, "keep my edits", prompt_id="files-retry", files=[file_item("retry.txt", b"as sent\n")])
+        self.assertTrue(again.json.get("duplicate"), again)
+        self.assertEqual((tree / "retry.txt").read_bytes(), b"the agent's edit\n")
+        self.assertEqual([p.name for p in (g.boxd(self.W) / "tmp").glob("in-*")], [], "no received temp left")
         # refusals admit nothing and write nothing
         outside = g.root / "outside"
         outside.mkdir()

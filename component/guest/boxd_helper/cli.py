@@ -12,7 +12,7 @@ import sys
 import traceback
 
 from .disk import FileLock, atomic_write, now_iso, read_json, read_text, sha256_hex, write_json
-from .files import plan_files, read_requested, receive_files, send_requested, write_files
+from .files import discard, plan_files, read_requested, receive_files, send_requested, write_files
 from .gitstate import ensure_git_exclude, ensure_repo, inventory, make_bundle
 from .opencode import Api, ApiError, find_opencode, opencode_env, opencode_version
 from .procs import kill_group, owned_alive
@@ -102,7 +102,13 @@ def cmd_submit(args):
         raise Fail("ARGS_INVALID", "prompt is not valid Unicode (it holds a lone surrogate)")
     if len(prompt.encode("utf-8")) > PROMPT_MAX:
         raise Fail("FILE_TOO_LARGE", "the prompt is %d bytes; the limit is %s" % (len(prompt.encode("utf-8")), mib(PROMPT_MAX)))
-    write_files(work, receive_files(work, plan_files(work, files), sys.stdin.buffer))
+    received = receive_files(work, plan_files(work, files), sys.stdin.buffer)
+    if prompt_id in work.state().seen:
+        # A retry of a submit whose answer was lost: its files were placed then, and the
+        # agent may have changed them since. Putting them back would undo that work.
+        discard(received)
+    else:
+        write_files(work, received)
     ensure_git_exclude(work)
     # admit: durable before anything else can go wrong; "queued" is decided under the same
     # lock the pump dispatches under, so the pump cannot start this prompt in between
