@@ -113,15 +113,22 @@ fn git_is_recorded_and_a_dirty_tree_stores_a_patch_that_applies_on_a_fresh_clone
 fn files_come_back_with_conflicts_and_symlinks_refused() {
     let world = World::new("harvest-files");
     world.ok_call("boxd_ensure", W1);
-    run(&world, &format!("write {}", bash("echo summary v1 > SUMMARY.md && ln -s /etc/passwd link.txt && echo odd > 'a, b ü.txt'")));
+    let long = format!("{}.txt", "n".repeat(240));
+    run(&world, &format!("write {}", bash(&format!("echo summary v1 > SUMMARY.md && ln -s /etc/passwd link.txt && echo odd > 'a, b ü.txt' && echo long > {long}"))));
+    // A name near the file system's 255 bytes comes home too (its temp name is shorter).
+    let v = world.ok_call("boxd_harvest", &json!({ "work": "w1", "files": [long] }).to_string());
+    assert_eq!(std::fs::read_to_string(world.laptop.project.join(&long)).unwrap(), "long\n", "{v:#}");
     let v = world.ok_call("boxd_harvest", &json!({ "work": "w1", "files": ["a, b ü.txt"] }).to_string());
     assert_eq!(v["files"][0]["sha256"], sha256(b"odd\n").as_str(), "any file name comes back");
     let v = world.ok_call("boxd_harvest", r#"{"work":"w1","files":["SUMMARY.md"]}"#);
     let local = world.laptop.project.join("SUMMARY.md");
     assert_eq!(std::fs::read_to_string(&local).unwrap(), "summary v1\n");
     assert_eq!(v["files"][0]["sha256"], sha256(b"summary v1\n").as_str());
-    // Harvesting the same content again is fine; a laptop edit is never overwritten.
+    // Harvesting the same content again is fine, and leaves the laptop file as it is (the
+    // mode the user gave it); a laptop edit is never overwritten.
+    std::fs::set_permissions(&local, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     world.ok_call("boxd_harvest", r#"{"work":"w1","files":["SUMMARY.md"]}"#);
+    assert_eq!(std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&local).unwrap().permissions()) & 0o777, 0o600);
     std::fs::write(&local, "my own edit\n").unwrap();
     run(&world, &format!("rewrite {}", bash("echo summary v2 > SUMMARY.md")));
     world.err_call("boxd_harvest", r#"{"work":"w1","files":["SUMMARY.md"]}"#, "FILE_CONFLICT");

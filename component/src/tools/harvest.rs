@@ -308,7 +308,11 @@ fn landing(env: &mut Env, w: Work, wanted: &[String], dest_dir: &str) -> ToolRes
         let dest = paths::laptop_path(&rel, dest_dir, &roots)?;
         let parent = paths::parent(&dest).to_string();
         env.files.create_dir_all(&parent).map_err(|_| ToolError::new(Code::PathRefused, format!("cannot create {parent}")))?;
-        out.push(Landing { temp: format!("{dest}.{mark}-{i}.boxd-tmp"), rel, dest });
+        // Beside its destination, named after it; a name too long for that (most file
+        // systems allow 255 bytes) gets a short temp name in the same folder instead.
+        let name = dest[parent.len()..].trim_start_matches('/');
+        let temp = if name.len() + mark.len() + 32 <= 255 { format!("{dest}.{mark}-{i}.boxd-tmp") } else { format!("{parent}/.{mark}-{i}.boxd-tmp") };
+        out.push(Landing { temp, rel, dest });
     }
     if out.is_empty() {
         return Ok((w, out));
@@ -403,23 +407,27 @@ fn bring_files(env: &mut Env, w: Work, git: &Value, landing: &[Landing], arrived
         }
         incoming.push(Incoming { landing: l, size: got.size, sha256: got.sha256 });
     }
-    let mut existed = Vec::new();
+    let mut places = Vec::new();
     for file in &incoming {
-        existed.push(check_overwrite(env, &w, file)?);
+        places.push(check_overwrite(env, &w, file)?);
     }
     let now = env.now();
     let mut written = Vec::new();
     let mut records = Vec::new();
     let mut stopped = None;
-    for (Incoming { landing: Landing { rel, dest, temp }, size, sha256 }, existed) in incoming.into_iter().zip(existed) {
+    for (Incoming { landing: Landing { rel, dest, temp }, size, sha256 }, place) in incoming.into_iter().zip(places) {
         // A destination that was absent at the check is placed only if it still is: another
         // harvest (another work's, at once) may have landed a file there since, and it is
-        // never replaced. One that existed was found replaceable (same bytes, or this
-        // work's own) and is renamed over.
-        let placed = if existed { env.files.rename(temp, dest) } else { env.files.place_new(temp, dest) };
+        // never replaced. One that holds these bytes is left as it is (a mode the user set
+        // stays); one this work brought there last is renamed over.
+        let placed = match place {
+            Place::New => env.files.place_new(temp, dest),
+            Place::Same => env.files.remove_file(temp).map(|()| true),
+            Place::Replace => env.files.rename(temp, dest),
+        };
         match placed {
             Ok(true) => {}
-            Ok(false) if !existed => {
+            Ok(false) if place == Place::New => {
                 stopped = Some(ToolError::with_next(
                     Code::FileConflict,
                     format!("{dest} (from {rel}) appeared while this harvest landed its files; it was not overwritten, and {rel} stays owed"),
@@ -452,12 +460,23 @@ fn bring_files(env: &mut Env, w: Work, git: &Value, landing: &[Landing], arrived
     }
 }
 
+/// How a checked file lands.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Place {
+    /// Nothing is there: placed only if that still holds.
+    New,
+    /// The laptop file holds these bytes already: left as it is (its mode, its inode).
+    Same,
+    /// What this work last brought home there: replaced.
+    Replace,
+}
+
 /// A laptop file may be replaced only by the same bytes or when it is what this work last
-/// brought home there; a symlink or a folder never. Ok(true) when a file is there now.
-fn check_overwrite(env: &mut Env, w: &Work, file: &Incoming) -> ToolResult<bool> {
+/// brought home there; a symlink or a folder never.
+fn check_overwrite(env: &mut Env, w: &Work, file: &Incoming) -> ToolResult<Place> {
     let (Landing { rel, dest, .. }, sha) = (file.landing, &file.sha256);
     match env.files.stat(dest).map_err(|_| ToolError::new(Code::PathRefused, format!("{dest} cannot be checked")))? {
-        None => Ok(false),
+        None => Ok(Place::New),
         Some(m) if m.kind == Kind::Symlink => Err(ToolError::new(Code::PathRefused, format!("{dest} is a symlink on the laptop, which is never followed"))),
         Some(m) if m.kind != Kind::File => Err(ToolError::new(Code::PathRefused, format!("{dest} exists and is not a file"))),
         Some(m) => {
@@ -476,7 +495,7 @@ fn check_overwrite(env: &mut Env, w: &Work, file: &Incoming) -> ToolResult<bool>
                     format!("Move {dest} aside, or call boxd_harvest for work '{}' with \"to\" naming another folder.", w.work),
                 ));
             }
-            Ok(true)
+            Ok(if &current == sha { Place::Same } else { Place::Replace })
         }
     }
 }
