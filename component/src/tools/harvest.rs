@@ -419,18 +419,20 @@ fn bring_files(env: &mut Env, w: Work, git: &Value, landing: &[Landing], arrived
         // A destination that was absent at the check is placed only if it still is: another
         // harvest (another work's, at once) may have landed a file there since, and it is
         // never replaced. One that holds these bytes is left as it is (a mode the user set
-        // stays); one this work brought there last is renamed over.
-        let placed = match place {
+        // stays); one this work brought there last is replaced only if it still holds
+        // those bytes (the user may have saved an edit since the check).
+        let placed = match &place {
             Place::New => env.files.place_new(temp, dest),
             Place::Same => env.files.remove_file(temp).map(|()| true),
-            Place::Replace => env.files.rename(temp, dest),
+            Place::Replace(last) => replace_unchanged(env, temp, dest, last),
         };
         match placed {
             Ok(true) => {}
-            Ok(false) if place == Place::New => {
+            Ok(false) => {
+                let what = if place == Place::New { "appeared" } else { "changed" };
                 stopped = Some(ToolError::with_next(
                     Code::FileConflict,
-                    format!("{dest} (from {rel}) appeared while this harvest landed its files; it was not overwritten, and {rel} stays owed"),
+                    format!("{dest} (from {rel}) {what} while this harvest landed its files; it was not overwritten, and {rel} stays owed"),
                     format!("Move {dest} aside, or call boxd_harvest for work '{}' with \"to\" naming another folder.", w.work),
                 ));
                 break;
@@ -460,15 +462,33 @@ fn bring_files(env: &mut Env, w: Work, git: &Value, landing: &[Landing], arrived
     }
 }
 
+/// Replace `dest`, which held `last` at the check, with `temp` only if it still holds
+/// `last`: it is moved aside first (one rename, so nothing can change it unseen after),
+/// hashed, and then either dropped for `temp` or put back. False when it changed (then it
+/// is back where it was, or, if a new file took its place meanwhile, left beside it as
+/// `<temp>.kept`: never removed) or a new file appeared once it was aside.
+fn replace_unchanged(env: &mut Env, temp: &str, dest: &str, last: &str) -> Result<bool, crate::caps::FsError> {
+    let aside = format!("{temp}.kept");
+    if !env.files.rename(dest, &aside)? {
+        return env.files.place_new(temp, dest);
+    }
+    if env.files.sha256(&aside)?.as_deref() != Some(last) {
+        let _ = env.files.place_new(&aside, dest);
+        return Ok(false);
+    }
+    env.files.remove_file(&aside)?;
+    env.files.place_new(temp, dest)
+}
+
 /// How a checked file lands.
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 enum Place {
     /// Nothing is there: placed only if that still holds.
     New,
     /// The laptop file holds these bytes already: left as it is (its mode, its inode).
     Same,
-    /// What this work last brought home there: replaced.
-    Replace,
+    /// What this work last brought home there (its sha256): replaced only if it still is.
+    Replace(String),
 }
 
 /// A laptop file may be replaced only by the same bytes or when it is what this work last
@@ -495,7 +515,7 @@ fn check_overwrite(env: &mut Env, w: &Work, file: &Incoming) -> ToolResult<Place
                     format!("Move {dest} aside, or call boxd_harvest for work '{}' with \"to\" naming another folder.", w.work),
                 ));
             }
-            Ok(if &current == sha { Place::Same } else { Place::Replace })
+            Ok(if &current == sha { Place::Same } else { Place::Replace(current) })
         }
     }
 }
@@ -553,13 +573,42 @@ mod tests {
         fn stat(&mut self, p: &str) -> Result<Option<crate::caps::Meta>, crate::caps::FsError> { self.inner.stat(p) }
         fn remove_file(&mut self, p: &str) -> Result<(), crate::caps::FsError> { self.inner.remove_file(p) }
         fn create_new(&mut self, p: &str, b: &[u8]) -> Result<bool, crate::caps::FsError> { self.inner.create_new(p, b) }
-        fn rename(&mut self, f: &str, t: &str) -> Result<bool, crate::caps::FsError> { self.inner.rename(f, t) }
+        fn rename(&mut self, f: &str, t: &str) -> Result<bool, crate::caps::FsError> {
+            // The replace path moves the destination aside first: the user saves just before.
+            if f == self.dest {
+                self.inner.put(f, b"the user's edit");
+            }
+            self.inner.rename(f, t)
+        }
         fn place_new(&mut self, f: &str, t: &str) -> Result<bool, crate::caps::FsError> {
-            if t == self.dest {
+            if t == self.dest && self.inner.files.get(t).is_none() && !f.ends_with(".kept") {
                 self.inner.put(t, b"the other work's result");
             }
             self.inner.place_new(f, t)
         }
+    }
+
+    #[test]
+    fn a_file_the_user_saved_after_the_check_is_never_replaced() {
+        use crate::testing::{raw_context, MemFiles, Scripted};
+        let mut files = LandsFirst { inner: MemFiles::new(&["/p", "/l"]), dest: "/p/a.txt" };
+        let ctx = crate::tools::context(raw_context("{}", "{}")).unwrap();
+        let mut w = Work { work: "w1".into(), machine: "oc-w1".into(), schema: crate::ledger::SCHEMA, ..Default::default() };
+        w.owed = vec!["a.txt".into()];
+        // This work brought "v1" home there last; the guest now has "v2".
+        files.inner.put("/p/a.txt", b"v1");
+        w.files_out.push(crate::ledger::FileRecord { guest: "a.txt".into(), laptop: "/p/a.txt".into(), size: 2, sha256: crate::encode::sha256_hex(b"v1"), at: String::new() });
+        let landing = vec![Landing { rel: "a.txt".into(), dest: "/p/a.txt".into(), temp: "/p/a.txt.x-0.boxd-tmp".into() }];
+        files.inner.put(&landing[0].temp, b"v2");
+        let arrived = vec![Streamed { path: landing[0].temp.clone(), size: 2, sha256: crate::encode::sha256_hex(b"v2") }];
+        Ledger::new(&mut files, "/l").write(&w).unwrap();
+        let git = json!({ "files": [{ "path": "a.txt" }] });
+        let mut programs = Scripted::default();
+        let mut env = Env { programs: &mut programs, files: &mut files, ctx: &ctx };
+        let e = bring_files(&mut env, w, &git, &landing, arrived).unwrap_err();
+        assert!(e.code == Code::FileConflict && e.message.contains("changed while this harvest landed"), "{e:?}");
+        assert_eq!(files.inner.text("/p/a.txt").as_deref(), Some("the user's edit"), "the edit is back in place");
+        assert!(files.inner.files.keys().all(|k| !k.ends_with(".kept")), "nothing left aside");
     }
 
     #[test]
