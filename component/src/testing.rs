@@ -104,6 +104,10 @@ impl MemFiles {
         }
         self.files.insert(path.to_string(), bytes.to_vec());
     }
+    /// Something (a file, a symlink, a folder) is at `p`.
+    fn taken(&self, p: &str) -> bool {
+        self.files.contains_key(p) || self.symlinks.contains(p) || self.dirs.contains(p)
+    }
     pub fn text(&self, path: &str) -> Option<String> {
         self.files.get(path).map(|b| String::from_utf8_lossy(b).into_owned())
     }
@@ -172,15 +176,14 @@ impl Files for MemFiles {
     }
     fn create_new(&mut self, path: &str, bytes: &[u8]) -> Result<bool, FsError> {
         let p = self.check(path)?;
-        if self.files.contains_key(&p) || self.symlinks.contains(&p) || self.dirs.contains(&p) {
+        if self.taken(&p) {
             return Ok(false);
         }
         self.write_atomic(&p, bytes)?;
         Ok(true)
     }
     fn place_new(&mut self, from: &str, to: &str) -> Result<bool, FsError> {
-        let t = self.check(to)?;
-        if self.files.contains_key(&t) || self.symlinks.contains(&t) || self.dirs.contains(&t) {
+        if self.taken(&self.check(to)?) {
             return Ok(false);
         }
         self.rename(from, to)

@@ -65,46 +65,29 @@ fn confined(path: &Path, preopens: &[PathBuf], what: &str) -> Result<(), String>
 /// same system call that opens it (Linux `openat2`: no symlink, `..` escape or magic link
 /// anywhere on the way), so a folder swapped for a symlink after `confined` looked cannot
 /// send the open elsewhere. `flags` are open(2)'s (O_NOFOLLOW and O_CLOEXEC are added).
-/// None where openat2 is missing (another OS, Linux before 5.6): the caller then opens by
-/// path after its `confined` check, which leaves that window open.
-fn open_beneath(path: &Path, preopens: &[PathBuf], flags: i32) -> io::Result<Option<File>> {
-    #[cfg(target_os = "linux")]
-    {
-        use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-        use std::os::unix::ffi::OsStrExt;
-        let Some(root) = preopens.iter().filter(|p| path.starts_with(p)).max_by_key(|p| p.as_os_str().len()) else {
-            return Err(io::Error::other("it is outside the preopened folders"));
-        };
-        let rel = path.strip_prefix(root).map_err(io::Error::other)?;
-        if rel.as_os_str().is_empty() {
-            return Err(io::Error::other("it names a preopened folder itself"));
-        }
-        let dir = File::open(root)?;
-        let rel = std::ffi::CString::new(rel.as_os_str().as_bytes()).map_err(io::Error::other)?;
-        // SAFETY: open_how is plain integers; zero is "no flags".
-        let mut how: libc::open_how = unsafe { std::mem::zeroed() };
-        how.flags = (flags | libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NOCTTY) as u64;
-        if flags & libc::O_CREAT != 0 {
-            how.mode = 0o666; // as std's OpenOptions: the umask applies
-        }
-        how.resolve = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_NO_MAGICLINKS;
-        // SAFETY: openat2 reads the path and the open_how made above, with their size.
-        let fd = unsafe { libc::syscall(libc::SYS_openat2, dir.as_raw_fd(), rel.as_ptr(), &how, std::mem::size_of::<libc::open_how>()) };
-        if fd >= 0 {
-            // SAFETY: openat2 returned a new descriptor that nothing else owns.
-            return Ok(Some(File::from(unsafe { OwnedFd::from_raw_fd(fd as i32) })));
-        }
-        let e = io::Error::last_os_error();
-        match e.raw_os_error() {
-            Some(libc::ENOSYS) => Ok(None),
+/// Where openat2 is missing (Linux before 5.6) it opens by path with `by_path`, after the
+/// caller's `confined` check, which leaves that window open.
+fn open_beneath(path: &Path, preopens: &[PathBuf], flags: i32, by_path: &OpenOptions) -> io::Result<File> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::ffi::OsStrExt;
+    let Some(root) = preopens.iter().filter(|p| path.starts_with(p)).max_by_key(|p| p.as_os_str().len()) else {
+        return Err(io::Error::other("it is outside the preopened folders"));
+    };
+    let rel = path.strip_prefix(root).map_err(io::Error::other)?;
+    if rel.as_os_str().is_empty() {
+        return Err(io::Error::other("it names a preopened folder itself"));
+    }
+    let dir = File::open(root)?;
+    let rel = std::ffi::CString::new(rel.as_os_str().as_bytes()).map_err(io::Error::other)?;
+    let flags = flags | libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NOCTTY;
+    let resolve = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_NO_MAGICLINKS;
+    match super::read_open::openat2(dir.as_raw_fd(), &rel, flags, resolve) {
+        Ok(fd) => Ok(File::from(fd)),
+        Err(e) => match e.raw_os_error() {
+            Some(libc::ENOSYS) => by_path.open(path),
             Some(libc::ELOOP) | Some(libc::EXDEV) => Err(io::Error::other("a symlink is on the way, or it leads out of its preopened folder")),
             _ => Err(e),
-        }
-    }
-    #[cfg(not(target_os = "linux"))]
-    {
-        let _ = (path, preopens, flags);
-        Ok(None)
+        },
     }
 }
 
@@ -124,12 +107,8 @@ pub fn open_outgoing(paths: &[String], preopens: &[PathBuf]) -> Result<Vec<Outgo
     for p in paths {
         confined(Path::new(p), preopens, "file")?;
         // O_NONBLOCK: opening a FIFO must not wait for a writer; it is refused below.
-        let opened = match open_beneath(Path::new(p), preopens, libc::O_RDONLY | libc::O_NONBLOCK) {
-            Ok(Some(f)) => Ok(f),
-            Ok(None) => OpenOptions::new().read(true).custom_flags(libc_flags::O_NOFOLLOW | libc_flags::O_NONBLOCK).open(p),
-            Err(e) => Err(e),
-        };
-        let file = opened.map_err(|e| format!("{p} cannot be streamed: {e}"))?;
+        let by_path = OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK).clone();
+        let file = open_beneath(Path::new(p), preopens, libc::O_RDONLY | libc::O_NONBLOCK, &by_path).map_err(|e| format!("{p} cannot be streamed: {e}"))?;
         let meta = file.metadata().map_err(|e| format!("{p} cannot be streamed: {e}"))?;
         if !meta.is_file() {
             return Err(format!("{p} cannot be streamed: it is not a regular file"));
@@ -232,12 +211,9 @@ fn receive_into(r: &mut impl BufRead, paths: &[String], preopens: &[PathBuf], re
         }
         // Created where check_incoming looked, as the guest's bytes arrive: resolved beneath
         // the preopen in the same call, so a folder swapped meanwhile is refused.
-        let created = match open_beneath(Path::new(path), preopens, libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL) {
-            Ok(Some(f)) => Ok(f),
-            Ok(None) => OpenOptions::new().write(true).create_new(true).custom_flags(libc_flags::O_NOFOLLOW).open(path),
-            Err(e) => Err(e),
-        };
-        let mut out = created.map_err(|e| format!("cannot create {path}: {e}"))?;
+        let by_path = OpenOptions::new().write(true).create_new(true).custom_flags(libc::O_NOFOLLOW).clone();
+        let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL;
+        let mut out = open_beneath(Path::new(path), preopens, flags, &by_path).map_err(|e| format!("cannot create {path}: {e}"))?;
         // Recorded at once, so a failure below removes it too.
         received.push(Streamed { path: path.clone(), size, sha256: String::new() });
         let mut digest = Sha256::new();
@@ -275,12 +251,7 @@ fn durable(received: &[Streamed], preopens: &[PathBuf]) -> Result<(), String> {
         }
         let mut synced = std::collections::BTreeSet::new();
         for f in received {
-            let file = match open_beneath(Path::new(&f.path), preopens, libc::O_RDONLY) {
-                Ok(Some(file)) => Ok(file),
-                Ok(None) => File::open(&f.path),
-                Err(e) => Err(e),
-            };
-            let file = file.map_err(|e| format!("cannot sync {}: {e}", f.path))?;
+            let file = open_beneath(Path::new(&f.path), preopens, libc::O_RDONLY, OpenOptions::new().read(true)).map_err(|e| format!("cannot sync {}: {e}", f.path))?;
             let dev = file.metadata().map_err(|e| format!("cannot sync {}: {e}", f.path))?.dev();
             // SAFETY: syncfs(2) on a descriptor we hold open; no memory is involved.
             if synced.insert(dev) && unsafe { syncfs(file.as_raw_fd()) } != 0 {
@@ -289,24 +260,10 @@ fn durable(received: &[Streamed], preopens: &[PathBuf]) -> Result<(), String> {
         }
     }
     #[cfg(not(target_os = "linux"))]
-    let _ = preopens;
-    #[cfg(not(target_os = "linux"))]
     for f in received {
         File::open(&f.path).and_then(|file| file.sync_all()).map_err(|e| format!("cannot sync {}: {e}", f.path))?;
     }
     Ok(())
-}
-
-/// The open(2) flags std does not name.
-mod libc_flags {
-    #[cfg(target_os = "linux")]
-    pub const O_NOFOLLOW: i32 = 0o400000;
-    #[cfg(target_os = "linux")]
-    pub const O_NONBLOCK: i32 = 0o4000;
-    #[cfg(target_os = "macos")]
-    pub const O_NOFOLLOW: i32 = 0x0100;
-    #[cfg(target_os = "macos")]
-    pub const O_NONBLOCK: i32 = 0x0004;
 }
 
 #[cfg(test)]
@@ -377,7 +334,7 @@ mod tests {
         confined(Path::new(&send[0]), &roots, "file").unwrap();
         std::fs::rename(project.join("out"), d.join("moved2")).unwrap();
         std::os::unix::fs::symlink(&outside, project.join("out")).unwrap();
-        assert!(open_beneath(Path::new(&send[0]), &roots, libc::O_RDONLY).is_err());
+        assert!(open_beneath(Path::new(&send[0]), &roots, libc::O_RDONLY, OpenOptions::new().read(true)).is_err());
     }
 
     #[test]

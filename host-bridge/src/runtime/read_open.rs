@@ -47,21 +47,13 @@ pub(super) fn open_to_read(state: &mut HostState, base: u32, path: &str) -> Open
     };
     let perms = dir.perms;
     let Ok(cpath) = std::ffi::CString::new(path) else { return Opened::General };
-    // SAFETY: open_how is plain integers; zero is "no flags".
-    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
     // O_NOCTTY: a terminal opened here never becomes the host's controlling one.
-    how.flags = (libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_LARGEFILE) as u64;
-    how.resolve = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_MAGICLINKS;
-    // SAFETY: openat2 reads the path and the open_how made above, with their size.
-    let fd = unsafe { libc::syscall(libc::SYS_openat2, dir.dir.as_raw_fd(), cpath.as_ptr(), &how, std::mem::size_of::<libc::open_how>()) };
-    if fd < 0 {
-        return match std::io::Error::last_os_error().raw_os_error() {
-            Some(libc::ENOENT) => Opened::NoEntry,
-            _ => Opened::General,
-        };
-    }
-    // SAFETY: openat2 returned a new descriptor that nothing else owns.
-    let file = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd as i32) });
+    let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_LARGEFILE;
+    let file = match openat2(dir.dir.as_raw_fd(), &cpath, flags, libc::RESOLVE_BENEATH | libc::RESOLVE_NO_MAGICLINKS) {
+        Ok(fd) => std::fs::File::from(fd),
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Opened::NoEntry,
+        Err(_) => return Opened::General,
+    };
     let Ok(meta) = file.metadata() else { return Opened::General };
     // O_NONBLOCK off again: some files that stat as regular (a /proc or FUSE one) honour it.
     // SAFETY: fcntl on the descriptor just opened.
@@ -91,4 +83,23 @@ pub(super) fn open_to_read(state: &mut HostState, base: u32, path: &str) -> Open
         Ok(r) => Opened::Yes(r),
         Err(_) => Opened::General,
     }
+}
+
+/// openat2(2): `path` under the folder `dir`, resolved as `resolve` says. A created file
+/// gets mode 0666 before the umask, as std's OpenOptions gives it.
+pub(super) fn openat2(dir: std::os::fd::RawFd, path: &std::ffi::CStr, flags: i32, resolve: u64) -> std::io::Result<OwnedFd> {
+    // SAFETY: open_how is plain integers; zero is "no flags".
+    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
+    how.flags = flags as u64;
+    if flags & libc::O_CREAT != 0 {
+        how.mode = 0o666;
+    }
+    how.resolve = resolve;
+    // SAFETY: openat2 reads the path and the open_how made above, with their size.
+    let fd = unsafe { libc::syscall(libc::SYS_openat2, dir, path.as_ptr(), &how, std::mem::size_of::<libc::open_how>()) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: openat2 returned a new descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
