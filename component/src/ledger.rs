@@ -119,12 +119,15 @@ pub struct Work {
     pub temps: Vec<TempFile>,
 }
 
-/// A laptop temp file a harvest recorded before the host made it, and when.
+/// A laptop temp file a harvest recorded before the host made it, and when; `dest` is
+/// the file it lands as (absent in records written before it was kept).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct TempFile {
     pub path: String,
     pub at_ms: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dest: Option<String>,
 }
 
 fn is_zero(n: &u64) -> bool {

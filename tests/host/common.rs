@@ -235,6 +235,29 @@ impl World {
         (code, stdout_json(&out))
     }
 
+    /// `boxd-host call` as `call` makes it, with a kill point (BOXD_HOST_KILL_AT); true when
+    /// the host was killed there, else the call's answer must be a tool's answer.
+    pub fn killed_at(&self, point: &str, tool: &str, args: &str) -> bool {
+        let oc = opencode_bin();
+        let path = format!("{}:{}", oc.parent().unwrap().display(), std::env::var("PATH").unwrap_or_default());
+        let mut env = self.laptop_env();
+        env.push(("PATH".into(), path));
+        env.push(("BOXD_HOST_KILL_AT".into(), point.into()));
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let out = self.laptop.host_stdin(&["--opencode", oc.to_str().unwrap(), "call", tool, args], &env, None);
+        use std::os::unix::process::ExitStatusExt;
+        match out.status.signal() {
+            Some(9) => true,
+            None => {
+                let code = out.status.code().unwrap();
+                assert!(code == 0 || code == 1, "{tool} at {point}: exit {code}: {}", String::from_utf8_lossy(&out.stderr));
+                stdout_json(&out);
+                false
+            }
+            Some(s) => panic!("{tool} at {point}: killed by signal {s}"),
+        }
+    }
+
     /// The laptop's own OpenCode data (HOME and the XDG folders under `home`).
     pub fn laptop_env(&self) -> Vec<(String, String)> {
         let h = self.home.display().to_string();

@@ -86,28 +86,6 @@ impl Tool {
     }
 }
 
-/// `boxd-host call` as the World does, with a kill point; true when the host was killed.
-fn call_killed_at(world: &World, point: &str, tool: &str, args: &str) -> bool {
-    let oc = opencode_bin();
-    let path = format!("{}:{}", oc.parent().unwrap().display(), std::env::var("PATH").unwrap_or_default());
-    let mut env = world.laptop_env();
-    env.push(("PATH".into(), path));
-    env.push(("BOXD_HOST_KILL_AT".into(), point.into()));
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    let out = world.laptop.host_stdin(&["--opencode", oc.to_str().unwrap(), "call", tool, args], &env, None);
-    use std::os::unix::process::ExitStatusExt;
-    match out.status.signal() {
-        Some(9) => true,
-        None => {
-            let code = out.status.code().unwrap();
-            assert!(code == 0 || code == 1, "{tool} at {point}: exit {code}: {}", String::from_utf8_lossy(&out.stderr));
-            stdout_json(&out);
-            false
-        }
-        Some(s) => panic!("{tool} at {point}: killed by signal {s}"),
-    }
-}
-
 fn machines_named(world: &World, name: &str) -> usize {
     let out = world.laptop.boxd(&["machine", "list", "--json"]);
     let list: Value = serde_json::from_slice(&out.stdout).unwrap_or(json!([]));
@@ -190,7 +168,7 @@ fn matrix(world: &World, tool: Tool, only: Option<&[&str]>) -> Vec<String> {
             let work = format!("k{}{cell}", &tool.name()[5..7]);
             tool.setup(world, &work);
             let args = tool.args(&work, cell);
-            let killed = call_killed_at(world, &point, tool.name(), &args);
+            let killed = world.killed_at(&point, tool.name(), &args);
             let cleanup = || {
                 // Each cell's machines (and their OpenCode servers) go when the cell is done.
                 for w in [work.clone(), tool.subject(&work)] {

@@ -1,7 +1,8 @@
 //! A harvest killed while its files land leaves temp files beside their destinations on
 //! the laptop. They are the plugin's own (named in the ledger before the host makes them):
 //! status names them, and a later harvest or drop removes exactly those, never a user's
-//! file that merely looks like one.
+//! file that merely looks like one. A harvest killed while it replaces a file this work
+//! brought home leaves that file's bytes aside: the next harvest puts them back first.
 
 use std::path::Path;
 
@@ -52,15 +53,8 @@ fn a_harvest_killed_while_files_land_leaves_recorded_temps_that_the_next_harvest
     std::fs::write(&lookalike, "mine").unwrap();
 
     // Killed right after the files exec: the bytes are in temp files, not yet renamed.
-    let oc = opencode_bin();
-    let mut env = world.laptop_env();
-    env.push(("PATH".into(), format!("{}:{}", oc.parent().unwrap().display(), std::env::var("PATH").unwrap_or_default())));
-    env.push(("BOXD_HOST_KILL_AT".into(), format!("after-spawn:{n}")));
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     let args = json!({ "work": "t1", "files": ["out.txt"], "to": "back" }).to_string();
-    let out = world.laptop.host_stdin(&["--opencode", oc.to_str().unwrap(), "call", "boxd_harvest", &args], &env, None);
-    use std::os::unix::process::ExitStatusExt;
-    assert_eq!(out.status.signal(), Some(9), "killed at after-spawn:{n}");
+    assert!(world.killed_at(&format!("after-spawn:{n}"), "boxd_harvest", &args), "killed at after-spawn:{n}");
     let left: Vec<String> = temps_under(&project).into_iter().filter(|p| !p.ends_with("0123456789ab-0.boxd-tmp")).collect();
     assert_eq!(left.len(), 1, "the kill left the landing temp file: {left:?}");
 
@@ -99,3 +93,66 @@ fn a_drop_removes_what_an_interrupted_harvest_recorded() {
     assert_eq!(dropped["dropped"], true, "{dropped:#}");
     assert!(!temp.exists(), "the drop removed the recorded temp file");
 }
+
+/// Every `*.kept` (a replaced file's bytes, moved aside) under `dir`.
+fn asides_under(dir: &Path) -> Vec<std::path::PathBuf> {
+    std::fs::read_dir(dir).unwrap().flatten().map(|e| e.path()).filter(|p| p.to_string_lossy().ends_with(".boxd-tmp.kept")).collect()
+}
+
+/// A prompt that writes NOTES.md on the guest, then the transcript home, so the files
+/// harvest that follows has only the file to do.
+fn write_notes(world: &World, text: &str) {
+    let bash = json!({ "command": format!("echo {text} > NOTES.md"), "description": "write" });
+    world.ok_call("boxd_submit", &json!({ "work": "t3", "prompt": format!("write @@tool:bash:{bash}@@") }).to_string());
+    assert_eq!(world.job_until_idle("t3")["outcome"], "completed");
+    world.ok_call("boxd_harvest", r#"{"work":"t3"}"#);
+}
+
+#[test]
+fn a_harvest_killed_while_it_replaces_a_file_puts_the_old_bytes_back_and_never_loses_an_edit() {
+    let world = World::new("temps-aside");
+    world.ok_call("boxd_ensure", r#"{"work":"t3"}"#);
+    let project = world.laptop.project.clone();
+    let notes = project.join("NOTES.md");
+    let files = r#"{"work":"t3","files":["NOTES.md"]}"#;
+    write_notes(&world, "v1");
+    world.ok_call("boxd_harvest", files);
+
+    // Which committed write moves NOTES.md aside, from the audit of a replacement.
+    write_notes(&world, "v2");
+    let log = world.laptop.scratch.0.join("aside-audit.jsonl");
+    let (code, v) = world.call_with(&["--audit-log", log.to_str().unwrap()], "boxd_harvest", files);
+    assert_eq!(code, 0, "{v:#}");
+    assert_eq!(std::fs::read_to_string(&notes).unwrap(), "v2\n");
+    let entry: Value = serde_json::from_str(std::fs::read_to_string(&log).unwrap().lines().last().unwrap()).unwrap();
+    let commits: Vec<&Value> = entry["paths"].as_array().unwrap().iter().filter(|p| p["mode"] == "rename-from" || p["mode"] == "link-from").collect();
+    let k = 1 + commits.iter().position(|p| p["mode"] == "rename-from" && p["path"] == notes.display().to_string()).expect("NOTES.md is moved aside") as u32;
+
+    // Killed right after the move aside: NOTES.md is empty, its bytes beside it. Status
+    // says so; the rerun puts them back, then replaces them as usual, leaving nothing.
+    write_notes(&world, "v3");
+    assert!(world.killed_at(&format!("after-rename:{k}"), "boxd_harvest", files), "killed at after-rename:{k}");
+    assert!(!notes.exists(), "killed between the move aside and the placement");
+    let aside = asides_under(&project);
+    assert_eq!(aside.len(), 1, "{aside:?}");
+    assert_eq!(std::fs::read_to_string(&aside[0]).unwrap(), "v2\n");
+    let status = world.ok_call("boxd_status", "{}");
+    let row = status["works"].as_array().unwrap().iter().find(|w| w["work"] == "t3").unwrap().clone();
+    let said = row["warnings"].to_string();
+    assert!(said.contains(&aside[0].display().to_string()) && said.contains("puts it back"), "{row:#}");
+    world.ok_call("boxd_harvest", files);
+    assert_eq!(std::fs::read_to_string(&notes).unwrap(), "v3\n");
+    assert!(asides_under(&project).is_empty(), "nothing left aside");
+
+    // Again, and this time what was moved aside is an edit the user saved just before (as
+    // the move found it): it goes back, and the harvest refuses to replace it.
+    write_notes(&world, "v4");
+    assert!(world.killed_at(&format!("after-rename:{k}"), "boxd_harvest", files), "killed at after-rename:{k}");
+    let aside = asides_under(&project);
+    assert_eq!(aside.len(), 1, "{aside:?}");
+    std::fs::write(&aside[0], "v3 and my edit\n").unwrap();
+    world.err_call("boxd_harvest", files, "FILE_CONFLICT");
+    assert_eq!(std::fs::read_to_string(&notes).unwrap(), "v3 and my edit\n", "the edit is where the user left it");
+    assert!(asides_under(&project).is_empty());
+}
+

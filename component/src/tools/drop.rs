@@ -122,7 +122,7 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
     // (not in `plan`, which `check` runs and which changes nothing).
     let w = Ledger::for_call(&mut env.files, env.ctx).require(&work)?;
     if !w.is_closed() {
-        super::harvest::sweep_temps(env, w)?;
+        super::landing::sweep_temps(env, w)?;
     }
     let plan = plan(env, &work, &machine)?;
     let ctx = env.ctx;

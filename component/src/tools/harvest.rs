@@ -10,14 +10,15 @@ use alloc::string::{String, ToString};
 use alloc::vec::Vec;
 use serde_json::{json, Value};
 
+use super::landing::{self, Landing};
 use super::machine::running_state;
 use super::{laptop_roots, work_arg, Env};
 use crate::boxd::Boxd;
-use crate::caps::{Kind, Programs, RunRequest, SpawnError, Streamed, Streams};
+use crate::caps::{Programs, RunRequest, SpawnError, Streamed, Streams};
 use crate::encode::sha256_hex;
 use crate::errors::{Code, ToolError, ToolResult};
 use crate::guest::{tail, Guest};
-use crate::ledger::{FileRecord, Ledger, Proof, SessionProof, TempFile, Work};
+use crate::ledger::{Ledger, Proof, SessionProof, Work};
 use crate::opencode::Opencode;
 use crate::paths;
 
@@ -30,7 +31,7 @@ struct Exported {
     digest: String,
 }
 
-fn invalid(why: String) -> ToolError {
+pub(super) fn invalid(why: String) -> ToolError {
     ToolError::new(Code::ExportInvalid, format!("the guest's export is not a whole transcript: {why}"))
 }
 
@@ -184,17 +185,17 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
     let w = Ledger::for_call(&mut env.files, env.ctx).require(&work)?;
     super::require_open(&w)?;
     let dest_dir = destination(env, args, &w)?;
-    let w = sweep_temps(env, w)?;
+    let w = landing::sweep_temps(env, w)?;
     let (w, export, sessions) = export(env, w, &wanted)?;
     let (w, report) = prove(env, w, &export, &sessions)?;
-    let (w, landing) = landing(env, w, &wanted, &dest_dir)?;
+    let (w, landing) = landing::landing(env, w, &wanted, &dest_dir)?;
     let (w, git, fetched, arrived) = match record_git(env, w, &wanted, &landing) {
         Ok(r) => r,
-        Err(e) => return Err(discard(env, &landing, e)),
+        Err(e) => return Err(landing::discard(env, &landing, e)),
     };
-    let (w, written) = match bring_files(env, w, &git, &landing, arrived) {
+    let (w, written) = match landing::bring_files(env, w, &git, &landing, arrived) {
         Ok(r) => r,
-        Err(e) => return Err(discard(env, &landing, e)),
+        Err(e) => return Err(landing::discard(env, &landing, e)),
     };
     let mut git_json = match &w.git {
         Some(g) => json!({ "repo": true, "head": g.head, "branch": g.branch, "dirty": g.dirty, "patch": g.patch, "bundle": g.bundle,
@@ -288,81 +289,6 @@ fn prove(env: &mut Env, w: Work, export: &Value, sessions: &[Exported]) -> ToolR
     Ok((w, report))
 }
 
-/// Where one wanted file lands: its work-tree path, its laptop destination, and the new
-/// temp file beside it that the host streams its bytes into.
-struct Landing {
-    rel: String,
-    dest: String,
-    temp: String,
-}
-
-/// The landing of every wanted file, its folder created: the host writes only into an
-/// existing folder. The temp names carry this call's mark (from the host's entropy) and
-/// are recorded in the ledger before the host creates them.
-fn landing(env: &mut Env, w: Work, wanted: &[String], dest_dir: &str) -> ToolResult<(Work, Vec<Landing>)> {
-    let roots = laptop_roots(env.ctx);
-    let mark = &sha256_hex(&[env.ctx.entropy.as_slice(), b"harvest-files"].concat())[..12];
-    let mut out = Vec::new();
-    for (i, want) in wanted.iter().enumerate() {
-        let rel = paths::guest_relative(want)?;
-        let dest = paths::laptop_path(&rel, dest_dir, &roots)?;
-        let parent = paths::parent(&dest).to_string();
-        env.files.create_dir_all(&parent).map_err(|_| ToolError::new(Code::PathRefused, format!("cannot create {parent}")))?;
-        // Beside its destination, named after it; a name too long for that (most file
-        // systems allow 255 bytes) gets a short temp name in the same folder instead.
-        let name = dest[parent.len()..].trim_start_matches('/');
-        let temp = if name.len() + mark.len() + 32 <= 255 { format!("{dest}.{mark}-{i}.boxd-tmp") } else { format!("{parent}/.{mark}-{i}.boxd-tmp") };
-        out.push(Landing { temp, rel, dest });
-    }
-    if out.is_empty() {
-        return Ok((w, out));
-    }
-    let at_ms = env.ctx.now_ms;
-    let temps: Vec<TempFile> = out.iter().map(|l| TempFile { path: l.temp.clone(), at_ms }).collect();
-    let w = Ledger::for_call(&mut env.files, env.ctx).update(&w.work, |w| w.temps.extend(temps))?;
-    Ok((w, out))
-}
-
-/// A harvest that stops after the files arrived removes their temp files: each stays owed.
-/// (Their names stay recorded until the next harvest sweeps them: a record write here
-/// could fail too, and removing an absent file is harmless.)
-fn discard(env: &mut Env, landing: &[Landing], e: ToolError) -> ToolError {
-    for l in landing {
-        let _ = env.files.remove_file(&l.temp);
-    }
-    e
-}
-
-/// How long a recorded temp file may belong to a harvest still running: its files arrive
-/// within two helper execs of (120 + 30) s and an upload; ten minutes is past all of them.
-const TEMP_LIVE_MS: u64 = 10 * 60 * 1000;
-
-/// Remove the temp files an earlier harvest of this work recorded and did not clear (its
-/// host was killed while the files streamed, or before they were renamed): they are this
-/// plugin's own, named in the ledger before they were made, and nothing else is touched.
-/// One may still belong to a harvest running now: that harvest's files are owed, so with
-/// nothing owed every recorded temp is dead; otherwise only those older than TEMP_LIVE_MS.
-pub fn sweep_temps(env: &mut Env, w: Work) -> ToolResult<Work> {
-    let now = env.ctx.now_ms;
-    let dead: Vec<String> = w
-        .temps
-        .iter()
-        .filter(|t| w.owed.is_empty() || now.saturating_sub(t.at_ms) > TEMP_LIVE_MS)
-        .map(|t| t.path.clone())
-        .collect();
-    if dead.is_empty() {
-        return Ok(w);
-    }
-    for temp in &dead {
-        if let Ok(Some(m)) = env.files.stat(temp) {
-            if m.kind == Kind::File {
-                let _ = env.files.remove_file(temp);
-            }
-        }
-    }
-    Ledger::for_call(&mut env.files, env.ctx).update(&w.work, |w| w.temps.retain(|t| !dead.contains(&t.path)))
-}
-
 /// Phase 4: the guest's git state and every commit (as a bundle), with the wanted files
 /// streamed by the host in the same exec; recorded in the ledger, and fetched into the
 /// project with `fetchCommits`. Returns the guest's answer (which lists the files), what
@@ -384,171 +310,6 @@ fn record_git(env: &mut Env, w: Work, wanted: &[String], landing: &[Landing]) ->
     Ok((w, git, fetched, arrived))
 }
 
-/// One file that arrived, checked: where it lands, and its size and sha256 as the host
-/// computed them while streaming.
-struct Incoming<'l> {
-    landing: &'l Landing,
-    size: u64,
-    sha256: String,
-}
-
-/// Phase 5: the files the guest listed, in the order asked, arrived whole in their temp
-/// files. Every one is checked, and every conflict found, before any is renamed into place.
-fn bring_files(env: &mut Env, w: Work, git: &Value, landing: &[Landing], arrived: Vec<Streamed>) -> ToolResult<(Work, Vec<Value>)> {
-    let listed: Vec<&Value> = git["files"].as_array().into_iter().flatten().collect();
-    if listed.len() != landing.len() || arrived.len() != landing.len() {
-        return Err(invalid(format!("{} files were asked for; the guest listed {} and {} arrived", landing.len(), listed.len(), arrived.len())));
-    }
-    let mut incoming = Vec::new();
-    for ((f, l), got) in listed.iter().zip(landing).zip(arrived) {
-        let rel = paths::guest_relative(f["path"].as_str().unwrap_or_default())?;
-        if rel != l.rel || got.path != l.temp {
-            return Err(invalid(format!("the guest sent {rel} where {} was asked for", l.rel)));
-        }
-        incoming.push(Incoming { landing: l, size: got.size, sha256: got.sha256 });
-    }
-    let mut places = Vec::new();
-    for file in &incoming {
-        places.push(check_overwrite(env, &w, file)?);
-    }
-    let now = env.now();
-    let mut written = Vec::new();
-    let mut records = Vec::new();
-    let mut stopped = None;
-    for (Incoming { landing: Landing { rel, dest, temp }, size, sha256 }, place) in incoming.into_iter().zip(places) {
-        // A destination that was absent at the check is placed only if it still is: another
-        // harvest (another work's, at once) may have landed a file there since, and it is
-        // never replaced. One that holds these bytes is left as it is (a mode the user set
-        // stays); one this work brought there last is replaced only if it still holds
-        // those bytes (the user may have saved an edit since the check).
-        let placed = match &place {
-            Place::New => env.files.place_new(temp, dest),
-            Place::Same => env.files.remove_file(temp).map(|()| true),
-            Place::Replace(last) => replace_unchanged(env, temp, dest, last),
-        };
-        match placed {
-            Ok(true) => {}
-            Ok(false) => {
-                let what = if place == Place::New { "appeared" } else { "changed" };
-                stopped = Some(ToolError::with_next(
-                    Code::FileConflict,
-                    format!("{dest} (from {rel}) {what} while this harvest landed its files; it was not overwritten, and {rel} stays owed"),
-                    format!("Move {dest} aside, or call boxd_harvest for work '{}' with \"to\" naming another folder.", w.work),
-                ));
-                break;
-            }
-            _ => {
-                stopped = Some(ToolError::new(Code::PathRefused, format!("cannot write {dest}")));
-                break;
-            }
-        }
-        records.push(FileRecord { guest: rel.clone(), laptop: dest.clone(), size, sha256: sha256.clone(), at: now.clone() });
-        written.push(json!({ "path": rel, "laptop": dest, "size": size, "sha256": sha256 }));
-    }
-    // What landed is recorded even when a later file stopped the harvest: those files are
-    // home, and the rest stays owed.
-    let landed: Vec<&String> = landing.iter().map(|l| &l.temp).collect();
-    let done = stopped.is_none();
-    let w = Ledger::for_call(&mut env.files, env.ctx).update(&w.work, |w| {
-        w.owed.retain(|o| !records.iter().any(|r| &r.guest == o));
-        w.files_out.extend(records);
-        if done {
-            w.temps.retain(|t| !landed.contains(&&t.path));
-        }
-    })?;
-    match stopped {
-        Some(e) => Err(e),
-        None => Ok((w, written)),
-    }
-}
-
-/// Replace `dest`, which held `last` at the check, with `temp` only if it still holds
-/// `last`: it is moved aside first (one rename, so nothing can change it unseen after),
-/// hashed, and then either dropped for `temp` or put back. False when it changed (then it
-/// is back where it was, or, if a new file took its place meanwhile, left beside it as
-/// `<temp>.kept`: never removed) or a new file appeared once it was aside.
-fn replace_unchanged(env: &mut Env, temp: &str, dest: &str, last: &str) -> Result<bool, crate::caps::FsError> {
-    let aside = format!("{temp}.kept");
-    if !env.files.rename(dest, &aside)? {
-        return env.files.place_new(temp, dest);
-    }
-    if env.files.sha256(&aside)?.as_deref() != Some(last) {
-        let _ = env.files.place_new(&aside, dest);
-        return Ok(false);
-    }
-    env.files.remove_file(&aside)?;
-    env.files.place_new(temp, dest)
-}
-
-/// How a checked file lands.
-#[derive(Clone, PartialEq, Eq)]
-enum Place {
-    /// Nothing is there: placed only if that still holds.
-    New,
-    /// The laptop file holds these bytes already: left as it is (its mode, its inode).
-    Same,
-    /// What this work last brought home there (its sha256): replaced only if it still is.
-    Replace(String),
-}
-
-/// A laptop file may be replaced only by the same bytes or when it is what this work last
-/// brought home there; a symlink or a folder never.
-fn check_overwrite(env: &mut Env, w: &Work, file: &Incoming) -> ToolResult<Place> {
-    let (Landing { rel, dest, .. }, sha) = (file.landing, &file.sha256);
-    match env.files.stat(dest).map_err(|_| ToolError::new(Code::PathRefused, format!("{dest} cannot be checked")))? {
-        None => Ok(Place::New),
-        Some(m) if m.kind == Kind::Symlink => Err(ToolError::new(Code::PathRefused, format!("{dest} is a symlink on the laptop, which is never followed"))),
-        Some(m) if m.kind != Kind::File => Err(ToolError::new(Code::PathRefused, format!("{dest} exists and is not a file"))),
-        Some(m) => {
-            let last = w.files_out.iter().rev().find(|r| &r.laptop == dest);
-            // The laptop file is hashed (in pieces, never whole in the component) only when
-            // its size could match the incoming bytes or the last ones brought there:
-            // another size is a conflict.
-            let may_match = m.size == file.size || last.is_some_and(|r| r.size == m.size);
-            let current = if may_match { env.files.sha256(dest).ok().flatten().unwrap_or_default() } else { String::new() };
-            let last = last.map(|r| r.sha256.clone());
-            if &current != sha && last.as_deref() != Some(current.as_str()) {
-                let cause = conflict_cause(env, w, dest, m.size, current);
-                return Err(ToolError::with_next(
-                    Code::FileConflict,
-                    format!("{dest} (from {rel}) {cause}; it was not overwritten, and {rel} stays owed"),
-                    format!("Move {dest} aside, or call boxd_harvest for work '{}' with \"to\" naming another folder.", w.work),
-                ));
-            }
-            Ok(if &current == sha { Place::Same } else { Place::Replace(current) })
-        }
-    }
-}
-
-/// How a conflicting laptop file came to be, as far as the ledger knows: the newest harvest
-/// of any work that wrote `dest`, and whether the file still holds those bytes (`current`
-/// is its sha256 when already hashed, else empty). Read only on a conflict.
-fn conflict_cause(env: &mut Env, w: &Work, dest: &str, size: u64, mut current: String) -> String {
-    let newest = |records: &[FileRecord]| records.iter().filter(|r| r.laptop == dest).max_by(|a, b| a.at.cmp(&b.at)).cloned();
-    let mut writer = newest(&w.files_out).map(|r| (w.work.clone(), r));
-    let mut ledger = Ledger::for_call(&mut env.files, env.ctx);
-    for id in ledger.ids().unwrap_or_default().into_iter().filter(|id| *id != w.work) {
-        let Some(r) = ledger.read(&id).ok().flatten().and_then(|other| newest(&other.files_out)) else { continue };
-        if writer.as_ref().is_none_or(|(_, mine)| r.at > mine.at) {
-            writer = Some((id, r));
-        }
-    }
-    let Some((by, r)) = writer else {
-        return String::from("was already on the laptop: no harvest this ledger recorded wrote it");
-    };
-    if by == w.work {
-        return format!("has changed on the laptop since this work's harvest brought it home ({})", r.at);
-    }
-    if current.is_empty() && r.size == size {
-        current = env.files.sha256(dest).ok().flatten().unwrap_or_default();
-    }
-    if r.size == size && current == r.sha256 {
-        format!("was written by work '{by}''s harvest ({}), not by this work's", r.at)
-    } else {
-        format!("was written by work '{by}''s harvest ({}) and has changed on the laptop since", r.at)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -556,86 +317,6 @@ mod tests {
     fn session(id: &str, parent: Option<&str>, n: usize) -> Value {
         let msgs: Vec<Value> = (0..n).map(|i| json!({ "info": { "id": format!("msg_{id}_{i}"), "role": "user" }, "parts": [{ "id": format!("prt_{i}"), "type": "text", "text": "hi" }] })).collect();
         json!({ "info": { "id": id, "parentID": parent }, "messages": msgs })
-    }
-
-    /// MemFiles where another harvest lands `dest` just before this one places its file
-    /// there (after the check found nothing): two works harvesting one path at once.
-    struct LandsFirst {
-        inner: crate::testing::MemFiles,
-        dest: &'static str,
-    }
-
-    impl crate::caps::Files for LandsFirst {
-        fn read(&mut self, p: &str) -> Result<Option<Vec<u8>>, crate::caps::FsError> { self.inner.read(p) }
-        fn write_atomic(&mut self, p: &str, b: &[u8]) -> Result<(), crate::caps::FsError> { self.inner.write_atomic(p, b) }
-        fn create_dir_all(&mut self, p: &str) -> Result<(), crate::caps::FsError> { self.inner.create_dir_all(p) }
-        fn list(&mut self, d: &str) -> Result<Vec<String>, crate::caps::FsError> { self.inner.list(d) }
-        fn stat(&mut self, p: &str) -> Result<Option<crate::caps::Meta>, crate::caps::FsError> { self.inner.stat(p) }
-        fn remove_file(&mut self, p: &str) -> Result<(), crate::caps::FsError> { self.inner.remove_file(p) }
-        fn create_new(&mut self, p: &str, b: &[u8]) -> Result<bool, crate::caps::FsError> { self.inner.create_new(p, b) }
-        fn rename(&mut self, f: &str, t: &str) -> Result<bool, crate::caps::FsError> {
-            // The replace path moves the destination aside first: the user saves just before.
-            if f == self.dest {
-                self.inner.put(f, b"the user's edit");
-            }
-            self.inner.rename(f, t)
-        }
-        fn place_new(&mut self, f: &str, t: &str) -> Result<bool, crate::caps::FsError> {
-            if t == self.dest && self.inner.files.get(t).is_none() && !f.ends_with(".kept") {
-                self.inner.put(t, b"the other work's result");
-            }
-            self.inner.place_new(f, t)
-        }
-    }
-
-    #[test]
-    fn a_file_the_user_saved_after_the_check_is_never_replaced() {
-        use crate::testing::{raw_context, MemFiles, Scripted};
-        let mut files = LandsFirst { inner: MemFiles::new(&["/p", "/l"]), dest: "/p/a.txt" };
-        let ctx = crate::tools::context(raw_context("{}", "{}")).unwrap();
-        let mut w = Work { work: "w1".into(), machine: "oc-w1".into(), schema: crate::ledger::SCHEMA, ..Default::default() };
-        w.owed = vec!["a.txt".into()];
-        // This work brought "v1" home there last; the guest now has "v2".
-        files.inner.put("/p/a.txt", b"v1");
-        w.files_out.push(crate::ledger::FileRecord { guest: "a.txt".into(), laptop: "/p/a.txt".into(), size: 2, sha256: crate::encode::sha256_hex(b"v1"), at: String::new() });
-        let landing = vec![Landing { rel: "a.txt".into(), dest: "/p/a.txt".into(), temp: "/p/a.txt.x-0.boxd-tmp".into() }];
-        files.inner.put(&landing[0].temp, b"v2");
-        let arrived = vec![Streamed { path: landing[0].temp.clone(), size: 2, sha256: crate::encode::sha256_hex(b"v2") }];
-        Ledger::new(&mut files, "/l").write(&w).unwrap();
-        let git = json!({ "files": [{ "path": "a.txt" }] });
-        let mut programs = Scripted::default();
-        let mut env = Env { programs: &mut programs, files: &mut files, ctx: &ctx };
-        let e = bring_files(&mut env, w, &git, &landing, arrived).unwrap_err();
-        assert!(e.code == Code::FileConflict && e.message.contains("changed while this harvest landed"), "{e:?}");
-        assert_eq!(files.inner.text("/p/a.txt").as_deref(), Some("the user's edit"), "the edit is back in place");
-        assert!(files.inner.files.keys().all(|k| !k.ends_with(".kept")), "nothing left aside");
-    }
-
-    #[test]
-    fn a_file_landed_by_another_harvest_after_the_check_is_never_replaced() {
-        use crate::testing::{raw_context, MemFiles, Scripted};
-        let mut files = LandsFirst { inner: MemFiles::new(&["/p", "/l"]), dest: "/p/b.txt" };
-        let ctx = crate::tools::context(raw_context("{}", "{}")).unwrap();
-        let mut w = Work { work: "w1".into(), machine: "oc-w1".into(), schema: crate::ledger::SCHEMA, ..Default::default() };
-        w.owed = vec!["a.txt".into(), "b.txt".into()];
-        let landing: Vec<Landing> = ["a", "b"].iter().map(|n| Landing { rel: format!("{n}.txt"), dest: format!("/p/{n}.txt"), temp: format!("/p/{n}.txt.x-0.boxd-tmp") }).collect();
-        let mut arrived = Vec::new();
-        for l in &landing {
-            files.inner.put(&l.temp, l.rel.as_bytes());
-            arrived.push(Streamed { path: l.temp.clone(), size: l.rel.len() as u64, sha256: crate::encode::sha256_hex(l.rel.as_bytes()) });
-        }
-        Ledger::new(&mut files, "/l").write(&w).unwrap();
-        let git = json!({ "files": [{ "path": "a.txt" }, { "path": "b.txt" }] });
-        let mut programs = Scripted::default();
-        let mut env = Env { programs: &mut programs, files: &mut files, ctx: &ctx };
-        let e = bring_files(&mut env, w, &git, &landing, arrived).unwrap_err();
-        assert_eq!(e.code, Code::FileConflict, "{e:?}");
-        assert!(e.message.contains("appeared while this harvest landed"), "{}", e.message);
-        assert_eq!(files.inner.text("/p/b.txt").as_deref(), Some("the other work's result"), "never replaced");
-        assert_eq!(files.inner.text("/p/a.txt").as_deref(), Some("a.txt"), "the file before it landed");
-        let w = Ledger::new(&mut files, "/l").require("w1").unwrap();
-        assert_eq!(w.owed, ["b.txt"], "the one that did not land stays owed");
-        assert_eq!(w.files_out.iter().map(|r| r.guest.as_str()).collect::<Vec<_>>(), ["a.txt"], "the one that landed is recorded");
     }
 
     #[test]

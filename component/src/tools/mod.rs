@@ -20,6 +20,7 @@ pub mod fork;
 pub mod harvest;
 pub mod image;
 pub mod job;
+pub mod landing;
 pub mod lifecycle;
 pub mod machine;
 pub mod preflight;

@@ -50,13 +50,12 @@ pub fn run(env: &mut Env, _args: &Value) -> ToolResult<Value> {
         json!({ "name": opts.snapshot, "present": Value::Null, "reason": "the boxd CLI did not answer" })
     };
 
-    let mut ledger = Ledger::new(&mut env.files, &ctx.ledger);
-    let ids = ledger.ids().map_err(|e| ToolError::new(Code::StatusUnavailable, format!("the ledger could not be read: {}", e.message)))?;
+    let ids = Ledger::new(&mut env.files, &ctx.ledger).ids().map_err(|e| ToolError::new(Code::StatusUnavailable, format!("the ledger could not be read: {}", e.message)))?;
     let mut works = Vec::new();
     let (mut total, mut burn) = (0u64, 0u64);
     for id in ids {
         // One unreadable record is that work's problem, reported in its row; the rest go on.
-        let w = match ledger.summary(&id) {
+        let w = match Ledger::new(&mut env.files, &ctx.ledger).summary(&id) {
             Ok(Some(w)) => w,
             Ok(None) => continue,
             Err(e) => {
@@ -102,8 +101,7 @@ pub fn run(env: &mut Env, _args: &Value) -> ToolResult<Value> {
             warnings.push(format!("files a harvest was asked for are still on the machine: {}", w.owed.join(", ")));
         }
         if !w.temps.is_empty() {
-            let paths: Vec<&str> = w.temps.iter().map(|t| t.path.as_str()).collect();
-            warnings.push(format!("an interrupted harvest left temp files on the laptop; the next harvest or drop removes them: {}", paths.join(", ")));
+            warnings.extend(super::landing::left_on_laptop(env.files, &w.temps));
         }
         if let Some(f) = w.fork.as_ref().filter(|_| state == "queued") {
             warnings.push(format!("a fork of '{}' waiting for a free slot", f.parent));

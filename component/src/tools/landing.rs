@@ -1,0 +1,449 @@
+//! Where a harvest's files land on the laptop: each in a temp file beside its
+//! destination (recorded in the ledger before the host makes it), every one checked before
+//! any is placed, and placed so that nothing the user or another work put there since the
+//! check is replaced (docs/architecture.md, "How a harvested file is placed"). What a
+//! killed harvest left behind is swept or put back by the next harvest or drop.
+
+use alloc::format;
+use alloc::string::{String, ToString};
+use alloc::vec::Vec;
+use serde_json::{json, Value};
+
+use super::harvest::invalid;
+use super::{laptop_roots, Env};
+use crate::caps::{Files, Kind, Streamed};
+use crate::encode::sha256_hex;
+use crate::errors::{Code, ToolError, ToolResult};
+use crate::ledger::{FileRecord, Ledger, TempFile, Work};
+use crate::paths;
+
+/// Where one wanted file lands: its work-tree path, its laptop destination, and the new
+/// temp file beside it that the host streams its bytes into.
+pub(super) struct Landing {
+    pub(super) rel: String,
+    pub(super) dest: String,
+    pub(super) temp: String,
+}
+
+/// The landing of every wanted file, its folder created: the host writes only into an
+/// existing folder. The temp names carry this call's mark (from the host's entropy) and
+/// are recorded in the ledger before the host creates them.
+pub(super) fn landing(env: &mut Env, w: Work, wanted: &[String], dest_dir: &str) -> ToolResult<(Work, Vec<Landing>)> {
+    let roots = laptop_roots(env.ctx);
+    let mark = &sha256_hex(&[env.ctx.entropy.as_slice(), b"harvest-files"].concat())[..12];
+    let mut out = Vec::new();
+    for (i, want) in wanted.iter().enumerate() {
+        let rel = paths::guest_relative(want)?;
+        let dest = paths::laptop_path(&rel, dest_dir, &roots)?;
+        let parent = paths::parent(&dest).to_string();
+        env.files.create_dir_all(&parent).map_err(|_| ToolError::new(Code::PathRefused, format!("cannot create {parent}")))?;
+        // Beside its destination, named after it; a name too long for that (most file
+        // systems allow 255 bytes) gets a short temp name in the same folder instead.
+        let name = dest[parent.len()..].trim_start_matches('/');
+        let temp = if name.len() + mark.len() + 32 <= 255 { format!("{dest}.{mark}-{i}.boxd-tmp") } else { format!("{parent}/.{mark}-{i}.boxd-tmp") };
+        out.push(Landing { temp, rel, dest });
+    }
+    if out.is_empty() {
+        return Ok((w, out));
+    }
+    let at_ms = env.ctx.now_ms;
+    let temps: Vec<TempFile> = out.iter().map(|l| TempFile { path: l.temp.clone(), at_ms, dest: Some(l.dest.clone()) }).collect();
+    let w = Ledger::for_call(&mut env.files, env.ctx).update(&w.work, |w| w.temps.extend(temps))?;
+    Ok((w, out))
+}
+
+/// A harvest that stops after the files arrived removes their temp files: each stays owed.
+/// (Their names stay recorded until the next harvest sweeps them: a record write here
+/// could fail too, and removing an absent file is harmless.)
+pub(super) fn discard(env: &mut Env, landing: &[Landing], e: ToolError) -> ToolError {
+    for l in landing {
+        let _ = env.files.remove_file(&l.temp);
+    }
+    e
+}
+
+/// How long a recorded temp file may belong to a harvest still running: its files arrive
+/// within two helper execs of (120 + 30) s and an upload; ten minutes is past all of them.
+const TEMP_LIVE_MS: u64 = 10 * 60 * 1000;
+
+/// Remove the temp files an earlier harvest of this work recorded and did not clear (its
+/// host was killed while the files streamed, or before they were renamed): they are this
+/// plugin's own, named in the ledger before they were made, and nothing else is touched.
+/// One may still belong to a harvest running now: that harvest's files are owed, so with
+/// nothing owed every recorded temp is dead; otherwise only those older than TEMP_LIVE_MS.
+/// What a killed harvest moved aside (`<temp>.kept`) goes back first (`put_back`); a
+/// record whose aside copy stays is kept, so boxd_status goes on naming it.
+pub(super) fn sweep_temps(env: &mut Env, w: Work) -> ToolResult<Work> {
+    let now = env.ctx.now_ms;
+    let kept: Vec<String> = w.temps.iter().filter(|t| put_back(env, t)).map(|t| t.path.clone()).collect();
+    let dead: Vec<String> = w
+        .temps
+        .iter()
+        .filter(|t| w.owed.is_empty() || now.saturating_sub(t.at_ms) > TEMP_LIVE_MS)
+        .map(|t| t.path.clone())
+        .collect();
+    if dead.is_empty() {
+        return Ok(w);
+    }
+    for temp in &dead {
+        if let Ok(Some(m)) = env.files.stat(temp) {
+            if m.kind == Kind::File {
+                let _ = env.files.remove_file(temp);
+            }
+        }
+    }
+    let gone: Vec<&String> = dead.iter().filter(|t| !kept.contains(t)).collect();
+    Ledger::for_call(&mut env.files, env.ctx).update(&w.work, |w| w.temps.retain(|t| !gone.contains(&&t.path)))
+}
+
+/// The aside copy a replacement makes of the laptop file (`replace_unchanged`).
+fn aside_of(temp: &str) -> String {
+    format!("{temp}.kept")
+}
+
+/// A harvest killed while it replaced a file leaves the file's bytes aside, as
+/// `<temp>.kept`, and its destination empty: they go back where they were, so the laptop
+/// is as it was before that harvest and the next one checks it as usual (a user's edit
+/// among them is then a FILE_CONFLICT, never overwritten). An aside copy whose bytes the
+/// destination already holds (the put-back was cut between its link and its unlink) is
+/// removed. True while an aside copy stays: something else is at its destination now,
+/// or it cannot be told where it goes.
+fn put_back(env: &mut Env, t: &TempFile) -> bool {
+    let aside = aside_of(&t.path);
+    if !matches!(env.files.stat(&aside), Ok(Some(m)) if m.kind == Kind::File) {
+        return false;
+    }
+    let Some(dest) = t.dest.as_deref() else { return true };
+    match env.files.stat(dest) {
+        Ok(None) => !matches!(env.files.place_new(&aside, dest), Ok(true)),
+        Ok(Some(m)) if m.kind == Kind::File => {
+            let same = match (env.files.sha256(&aside), env.files.sha256(dest)) {
+                (Ok(Some(a)), Ok(Some(d))) => a == d,
+                _ => false,
+            };
+            !(same && env.files.remove_file(&aside).is_ok())
+        }
+        _ => true,
+    }
+}
+
+/// What an interrupted harvest left on the laptop, as boxd_status words it: the temp
+/// files still there, and each aside copy with where it belongs.
+pub(super) fn left_on_laptop(files: &mut dyn Files, temps: &[TempFile]) -> Vec<String> {
+    let is_file = |files: &mut dyn Files, p: &str| matches!(files.stat(p), Ok(Some(m)) if m.kind == Kind::File);
+    let mut out = Vec::new();
+    let left: Vec<&str> = temps.iter().map(|t| t.path.as_str()).filter(|p| is_file(files, p)).collect();
+    if !left.is_empty() {
+        out.push(format!("an interrupted harvest left temp files on the laptop; the next harvest or drop removes them: {}", left.join(", ")));
+    }
+    for t in temps {
+        let aside = aside_of(&t.path);
+        if !is_file(files, &aside) {
+            continue;
+        }
+        out.push(match t.dest.as_deref() {
+            Some(dest) if !is_file(files, dest) => format!("an interrupted harvest moved {dest} aside to {aside}; the next harvest or drop puts it back"),
+            Some(dest) => format!("an interrupted harvest moved {dest} aside to {aside}, and {dest} holds other bytes now: compare the two, keep what you want, and remove {aside}"),
+            None => format!("an interrupted harvest moved a file aside to {aside}: it is the bytes that file held; put them back or remove it"),
+        });
+    }
+    out
+}
+
+/// One file that arrived, checked: where it lands, and its size and sha256 as the host
+/// computed them while streaming.
+struct Incoming<'l> {
+    landing: &'l Landing,
+    size: u64,
+    sha256: String,
+}
+
+/// Phase 5: the files the guest listed, in the order asked, arrived whole in their temp
+/// files. Every one is checked, and every conflict found, before any is renamed into place.
+pub(super) fn bring_files(env: &mut Env, w: Work, git: &Value, landing: &[Landing], arrived: Vec<Streamed>) -> ToolResult<(Work, Vec<Value>)> {
+    let listed: Vec<&Value> = git["files"].as_array().into_iter().flatten().collect();
+    if listed.len() != landing.len() || arrived.len() != landing.len() {
+        return Err(invalid(format!("{} files were asked for; the guest listed {} and {} arrived", landing.len(), listed.len(), arrived.len())));
+    }
+    let mut incoming = Vec::new();
+    for ((f, l), got) in listed.iter().zip(landing).zip(arrived) {
+        let rel = paths::guest_relative(f["path"].as_str().unwrap_or_default())?;
+        if rel != l.rel || got.path != l.temp {
+            return Err(invalid(format!("the guest sent {rel} where {} was asked for", l.rel)));
+        }
+        incoming.push(Incoming { landing: l, size: got.size, sha256: got.sha256 });
+    }
+    let mut places = Vec::new();
+    for file in &incoming {
+        places.push(check_overwrite(env, &w, file)?);
+    }
+    let now = env.now();
+    let mut written = Vec::new();
+    let mut records = Vec::new();
+    let mut stopped = None;
+    for (Incoming { landing: Landing { rel, dest, temp }, size, sha256 }, place) in incoming.into_iter().zip(places) {
+        // A destination that was absent at the check is placed only if it still is: another
+        // harvest (another work's, at once) may have landed a file there since, and it is
+        // never replaced. One that holds these bytes is left as it is (a mode the user set
+        // stays); one this work brought there last is replaced only if it still holds
+        // those bytes (the user may have saved an edit since the check).
+        let placed = match &place {
+            Place::New => env.files.place_new(temp, dest),
+            Place::Same => env.files.remove_file(temp).map(|()| true),
+            Place::Replace(last) => replace_unchanged(env, temp, dest, last),
+        };
+        match placed {
+            Ok(true) => {}
+            Ok(false) => {
+                let what = if place == Place::New { "appeared" } else { "changed" };
+                stopped = Some(ToolError::with_next(
+                    Code::FileConflict,
+                    format!("{dest} (from {rel}) {what} while this harvest landed its files; it was not overwritten, and {rel} stays owed"),
+                    format!("Move {dest} aside, or call boxd_harvest for work '{}' with \"to\" naming another folder.", w.work),
+                ));
+                break;
+            }
+            _ => {
+                stopped = Some(ToolError::new(Code::PathRefused, format!("cannot write {dest}")));
+                break;
+            }
+        }
+        records.push(FileRecord { guest: rel.clone(), laptop: dest.clone(), size, sha256: sha256.clone(), at: now.clone() });
+        written.push(json!({ "path": rel, "laptop": dest, "size": size, "sha256": sha256 }));
+    }
+    // What landed is recorded even when a later file stopped the harvest: those files are
+    // home, and the rest stays owed.
+    let landed: Vec<&String> = landing.iter().map(|l| &l.temp).collect();
+    let done = stopped.is_none();
+    let w = Ledger::for_call(&mut env.files, env.ctx).update(&w.work, |w| {
+        w.owed.retain(|o| !records.iter().any(|r| &r.guest == o));
+        w.files_out.extend(records);
+        if done {
+            w.temps.retain(|t| !landed.contains(&&t.path));
+        }
+    })?;
+    match stopped {
+        Some(e) => Err(e),
+        None => Ok((w, written)),
+    }
+}
+
+/// Replace `dest`, which held `last` at the check, with `temp` only if it still holds
+/// `last`: it is moved aside first (one rename, so nothing can change it unseen after),
+/// hashed, and then either dropped for `temp` or put back. False when it changed (then it
+/// is back where it was, or, if a new file took its place meanwhile, left beside it as
+/// `<temp>.kept`: never removed) or a new file appeared once it was aside.
+fn replace_unchanged(env: &mut Env, temp: &str, dest: &str, last: &str) -> Result<bool, crate::caps::FsError> {
+    let aside = aside_of(temp);
+    if !env.files.rename(dest, &aside)? {
+        return env.files.place_new(temp, dest);
+    }
+    if env.files.sha256(&aside)?.as_deref() != Some(last) {
+        let _ = env.files.place_new(&aside, dest);
+        return Ok(false);
+    }
+    env.files.remove_file(&aside)?;
+    env.files.place_new(temp, dest)
+}
+
+/// How a checked file lands.
+#[derive(Clone, PartialEq, Eq)]
+enum Place {
+    /// Nothing is there: placed only if that still holds.
+    New,
+    /// The laptop file holds these bytes already: left as it is (its mode, its inode).
+    Same,
+    /// What this work last brought home there (its sha256): replaced only if it still is.
+    Replace(String),
+}
+
+/// A laptop file may be replaced only by the same bytes or when it is what this work last
+/// brought home there; a symlink or a folder never.
+fn check_overwrite(env: &mut Env, w: &Work, file: &Incoming) -> ToolResult<Place> {
+    let (Landing { rel, dest, .. }, sha) = (file.landing, &file.sha256);
+    match env.files.stat(dest).map_err(|_| ToolError::new(Code::PathRefused, format!("{dest} cannot be checked")))? {
+        None => Ok(Place::New),
+        Some(m) if m.kind == Kind::Symlink => Err(ToolError::new(Code::PathRefused, format!("{dest} is a symlink on the laptop, which is never followed"))),
+        Some(m) if m.kind != Kind::File => Err(ToolError::new(Code::PathRefused, format!("{dest} exists and is not a file"))),
+        Some(m) => {
+            let last = w.files_out.iter().rev().find(|r| &r.laptop == dest);
+            // The laptop file is hashed (in pieces, never whole in the component) only when
+            // its size could match the incoming bytes or the last ones brought there:
+            // another size is a conflict.
+            let may_match = m.size == file.size || last.is_some_and(|r| r.size == m.size);
+            let current = if may_match { env.files.sha256(dest).ok().flatten().unwrap_or_default() } else { String::new() };
+            let last = last.map(|r| r.sha256.clone());
+            if &current != sha && last.as_deref() != Some(current.as_str()) {
+                let cause = conflict_cause(env, w, dest, m.size, current);
+                return Err(ToolError::with_next(
+                    Code::FileConflict,
+                    format!("{dest} (from {rel}) {cause}; it was not overwritten, and {rel} stays owed"),
+                    format!("Move {dest} aside, or call boxd_harvest for work '{}' with \"to\" naming another folder.", w.work),
+                ));
+            }
+            Ok(if &current == sha { Place::Same } else { Place::Replace(current) })
+        }
+    }
+}
+
+/// How a conflicting laptop file came to be, as far as the ledger knows: the newest harvest
+/// of any work that wrote `dest`, and whether the file still holds those bytes (`current`
+/// is its sha256 when already hashed, else empty). Read only on a conflict.
+fn conflict_cause(env: &mut Env, w: &Work, dest: &str, size: u64, mut current: String) -> String {
+    let newest = |records: &[FileRecord]| records.iter().filter(|r| r.laptop == dest).max_by(|a, b| a.at.cmp(&b.at)).cloned();
+    let mut writer = newest(&w.files_out).map(|r| (w.work.clone(), r));
+    let mut ledger = Ledger::for_call(&mut env.files, env.ctx);
+    for id in ledger.ids().unwrap_or_default().into_iter().filter(|id| *id != w.work) {
+        let Some(r) = ledger.read(&id).ok().flatten().and_then(|other| newest(&other.files_out)) else { continue };
+        if writer.as_ref().is_none_or(|(_, mine)| r.at > mine.at) {
+            writer = Some((id, r));
+        }
+    }
+    let Some((by, r)) = writer else {
+        return String::from("was already on the laptop: no harvest this ledger recorded wrote it");
+    };
+    if by == w.work {
+        return format!("has changed on the laptop since this work's harvest brought it home ({})", r.at);
+    }
+    if current.is_empty() && r.size == size {
+        current = env.files.sha256(dest).ok().flatten().unwrap_or_default();
+    }
+    if r.size == size && current == r.sha256 {
+        format!("was written by work '{by}''s harvest ({}), not by this work's", r.at)
+    } else {
+        format!("was written by work '{by}''s harvest ({}) and has changed on the laptop since", r.at)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// MemFiles where another harvest lands `dest` just before this one places its file
+    /// there (after the check found nothing): two works harvesting one path at once.
+    struct LandsFirst {
+        inner: crate::testing::MemFiles,
+        dest: &'static str,
+    }
+
+    impl crate::caps::Files for LandsFirst {
+        fn read(&mut self, p: &str) -> Result<Option<Vec<u8>>, crate::caps::FsError> { self.inner.read(p) }
+        fn write_atomic(&mut self, p: &str, b: &[u8]) -> Result<(), crate::caps::FsError> { self.inner.write_atomic(p, b) }
+        fn create_dir_all(&mut self, p: &str) -> Result<(), crate::caps::FsError> { self.inner.create_dir_all(p) }
+        fn list(&mut self, d: &str) -> Result<Vec<String>, crate::caps::FsError> { self.inner.list(d) }
+        fn stat(&mut self, p: &str) -> Result<Option<crate::caps::Meta>, crate::caps::FsError> { self.inner.stat(p) }
+        fn remove_file(&mut self, p: &str) -> Result<(), crate::caps::FsError> { self.inner.remove_file(p) }
+        fn create_new(&mut self, p: &str, b: &[u8]) -> Result<bool, crate::caps::FsError> { self.inner.create_new(p, b) }
+        fn rename(&mut self, f: &str, t: &str) -> Result<bool, crate::caps::FsError> {
+            // The replace path moves the destination aside first: the user saves just before.
+            if f == self.dest {
+                self.inner.put(f, b"the user's edit");
+            }
+            self.inner.rename(f, t)
+        }
+        fn place_new(&mut self, f: &str, t: &str) -> Result<bool, crate::caps::FsError> {
+            if t == self.dest && self.inner.files.get(t).is_none() && !f.ends_with(".kept") {
+                self.inner.put(t, b"the other work's result");
+            }
+            self.inner.place_new(f, t)
+        }
+    }
+
+    #[test]
+    fn a_file_the_user_saved_after_the_check_is_never_replaced() {
+        use crate::testing::{raw_context, MemFiles, Scripted};
+        let mut files = LandsFirst { inner: MemFiles::new(&["/p", "/l"]), dest: "/p/a.txt" };
+        let ctx = crate::tools::context(raw_context("{}", "{}")).unwrap();
+        let mut w = Work { work: "w1".into(), machine: "oc-w1".into(), schema: crate::ledger::SCHEMA, ..Default::default() };
+        w.owed = vec!["a.txt".into()];
+        // This work brought "v1" home there last; the guest now has "v2".
+        files.inner.put("/p/a.txt", b"v1");
+        w.files_out.push(crate::ledger::FileRecord { guest: "a.txt".into(), laptop: "/p/a.txt".into(), size: 2, sha256: crate::encode::sha256_hex(b"v1"), at: String::new() });
+        let landing = vec![Landing { rel: "a.txt".into(), dest: "/p/a.txt".into(), temp: "/p/a.txt.x-0.boxd-tmp".into() }];
+        files.inner.put(&landing[0].temp, b"v2");
+        let arrived = vec![Streamed { path: landing[0].temp.clone(), size: 2, sha256: crate::encode::sha256_hex(b"v2") }];
+        Ledger::new(&mut files, "/l").write(&w).unwrap();
+        let git = json!({ "files": [{ "path": "a.txt" }] });
+        let mut programs = Scripted::default();
+        let mut env = Env { programs: &mut programs, files: &mut files, ctx: &ctx };
+        let e = bring_files(&mut env, w, &git, &landing, arrived).unwrap_err();
+        assert!(e.code == Code::FileConflict && e.message.contains("changed while this harvest landed"), "{e:?}");
+        assert_eq!(files.inner.text("/p/a.txt").as_deref(), Some("the user's edit"), "the edit is back in place");
+        assert!(files.inner.files.keys().all(|k| !k.ends_with(".kept")), "nothing left aside");
+    }
+
+    #[test]
+    fn a_file_landed_by_another_harvest_after_the_check_is_never_replaced() {
+        use crate::testing::{raw_context, MemFiles, Scripted};
+        let mut files = LandsFirst { inner: MemFiles::new(&["/p", "/l"]), dest: "/p/b.txt" };
+        let ctx = crate::tools::context(raw_context("{}", "{}")).unwrap();
+        let mut w = Work { work: "w1".into(), machine: "oc-w1".into(), schema: crate::ledger::SCHEMA, ..Default::default() };
+        w.owed = vec!["a.txt".into(), "b.txt".into()];
+        let landing: Vec<Landing> = ["a", "b"].iter().map(|n| Landing { rel: format!("{n}.txt"), dest: format!("/p/{n}.txt"), temp: format!("/p/{n}.txt.x-0.boxd-tmp") }).collect();
+        let mut arrived = Vec::new();
+        for l in &landing {
+            files.inner.put(&l.temp, l.rel.as_bytes());
+            arrived.push(Streamed { path: l.temp.clone(), size: l.rel.len() as u64, sha256: crate::encode::sha256_hex(l.rel.as_bytes()) });
+        }
+        Ledger::new(&mut files, "/l").write(&w).unwrap();
+        let git = json!({ "files": [{ "path": "a.txt" }, { "path": "b.txt" }] });
+        let mut programs = Scripted::default();
+        let mut env = Env { programs: &mut programs, files: &mut files, ctx: &ctx };
+        let e = bring_files(&mut env, w, &git, &landing, arrived).unwrap_err();
+        assert_eq!(e.code, Code::FileConflict, "{e:?}");
+        assert!(e.message.contains("appeared while this harvest landed"), "{}", e.message);
+        assert_eq!(files.inner.text("/p/b.txt").as_deref(), Some("the other work's result"), "never replaced");
+        assert_eq!(files.inner.text("/p/a.txt").as_deref(), Some("a.txt"), "the file before it landed");
+        let w = Ledger::new(&mut files, "/l").require("w1").unwrap();
+        assert_eq!(w.owed, ["b.txt"], "the one that did not land stays owed");
+        assert_eq!(w.files_out.iter().map(|r| r.guest.as_str()).collect::<Vec<_>>(), ["a.txt"], "the one that landed is recorded");
+    }
+
+    /// A work whose last harvest was killed while it replaced /p/a.txt: the file's bytes are
+    /// aside as `<temp>.kept`, recorded with where they go.
+    fn killed_mid_replace(files: &mut crate::testing::MemFiles, aside: &[u8]) -> Work {
+        let temp = "/p/a.txt.x-0.boxd-tmp";
+        let mut w = Work { work: "w1".into(), machine: "oc-w1".into(), schema: crate::ledger::SCHEMA, ..Default::default() };
+        w.temps.push(TempFile { path: temp.into(), at_ms: 1, dest: Some("/p/a.txt".into()) });
+        files.put(temp, b"v2");
+        files.put(&aside_of(temp), aside);
+        Ledger::new(files, "/l").write(&w).unwrap();
+        w
+    }
+
+    #[test]
+    fn what_a_killed_replacement_moved_aside_goes_back_before_anything_else() {
+        use crate::testing::{raw_context, MemFiles, Scripted};
+        let ctx = crate::tools::context(raw_context("{}", "{}")).unwrap();
+        let aside = "/p/a.txt.x-0.boxd-tmp.kept";
+        for (at_dest, left) in [(None, None), (Some("a file made since"), Some("the user's edit")), (Some("the user's edit"), None)] {
+            let mut files = MemFiles::new(&["/p", "/l"]);
+            let w = killed_mid_replace(&mut files, b"the user's edit");
+            if let Some(text) = at_dest {
+                files.put("/p/a.txt", text.as_bytes());
+            }
+            let mut programs = Scripted::default();
+            let mut env = Env { programs: &mut programs, files: &mut files, ctx: &ctx };
+            let w = sweep_temps(&mut env, w).unwrap();
+            let said = left_on_laptop(&mut files, &w.temps);
+            match (at_dest, left) {
+                (None, _) => {
+                    assert_eq!(files.text("/p/a.txt").as_deref(), Some("the user's edit"), "put back where it was");
+                    assert!(said.iter().all(|s| !s.contains(".kept")), "{said:?}");
+                }
+                (Some(other), Some(kept)) => {
+                    assert_eq!(files.text("/p/a.txt").as_deref(), Some(other), "what is there now is never replaced");
+                    assert_eq!(files.text(aside).as_deref(), Some(kept), "and the aside copy is never removed");
+                    assert!(w.temps.iter().any(|t| t.dest.as_deref() == Some("/p/a.txt")), "its record stays");
+                    assert!(said.iter().any(|s| s.contains(aside) && s.contains("compare the two")), "{said:?}");
+                }
+                (Some(same), None) => {
+                    assert_eq!(files.text("/p/a.txt").as_deref(), Some(same));
+                    assert_eq!(files.text(aside), None, "a copy of what is at its destination is removed");
+                }
+            }
+            assert_eq!(files.text("/p/a.txt.x-0.boxd-tmp"), None, "with nothing owed, the temp is dead and swept");
+            assert_eq!(w.temps.is_empty(), left.is_none(), "a record stays only while its aside copy does");
+        }
+    }
+}
