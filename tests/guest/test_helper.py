@@ -882,6 +882,28 @@ class T2Lifecycle(OneWork):
             fresh.close()
 
 
+    def test_12_asks_nobody_can_answer_are_declined_and_the_run_finishes(self):
+        # A headless guest has nobody to approve a permission ask or answer a question: left
+        # alone, the run would stay busy for ever and the work could not be harvested.
+        outside = self.g.root / "outside.txt"
+        outside.write_text("not the work's\n")
+        read = json.dumps({"filePath": str(outside)})
+        _, st = self.run_prompt("look @@tool:read:%s@@" % read)
+        self.assertEqual(st["outcome"], "completed", st)
+        self.assertIn("runs headless", st["lastText"], "the model was told why")
+        self.assertEqual([d.get("permission") for d in st["declined"]], ["external_directory"], st)
+        self.assertTrue(st["declined"][0]["patterns"][0].startswith(str(self.g.root)), st)
+        q = {"questions": [{"question": "Which one?", "header": "Pick",
+                            "options": [{"label": "a", "description": "A"}, {"label": "b", "description": "B"}]}]}
+        _, st = self.run_prompt("ask @@tool:question:%s@@" % json.dumps(q))
+        self.assertEqual(st["outcome"], "completed", "a question answered in words lets the run go on")
+        self.assertEqual(st["declined"], [{"question": "Which one?"}], st)
+        self.assertEqual(self.g.http(self.W, "GET", "/permission")[1], [])
+        self.assertEqual(self.g.http(self.W, "GET", "/question")[1], [])
+        # A run that asks nothing has nothing declined.
+        _, st = self.run_prompt("plain")
+        self.assertNotIn("declined", st)
+
 class T4Seal(OneWork):
     """prepare makes a repository; resolve answers for prompt ids; seal stops the guest and
     reads the tree, and the next command starts it again without calling it a restart."""

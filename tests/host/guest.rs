@@ -188,3 +188,19 @@ fn the_guest_helpers_own_tests_pass() {
     assert!(out.status.success(), "{err}");
     assert!(err.contains("\nOK"), "{err}");
 }
+
+/// A headless guest has nobody to approve a permission ask: the agent reading a file outside
+/// its work tree would wait for ever, holding the work busy (no harvest, no drop). The guest
+/// declines it, the run finishes, and boxd_job says what was declined and harvest works.
+#[test]
+fn an_ask_nobody_on_the_guest_can_answer_is_declined_and_the_work_comes_home() {
+    let world = World::new("guest-ask");
+    world.ok_call("boxd_ensure", W1);
+    let read = json!({ "filePath": "/etc/hostname" });
+    submit(&world, &format!("look @@tool:read:{read}@@"));
+    let v = world.job_until_idle("w1");
+    assert_eq!((v["state"].as_str(), v["outcome"].as_str()), (Some("idle"), Some("completed")), "{v:#}");
+    assert_eq!(v["declined"], json!([{ "permission": "external_directory", "patterns": ["/etc/*"] }]), "{v:#}");
+    let h = world.ok_call("boxd_harvest", W1);
+    assert_eq!(h["proven"], true, "{h:#}");
+}

@@ -183,8 +183,12 @@ def status_fields(work, st, server, smap=None):
         "failure": last.get("failure"),
         "promptId": last.get("promptId"),
     }
+    if last.get("declined"):
+        out["declined"] = last["declined"]
     if st.current:
         out["running"] = {"promptId": st.current.get("promptId"), "startedAt": st.current.get("sentAt")}
+        if st.current.get("declined"):
+            out["running"]["declined"] = st.current["declined"]
         if st.current.get("retry"):
             r = st.current["retry"]
             out["retry"] = {"attempt": r.get("attempt"), "message": r.get("message"), "next": r.get("next")}

@@ -154,6 +154,41 @@ def tick(work, lock_timeout=10.0):
             dispatch(work, st, info, entries[0])
 
 
+# What the model is told when the pump rejects an ask on its behalf.
+HEADLESS = ("opencode-boxd: this guest runs headless, so nobody can approve this here; "
+            "if the agent needs it, allow it in the golden image's OpenCode config")
+DECLINED_KEPT = 20                  # the first asks a run declined, kept for status
+UNANSWERED = ("(no answer: this guest runs headless and nobody can answer questions here; "
+              "choose what you judge best, say which, and go on)")
+
+
+def decline_asks(api, cur):
+    """Permission asks and questions wait for a person, and a headless guest has none: an
+    ask is rejected and a question answered with "no answer" (OpenCode tells the model,
+    which goes on), so the run can finish and the work can be harvested. What was declined
+    is kept on the run for status. True when something was."""
+    declined = []
+    try:
+        for ask in api.get("/permission", timeout=5) or []:
+            api.call("POST", "/permission/%s/reply" % ask["id"], {"reply": "reject", "message": HEADLESS}, timeout=5)
+            declined.append({"permission": str(ask.get("permission")), "patterns": [str(p) for p in ask.get("patterns") or []][:5]})
+        for ask in api.get("/question", timeout=5) or []:
+            # Answered in words rather than rejected: a rejected question ends the run.
+            answers = [[UNANSWERED] for _ in ask.get("questions") or [{}]]
+            try:
+                api.call("POST", "/question/%s/reply" % ask["id"], {"answers": answers}, timeout=5)
+            except ApiError as e:
+                if e.status is None:
+                    raise
+                api.call("POST", "/question/%s/reject" % ask["id"], timeout=5)
+            declined.append({"question": str(((ask.get("questions") or [{}])[0] or {}).get("question", ""))[:200]})
+    except (ApiError, KeyError, TypeError, AttributeError):
+        pass  # the next tick asks again
+    if declined:
+        cur["declined"] = ((cur.get("declined") or []) + declined)[:DECLINED_KEPT]
+    return bool(declined)
+
+
 def follow_run(work, st, info, alive):
     cur = st.current
     run_server = cur.get("server") or {}
@@ -177,7 +212,7 @@ def follow_run(work, st, info, alive):
     now = time.time()
     if entry:
         retry = entry if entry.get("type") == "retry" else None
-        changed = bool(cur.get("idleTicks")) or cur.get("retry") != retry
+        changed = decline_asks(api, cur) or bool(cur.get("idleTicks")) or cur.get("retry") != retry
         cur["idleTicks"], cur["idleSince"], cur["retry"] = 0, None, retry
         try:
             updated = ((api.get("/session/%s" % sid, timeout=10) or {}).get("time") or {}).get("updated")

@@ -191,6 +191,8 @@ class Work:
         }
         if note:
             st.last["note"] = note
+        if cur.get("declined"):
+            st.last["declined"] = cur["declined"]
         st.current = None
         st.last_activity_at = now_iso(ts)
         try:

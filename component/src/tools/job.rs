@@ -95,6 +95,12 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
             format!("Call boxd_harvest for work '{work}' to bring the transcript and files home.")
         },
     });
+    // What the guest declined for want of a person (docs/guest.md, "The pump"): the run in
+    // flight's while busy, else the last run's.
+    let declined = if busy { s.pointer("/running/declined") } else { s.get("declined") };
+    if let Some(list) = declined.and_then(Value::as_array).filter(|l| !l.is_empty()) {
+        out["declined"] = Value::Array(list.iter().take(DECLINED_MAX).map(declined_json).collect());
+    }
     // A failed run is a fact about the run, not a failure of this read: the work is idle.
     if !busy && outcome.as_deref() == Some("failed") {
         let failure = s.get("failure").cloned().unwrap_or(Value::Null);
@@ -105,6 +111,19 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
         out["next"] = json!(format!("{} (work '{work}')", code.next()));
     }
     Ok(out)
+}
+
+/// The most declined asks an answer lists (the guest keeps the first 20 of a run).
+const DECLINED_MAX: usize = 20;
+
+/// One declined ask as the laptop shows it: a permission with its patterns, or a question's
+/// text; the guest's words redacted like lastText.
+fn declined_json(d: &Value) -> Value {
+    let text = |v: &Value| redact(v.as_str().unwrap_or(""), LAST_TEXT_MAX);
+    match d.get("permission") {
+        Some(p) => json!({ "permission": text(p), "patterns": d["patterns"].as_array().into_iter().flatten().take(5).map(text).collect::<alloc::vec::Vec<_>>() }),
+        None => json!({ "question": text(&d["question"]) }),
+    }
 }
 
 #[cfg(test)]
@@ -132,5 +151,26 @@ mod tests {
         p.push_exit(0, r#"{"state":"idle","outcome":"aborted","lastText":"stopped","pending":0}"#, "");
         let v = call(&mut p, &mut fs, "boxd_job", r#"{"work":"w1"}"#, raw_context("{}", "{}")).unwrap();
         assert_eq!((v["state"].as_str(), v["outcome"].as_str(), v["taskState"].as_str()), (Some("idle"), Some("aborted"), Some("cancelled")));
+    }
+
+    #[test]
+    fn what_the_guest_declined_is_shown_for_the_run_it_belongs_to() {
+        let declined = r#"[{"permission":"external_directory","patterns":["/tmp/*"]},{"question":"Which one?"}]"#;
+        for (status, shown) in [
+            (format!(r#"{{"state":"idle","outcome":"completed","declined":{declined}}}"#), true),
+            (format!(r#"{{"state":"busy","running":{{"promptId":"p1","declined":{declined}}},"declined":[{{"question":"old"}}]}}"#), true),
+            (r#"{"state":"idle","outcome":"completed"}"#.to_string(), false),
+        ] {
+            let mut fs = open_work(None);
+            let mut p = Scripted::default();
+            p.push_exit(0, OURS, "");
+            p.push_exit(0, &status, "");
+            let v = call(&mut p, &mut fs, "boxd_job", r#"{"work":"w1"}"#, raw_context("{}", "{}")).unwrap();
+            if shown {
+                assert_eq!(v["declined"], serde_json::from_str::<Value>(declined).unwrap(), "{v:#}");
+            } else {
+                assert!(v.get("declined").is_none(), "{v:#}");
+            }
+        }
     }
 }
