@@ -75,7 +75,7 @@ const TEMP_LIVE_MS: u64 = 10 * 60 * 1000;
 /// record whose aside copy stays is kept, so boxd_status goes on naming it.
 pub(super) fn sweep_temps(env: &mut Env, w: Work) -> ToolResult<Work> {
     let now = env.ctx.now_ms;
-    let kept: Vec<String> = w.temps.iter().filter(|t| put_back(env, t)).map(|t| t.path.clone()).collect();
+    let kept: Vec<String> = w.temps.iter().filter(|t| is_ours(t) && put_back(env, t)).map(|t| t.path.clone()).collect();
     let dead: Vec<String> = w
         .temps
         .iter()
@@ -85,7 +85,8 @@ pub(super) fn sweep_temps(env: &mut Env, w: Work) -> ToolResult<Work> {
     if dead.is_empty() {
         return Ok(w);
     }
-    for temp in &dead {
+    for t in w.temps.iter().filter(|t| is_ours(t) && dead.contains(&t.path)) {
+        let temp = &t.path;
         if let Ok(Some(m)) = env.files.stat(temp) {
             if m.kind == Kind::File {
                 let _ = env.files.remove_file(temp);
@@ -94,6 +95,13 @@ pub(super) fn sweep_temps(env: &mut Env, w: Work) -> ToolResult<Work> {
     }
     let gone: Vec<&String> = dead.iter().filter(|t| !kept.contains(t)).collect();
     Ledger::for_call(&mut env.files, env.ctx).update(&w.work, |w| w.temps.retain(|t| !gone.contains(&&t.path)))
+}
+
+/// A temp record as `landing` writes it: a `.boxd-tmp` name in its destination's folder.
+/// One that is not (a record damaged or edited by hand) is never acted on, so nothing but
+/// the plugin's own temp files is ever removed or moved; the sweep drops its record.
+fn is_ours(t: &TempFile) -> bool {
+    t.path.ends_with(".boxd-tmp") && t.dest.as_deref().is_none_or(|d| paths::parent(d) == paths::parent(&t.path))
 }
 
 /// The aside copy a replacement makes of the laptop file (`replace_unchanged`).
@@ -132,6 +140,7 @@ fn put_back(env: &mut Env, t: &TempFile) -> bool {
 pub(super) fn left_on_laptop(files: &mut dyn Files, temps: &[TempFile]) -> Vec<String> {
     let is_file = |files: &mut dyn Files, p: &str| matches!(files.stat(p), Ok(Some(m)) if m.kind == Kind::File);
     let mut out = Vec::new();
+    let temps: Vec<&TempFile> = temps.iter().filter(|t| is_ours(t)).collect();
     let left: Vec<&str> = temps.iter().map(|t| t.path.as_str()).filter(|p| is_file(files, p)).collect();
     if !left.is_empty() {
         out.push(format!("an interrupted harvest left temp files on the laptop; the next harvest or drop removes them: {}", left.join(", ")));
@@ -445,5 +454,27 @@ mod tests {
             assert_eq!(files.text("/p/a.txt.x-0.boxd-tmp"), None, "with nothing owed, the temp is dead and swept");
             assert_eq!(w.temps.is_empty(), left.is_none(), "a record stays only while its aside copy does");
         }
+    }
+
+    #[test]
+    fn a_temp_record_that_is_not_the_plugins_own_is_never_acted_on() {
+        use crate::testing::{raw_context, MemFiles, Scripted};
+        let ctx = crate::tools::context(raw_context("{}", "{}")).unwrap();
+        let mut files = MemFiles::new(&["/p", "/l"]);
+        files.put("/p/notes.md", b"the user's");
+        files.put("/p/notes.md.kept", b"the user's too");
+        files.put("/p/sub/x.boxd-tmp.kept", b"elsewhere");
+        let mut w = Work { work: "w1".into(), machine: "oc-w1".into(), schema: crate::ledger::SCHEMA, ..Default::default() };
+        w.temps.push(TempFile { path: "/p/notes.md".into(), at_ms: 1, dest: Some("/p/gone.md".into()) });
+        w.temps.push(TempFile { path: "/p/sub/x.boxd-tmp".into(), at_ms: 1, dest: Some("/p/gone.md".into()) });
+        Ledger::new(&mut files, "/l").write(&w).unwrap();
+        let mut programs = Scripted::default();
+        let mut env = Env { programs: &mut programs, files: &mut files, ctx: &ctx };
+        let w = sweep_temps(&mut env, w).unwrap();
+        assert!(w.temps.is_empty(), "the records go");
+        assert_eq!(files.text("/p/notes.md").as_deref(), Some("the user's"), "a file not named like a temp is never removed");
+        assert_eq!(files.text("/p/notes.md.kept").as_deref(), Some("the user's too"));
+        assert_eq!(files.text("/p/sub/x.boxd-tmp.kept").as_deref(), Some("elsewhere"), "nothing is moved to another folder");
+        assert_eq!(files.text("/p/gone.md"), None);
     }
 }
