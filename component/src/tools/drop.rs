@@ -198,6 +198,12 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
     }
     out["discarded"] = json!(discard);
     out["next"] = json!("Done: the machine is destroyed and the work is closed in the ledger. Its commits are in the ledger's bundle (git fetch <bundle>), its uncommitted changes in the stored patch.");
+    // A file an interrupted harvest moved aside stays on the laptop; status no longer lists
+    // a closed work, so this answer is the last to say where it is.
+    let left = super::landing::left_on_laptop(env.files, &w.temps);
+    if !left.is_empty() {
+        out["warnings"] = json!(left);
+    }
     Ok(out)
 }
 
@@ -241,6 +247,24 @@ mod tests {
         assert_eq!(v["dropped"], true);
         assert_eq!(p.commands().len(), 3, "at most three boxd calls for a drop");
         assert_eq!(p.commands().last().unwrap(), "machine remove oc-w1 -y --json");
+    }
+
+    #[test]
+    fn a_drop_says_where_a_file_an_interrupted_harvest_moved_aside_is() {
+        let mut fs = work_with(Some(GitRecord::default()));
+        let mut w = Ledger::new(&mut fs, "/l").require("w1").unwrap();
+        w.temps.push(crate::ledger::TempFile { path: "/p/a.md.x-0.boxd-tmp".into(), at_ms: 0, dest: Some("/p/a.md".into()) });
+        Ledger::new(&mut fs, "/l").write(&w).unwrap();
+        fs.put("/p/a.md.x-0.boxd-tmp.kept", b"the user's edit");
+        fs.put("/p/a.md", b"written since");
+        let mut p = Scripted::default();
+        p.push_exit(0, OURS, "");
+        p.push_exit(0, r#"{"ok":true,"repo":true,"refs":{},"dirty":false,"untracked":[],"ignored":[]}"#, "");
+        p.push_exit(0, r#"{"name":"oc-w1","status":"destroyed"}"#, "");
+        let v = call(&mut p, &mut fs, "boxd_drop", r#"{"work":"w1"}"#, raw()).unwrap();
+        assert_eq!(v["dropped"], true);
+        assert!(v["warnings"].to_string().contains("/p/a.md.x-0.boxd-tmp.kept"), "{v:#}");
+        assert_eq!(fs.text("/p/a.md.x-0.boxd-tmp.kept").as_deref(), Some("the user's edit"), "never removed");
     }
 
     #[test]
