@@ -54,13 +54,15 @@ impl<'b, 'a, P: Programs> Guest<'b, 'a, P> {
         Self { boxd, machine: machine.to_string(), work: work.to_string() }
     }
 
-    /// Upload the helper and check its digest on the guest before it is put in place.
+    /// Upload the helper and check its digest on the guest before it is put in place. Each
+    /// upload writes its own temp file (the guest shell's pid in its name): calls that find
+    /// the helper missing at once (after a plugin update) each upload, and one rename wins.
     pub fn upload(&mut self) -> ToolResult<()> {
         let sha = sha256_hex(HELPER);
         let script = format!(
-            "mkdir -p .boxd-helper && cat > .boxd-helper/upload.tmp && \
-             [ \"$(sha256sum .boxd-helper/upload.tmp | cut -d' ' -f1)\" = {sha} ] && \
-             mv .boxd-helper/upload.tmp .boxd-helper/helper-{sha}.pyz"
+            "mkdir -p .boxd-helper && t=.boxd-helper/upload.tmp.$$ && cat > \"$t\" && \
+             [ \"$(sha256sum \"$t\" | cut -d' ' -f1)\" = {sha} ] && \
+             mv \"$t\" .boxd-helper/helper-{sha}.pyz || {{ rm -f \"$t\"; exit 1; }}"
         );
         let out = self.boxd.exec(&self.machine, &["sh", "-c", &script], Some(HELPER.to_vec()), 60).map_err(Failure::into_error)?;
         if out.exit_code == Some(0) {

@@ -28,6 +28,21 @@ pub struct Opencode<'a, P: Programs> {
     programs: &'a mut P,
 }
 
+/// What the laptop's opencode said went wrong: its first line that names an error, then
+/// its last line (a failed query ends with its parameters, which alone say nothing); else
+/// its last lines.
+fn said(stderr: &[u8]) -> String {
+    let text = String::from_utf8_lossy(stderr);
+    let lines: Vec<&str> = text.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+    let Some(i) = lines.iter().position(|l| l.to_ascii_lowercase().contains("error")) else { return tail(stderr) };
+    let last = lines.len() - 1;
+    let s = if i == last { lines[i].to_string() } else { format!("{} | … | {}", lines[i], lines[last]) };
+    match s.char_indices().nth(400) {
+        Some((cut, _)) => format!("{}…", &s[..cut]),
+        None => s,
+    }
+}
+
 impl<'a, P: Programs> Opencode<'a, P> {
     pub fn new(programs: &'a mut P) -> Self {
         Self { programs }
@@ -49,7 +64,7 @@ impl<'a, P: Programs> Opencode<'a, P> {
     pub fn import(&mut self, file: &str, session: &str, cwd: &str) -> ToolResult<()> {
         let out = self.run(&["import", file], cwd)?;
         if out.exit_code != Some(0) {
-            return Err(ToolError::new(Code::ImportFailed, format!("opencode import of session {session} failed: {}", tail(&out.stderr))));
+            return Err(ToolError::new(Code::ImportFailed, format!("opencode import of session {session} failed: {}", said(&out.stderr))));
         }
         Ok(())
     }
@@ -59,7 +74,7 @@ impl<'a, P: Programs> Opencode<'a, P> {
     pub fn export(&mut self, session: &str, cwd: &str) -> ToolResult<Value> {
         let out = self.run(&["export", session], cwd)?;
         first_json(&out.stdout).filter(|_| out.exit_code == Some(0)).ok_or_else(|| {
-            ToolError::new(Code::ProofFailed, format!("the laptop has no readable copy of session {session}: {}", tail(&out.stderr)))
+            ToolError::new(Code::ProofFailed, format!("the laptop has no readable copy of session {session}: {}", said(&out.stderr)))
         })
     }
 
@@ -131,5 +146,14 @@ mod tests {
         assert!(e.code == Code::ProofFailed && e.message.contains("Session not found"), "{e:?}");
         assert_eq!(o.export("ses_1", "/p").unwrap_err().code, Code::OpencodeMissing);
         assert!(p.requests.iter().all(|r| r.program == "opencode" && r.cwd.as_deref() == Some("/p")));
+    }
+
+    #[test]
+    fn what_opencode_said_leads_with_its_error_line() {
+        let sql = b"INFO service=import\nerror: UNIQUE constraint failed: message.id\n    at run (db.ts:10)\ninsert into message values (?, ?\n); | params: \n";
+        let s = said(sql);
+        assert!(s.starts_with("error: UNIQUE constraint failed: message.id"), "{s}");
+        assert_eq!(said(b"just one line\nand the last\n"), "just one line | and the last");
+        assert!(said(&[b'e'; 2000]).chars().count() <= 401);
     }
 }

@@ -104,6 +104,11 @@ fn is_ours(t: &TempFile) -> bool {
     t.path.ends_with(".boxd-tmp") && t.dest.as_deref().is_none_or(|d| paths::parent(d) == paths::parent(&t.path))
 }
 
+/// Whether the laptop file at `path` holds the bytes whose sha256 is `sha`.
+fn holds(env: &mut Env, path: &str, sha: &str) -> bool {
+    env.files.sha256(path).ok().flatten().as_deref() == Some(sha)
+}
+
 /// The aside copy a replacement makes of the laptop file (`replace_unchanged`).
 fn aside_of(temp: &str) -> String {
     format!("{temp}.kept")
@@ -203,6 +208,11 @@ pub(super) fn bring_files(env: &mut Env, w: Work, git: &Value, landing: &[Landin
         };
         match placed {
             Ok(true) => {}
+            // Another harvest landed these very bytes there first (this work's, run twice at
+            // once): they are home, and nothing of anyone's was set aside.
+            Ok(false) if holds(env, dest, &sha256) && !matches!(env.files.stat(&aside_of(temp)), Ok(Some(_))) => {
+                let _ = env.files.remove_file(temp);
+            }
             Ok(false) => {
                 let what = if place == Place::New { "appeared" } else { "changed" };
                 stopped = Some(ToolError::with_next(
@@ -333,6 +343,8 @@ mod tests {
     struct LandsFirst {
         inner: crate::testing::MemFiles,
         dest: &'static str,
+        /// What the user or the other harvest puts there.
+        lands: &'static [u8],
     }
 
     impl crate::caps::Files for LandsFirst {
@@ -346,13 +358,13 @@ mod tests {
         fn rename(&mut self, f: &str, t: &str) -> Result<bool, crate::caps::FsError> {
             // The replace path moves the destination aside first: the user saves just before.
             if f == self.dest {
-                self.inner.put(f, b"the user's edit");
+                self.inner.put(f, self.lands);
             }
             self.inner.rename(f, t)
         }
         fn place_new(&mut self, f: &str, t: &str) -> Result<bool, crate::caps::FsError> {
             if t == self.dest && self.inner.files.get(t).is_none() && !f.ends_with(".kept") {
-                self.inner.put(t, b"the other work's result");
+                self.inner.put(t, self.lands);
             }
             self.inner.place_new(f, t)
         }
@@ -361,7 +373,7 @@ mod tests {
     #[test]
     fn a_file_the_user_saved_after_the_check_is_never_replaced() {
         use crate::testing::{raw_context, MemFiles, Scripted};
-        let mut files = LandsFirst { inner: MemFiles::new(&["/p", "/l"]), dest: "/p/a.txt" };
+        let mut files = LandsFirst { inner: MemFiles::new(&["/p", "/l"]), dest: "/p/a.txt", lands: b"the user's edit" };
         let ctx = crate::tools::context(raw_context("{}", "{}")).unwrap();
         let mut w = Work { work: "w1".into(), machine: "oc-w1".into(), schema: crate::ledger::SCHEMA, ..Default::default() };
         w.owed = vec!["a.txt".into()];
@@ -384,7 +396,7 @@ mod tests {
     #[test]
     fn a_file_landed_by_another_harvest_after_the_check_is_never_replaced() {
         use crate::testing::{raw_context, MemFiles, Scripted};
-        let mut files = LandsFirst { inner: MemFiles::new(&["/p", "/l"]), dest: "/p/b.txt" };
+        let mut files = LandsFirst { inner: MemFiles::new(&["/p", "/l"]), dest: "/p/b.txt", lands: b"the other work's result" };
         let ctx = crate::tools::context(raw_context("{}", "{}")).unwrap();
         let mut w = Work { work: "w1".into(), machine: "oc-w1".into(), schema: crate::ledger::SCHEMA, ..Default::default() };
         w.owed = vec!["a.txt".into(), "b.txt".into()];
@@ -406,6 +418,35 @@ mod tests {
         let w = Ledger::new(&mut files, "/l").require("w1").unwrap();
         assert_eq!(w.owed, ["b.txt"], "the one that did not land stays owed");
         assert_eq!(w.files_out.iter().map(|r| r.guest.as_str()).collect::<Vec<_>>(), ["a.txt"], "the one that landed is recorded");
+    }
+
+    #[test]
+    fn the_same_bytes_landed_first_by_another_harvest_of_this_work_are_home() {
+        use crate::testing::{raw_context, MemFiles, Scripted};
+        let ctx = crate::tools::context(raw_context("{}", "{}")).unwrap();
+        // Absent at the check, then the other harvest's copy; and, for a file brought home
+        // before, replaced by the other harvest between the check and the move aside.
+        for (before, lands) in [(None, b"a.txt" as &'static [u8]), (Some(b"v1" as &[u8]), b"a.txt")] {
+            let mut files = LandsFirst { inner: MemFiles::new(&["/p", "/l"]), dest: "/p/a.txt", lands };
+            let mut w = Work { work: "w1".into(), machine: "oc-w1".into(), schema: crate::ledger::SCHEMA, ..Default::default() };
+            w.owed = vec!["a.txt".into()];
+            if let Some(b) = before {
+                files.inner.put("/p/a.txt", b);
+                w.files_out.push(crate::ledger::FileRecord { guest: "a.txt".into(), laptop: "/p/a.txt".into(), size: 2, sha256: crate::encode::sha256_hex(b), at: String::new() });
+            }
+            let landing = vec![Landing { rel: "a.txt".into(), dest: "/p/a.txt".into(), temp: "/p/a.txt.x-0.boxd-tmp".into() }];
+            files.inner.put(&landing[0].temp, b"a.txt");
+            let arrived = vec![Streamed { path: landing[0].temp.clone(), size: 5, sha256: crate::encode::sha256_hex(b"a.txt") }];
+            Ledger::new(&mut files, "/l").write(&w).unwrap();
+            let git = json!({ "files": [{ "path": "a.txt" }] });
+            let mut programs = Scripted::default();
+            let mut env = Env { programs: &mut programs, files: &mut files, ctx: &ctx };
+            let (w, written) = bring_files(&mut env, w, &git, &landing, arrived).unwrap();
+            assert_eq!(written.len(), 1);
+            assert!(w.owed.is_empty(), "home, so not owed");
+            assert_eq!(files.inner.text("/p/a.txt").as_deref(), Some("a.txt"));
+            assert_eq!(files.inner.files.keys().filter(|k| k.contains("boxd-tmp")).count(), 0, "no temp or aside copy left");
+        }
     }
 
     /// A work whose last harvest was killed while it replaced /p/a.txt: the file's bytes are
