@@ -290,7 +290,13 @@ fn check_overwrite(env: &mut Env, w: &Work, file: &Incoming) -> ToolResult<Place
             // its size could match the incoming bytes or the last ones brought there:
             // another size is a conflict.
             let may_match = m.size == file.size || last.is_some_and(|r| r.size == m.size);
-            let current = if may_match { env.files.sha256(dest).ok().flatten().unwrap_or_default() } else { String::new() };
+            let current = match may_match.then(|| env.files.sha256(dest)) {
+                Some(Ok(Some(h))) => h,
+                // Gone between the look and the hash (another harvest of this work moved it
+                // aside to replace it): absent, so placed only if it still is.
+                Some(Ok(None)) => return Ok(Place::New),
+                _ => String::new(),
+            };
             let last = last.map(|r| r.sha256.clone());
             if &current != sha && last.as_deref() != Some(current.as_str()) {
                 let cause = conflict_cause(env, w, dest, m.size, current);
