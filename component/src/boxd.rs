@@ -8,7 +8,7 @@ use alloc::vec::Vec;
 use serde_json::Value;
 
 use crate::caps::{Programs, RunOutput, RunRequest, SpawnError, Streams};
-use crate::errors::{Code, ToolError};
+use crate::errors::{Code, ToolError, ToolResult};
 
 /// Why a boxd call did not give us an answer.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -71,17 +71,33 @@ pub enum State {
 }
 
 impl State {
-    pub fn from_status(s: &str) -> State {
-        match s {
+    /// The state a boxd status word names; None for a word this plugin does not know (a
+    /// newer boxd's): no tool may take that for gone, which would rebuild or close a work
+    /// whose machine still holds it (`known_state`).
+    pub fn from_status(s: &str) -> Option<State> {
+        Some(match s {
             "running" => State::Running,
             "standby" | "suspended" | "paused" | "suspending" => State::Standby,
             "hibernated" | "hibernating" => State::Asleep,
             "pending" | "starting" | "booting" | "migrating" => State::Starting,
             "stopped" | "stopping" => State::Stopped,
             "failed" => State::Failed,
-            _ => State::Gone, // destroying, destroyed, unknown
-        }
+            "destroying" | "destroyed" | "deleted" => State::Gone,
+            _ => return None,
+        })
     }
+}
+
+/// A machine's state, or BOXD_FAILED for a status word this plugin does not know: nothing
+/// is changed on a guess.
+pub fn known_state(info: &MachineInfo) -> ToolResult<State> {
+    State::from_status(&info.status).ok_or_else(|| {
+        ToolError::with_next(
+            Code::BoxdFailed,
+            format!("boxd reports {} as {:?}, a state this plugin does not know; nothing was changed", info.name, crate::redact::redact(&info.status, 40)),
+            format!("Call boxd_status in a later turn; if boxd keeps reporting it, look at the machine with 'boxd machine get {}'.", info.name),
+        )
+    })
 }
 
 /// `boxd machine get --json`: every value is a string.

@@ -36,8 +36,9 @@ pub struct Headroom {
     ledger: Vec<Running>,
 }
 
+/// A status word this plugin does not know counts as up: a cap is never passed on a guess.
 fn machine_is_up(status: &str) -> bool {
-    matches!(State::from_status(status), State::Running | State::Standby | State::Starting)
+    !matches!(State::from_status(status), Some(State::Asleep | State::Stopped | State::Failed | State::Gone))
 }
 
 /// Whether a laptop folder lies in the call's project.

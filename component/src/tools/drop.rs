@@ -83,7 +83,7 @@ fn plan(env: &mut Env, work: &str, machine: &str) -> ToolResult<Plan> {
         return Ok(Plan::Gone(w));
     };
     check_machine(&w, &info)?;
-    match State::from_status(&info.status) {
+    match crate::boxd::known_state(&info)? {
         State::Running | State::Standby => {}
         State::Starting => return Err(ToolError::new(Code::MachineStarting, format!("{machine} is still starting"))),
         state => {

@@ -109,7 +109,7 @@ fn adopt<F: Files>(ledger: &mut Ledger<F>, w: Work, info: &MachineInfo, ctx: &Co
     let mut owned = w.clone();
     owned.machine_id.get_or_insert_with(|| info.id.clone());
     check_machine(&owned, info)?;
-    let st = State::from_status(&info.status);
+    let st = crate::boxd::known_state(info)?;
     let w = ledger.update(work, |w| {
         w.machine_id = owned.machine_id;
         if st != State::Starting {

@@ -49,7 +49,7 @@ pub fn owned_state<P: Programs>(boxd: &mut Boxd<P>, w: &Work) -> ToolResult<Stat
         None => Ok(State::Gone),
         Some(info) => {
             check_machine(w, &info)?;
-            Ok(State::from_status(&info.status))
+            crate::boxd::known_state(&info)
         }
     }
 }
@@ -264,6 +264,32 @@ mod tests {
             let e = call(&mut p, &mut fs, tool, args, r).unwrap_err();
             assert_eq!(e.code, Code::NotOurs, "{tool}: {e:?}");
             assert_eq!(p.commands(), ["machine get oc-w1 --json"], "{tool} made one read and nothing else");
+        }
+    }
+
+    /// A status word boxd may add later is not "gone": resume would rebuild a machine that
+    /// still holds the work, drop would close it. Every tool refuses after its one read.
+    #[test]
+    fn every_tool_refuses_a_machine_in_a_state_it_does_not_know_before_touching_it() {
+        for (tool, args) in [
+            ("boxd_job", r#"{"work":"w1"}"#),
+            ("boxd_submit", r#"{"work":"w1","prompt":"hi"}"#),
+            ("boxd_harvest", r#"{"work":"w1"}"#),
+            ("boxd_sleep", r#"{"work":"w1"}"#),
+            ("boxd_resume", r#"{"work":"w1"}"#),
+            ("boxd_drop", r#"{"work":"w1"}"#),
+            ("boxd_ensure", r#"{"work":"w1"}"#),
+        ] {
+            let mut fs = open_work(Some(GitRecord::default()));
+            let mut p = Scripted::default();
+            p.push_exit(0, r#"{"name":"oc-w1","id":"vm_1","status":"updating","sharing":"private","isolated":"no"}"#, "");
+            let r = raw_context("{}", r#"{"opencodeVersion":"1.18.33"}"#);
+            let e = call(&mut p, &mut fs, tool, args, r).unwrap_err();
+            assert_eq!(e.code, Code::BoxdFailed, "{tool}: {e:?}");
+            assert!(e.message.contains("\"updating\""), "{tool}: {}", e.message);
+            assert_eq!(p.commands(), ["machine get oc-w1 --json"], "{tool} made one read and nothing else");
+            let w = Ledger::new(&mut fs, "/l").require("w1").unwrap();
+            assert_eq!((w.state, w.machine_id.as_deref()), (WorkState::Open, Some("vm_1")), "{tool}: the record is as it was");
         }
     }
 

@@ -71,7 +71,7 @@ pub fn run(env: &mut Env, _args: &Value) -> ToolResult<Value> {
             _ if w.state == WorkState::Queued => "queued".to_string(),
             (Err(_), _) => "unknown".to_string(),
             (Ok(_), None) => "gone".to_string(),
-            (Ok(_), Some(s)) => job_state(State::from_status(s)).to_string(),
+            (Ok(_), Some(s)) => State::from_status(s).map_or("unknown", job_state).to_string(),
         };
         // What the listing shows, applied to the record as read (never written back: status
         // writes nothing). It changes only the running intervals, which nothing below but
