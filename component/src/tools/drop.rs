@@ -79,7 +79,17 @@ fn plan(env: &mut Env, work: &str, machine: &str) -> ToolResult<Plan> {
             format!("Call boxd_ensure for work '{work}' (it adopts the machine or makes one), then boxd_drop."),
         ));
     }
-    let Some(info) = Boxd::new(&mut env.programs, ctx.options.boxd_timeout_seconds).get(machine).map_err(Failure::into_error)? else {
+    let mut boxd = Boxd::new(&mut env.programs, ctx.options.boxd_timeout_seconds);
+    let Some(info) = boxd.get(machine).map_err(Failure::into_error)? else {
+        // Closing forgets the machine, so one "not found" (which a proxy's 404 also reads
+        // as) is checked against the account's listing before the work is closed.
+        if boxd.list().map_err(Failure::into_error)?.iter().any(|m| m.name == *machine) {
+            return Err(ToolError::with_next(
+                Code::BoxdFailed,
+                format!("boxd answered that {machine} was not found, but its machine listing holds it; nothing was changed"),
+                format!("Call boxd_status in a later turn, then boxd_drop for work '{work}' again."),
+            ));
+        }
         return Ok(Plan::Gone(w));
     };
     check_machine(&w, &info)?;
@@ -273,8 +283,16 @@ mod tests {
         let mut w = Ledger::new(&mut fs, "/l").require("w1").unwrap();
         w.prompts.push(crate::ledger::Prompt { id: "p1".into(), admitted: true, ..Default::default() });
         Ledger::new(&mut fs, "/l").write(&w).unwrap();
+        // A "not found" the listing contradicts closes nothing.
         let mut p = Scripted::default();
         p.push_fail(1, "error: VM 'oc-w1' not found");
+        p.push_exit(0, r#"[{"name":"oc-w1","status":"running"}]"#, "");
+        let e = call(&mut p, &mut fs, "boxd_drop", r#"{"work":"w1"}"#, raw()).unwrap_err();
+        assert_eq!(e.code, Code::BoxdFailed, "{e:?}");
+        assert_eq!(Ledger::new(&mut fs, "/l").require("w1").unwrap().state, WorkState::Open);
+        let mut p = Scripted::default();
+        p.push_fail(1, "error: VM 'oc-w1' not found");
+        p.push_exit(0, "[]", "");
         let v = call(&mut p, &mut fs, "boxd_drop", r#"{"work":"w1"}"#, raw()).unwrap();
         assert_eq!(v["dropped"], true);
         assert_eq!(v["unrecovered"]["prompts"], json!(["p1"]));
