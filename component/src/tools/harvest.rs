@@ -118,6 +118,8 @@ fn import_and_prove(env: &mut Env, w: &Work, sessions: &[Exported]) -> ToolResul
         .unwrap_or_default();
     let mut report = Vec::new();
     let mut proofs = Vec::new();
+    let new: Vec<&str> = sessions.iter().map(|s| s.id.as_str()).filter(|id| !last.contains_key(*id)).collect();
+    refuse_foreign_sessions(env, w, &new)?;
     for s in sessions {
         let previous = last.get(&s.id).filter(|(d, f)| d == &s.digest && f.is_some());
         if let Some((_, file)) = previous {
@@ -149,6 +151,29 @@ fn import_and_prove(env: &mut Env, w: &Work, sessions: &[Exported]) -> ToolResul
         report.push(json!({ "id": s.id, "parentId": s.parent, "messages": s.messages, "digest": s.digest, "imported": true }));
     }
     Ok((proofs, report))
+}
+
+/// A session another work proved on this laptop is that work's transcript: importing it
+/// from this work's guest would change it there (a tampered guest can export any id), and
+/// would prove this work with a history that is not its own. Checked for the sessions this
+/// work has not proven before, against every other record, before anything is imported.
+fn refuse_foreign_sessions(env: &mut Env, w: &Work, new: &[&str]) -> ToolResult<()> {
+    if new.is_empty() {
+        return Ok(());
+    }
+    let mut ledger = Ledger::for_call(&mut env.files, env.ctx);
+    for id in ledger.ids()?.into_iter().filter(|id| *id != w.work) {
+        let Ok(Some(other)) = ledger.read(&id) else { continue };
+        let theirs = other.proofs.iter().flat_map(|p| &p.sessions).find(|s| new.contains(&s.id.as_str()));
+        if let Some(s) = theirs {
+            return Err(ToolError::with_next(
+                Code::ExportInvalid,
+                format!("the guest of work '{}' exported session {}, which is work '{id}''s transcript on this laptop; nothing was imported", w.work, s.id),
+                format!("Look at the machine of work '{}' (its OpenCode data or the helper was changed) before you harvest or drop it; work '{id}' is untouched.", w.work),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// With `fetchCommits`: fetch the work's commits from the ledger's bundle into the
@@ -317,6 +342,27 @@ mod tests {
     fn session(id: &str, parent: Option<&str>, n: usize) -> Value {
         let msgs: Vec<Value> = (0..n).map(|i| json!({ "info": { "id": format!("msg_{id}_{i}"), "role": "user" }, "parts": [{ "id": format!("prt_{i}"), "type": "text", "text": "hi" }] })).collect();
         json!({ "info": { "id": id, "parentID": parent }, "messages": msgs })
+    }
+
+    #[test]
+    fn a_session_another_work_proved_is_never_imported_from_this_works_guest() {
+        use crate::ledger::{Proof, SessionProof};
+        use crate::testing::{raw_context, MemFiles, Scripted};
+        let ctx = crate::tools::context(raw_context("{}", "{}")).unwrap();
+        let mut files = MemFiles::new(&["/p", "/l"]);
+        let mut w0 = Work { work: "w0".into(), machine: "oc-w0".into(), schema: crate::ledger::SCHEMA, ..Default::default() };
+        w0.proofs.push(Proof { prompts: 1, sessions: alloc::vec![SessionProof { id: "ses_theirs".into(), ..Default::default() }], ..Default::default() });
+        let w1 = Work { work: "w1".into(), machine: "oc-w1".into(), schema: crate::ledger::SCHEMA, ..Default::default() };
+        Ledger::new(&mut files, "/l").write(&w0).unwrap();
+        Ledger::new(&mut files, "/l").write(&w1).unwrap();
+        let export = json!({ "sessions": [session("ses_theirs", None, 2)] });
+        let sessions = parse_export(&export).unwrap();
+        let mut programs = Scripted::default();
+        let mut env = Env { programs: &mut programs, files: &mut files, ctx: &ctx };
+        let e = import_and_prove(&mut env, &w1, &sessions).unwrap_err();
+        assert_eq!(e.code, Code::ExportInvalid, "{e:?}");
+        assert!(e.message.contains("ses_theirs") && e.message.contains("work 'w0'"), "{}", e.message);
+        assert!(programs.requests.is_empty(), "no laptop opencode ran: nothing was imported");
     }
 
     #[test]
