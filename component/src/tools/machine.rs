@@ -159,7 +159,21 @@ pub fn create_machine<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Le
         Failure::Other(m) if m.contains("already exists") => {
             ToolError::new(Code::CreateUncertain, format!("boxd says {machine} already exists but did not show it a moment ago"))
         }
-        e => super::admission::refused(e),
+        e => {
+            // A failure that is not a timeout may still have made the machine (boxd failing
+            // after the create). One look: there now, it is the one this create made, and the
+            // next ensure adopts it (the work stays creating); absent, nothing was made, and
+            // the intent is withdrawn, so a machine someone else names so later is never
+            // adopted as this work's.
+            if let Ok(None) = boxd.get(&machine) {
+                let _ = ledger.update(work, |w| {
+                    if w.state == WorkState::Creating {
+                        w.state = WorkState::Open;
+                    }
+                });
+            }
+            super::admission::refused(e)
+        }
     })?;
     let landed = !created.boot_timeout && created.id.is_some();
     let w = ledger.update(work, |w| {
@@ -320,6 +334,39 @@ mod tests {
         let c = p.commands();
         let last = &c[c.len() - 3..];
         assert!(last[0] == "machine get oc-w1 --json" && last[1].contains("upload.tmp") && last[2].contains("prepare --work w1"), "{last:?}");
+    }
+
+    /// A create boxd refused made nothing: the work does not stay "creating", so a machine
+    /// someone else later makes under its name is refused, never adopted and prepared.
+    #[test]
+    fn a_refused_create_is_withdrawn_and_a_later_machine_under_the_name_is_not_adopted() {
+        let mut fs = crate::testing::MemFiles::new(&["/p", "/l"]);
+        let facts = r#"{"opencodeVersion":"1.18.33"}"#;
+        let mut p = Scripted::default();
+        p.push_fail(1, "error: VM 'oc-w1' not found");
+        p.push_exit(0, "[]", "");
+        p.push_exit(0, r#"[{"name":"opencode-golden","version":"1","status":"ready"}]"#, "");
+        p.push_fail(1, "error: request failed: quota exceeded");
+        p.push_fail(1, "error: VM 'oc-w1' not found");
+        let e = call(&mut p, &mut fs, "boxd_ensure", r#"{"work":"w1"}"#, raw_context("{}", facts)).unwrap_err();
+        assert_eq!(e.code, Code::QuotaReached, "{e:?}");
+        let w = Ledger::new(&mut fs, "/l").require("w1").unwrap();
+        assert_eq!((w.state, w.machine_id), (WorkState::Open, None), "the create's intent is withdrawn");
+        let mut p = Scripted::default();
+        p.push_exit(0, r#"{"name":"oc-w1","id":"vm_someone","status":"running","sharing":"private","isolated":"no"}"#, "");
+        let e = call(&mut p, &mut fs, "boxd_ensure", r#"{"work":"w1"}"#, raw_context("{}", facts)).unwrap_err();
+        assert_eq!(e.code, Code::NotOurs, "{e:?}");
+        assert_eq!(p.commands(), ["machine get oc-w1 --json"], "nothing uploaded, prepared or recorded");
+        // Made by the failing create itself (there at once): it stays this work's to adopt.
+        let mut fs = crate::testing::MemFiles::new(&["/p", "/l"]);
+        let mut p = Scripted::default();
+        p.push_fail(1, "error: VM 'oc-w1' not found");
+        p.push_exit(0, "[]", "");
+        p.push_exit(0, r#"[{"name":"opencode-golden","version":"1","status":"ready"}]"#, "");
+        p.push_fail(1, "error: internal server error");
+        p.push_exit(0, OURS, "");
+        call(&mut p, &mut fs, "boxd_ensure", r#"{"work":"w1"}"#, raw_context("{}", facts)).unwrap_err();
+        assert_eq!(Ledger::new(&mut fs, "/l").require("w1").unwrap().state, WorkState::Creating);
     }
 
     /// A rebuilt machine that still owes the proven transcript: every tool that would use
