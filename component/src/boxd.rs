@@ -166,15 +166,27 @@ pub fn first_json(stdout: &[u8]) -> Option<Value> {
     None
 }
 
+/// The `error: …` line of stderr, if there is one (at most 400 characters).
+fn error_line(out: &RunOutput) -> Option<String> {
+    let err = String::from_utf8_lossy(&out.stderr);
+    let line = err.lines().map(str::trim).find(|l| l.to_ascii_lowercase().starts_with("error"))?;
+    Some(cut(line))
+}
+
+/// A CLI's line, cut to 400 characters: a flood never becomes an answer.
+fn cut(line: &str) -> String {
+    match line.char_indices().nth(400) {
+        Some((i, _)) => format!("{}…", &line[..i]),
+        None => line.to_string(),
+    }
+}
+
 /// The `error: …` line of stderr, or its last non-empty line.
 fn cli_message(out: &RunOutput) -> String {
     let err = String::from_utf8_lossy(&out.stderr);
-    let line = err
-        .lines()
-        .map(str::trim)
-        .find(|l| l.to_ascii_lowercase().starts_with("error"))
-        .or_else(|| err.lines().map(str::trim).filter(|l| !l.is_empty()).last())
-        .unwrap_or("");
+    let line = error_line(out)
+        .or_else(|| err.lines().map(str::trim).filter(|l| !l.is_empty()).last().map(cut))
+        .unwrap_or_default();
     if line.is_empty() { format!("boxd {} and printed no message", crate::guest::exit_words(out.exit_code)) } else { line.to_string() }
 }
 
@@ -228,13 +240,19 @@ impl<'a, P: Programs> Boxd<'a, P> {
             }
             Err(SpawnError::Failed(m)) => return Err(Failure::Other(format!("could not run boxd {what}: {m}"))),
         };
-        if out.exit_code == Some(0) { Ok(out) } else { Err(classify(&out, &what)) }
+        // An exit 0 that printed nothing but an error (a remove that did not remove) is the
+        // failure it says it is: success is never taken from the exit code alone.
+        let said_error = out.stdout.iter().all(u8::is_ascii_whitespace) && error_line(&out).is_some();
+        if out.exit_code == Some(0) && !said_error { Ok(out) } else { Err(classify(&out, &what)) }
     }
 
     fn run_json(&mut self, args: Vec<String>) -> Result<Value, Failure> {
         let what = args.iter().take(2).cloned().collect::<Vec<_>>().join(" ");
         let out = self.run(args, None, self.timeout_ms)?;
-        first_json(&out.stdout).ok_or_else(|| Failure::Other(format!("boxd {what} printed no JSON")))
+        first_json(&out.stdout).ok_or_else(|| {
+            let said = error_line(&out).map(|l| format!(": {l}")).unwrap_or_default();
+            Failure::Other(format!("boxd {what} printed no JSON{said}"))
+        })
     }
 
     pub fn list(&mut self) -> Result<Vec<Machine>, Failure> {

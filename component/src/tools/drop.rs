@@ -278,6 +278,19 @@ mod tests {
     }
 
     #[test]
+    fn a_remove_that_exits_0_saying_error_is_not_taken_for_done() {
+        let mut fs = work_with(Some(GitRecord::default()));
+        let mut p = Scripted::default();
+        p.push_exit(0, OURS, "");
+        p.push_exit(0, r#"{"ok":true,"repo":true,"refs":{},"dirty":false,"untracked":[],"ignored":[]}"#, "");
+        p.push_exit(0, "", "error: VM is busy, try again\n");
+        let e = call(&mut p, &mut fs, "boxd_drop", r#"{"work":"w1"}"#, raw()).unwrap_err();
+        assert_eq!(e.code, Code::BoxdFailed, "{e:?}");
+        assert!(e.message.contains("VM is busy"), "the CLI's own words: {}", e.message);
+        assert!(!Ledger::new(&mut fs, "/l").require("w1").unwrap().is_closed(), "the work is not closed");
+    }
+
+    #[test]
     fn a_gone_work_closes_naming_what_was_not_recovered() {
         let mut fs = work_with(None);
         let mut w = Ledger::new(&mut fs, "/l").require("w1").unwrap();
