@@ -151,12 +151,12 @@ pub fn sh_quote(arg: &str) -> String {
 /// document starts at the beginning of a line: an indented `{` is inside one, and taking
 /// it would turn a cut-off answer into a wrong one.
 pub fn first_json(stdout: &[u8]) -> Option<Value> {
-    let text = core::str::from_utf8(stdout).ok()?;
+    // By bytes: a noise line that is not UTF-8 does not hide the JSON after it.
     let mut offset = 0;
-    for line in text.split_inclusive('\n') {
-        if line.starts_with('{') || line.starts_with('[') {
+    for line in stdout.split_inclusive(|b| *b == b'\n') {
+        if line.starts_with(b"{") || line.starts_with(b"[") {
             let start = offset;
-            let mut it = serde_json::Deserializer::from_str(&text[start..]).into_iter::<Value>();
+            let mut it = serde_json::Deserializer::from_slice(&stdout[start..]).into_iter::<Value>();
             if let Some(Ok(v)) = it.next() {
                 return Some(v);
             }
@@ -174,7 +174,7 @@ fn error_line(out: &RunOutput) -> Option<String> {
 }
 
 /// A CLI's line, cut to 400 characters: a flood never becomes an answer.
-fn cut(line: &str) -> String {
+pub fn cut(line: &str) -> String {
     match line.char_indices().nth(400) {
         Some((i, _)) => format!("{}…", &line[..i]),
         None => line.to_string(),
@@ -450,6 +450,9 @@ mod tests {
         let v = first_json(out).unwrap();
         assert_eq!(v[0]["name"], "oc-a");
         assert_eq!(first_json(b"garbage\nmore garbage"), None);
+        let noisy = b"\xff\xfe daemon said\n{\"name\":\"oc-a\"}\n";
+        assert_eq!(first_json(noisy).unwrap()["name"], "oc-a", "a noise line that is not UTF-8 hides nothing");
+        assert_eq!(first_json(b"{\"name\":\"\xff\"}\n"), None, "JSON that is not UTF-8 is no JSON");
     }
 
     #[test]

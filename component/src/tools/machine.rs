@@ -21,7 +21,7 @@ pub fn check_machine(w: &Work, info: &MachineInfo) -> ToolResult<()> {
         Some(id) => {
             return Err(ToolError::new(
                 Code::NotOurs,
-                format!("{} has id {}, but the ledger recorded {id} for work '{}': it is another machine under the same name", info.name, if info.id.is_empty() { "(none given)" } else { &info.id }, w.work),
+                format!("{} has id {}, but the ledger recorded {id} for work '{}': it is another machine under the same name", info.name, if info.id.is_empty() { "(none given)".into() } else { crate::boxd::cut(&info.id) }, w.work),
             ));
         }
         None => {
