@@ -195,9 +195,15 @@ fn fork_machine<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F
             return Err(ToolError::new(Code::NotOurs, format!("a machine named {machine} exists, but this laptop's ledger did not create it; the fork stays queued")));
         }
         Err(e) => {
-            // Refused before anything was made: back in the queue, in its place.
-            ledger.update(&w.work, |w| w.state = WorkState::Queued)?;
-            return Err(refused(e));
+            // A failure may still have made the fork (boxd failing after it). One look: absent,
+            // nothing was made and it goes back in the queue, in its place; there, it is the
+            // one this call made, and the work stays creating for the next boxd_fork to adopt.
+            if let Ok(None) = boxd.get(machine) {
+                ledger.update(&w.work, |w| w.state = WorkState::Queued)?;
+                return Err(refused(e));
+            }
+            let e = refused(e);
+            return Err(ToolError::with_next(e.code, format!("{}; {machine} exists now, so the fork may have been made", e.message), again));
         }
     };
     let Some(id) = created.id.filter(|_| !created.boot_timeout) else {
@@ -346,4 +352,32 @@ mod tests {
         assert_eq!(v["dropped"], true);
         assert!(p.commands().iter().all(|c| !c.starts_with("machine")), "{:?}", p.commands());
     }
+
+    /// `machine fork` that made the fork and then failed: the fork is not put back in the
+    /// queue (which disowned it: NOT_OURS from boxd_fork, "no machine" from drop while it
+    /// ran); it stays creating for the next boxd_fork to adopt. One that made nothing is.
+    #[test]
+    fn a_fork_that_landed_and_then_failed_stays_this_works_to_adopt() {
+        for (after, state) in [(OURS.replace("oc-w1", "oc-fa").replace("vm_1", "vm_fa"), WorkState::Creating), ("".to_string(), WorkState::Queued)] {
+            let mut fs = open_work(None);
+            let mut p = Scripted::default();
+            p.push_exit(0, "1.18.33", "");
+            p.push_exit(0, OURS, "");
+            p.push_exit(0, r#"[{"name":"oc-w1","status":"running"}]"#, "");
+            p.push_fail(1, "error: internal server error");
+            if after.is_empty() {
+                p.push_fail(1, "error: VM 'oc-fa' not found");
+            } else {
+                p.push_exit(0, &after, "");
+            }
+            let e = call(&mut p, &mut fs, "boxd_fork", r#"{"work":"w1","forks":["fa"]}"#, raw_context("{}", "{}"));
+            let fa = Ledger::new(&mut fs, "/l").require("fa").unwrap();
+            assert_eq!(fa.state, state, "{e:?}");
+            if state == WorkState::Creating {
+                let e = call(&mut Scripted::default(), &mut fs, "boxd_drop", r#"{"work":"fa"}"#, raw_context("{}", "{}")).unwrap_err();
+                assert_eq!(e.code, Code::CreateUncertain, "drop does not close it as machineless: {e:?}");
+            }
+        }
+    }
 }
+
