@@ -68,9 +68,13 @@ impl<'b, 'a, P: Programs> Guest<'b, 'a, P> {
         if out.exit_code == Some(0) {
             Ok(())
         } else {
-            Err(ToolError::new(
+            Err(ToolError::with_next(
                 Code::GuestWorkspace,
-                format!("could not place the guest helper in the machine's home: {}", tail(&out.stderr)),
+                format!("could not place the guest helper in {}'s home: {}", self.machine, tail(&out.stderr)),
+                format!(
+                    "Look at ~/.boxd-helper on {m} (it must be a folder the boxd user can write; the message says what failed), fix it with 'boxd machine exec {m} -- …', then call again.",
+                    m = self.machine
+                ),
             ))
         }
     }
