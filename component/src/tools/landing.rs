@@ -376,6 +376,14 @@ mod tests {
         }
     }
 
+    /// /p/a.txt's landing, its temp holding `bytes` as the host streamed them.
+    fn a_txt_arrived(files: &mut crate::testing::MemFiles, bytes: &[u8]) -> (Vec<Landing>, Vec<Streamed>) {
+        let landing = vec![Landing { rel: "a.txt".into(), dest: "/p/a.txt".into(), temp: "/p/a.txt.x-0.boxd-tmp".into() }];
+        files.put(&landing[0].temp, bytes);
+        let arrived = vec![Streamed { path: landing[0].temp.clone(), size: bytes.len() as u64, sha256: crate::encode::sha256_hex(bytes) }];
+        (landing, arrived)
+    }
+
     #[test]
     fn a_file_the_user_saved_after_the_check_is_never_replaced() {
         use crate::testing::{raw_context, MemFiles, Scripted};
@@ -386,9 +394,7 @@ mod tests {
         // This work brought "v1" home there last; the guest now has "v2".
         files.inner.put("/p/a.txt", b"v1");
         w.files_out.push(crate::ledger::FileRecord { guest: "a.txt".into(), laptop: "/p/a.txt".into(), size: 2, sha256: crate::encode::sha256_hex(b"v1"), at: String::new() });
-        let landing = vec![Landing { rel: "a.txt".into(), dest: "/p/a.txt".into(), temp: "/p/a.txt.x-0.boxd-tmp".into() }];
-        files.inner.put(&landing[0].temp, b"v2");
-        let arrived = vec![Streamed { path: landing[0].temp.clone(), size: 2, sha256: crate::encode::sha256_hex(b"v2") }];
+        let (landing, arrived) = a_txt_arrived(&mut files.inner, b"v2");
         Ledger::new(&mut files, "/l").write(&w).unwrap();
         let git = json!({ "files": [{ "path": "a.txt" }] });
         let mut programs = Scripted::default();
@@ -440,9 +446,7 @@ mod tests {
                 files.inner.put("/p/a.txt", b);
                 w.files_out.push(crate::ledger::FileRecord { guest: "a.txt".into(), laptop: "/p/a.txt".into(), size: 2, sha256: crate::encode::sha256_hex(b), at: String::new() });
             }
-            let landing = vec![Landing { rel: "a.txt".into(), dest: "/p/a.txt".into(), temp: "/p/a.txt.x-0.boxd-tmp".into() }];
-            files.inner.put(&landing[0].temp, b"a.txt");
-            let arrived = vec![Streamed { path: landing[0].temp.clone(), size: 5, sha256: crate::encode::sha256_hex(b"a.txt") }];
+            let (landing, arrived) = a_txt_arrived(&mut files.inner, b"a.txt");
             Ledger::new(&mut files, "/l").write(&w).unwrap();
             let git = json!({ "files": [{ "path": "a.txt" }] });
             let mut programs = Scripted::default();

@@ -258,27 +258,36 @@ mod tests {
     use crate::testing::{open_work, raw_context, Scripted, OURS};
     use crate::tools::call;
 
-    #[test]
-    fn every_tool_refuses_a_machine_with_another_id_before_touching_it() {
-        for (tool, args) in [
-            ("boxd_job", r#"{"work":"w1"}"#),
-            ("boxd_submit", r#"{"work":"w1","prompt":"hi"}"#),
-            ("boxd_harvest", r#"{"work":"w1"}"#),
-            ("boxd_sleep", r#"{"work":"w1"}"#),
-            ("boxd_resume", r#"{"work":"w1"}"#),
-            ("boxd_drop", r#"{"work":"w1"}"#),
-            ("boxd_ensure", r#"{"work":"w1"}"#),
-        ] {
+    /// Every tool that acts on a work's machine, with arguments that pass their own checks.
+    const MACHINE_TOOLS: [(&str, &str); 7] = [
+        ("boxd_job", r#"{"work":"w1"}"#),
+        ("boxd_submit", r#"{"work":"w1","prompt":"hi"}"#),
+        ("boxd_harvest", r#"{"work":"w1"}"#),
+        ("boxd_sleep", r#"{"work":"w1"}"#),
+        ("boxd_resume", r#"{"work":"w1"}"#),
+        ("boxd_drop", r#"{"work":"w1"}"#),
+        ("boxd_ensure", r#"{"work":"w1"}"#),
+    ];
+
+    /// Each of MACHINE_TOOLS on the open work w1 (vm_1) whose `machine get` answers `got`:
+    /// it must fail after that one read; its error and the record after it.
+    fn each_refuses_after_one_read(got: &str) -> Vec<(&'static str, ToolError, Work)> {
+        let mut out = Vec::new();
+        for (tool, args) in MACHINE_TOOLS {
             let mut fs = open_work(Some(GitRecord::default()));
             let mut p = Scripted::default();
-            p.push_exit(0, "0.0.0", "");
-            p.push_exit(0, r#"{"name":"oc-w1","id":"vm_new","status":"running","sharing":"private","isolated":"no"}"#, "");
-            let mut r = raw_context("{}", "{}");
-            r.facts = crate::options::HostFacts::from_json(r#"{"opencodeVersion":"1.18.33"}"#);
-            p.answers.pop_front();
-            let e = call(&mut p, &mut fs, tool, args, r).unwrap_err();
-            assert_eq!(e.code, Code::NotOurs, "{tool}: {e:?}");
+            p.push_exit(0, got, "");
+            let e = call(&mut p, &mut fs, tool, args, raw_context("{}", r#"{"opencodeVersion":"1.18.33"}"#)).unwrap_err();
             assert_eq!(p.commands(), ["machine get oc-w1 --json"], "{tool} made one read and nothing else");
+            out.push((tool, e, Ledger::new(&mut fs, "/l").require("w1").unwrap()));
+        }
+        out
+    }
+
+    #[test]
+    fn every_tool_refuses_a_machine_with_another_id_before_touching_it() {
+        for (tool, e, _) in each_refuses_after_one_read(r#"{"name":"oc-w1","id":"vm_new","status":"running","sharing":"private","isolated":"no"}"#) {
+            assert_eq!(e.code, Code::NotOurs, "{tool}: {e:?}");
         }
     }
 
@@ -286,55 +295,11 @@ mod tests {
     /// still holds the work, drop would close it. Every tool refuses after its one read.
     #[test]
     fn every_tool_refuses_a_machine_in_a_state_it_does_not_know_before_touching_it() {
-        for (tool, args) in [
-            ("boxd_job", r#"{"work":"w1"}"#),
-            ("boxd_submit", r#"{"work":"w1","prompt":"hi"}"#),
-            ("boxd_harvest", r#"{"work":"w1"}"#),
-            ("boxd_sleep", r#"{"work":"w1"}"#),
-            ("boxd_resume", r#"{"work":"w1"}"#),
-            ("boxd_drop", r#"{"work":"w1"}"#),
-            ("boxd_ensure", r#"{"work":"w1"}"#),
-        ] {
-            let mut fs = open_work(Some(GitRecord::default()));
-            let mut p = Scripted::default();
-            p.push_exit(0, r#"{"name":"oc-w1","id":"vm_1","status":"updating","sharing":"private","isolated":"no"}"#, "");
-            let r = raw_context("{}", r#"{"opencodeVersion":"1.18.33"}"#);
-            let e = call(&mut p, &mut fs, tool, args, r).unwrap_err();
+        for (tool, e, w) in each_refuses_after_one_read(r#"{"name":"oc-w1","id":"vm_1","status":"updating","sharing":"private","isolated":"no"}"#) {
             assert_eq!(e.code, Code::BoxdFailed, "{tool}: {e:?}");
             assert!(e.message.contains("\"updating\""), "{tool}: {}", e.message);
-            assert_eq!(p.commands(), ["machine get oc-w1 --json"], "{tool} made one read and nothing else");
-            let w = Ledger::new(&mut fs, "/l").require("w1").unwrap();
             assert_eq!((w.state, w.machine_id.as_deref()), (WorkState::Open, Some("vm_1")), "{tool}: the record is as it was");
         }
-    }
-
-    /// A gone machine is rebuilt through the one create: intent first, and a create whose
-    /// answer carries no id leaves the work creating for ensure to adopt.
-    #[test]
-    fn a_rebuild_without_an_id_stays_creating_until_ensure_adopts_it() {
-        let mut fs = open_work(Some(GitRecord::default()));
-        let mut p = Scripted::default();
-        p.push_exit(0, "1.18.33", "");
-        p.push_fail(1, "error: VM 'oc-w1' not found");
-        p.push_exit(0, "[]", "");
-        p.push_exit(0, r#"[{"name":"opencode-golden","version":"1","status":"ready"}]"#, "");
-        p.push_exit(0, r#"{"name":"oc-w1"}"#, "");
-        let e = call(&mut p, &mut fs, "boxd_resume", r#"{"work":"w1"}"#, raw_context("{}", "{}")).unwrap_err();
-        assert_eq!(e.code, Code::CreateUncertain, "{e:?}");
-        assert!(e.message.contains("rebuilt oc-w1"), "{}", e.message);
-        assert_eq!(p.commands()[2], "machine list --json", "admission reads what runs before the create");
-        assert!(p.commands()[4].starts_with("machine new oc-w1 --from-snapshot opencode-golden"), "{:?}", p.commands());
-        let w = Ledger::new(&mut fs, "/l").require("w1").unwrap();
-        assert_eq!((w.state, w.machine_id), (WorkState::Creating, None));
-        p.push_exit(0, OURS, "");
-        p.push_exit(0, "", "");
-        p.push_exit(0, r#"{"ok":true}"#, "");
-        let v = call(&mut p, &mut fs, "boxd_ensure", r#"{"work":"w1"}"#, raw_context("{}", r#"{"opencodeVersion":"1.18.33"}"#)).unwrap();
-        assert_eq!((v["adopted"].as_bool(), v["created"].as_bool(), v["machineId"].as_str()), (Some(true), Some(false), Some("vm_1")));
-        // The adopted machine is not known to hold the helper: uploaded first, then one prepare.
-        let c = p.commands();
-        let last = &c[c.len() - 3..];
-        assert!(last[0] == "machine get oc-w1 --json" && last[1].contains("upload.tmp") && last[2].contains("prepare --work w1"), "{last:?}");
     }
 
     /// A create boxd refused made nothing: the work does not stay "creating", so a machine
