@@ -32,7 +32,7 @@ pub struct Opencode<'a, P: Programs> {
 /// its last line (a failed query ends with its parameters, which alone say nothing); else
 /// its last lines.
 fn said(stderr: &[u8]) -> String {
-    let text = String::from_utf8_lossy(stderr);
+    let text = without_colours(&String::from_utf8_lossy(stderr));
     let lines: Vec<&str> = text.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
     let Some(i) = lines.iter().position(|l| l.to_ascii_lowercase().contains("error")) else { return tail(stderr) };
     let last = lines.len() - 1;
@@ -41,6 +41,25 @@ fn said(stderr: &[u8]) -> String {
         Some((cut, _)) => format!("{}…", &s[..cut]),
         None => s,
     }
+}
+
+/// `text` without terminal colour codes (`ESC [ … m`), which opencode puts around "Error:".
+fn without_colours(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(i) = rest.find("\u{1b}[") {
+        out.push_str(&rest[..i]);
+        let code = &rest[i + 2..];
+        match code.find(|c: char| !(c.is_ascii_digit() || c == ';')) {
+            Some(j) if code[j..].starts_with('m') => rest = &code[j + 1..],
+            _ => {
+                out.push('\u{1b}');
+                rest = &rest[i + 1..];
+            }
+        }
+    }
+    out.push_str(rest);
+    out
 }
 
 impl<'a, P: Programs> Opencode<'a, P> {
@@ -155,5 +174,6 @@ mod tests {
         assert!(s.starts_with("error: UNIQUE constraint failed: message.id"), "{s}");
         assert_eq!(said(b"just one line\nand the last\n"), "just one line | and the last");
         assert!(said(&[b'e'; 2000]).chars().count() <= 401);
+        assert_eq!(said(b"\x1b[91m\x1b[1mError: \x1b[0mUnexpected error\n"), "Error: Unexpected error", "no colour codes");
     }
 }
