@@ -115,6 +115,21 @@ fn two_gigabytes_on_stderr_with_exit_1_is_a_json_error_not_a_trap() {
     assert!(run.max_rss_kib < 1 << 20, "boxd-host peaked at {} MiB", run.max_rss_kib >> 10);
 }
 
+/// Under the 64 MiB output cap, JSON of millions of tiny values takes gigabytes as values:
+/// the component's memory limit stops it, with an answer and bounded memory.
+#[test]
+fn json_of_tiny_values_under_the_output_cap_is_host_failed_with_bounded_memory() {
+    let laptop = Laptop::new("tiny-values");
+    let boxd = fake_boxd(&laptop, "boxd", "printf '['; yes '{\"\":{}},' | head -n 7000000 | tr -d '\\n'; printf '{}]\\n'");
+    let run = host(&laptop, &boxd, &["call", "boxd_status", "{}"], &[]);
+    no_trap(&run);
+    let v = run.json();
+    eprintln!("boxd-host peaked at {} MiB: {v}", run.max_rss_kib >> 10);
+    assert_eq!((run.code, v["error"].as_str()), (Some(1), Some("HOST_FAILED")), "{v:#}");
+    assert!(v["message"].as_str().unwrap().contains("memory limit"), "{v:#}");
+    assert!(run.max_rss_kib < 3 << 19, "boxd-host peaked at {} MiB", run.max_rss_kib >> 10);
+}
+
 /// Whether a process is gone (or a zombie nobody has reaped yet).
 fn gone(pid: &str) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {

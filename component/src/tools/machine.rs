@@ -161,19 +161,21 @@ pub fn create_machine<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Le
             ToolError::new(Code::CreateUncertain, format!("boxd says {machine} already exists but did not show it a moment ago"))
         }
         e => {
-            // A failure that is not a timeout may still have made the machine (boxd failing
-            // after the create). One look: there now, it is the one this create made, and the
-            // next ensure adopts it (the work stays creating); absent, nothing was made, and
-            // the intent is withdrawn, so a machine someone else names so later is never
-            // adopted as this work's.
-            if let Ok(None) = boxd.get(&machine) {
+            // Any other failure leaves the create uncertain (boxd may have made the machine
+            // before failing): the work stays creating for the next ensure to adopt. A
+            // refusal that made nothing (quota, signed out, no CLI, the host's policy) is
+            // withdrawn once one look confirms no machine is there, so a machine someone
+            // else later makes under the name is refused, never adopted as this work's.
+            let definite = matches!(e, Failure::SignedOut(_) | Failure::Missing(_) | Failure::Refused(_));
+            let e = super::admission::refused(e);
+            if (definite || e.code == Code::QuotaReached) && matches!(boxd.get(&machine), Ok(None)) {
                 let _ = ledger.update(work, |w| {
                     if w.state == WorkState::Creating {
                         w.state = WorkState::Open;
                     }
                 });
             }
-            super::admission::refused(e)
+            e
         }
     })?;
     let landed = !created.boot_timeout && created.id.is_some();
@@ -323,15 +325,16 @@ mod tests {
         let e = call(&mut p, &mut fs, "boxd_ensure", r#"{"work":"w1"}"#, raw_context("{}", facts)).unwrap_err();
         assert_eq!(e.code, Code::NotOurs, "{e:?}");
         assert_eq!(p.commands(), ["machine get oc-w1 --json"], "nothing uploaded, prepared or recorded");
-        // Made by the failing create itself (there at once): it stays this work's to adopt.
+        // Any other failure may have made it (boxd failing after the create): uncertain, so
+        // the work stays creating for ensure to adopt, with no look spent.
         let mut fs = crate::testing::MemFiles::new(&["/p", "/l"]);
         let mut p = Scripted::default();
         p.push_fail(1, "error: VM 'oc-w1' not found");
         p.push_exit(0, "[]", "");
         p.push_exit(0, r#"[{"name":"opencode-golden","version":"1","status":"ready"}]"#, "");
         p.push_fail(1, "error: internal server error");
-        p.push_exit(0, OURS, "");
         call(&mut p, &mut fs, "boxd_ensure", r#"{"work":"w1"}"#, raw_context("{}", facts)).unwrap_err();
+        assert_eq!(p.commands().len(), 4, "{:?}", p.commands());
         assert_eq!(Ledger::new(&mut fs, "/l").require("w1").unwrap().state, WorkState::Creating);
     }
 

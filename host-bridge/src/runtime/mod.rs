@@ -138,6 +138,21 @@ pub struct HostState {
     spawns: u32,
     renames: u32,
     on_first_spawn: Option<OnFirstSpawn>,
+    /// The component's memory bound (`MEMORY_LIMIT`).
+    limits: wasmtime::StoreLimits,
+}
+
+/// The most linear memory a call's instance may grow to. Every answer the component parses
+/// is capped (64 MiB of stdout), but JSON of many tiny values takes far more as values than
+/// as bytes: a hostile guest's 66 MB export reached 3.5 GiB. Past this a call traps and is
+/// answered HOST_FAILED; real transcripts up to the cap fit well within it.
+pub const MEMORY_LIMIT: usize = 1 << 30;
+
+/// A store for one call's instance, bounded by MEMORY_LIMIT.
+fn bounded_store(engine: &Engine, state: HostState) -> Store<HostState> {
+    let mut store = Store::new(engine, state);
+    store.limiter(|s| &mut s.limits);
+    store
 }
 
 impl WasiView for HostState {
@@ -316,11 +331,12 @@ impl Runtime {
             spawns: 0,
             renames: 0,
             on_first_spawn,
+            limits: wasmtime::StoreLimitsBuilder::new().memory_size(MEMORY_LIMIT).trap_on_grow_failure(true).build(),
         }
     }
 
     fn store(&self, on_first_spawn: Option<OnFirstSpawn>) -> Result<Store<HostState>> {
-        Ok(Store::new(&self.engine, self.host_state(on_first_spawn)?))
+        Ok(bounded_store(&self.engine, self.host_state(on_first_spawn)?))
     }
 
     /// A fresh instance for one call: the one `ready_next` made, given this call's host
@@ -334,7 +350,7 @@ impl Runtime {
                 Ok((store, plugin))
             }
             None => {
-                let mut store = Store::new(&self.engine, state);
+                let mut store = bounded_store(&self.engine, state);
                 let plugin = self.pre.instantiate(&mut store)?;
                 Ok((store, plugin))
             }
@@ -368,7 +384,7 @@ impl Runtime {
         if self.warm().spare.is_some() {
             return;
         }
-        let mut store = Store::new(&self.engine, self.host_state_with(WasiCtx::builder().build(), None));
+        let mut store = bounded_store(&self.engine, self.host_state_with(WasiCtx::builder().build(), None));
         if let Ok(plugin) = self.pre.instantiate(&mut store) {
             self.warm().spare = Some((store, plugin));
         }
