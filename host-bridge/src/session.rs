@@ -181,7 +181,7 @@ pub fn trap_message(e: &anyhow::Error) -> String {
     let first = format!("{e}");
     let text = trap.unwrap_or(first);
     let line = text.lines().next().unwrap_or("").trim();
-    if line.contains("forcing trap when growing memory") {
+    if e.chain().any(|c| c.to_string().contains("forcing trap when growing memory")) {
         return format!(
             "the component reached its memory limit ({} MiB): an answer from boxd or the guest was too large to read",
             crate::runtime::MEMORY_LIMIT >> 20
