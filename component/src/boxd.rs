@@ -242,7 +242,8 @@ impl<'a, P: Programs> Boxd<'a, P> {
         };
         // An exit 0 that printed nothing but an error (a remove that did not remove) is the
         // failure it says it is: success is never taken from the exit code alone.
-        let said_error = out.stdout.iter().all(u8::is_ascii_whitespace) && error_line(&out).is_some();
+        let said_error = out.stdout.iter().all(u8::is_ascii_whitespace)
+            && String::from_utf8_lossy(&out.stderr).lines().any(|l| l.trim().to_ascii_lowercase().starts_with("error:"));
         if out.exit_code == Some(0) && !said_error { Ok(out) } else { Err(classify(&out, &what)) }
     }
 
