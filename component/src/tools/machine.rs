@@ -304,6 +304,35 @@ mod tests {
         }
     }
 
+    /// A gone machine is rebuilt through the one create: intent first, and a create whose
+    /// answer carries no id leaves the work creating for ensure to adopt.
+    #[test]
+    fn a_rebuild_without_an_id_stays_creating_until_ensure_adopts_it() {
+        let mut fs = open_work(Some(GitRecord::default()));
+        let mut p = Scripted::default();
+        p.push_exit(0, "1.18.33", "");
+        p.push_fail(1, "error: VM 'oc-w1' not found");
+        p.push_exit(0, "[]", "");
+        p.push_exit(0, r#"[{"name":"opencode-golden","version":"1","status":"ready"}]"#, "");
+        p.push_exit(0, r#"{"name":"oc-w1"}"#, "");
+        let e = call(&mut p, &mut fs, "boxd_resume", r#"{"work":"w1"}"#, raw_context("{}", "{}")).unwrap_err();
+        assert_eq!(e.code, Code::CreateUncertain, "{e:?}");
+        assert!(e.message.contains("rebuilt oc-w1"), "{}", e.message);
+        assert_eq!(p.commands()[2], "machine list --json", "admission reads what runs before the create");
+        assert!(p.commands()[4].starts_with("machine new oc-w1 --from-snapshot opencode-golden"), "{:?}", p.commands());
+        let w = Ledger::new(&mut fs, "/l").require("w1").unwrap();
+        assert_eq!((w.state, w.machine_id), (WorkState::Creating, None));
+        p.push_exit(0, OURS, "");
+        p.push_exit(0, "", "");
+        p.push_exit(0, r#"{"ok":true}"#, "");
+        let v = call(&mut p, &mut fs, "boxd_ensure", r#"{"work":"w1"}"#, raw_context("{}", r#"{"opencodeVersion":"1.18.33"}"#)).unwrap();
+        assert_eq!((v["adopted"].as_bool(), v["created"].as_bool(), v["machineId"].as_str()), (Some(true), Some(false), Some("vm_1")));
+        // The adopted machine is not known to hold the helper: uploaded first, then one prepare.
+        let c = p.commands();
+        let last = &c[c.len() - 3..];
+        assert!(last[0] == "machine get oc-w1 --json" && last[1].contains("upload.tmp") && last[2].contains("prepare --work w1"), "{last:?}");
+    }
+
     /// A create boxd refused made nothing: the work does not stay "creating", so a machine
     /// someone else later makes under its name is refused, never adopted and prepared.
     #[test]
