@@ -9,6 +9,7 @@ use serde_json::Value;
 
 use crate::caps::{Programs, RunOutput, RunRequest, SpawnError, Streams};
 use crate::errors::{Code, ToolError, ToolResult};
+use crate::redact::cut;
 
 /// Why a boxd call did not give us an answer.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -166,26 +167,23 @@ pub fn first_json(stdout: &[u8]) -> Option<Value> {
     None
 }
 
-/// The `error: …` line of stderr, if there is one (at most 400 characters).
-fn error_line(out: &RunOutput) -> Option<String> {
-    let err = String::from_utf8_lossy(&out.stderr);
-    let line = err.lines().map(str::trim).find(|l| l.to_ascii_lowercase().starts_with("error"))?;
-    Some(cut(line))
+/// The first `error: …` line of a CLI's stderr: how boxd says a call failed, whatever its
+/// exit code.
+fn error_line_in(stderr: &str) -> Option<&str> {
+    stderr.lines().map(str::trim).find(|l| l.get(..6).is_some_and(|p| p.eq_ignore_ascii_case("error:")))
 }
 
-/// A CLI's line, cut to 400 characters: a flood never becomes an answer.
-pub fn cut(line: &str) -> String {
-    match line.char_indices().nth(400) {
-        Some((i, _)) => format!("{}…", &line[..i]),
-        None => line.to_string(),
-    }
+/// The `error: …` line of stderr, if there is one, cut to 400 characters (a flood never
+/// becomes an answer).
+fn error_line(out: &RunOutput) -> Option<String> {
+    error_line_in(&String::from_utf8_lossy(&out.stderr)).map(|l| cut(l, 400))
 }
 
 /// The `error: …` line of stderr, or its last non-empty line.
 fn cli_message(out: &RunOutput) -> String {
     let err = String::from_utf8_lossy(&out.stderr);
     let line = error_line(out)
-        .or_else(|| err.lines().map(str::trim).filter(|l| !l.is_empty()).last().map(cut))
+        .or_else(|| err.lines().map(str::trim).filter(|l| !l.is_empty()).last().map(|l| cut(l, 400)))
         .unwrap_or_default();
     if line.is_empty() { format!("boxd {} and printed no message", crate::guest::exit_words(out.exit_code)) } else { line.to_string() }
 }
@@ -242,8 +240,7 @@ impl<'a, P: Programs> Boxd<'a, P> {
         };
         // An exit 0 that printed nothing but an error (a remove that did not remove) is the
         // failure it says it is: success is never taken from the exit code alone.
-        let said_error = out.stdout.iter().all(u8::is_ascii_whitespace)
-            && String::from_utf8_lossy(&out.stderr).lines().any(|l| l.trim().to_ascii_lowercase().starts_with("error:"));
+        let said_error = out.stdout.iter().all(u8::is_ascii_whitespace) && error_line_in(&String::from_utf8_lossy(&out.stderr)).is_some();
         if out.exit_code == Some(0) && !said_error { Ok(out) } else { Err(classify(&out, &what)) }
     }
 
@@ -399,7 +396,7 @@ impl<'a, P: Programs> Boxd<'a, P> {
         };
         // Exit 1 with an `error:` line is the CLI failing, not the remote command.
         let err = String::from_utf8_lossy(&out.stderr);
-        if out.exit_code == Some(1) && err.lines().any(|l| l.trim_start().to_ascii_lowercase().starts_with("error:")) {
+        if out.exit_code == Some(1) && error_line_in(&err).is_some() {
             return Err(classify(&out, request_what));
         }
         // 124 is what boxd gives when its --timeout fires (it then says so on stderr, as in

@@ -170,8 +170,7 @@ pub fn tail(bytes: &[u8]) -> String {
     let text = String::from_utf8_lossy(bytes);
     let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
     let start = lines.len().saturating_sub(2);
-    let s = lines[start..].join(" | ");
-    if s.len() > 400 { format!("{}…", &s[..s.char_indices().nth(400).map_or(s.len(), |(i, _)| i)]) } else { s }
+    crate::redact::cut(&lines[start..].join(" | "), 400)
 }
 
 #[cfg(test)]

@@ -37,10 +37,7 @@ fn said(stderr: &[u8]) -> String {
     let Some(i) = lines.iter().position(|l| l.to_ascii_lowercase().contains("error")) else { return tail(stderr) };
     let last = lines.len() - 1;
     let s = if i == last { lines[i].to_string() } else { format!("{} | … | {}", lines[i], lines[last]) };
-    match s.char_indices().nth(400) {
-        Some((cut, _)) => format!("{}…", &s[..cut]),
-        None => s,
-    }
+    crate::redact::cut(&s, 400)
 }
 
 /// `text` without terminal colour codes (`ESC [ … m`), which opencode puts around "Error:".

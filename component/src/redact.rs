@@ -2,7 +2,6 @@
 //! tokens, bearer credentials and long opaque strings, before it reaches a model or a log.
 
 use alloc::string::String;
-use alloc::vec::Vec;
 
 const PREFIXES: &[&str] = &["sk-", "sk_", "ghp_", "gho_", "ghs_", "github_pat_", "bxd_", "bxds_", "xoxb-", "xoxp-", "AKIA", "AIza", "glpat-"];
 
@@ -50,13 +49,21 @@ pub fn redact(text: &str, max: usize) -> String {
         }
         out.push_str(tail);
     }
-    let chars: Vec<char> = out.chars().collect();
-    if chars.len() <= max {
-        out
-    } else {
-        let mut cut: String = chars[..max.saturating_sub(1)].iter().collect();
-        cut.push('…');
-        cut
+    cut(&out, max)
+}
+
+/// `text` cut to at most `max` characters, the last an ellipsis when cut: the one rule for
+/// every text of unknown length that becomes part of an answer (a CLI's line, a log's tail).
+pub fn cut(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        None => text.into(),
+        Some(_) => {
+            let keep = text.char_indices().nth(max.saturating_sub(1)).map_or(text.len(), |(i, _)| i);
+            let mut out = String::with_capacity(keep + 3);
+            out.push_str(&text[..keep]);
+            out.push('…');
+            out
+        }
     }
 }
 
@@ -79,5 +86,8 @@ mod tests {
         let t = redact(&"é".repeat(500), 300);
         assert_eq!(t.chars().count(), 300);
         assert!(t.ends_with('…'));
+        assert_eq!(cut("abc", 3), "abc");
+        assert_eq!(cut("abcd", 3), "ab…");
+        assert_eq!(cut("ééé", 2), "é…");
     }
 }

@@ -21,7 +21,7 @@ pub fn check_machine(w: &Work, info: &MachineInfo) -> ToolResult<()> {
         Some(id) => {
             return Err(ToolError::with_next(
                 Code::NotOurs,
-                format!("{} has id {}, but the ledger recorded {id} for work '{}': it is another machine under the same name", info.name, if info.id.is_empty() { "(none given)".into() } else { crate::boxd::cut(&info.id) }, w.work),
+                format!("{} has id {}, but the ledger recorded {id} for work '{}': it is another machine under the same name", info.name, if info.id.is_empty() { "(none given)".into() } else { crate::redact::cut(&info.id, 400) }, w.work),
                 format!("Leave that machine alone: this work's own machine is gone, and no tool acts on another's. What work '{}' harvested is on this laptop; start again under another work id (boxd_ensure).", w.work),
             ));
         }
