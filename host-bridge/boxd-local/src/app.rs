@@ -144,6 +144,13 @@ fn before_command(
             }
             Err(Fail::with_code(124, "timed out waiting for boxd.sh"))
         }
+        Action::Fail if rule.land => {
+            // The command acts, then the CLI fails anyway: boxd failing after it made the
+            // machine (or removed it). Its own output is never printed.
+            let quiet = Out { json: out.json, noise: false, discard: true };
+            let _ = dispatch(&Ctx { home, inv, out: &quiet, landing: Landing::Normal });
+            Err(Fail::with_code(rule.exit_code.unwrap_or(1), rule.message.clone().unwrap_or_else(|| "internal".to_string())))
+        }
         Action::Fail => Err(Fail::with_code(
             rule.exit_code.unwrap_or(1),
             rule.message.clone().unwrap_or_else(|| "internal".to_string()),

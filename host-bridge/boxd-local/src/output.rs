@@ -12,15 +12,20 @@ pub const STRAY_LINE: &str = "(restarted client-utilities daemon)";
 pub struct Out {
     pub json: bool,
     pub noise: bool,
+    /// Print nothing: a command that acts, then fails (the `fail` fault with `land`).
+    pub discard: bool,
 }
 
 impl Out {
     pub fn new(json: bool, noise: bool) -> Self {
-        Out { json, noise }
+        Out { json, noise, discard: false }
     }
 
     /// One JSON document on its own line (a closed stdout is the reader's business).
     pub fn doc<T: Serialize>(&self, value: &T) {
+        if self.discard {
+            return;
+        }
         let mut s = std::io::stdout().lock();
         if self.noise {
             let _ = writeln!(s, "{STRAY_LINE}");
@@ -31,6 +36,9 @@ impl Out {
     }
 
     pub fn line(&self, text: &str) {
+        if self.discard {
+            return;
+        }
         let mut s = std::io::stdout().lock();
         let _ = writeln!(s, "{text}");
     }

@@ -52,6 +52,23 @@ fn hang_that_lands_creates_the_machine_later() {
 }
 
 #[test]
+fn fail_that_lands_acts_then_fails_and_prints_only_the_error() {
+    let h = Home::new("fail-land");
+    h.json(&["machine", "new", "a"]);
+    h.write_faults(json!([
+        {"verb": "machine fork", "times": 1, "action": "fail", "land": true, "message": "internal server error"},
+        {"verb": "machine remove", "times": 1, "action": "fail", "exit_code": 0, "message": "the VM is busy"},
+    ]));
+    let r = h.run(&["machine", "fork", "a", "--name", "b", "--json"]);
+    assert_eq!((r.code, r.out.as_str(), r.err.trim()), (1, "", "error: internal server error"));
+    assert_eq!(h.status("b"), "running", "the fork was made before the failure");
+    // Exit 0 with an error: nothing was removed.
+    let r = h.run(&["machine", "remove", "b", "-y"]);
+    assert_eq!((r.code, r.err.trim()), (0, "error: the VM is busy"));
+    assert_eq!(h.status("b"), "running");
+}
+
+#[test]
 fn fail_network_and_garbage() {
     let h = Home::new("fail");
     h.write_faults(json!([
