@@ -26,7 +26,7 @@ fn bash(cmd: &str) -> String {
 }
 
 /// The laptop's own copy of a session, read with the laptop's opencode.
-fn laptop_export(world: &World, id: &str) -> serde_json::Value {
+pub(crate) fn laptop_export(world: &World, id: &str) -> serde_json::Value {
     // Into a file: through a pipe, opencode export delivers only the first 64 KiB.
     let path = world.laptop.scratch.0.join(format!("export-{id}.json"));
     let out = std::process::Command::new(opencode_bin())

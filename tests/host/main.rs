@@ -29,3 +29,4 @@ mod temps;
 mod live_check;
 mod boxd_local_remove;
 mod warm;
+mod world_lies;

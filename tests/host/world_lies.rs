@@ -1,0 +1,187 @@
+//! When boxd or a guest says something untrue: each case acted out by the real boxd-local
+//! (its fault rules) or a real guest changed from inside, against the real host. What the
+//! user made stays, what is not ours is never touched, and no answer takes a failure for
+//! done. The component's unit tests cover the same rules with doubles; these prove them
+//! through the binaries.
+
+use serde_json::{json, Value};
+
+use crate::common::*;
+
+const W1: &str = r#"{"work":"w1"}"#;
+
+fn machine_get(world: &World, name: &str) -> Value {
+    stdout_json(&world.laptop.boxd(&["machine", "get", name, "--json"]))
+}
+
+fn record(world: &World, work: &str) -> Value {
+    serde_json::from_slice(&std::fs::read(world.laptop.ledger.join(format!("works/{work}/work.json"))).unwrap()).unwrap()
+}
+
+/// Every boxd-local call since the log was last forgotten, as "noun verb".
+fn verbs(world: &World) -> Vec<String> {
+    world.laptop.boxd_calls().iter().map(|c| c.iter().take(2).cloned().collect::<Vec<_>>().join(" ")).collect()
+}
+
+#[test]
+fn a_status_word_boxd_does_not_know_is_boxd_failed_and_changes_nothing() {
+    let world = World::new("lies-status");
+    world.ok_call("boxd_ensure", W1);
+    world.ok_call("boxd_harvest", W1); // proven: drop and image get as far as their state read
+    let state_before = record(&world, "w1")["state"].clone();
+    // boxd answers as usual, except that the machine's status is a word from a later boxd.
+    let mut got = machine_get(&world, "oc-w1");
+    got["status"] = json!("relocating");
+    let mut listed = stdout_json(&world.laptop.boxd(&["machine", "list", "--json"]));
+    for m in listed.as_array_mut().unwrap() {
+        m["status"] = json!("relocating");
+    }
+    world.faults(
+        &json!([
+            { "verb": "machine get", "action": "garbage", "output": got.to_string() },
+            { "verb": "machine list", "action": "garbage", "output": listed.to_string() },
+        ])
+        .to_string(),
+    );
+    world.forget_calls();
+    let submit = r#"{"work":"w1","prompt":"hello"}"#;
+    for (tool, args) in [("boxd_resume", W1), ("boxd_sleep", W1), ("boxd_drop", W1), ("boxd_ensure", W1), ("boxd_submit", submit)] {
+        let v = world.err_call(tool, args, "BOXD_FAILED");
+        assert!(v["message"].as_str().unwrap().contains("relocating"), "{tool}: {v:#}");
+    }
+    let status = world.ok_call("boxd_status", "{}");
+    let row = status["works"].as_array().unwrap().iter().find(|w| w["work"] == "w1").unwrap().clone();
+    assert_eq!(row["state"], "unknown", "{row:#}");
+    // Only reads reached boxd: nothing rebuilt, hibernated, removed or created on a guess.
+    let changes: Vec<String> = verbs(&world).into_iter().filter(|v| !["machine get", "machine list", "snapshots list"].contains(&v.as_str())).collect();
+    assert!(changes.is_empty(), "boxd calls that change something: {changes:?}");
+    assert_eq!(record(&world, "w1")["state"], state_before);
+    world.faults("[]");
+    assert_eq!(machine_get(&world, "oc-w1")["status"], "running", "the machine is untouched");
+    assert_eq!(world.ok_call("boxd_job", W1)["state"], "idle");
+}
+
+#[test]
+fn a_not_found_the_listing_contradicts_never_closes_a_live_work() {
+    let world = World::new("lies-notfound");
+    world.ok_call("boxd_ensure", W1);
+    world.ok_call("boxd_harvest", W1);
+    // A proxy's 404 on the one machine, while boxd's listing still shows it.
+    world.faults(r#"[{"verb":"machine get","times":1,"action":"fail","message":"VM 'oc-w1' not found"}]"#);
+    world.err_call("boxd_drop", W1, "BOXD_FAILED");
+    assert_eq!(machine_get(&world, "oc-w1")["status"], "running");
+    assert_ne!(record(&world, "w1")["state"], "closed", "the work is still open");
+    assert_eq!(world.calls_starting(&["machine", "remove"]), 0);
+    // Asked again with boxd answering truly, the drop does its work.
+    assert_eq!(world.ok_call("boxd_drop", W1)["dropped"], true);
+    assert!(!world.laptop.boxd(&["machine", "get", "oc-w1", "--json"]).status.success(), "removed now");
+}
+
+#[test]
+fn a_remove_that_exits_0_but_says_it_failed_is_not_taken_for_done() {
+    let world = World::new("lies-remove");
+    world.ok_call("boxd_ensure", W1);
+    world.ok_call("boxd_harvest", W1);
+    world.faults(r#"[{"verb":"machine remove","times":1,"action":"fail","exit_code":0,"message":"internal: the VM is busy"}]"#);
+    let v = world.err_call("boxd_drop", W1, "BOXD_FAILED");
+    assert!(v["message"].as_str().unwrap().contains("the VM is busy"), "the CLI's own words: {v:#}");
+    assert_eq!(machine_get(&world, "oc-w1")["status"], "running");
+    assert_ne!(record(&world, "w1")["state"], "closed", "a work whose machine still runs stays open");
+    assert_eq!(world.ok_call("boxd_drop", W1)["dropped"], true);
+}
+
+#[test]
+fn a_fork_boxd_made_before_failing_stays_ours_and_the_next_fork_call_adopts_it() {
+    let world = World::new("lies-fork");
+    world.ok_call("boxd_ensure", W1);
+    world.ok_call("boxd_harvest", W1);
+    world.faults(r#"[{"verb":"machine fork","times":1,"action":"fail","land":true,"message":"internal server error"}]"#);
+    let (code, v) = world.call("boxd_fork", r#"{"work":"w1","forks":["w2"]}"#);
+    assert_eq!(code, 1, "{v:#}");
+    let made = machine_get(&world, "oc-w2");
+    assert!(made["id"].as_str().is_some_and(|id| !id.is_empty()), "boxd made the fork before failing: {made:#}");
+    assert_ne!(record(&world, "w2")["state"], "queued", "a fork that may exist is not put back in the queue");
+    // The next boxd_fork finds it and takes it as ours: not NOT_OURS, not a second machine.
+    let again = world.ok_call("boxd_fork", r#"{"work":"w1"}"#);
+    let w2 = again["forks"].as_array().unwrap().iter().find(|f| f["work"] == "w2").cloned().unwrap_or_default();
+    assert_eq!(w2["state"], "running", "{again:#}");
+    assert_eq!(record(&world, "w2")["machineId"], made["id"], "the ledger records the machine boxd made");
+    assert_eq!(world.calls_starting(&["machine", "fork"]), 1, "one fork, never two");
+    // Its copied tree is unaccounted until it is harvested: drop asks for that first.
+    world.err_call("boxd_drop", r#"{"work":"w2"}"#, "NOT_PROVEN");
+}
+
+#[test]
+fn a_create_refused_outright_never_adopts_a_machine_someone_else_makes_under_the_name() {
+    let world = World::new("lies-refused");
+    world.faults(r#"[{"verb":"machine new","times":1,"action":"fail","message":"quota exceeded"}]"#);
+    let (code, v) = world.call("boxd_ensure", W1);
+    assert_eq!(code, 1, "{v:#}");
+    // Someone else makes a machine of that name, with their own files in it.
+    assert!(world.laptop.boxd(&["machine", "new", "oc-w1", "--json"]).status.success());
+    let theirs = machine_get(&world, "oc-w1")["id"].clone();
+    assert!(world.on_machine("oc-w1", "echo mine > theirs.txt").status.success());
+    world.err_call("boxd_ensure", W1, "NOT_OURS");
+    let (_, dropped) = world.call("boxd_drop", W1);
+    assert_ne!(dropped["dropped"], true, "{dropped:#}");
+    assert_eq!(world.calls_starting(&["machine", "remove"]), 0);
+    assert_eq!(world.calls_starting(&["machine", "exec"]), 1, "only their own echo: nothing was prepared on their machine");
+    assert_eq!(machine_get(&world, "oc-w1")["id"], theirs, "their machine still runs");
+    assert_eq!(String::from_utf8_lossy(&world.on_machine("oc-w1", "cat theirs.txt").stdout), "mine\n");
+}
+
+/// The guest of w2 exports w1's session (with a message added), as a tampered guest could:
+/// a `python3` first on the guest's PATH that rewrites the helper's export of w2.
+#[test]
+fn a_guest_that_exports_another_works_session_is_refused_and_that_work_is_untouched() {
+    let world = World::new("lies-session");
+    world.ok_call("boxd_ensure", W1);
+    world.ok_call("boxd_submit", r#"{"work":"w1","prompt":"hello from w1"}"#);
+    assert_eq!(world.job_until_idle("w1")["outcome"], "completed");
+    let sid1 = world.ok_call("boxd_harvest", W1)["sessions"][0]["id"].as_str().unwrap().to_string();
+    let w1_before = crate::harvest::laptop_export(&world, &sid1);
+    world.ok_call("boxd_ensure", r#"{"work":"w2"}"#);
+    world.ok_call("boxd_submit", r#"{"work":"w2","prompt":"w2 says hi"}"#);
+    assert_eq!(world.job_until_idle("w2")["outcome"], "completed");
+
+    let lie = r#"import copy, json, os, sys
+real = json.loads(sys.stdin.read())
+s = json.load(open(os.path.expanduser("~/w1-session.json")))
+m = copy.deepcopy(s["messages"][-1])
+m["info"]["id"] = "msg_23146cc7a001zzzzzzzzzzzzzz"
+m["info"]["time"]["created"] += 100000
+for p in m["parts"]:
+    p["id"] = "prt_23146cd25001zzzzzzzzzzzzzz"; p["messageID"] = m["info"]["id"]
+    if "text" in p: p["text"] = "INJECTED BY GUEST w2"
+s["messages"].append(m)
+real["sessions"] = [s]
+sys.stdout.write(json.dumps(real) + "\n")
+"#;
+    let shim = r#"#!/bin/sh
+d=$(dirname "$0")
+real=$(PATH=$(echo "$PATH" | tr : "\n" | grep -vx "$d" | paste -sd:) command -v python3)
+case " $* " in *" export --work w2 "*) "$real" "$@" | "$real" "$d/lie.py"; exit 0;; esac
+exec "$real" "$@"
+"#;
+    let put = |path: &str, bytes: &[u8]| {
+        let mut child = std::process::Command::new(boxd_local())
+            .args(["machine", "exec", "oc-w2", "--", "sh", "-c", &format!("'mkdir -p .local/bin && cat > {path} && chmod +x {path}'")])
+            .env("BOXD_LOCAL_HOME", &world.laptop.boxd_home)
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::io::Write::write_all(&mut child.stdin.take().unwrap(), bytes).unwrap();
+        assert!(child.wait().unwrap().success(), "wrote {path} on the guest");
+    };
+    put("w1-session.json", &serde_json::to_vec(&w1_before).unwrap());
+    put(".local/bin/lie.py", lie.as_bytes());
+    put(".local/bin/python3", shim.as_bytes());
+
+    let v = world.err_call("boxd_harvest", r#"{"work":"w2"}"#, "EXPORT_INVALID");
+    let message = v["message"].as_str().unwrap();
+    assert!(message.contains(&sid1) && message.contains("'w1'"), "{v:#}");
+    assert_eq!(crate::harvest::laptop_export(&world, &sid1), w1_before, "w1's transcript on the laptop is unchanged");
+    assert!(!serde_json::to_string(&record(&world, "w2")).unwrap().contains(&sid1), "w2 is not proven by w1's session");
+    world.err_call("boxd_drop", r#"{"work":"w2"}"#, "NOT_PROVEN");
+    assert_eq!(machine_get(&world, "oc-w2")["status"], "running", "w2's own session is still only on its machine");
+}
