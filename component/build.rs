@@ -7,6 +7,12 @@ use std::path::{Path, PathBuf};
 
 fn main() {
     build_helper();
+    // The component's memory may grow to 1 GiB and no further, in every host: a hostile
+    // answer (millions of tiny JSON values under the output cap) traps at the bound
+    // instead of taking the laptop's memory. boxd-host also bounds its store at the same size.
+    if env::var("CARGO_CFG_TARGET_ARCH").as_deref() == Ok("wasm32") {
+        println!("cargo:rustc-link-arg=--max-memory={}", 1u64 << 30);
+    }
 }
 
 /// The guest helper ships as ONE file, a zipapp (`python3 helper.pyz <command> …` runs

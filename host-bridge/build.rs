@@ -9,7 +9,7 @@ use std::process::Command;
 fn main() {
     let ws = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap()).parent().unwrap().to_owned();
     // component/guest: the guest helper is embedded in the component (include_bytes).
-    for p in ["component/src", "component/guest", "component/Cargo.toml", "wit", "Cargo.lock"] {
+    for p in ["component/src", "component/guest", "component/build.rs", "component/Cargo.toml", "wit", "Cargo.lock"] {
         println!("cargo:rerun-if-changed={}", ws.join(p).display());
     }
     println!("cargo:rerun-if-env-changed=BOXD_COMPONENT_WASM");

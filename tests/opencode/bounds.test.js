@@ -142,6 +142,23 @@ describe("the component in the pool", { skip: missingPrerequisite() ?? false }, 
     assert.ok(!fs.existsSync(path.join(dir, "boxd-local/calls.jsonl")), "no boxd call ran");
   });
 
+  test("JSON of millions of tiny values under the output cap traps at the component's 1 GiB, not at 4", async () => {
+    const dir = scratch("tiny-values");
+    const boxd = path.join(dir, "boxd");
+    fs.writeFileSync(boxd, `#!/bin/sh\nprintf '['; yes '{"":{}},' | head -n 7000000 | tr -d '\\n'; printf '{}]\\n'\n`, { mode: 0o755 });
+    const g = grants(dir, { boxd });
+    const pool = new poolLib.Pool(g);
+    cleanup.push(() => pool.close());
+    const ctx = () => ({ hostName: "opencode", hostVersion: "1.18.33", optionsJson: JSON.stringify(g.componentOptions), project: g.project, ledger: g.ledger, nowMs: Date.now(), entropy: new Uint8Array(32).fill(7), approved: true });
+    const r = await pool.call("boxd_status", "{}", ctx());
+    assert.equal(typeof r.trap, "string", JSON.stringify(r).slice(0, 400));
+    const peak = Number(/VmHWM:\s+(\d+)/.exec(fs.readFileSync("/proc/self/status", "utf8"))[1]) >> 10;
+    assert.ok(peak < 1536, `the plugin's process peaked at ${peak} MiB`);
+    // The worker is usable again: the next call gets a fresh instance.
+    const next = await pool.call("boxd_job", JSON.stringify({ work: "nope!" }), ctx());
+    assert.equal(next.toolError?.code, "NAME_INVALID", JSON.stringify(next));
+  });
+
   test("a file created in the ledger is 0600; one created in the project keeps the usual mode", async () => {
     const { g } = setup("modes");
     const inLedger = await probeWrite(g, g.ledger);
