@@ -133,12 +133,18 @@ fn import_and_prove(env: &mut Env, w: &Work, sessions: &[Exported]) -> ToolResul
         ledger.put_blob(&w.work, &name, &bytes)?;
         let file = format!("{}/{name}", ledger.work_dir(&w.work));
         let mut opencode = Opencode::new(&mut env.programs);
-        opencode.import(&file, &s.id, &w.directory)?;
-        // The proof: the laptop's own copy, read back, matches the guest's.
-        let back = opencode.export(&s.id, &w.directory)?;
+        let imported = opencode.import(&file, &s.id, &w.directory);
+        // The proof: the laptop's own copy, read back, matches the guest's. A failed import
+        // is forgiven only when the copy matches anyway (another harvest of this work, at
+        // once, imported the same messages: the transcript is home either way).
+        let back = match opencode.export(&s.id, &w.directory) {
+            Ok(back) => back,
+            Err(e) => return Err(imported.err().unwrap_or(e)),
+        };
         let msgs = back["messages"].as_array().cloned().unwrap_or_default();
         let digest = canonical_digest(&msgs);
         if msgs.len() as u64 != s.messages || digest != s.digest {
+            imported?;
             return Err(ToolError::new(
                 Code::ProofFailed,
                 format!("session {}: the guest has {} messages, the laptop's copy {} (digests {} vs {})", s.id, s.messages, msgs.len(), &s.digest[..12], &digest[..12]),
@@ -363,6 +369,36 @@ mod tests {
         assert_eq!(e.code, Code::ExportInvalid, "{e:?}");
         assert!(e.message.contains("ses_theirs") && e.message.contains("work 'w0'"), "{}", e.message);
         assert!(programs.requests.is_empty(), "no laptop opencode ran: nothing was imported");
+    }
+
+    #[test]
+    fn a_failed_import_is_forgiven_only_when_the_laptops_copy_matches_anyway() {
+        use crate::testing::{raw_context, MemFiles, Scripted};
+        let ctx = crate::tools::context(raw_context("{}", "{}")).unwrap();
+        let w1 = Work { work: "w1".into(), machine: "oc-w1".into(), directory: "/p".into(), schema: crate::ledger::SCHEMA, ..Default::default() };
+        let full = session("ses_a", None, 2);
+        let sessions = parse_export(&json!({ "sessions": [full.clone()] })).unwrap();
+        let run = |import_fails: bool, back: Option<Value>| {
+            let mut files = MemFiles::new(&["/p", "/l"]);
+            Ledger::new(&mut files, "/l").write(&w1).unwrap();
+            let mut programs = Scripted::default();
+            if import_fails { programs.push_fail(1, "Error: database is locked") } else { programs.push_exit(0, "", "") }
+            match back {
+                Some(v) => programs.push_exit(0, &v.to_string(), ""),
+                None => programs.push_fail(1, "Error: Session not found"),
+            }
+            let mut env = Env { programs: &mut programs, files: &mut files, ctx: &ctx };
+            import_and_prove(&mut env, &w1, &sessions).map(|(proofs, _)| proofs.len()).map_err(|e| (e.code, e.message))
+        };
+        // Another harvest imported the same messages first: home either way.
+        assert_eq!(run(true, Some(full.clone())), Ok(1));
+        // Otherwise the import's own failure is the answer, not a proof's.
+        let e = run(true, Some(session("ses_a", None, 1))).unwrap_err();
+        assert_eq!(e.0, Code::ImportFailed, "{e:?}");
+        assert!(e.1.contains("database is locked"), "{e:?}");
+        assert_eq!(run(true, None).unwrap_err().0, Code::ImportFailed);
+        assert_eq!(run(false, Some(session("ses_a", None, 1))).unwrap_err().0, Code::ProofFailed);
+        assert_eq!(run(false, None).unwrap_err().0, Code::ProofFailed);
     }
 
     #[test]
