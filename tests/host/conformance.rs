@@ -133,7 +133,7 @@ fn every_host_gives_the_same_results() {
     assert_eq!(cli[0]["cli"], "signed in");
     assert_eq!(cli[1]["created"], true);
     assert_eq!(cli[2]["created"], false, "the second ensure is idempotent");
-    assert_eq!(cli[4]["outcome"], "completed");
+    assert_eq!(cli[4]["outcome"], "completed", "{:#}", cli[4]);
     assert_eq!(cli[6]["forks"], json!([["conf-b", "running", "conf"]]), "a proven work forks");
     assert_eq!(cli[8]["dropped"], true, "the fork drops once harvested: {:#}", cli[8]);
     assert_eq!(cli[5]["files"][0][1], crate::guest::sha256(b"conformance input\ndone\n").as_str());

@@ -77,9 +77,10 @@ fn signal(pid: i32, sig: i32) {
 }
 
 /// SIGKILL every process of the machine, rescanning until none is left (children forked
-/// between scans are caught by the next one). Stopped processes die too.
+/// between scans are caught by the next one). Stopped processes die too. The bound is
+/// generous: on a loaded 2-core machine one scan of /proc can take a good part of a second.
 pub fn kill_all(id: &str) {
-    let deadline = Instant::now() + Duration::from_secs(3);
+    let deadline = Instant::now() + Duration::from_secs(15);
     loop {
         let pids = pids_of(id);
         if pids.is_empty() || Instant::now() > deadline {
