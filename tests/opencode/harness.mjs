@@ -14,6 +14,7 @@ export const REPO = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "
 export const PLUGIN = path.join(REPO, "host-bridge/opencode");
 export const OPENCODE = path.join(REPO, "tests/node_modules/.bin/opencode");
 export const BOXD_LOCAL = process.env.BOXD_LOCAL_BIN ?? path.join(REPO, "target/debug/boxd-local");
+export const BOXD_HOST = process.env.BOXD_HOST_BIN ?? path.join(path.dirname(BOXD_LOCAL), "boxd-host");
 export const MODEL = path.join(REPO, "host-bridge/tour/scripted-model.mjs");
 export const OC_VERSION = JSON.parse(fs.readFileSync(path.join(REPO, "tests/package.json"), "utf8")).dependencies["opencode-ai"];
 
