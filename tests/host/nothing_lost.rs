@@ -5,7 +5,7 @@
 
 use std::process::Command;
 
-use serde_json::json;
+use serde_json::{json, Value};
 
 use crate::common::*;
 
@@ -320,6 +320,46 @@ fn with_fetch_commits_a_harvest_puts_the_works_commits_in_the_project_under_refs
     // Without the option, git is not even granted: nothing is written into the project.
     let v = world.ok_call("boxd_harvest", W1);
     assert!(v["git"].get("fetched").is_none(), "{v:#}");
+}
+
+/// A project that is not a repository but sits in one (a home folder kept in git): the
+/// repository above is not the project's, and fetchCommits writes nothing into it.
+#[test]
+fn fetch_commits_never_writes_into_a_repository_above_the_project() {
+    let world = World::new("lost-fetch-above");
+    let above = &world.laptop.scratch.0;
+    git(above, &["init", "-q"]);
+    let opts = ["--options", r#"{"fetchCommits":true}"#];
+    assert_eq!(world.call_with(&opts, "boxd_ensure", W1).0, 0);
+    run(&world, "w1", &format!("commit {}", bash("echo kept > KEPT.md && git add KEPT.md && git commit -qm kept")));
+    let (code, v) = world.call_with(&opts, "boxd_harvest", W1);
+    assert_eq!(code, 0, "{v:#}");
+    assert_eq!(v["git"]["fetched"]["ref"], Value::Null, "{v:#}");
+    assert!(v["git"]["fetched"]["reason"].as_str().unwrap().contains("no .git"), "{v:#}");
+    let refs = Command::new("git").arg("-C").arg(above).args(["for-each-ref", "refs/boxd"]).output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&refs.stdout), "", "nothing was fetched into the repository above");
+}
+
+/// The ledger's records name machines to act on: a guest's file harvested into it would
+/// become a work of this laptop. No `to` and no harvested path may land in the ledger.
+#[test]
+fn a_harvest_never_writes_into_the_ledger() {
+    let world = World::new("lost-into-ledger");
+    let scratch = world.laptop.scratch.0.display().to_string();
+    let opts = json!({ "allowedRoots": [scratch] }).to_string();
+    let opts = ["--options", opts.as_str()];
+    assert_eq!(world.call_with(&opts, "boxd_ensure", W1).0, 0);
+    in_tree(&world, "w1", "mkdir -p ledger/works/w9 && echo '{\"schema\":1,\"work\":\"w9\",\"machine\":\"oc-w9\",\"state\":\"creating\"}' > ledger/works/w9/work.json");
+    let ledger = world.laptop.ledger.display().to_string();
+    for args in [json!({ "work": "w1", "files": ["ledger/works/w9/work.json"], "to": scratch }), json!({ "work": "w1", "files": ["ledger/works/w9/work.json"], "to": format!("{ledger}/inbox") })] {
+        let (code, v) = world.call_with(&opts, "boxd_harvest", &args.to_string());
+        assert_eq!((code, v["error"].as_str()), (1, Some("PATH_REFUSED")), "{args}: {v:#}");
+        assert!(v["message"].as_str().unwrap().contains("ledger"), "{v:#}");
+    }
+    assert!(!world.laptop.ledger.join("works/w9").exists(), "no record was planted");
+    assert!(!world.laptop.ledger.join("inbox").exists());
+    let status = world.ok_call("boxd_status", "{}");
+    assert!(status["works"].as_array().unwrap().iter().all(|w| w["work"] != "w9"), "{status:#}");
 }
 
 #[test]

@@ -262,7 +262,7 @@ fn destination(env: &Env, args: &Value, w: &Work) -> ToolResult<String> {
     let ctx = env.ctx;
     let roots = laptop_roots(ctx);
     let dest_dir = match args.get("to").and_then(Value::as_str) {
-        Some(t) => paths::laptop_path(t, &ctx.project, &roots)?,
+        Some(t) => super::user_path(ctx, t, &ctx.project)?,
         None => w.directory.clone(),
     };
     if !roots.iter().any(|r| paths::is_within(&dest_dir, r)) {
@@ -335,10 +335,22 @@ fn record_git(env: &mut Env, w: Work, wanted: &[String], landing: &[Landing]) ->
     let record = super::account::record(&mut ledger, &w, &git, &now)?;
     let w = ledger.update(&w.work, |w| w.git = record.clone())?;
     let fetched = match record.and_then(|r| r.bundle) {
-        Some(bundle) if ctx.options.fetch_commits => Some(fetch_commits(&mut env.programs, &w, &format!("{}/{bundle}", ledger.work_dir(&w.work)))),
+        Some(bundle) if ctx.options.fetch_commits => {
+            let bundle = format!("{}/{bundle}", ledger.work_dir(&w.work));
+            Some(match repository_top(env.files, &w.directory) {
+                true => fetch_commits(&mut env.programs, &w, &bundle),
+                false => json!({ "ref": Value::Null, "reason": format!("{} is not the top folder of a git repository (it has no .git), so nothing was fetched: git would find a repository above it, which is not the project's; the commits are in the ledger's bundle", w.directory) }),
+            })
+        }
         _ => None,
     };
     Ok((w, git, fetched, arrived))
+}
+
+/// Whether `dir` is a repository's top folder: `.git` in it (a folder, or a file for a
+/// linked work tree or a submodule). Only then does `fetchCommits` run git there.
+fn repository_top<F: crate::caps::Files + ?Sized>(files: &mut F, dir: &str) -> bool {
+    matches!(files.stat(&format!("{dir}/.git")), Ok(Some(m)) if matches!(m.kind, crate::caps::Kind::Dir | crate::caps::Kind::File))
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@ use alloc::vec::Vec;
 use serde_json::{json, Value};
 
 use super::harvest::invalid;
-use super::{laptop_roots, Env};
+use super::Env;
 use crate::caps::{Files, Kind, Streamed};
 use crate::encode::sha256_hex;
 use crate::errors::{Code, ToolError, ToolResult};
@@ -29,12 +29,11 @@ pub(super) struct Landing {
 /// existing folder. The temp names carry this call's mark (from the host's entropy) and
 /// are recorded in the ledger before the host creates them.
 pub(super) fn landing(env: &mut Env, w: Work, wanted: &[String], dest_dir: &str) -> ToolResult<(Work, Vec<Landing>)> {
-    let roots = laptop_roots(env.ctx);
     let mark = &sha256_hex(&[env.ctx.entropy.as_slice(), b"harvest-files"].concat())[..12];
     let mut out = Vec::new();
     for (i, want) in wanted.iter().enumerate() {
         let rel = paths::guest_relative(want)?;
-        let dest = paths::laptop_path(&rel, dest_dir, &roots)?;
+        let dest = super::user_path(env.ctx, &rel, dest_dir)?;
         let parent = paths::parent(&dest).to_string();
         env.files.create_dir_all(&parent).map_err(|_| ToolError::new(Code::PathRefused, format!("cannot create {parent}")))?;
         // Beside its destination, named after it; a name too long for that (most file

@@ -15,15 +15,13 @@ use crate::errors::{Code, ToolError, ToolResult};
 use crate::ledger::{Ledger, Sleep, Work, WorkState};
 use crate::opencode::Opencode;
 use crate::options::Context;
-use crate::paths;
 
 /// The work's laptop folder: inside a granted root, an existing directory, reached through
 /// no symlink. Checked before anything is created.
 pub(super) fn work_directory(env: &mut Env, args: &Value) -> ToolResult<String> {
     let ctx = env.ctx;
-    let roots = super::laptop_roots(ctx);
     let Some(d) = args.get("directory").and_then(Value::as_str) else { return Ok(ctx.project.clone()) };
-    let dir = paths::laptop_path(d, &ctx.project, &roots)?;
+    let dir = super::user_path(ctx, d, &ctx.project)?;
     let refused = |why: &str| ToolError::new(Code::PathRefused, format!("directory '{d}' {why}; no machine was created"));
     match env.files.stat(&dir) {
         Ok(Some(m)) if m.kind == Kind::Dir => Ok(dir),

@@ -147,6 +147,22 @@ pub fn laptop_roots(ctx: &Context) -> alloc::vec::Vec<&str> {
     roots
 }
 
+/// A laptop path a tool may read or write as the user's file: inside the project or an
+/// allowed root, and never inside the ledger. A ledger record names a machine to act on,
+/// so a file harvested into the ledger would become a work of this laptop (and another
+/// project's machine could be adopted and destroyed through it).
+pub fn user_path(ctx: &Context, p: &str, base: &str) -> ToolResult<String> {
+    let path = crate::paths::laptop_path(p, base, &laptop_roots(ctx))?;
+    if crate::paths::is_within(&path, &ctx.ledger) {
+        return Err(crate::errors::ToolError::with_next(
+            crate::errors::Code::PathRefused,
+            alloc::format!("laptop path '{p}' is inside the plugin's ledger ({}), which holds the plugin's own records, never a user's file", ctx.ledger),
+            "Use a path in the project outside the ledger folder (harvest's 'to', submit's 'from', ensure's 'directory'), then try again.",
+        ));
+    }
+    Ok(path)
+}
+
 /// A list argument of work-tree paths (harvest's `files`, drop's `discard`), each checked.
 pub fn guest_paths_arg(args: &Value, key: &str) -> ToolResult<alloc::vec::Vec<String>> {
     args.get(key)

@@ -33,13 +33,12 @@ struct Incoming {
 /// as it streams (a file that changed meanwhile fails the spawn).
 fn check_files(env: &mut Env, args: &Value) -> ToolResult<Vec<Incoming>> {
     let ctx = env.ctx;
-    let roots = super::laptop_roots(ctx);
     let mut out = Vec::new();
     let mut total = 0u64;
     for (i, f) in args.get("files").and_then(Value::as_array).into_iter().flatten().enumerate() {
         let from = f.get("from").and_then(Value::as_str).unwrap_or_default();
         let to = paths::guest_relative(f.get("to").and_then(Value::as_str).unwrap_or_default())?;
-        let laptop = paths::laptop_path(from, &ctx.project, &roots)?;
+        let laptop = super::user_path(ctx, from, &ctx.project)?;
         let meta = env.files.stat(&laptop).map_err(|_| refused(from, "cannot be read"))?;
         match meta {
             None => return Err(refused(from, "does not exist")),
