@@ -245,3 +245,39 @@ fn a_transcript_larger_than_a_pipe_buffer_is_proven() {
     let copy = laptop_export(&world, id);
     assert_eq!(copy["messages"].as_array().unwrap().len() as u64, v["sessions"][0]["messages"].as_u64().unwrap());
 }
+
+/// After a harvest the user goes on with the session on the laptop (a message of their
+/// own), and the guest runs another prompt. The next harvest brings the guest's messages
+/// home beside the user's: proven, the user's message kept, and the work can be dropped.
+#[test]
+fn a_session_continued_on_the_laptop_keeps_the_users_message_and_still_proves() {
+    let world = World::new("harvest-continued");
+    world.ok_call("boxd_ensure", W1);
+    run(&world, "one");
+    let sid = world.ok_call("boxd_harvest", W1)["sessions"][0]["id"].as_str().unwrap().to_string();
+    // The user's own message, added to the laptop's copy (as a follow-up asked there would).
+    let mut session = laptop_export(&world, &sid);
+    let mut note = session["messages"][0].clone();
+    note["info"]["id"] = json!("msg_2320ffffffffLAPTOPUSERNOTE1");
+    for (i, p) in note["parts"].as_array_mut().unwrap().iter_mut().enumerate() {
+        p["id"] = json!(format!("prt_2320ffffffffLAPTOPNOTE{i:03}"));
+        p["messageID"] = json!("msg_2320ffffffffLAPTOPUSERNOTE1");
+        if p["type"] == "text" {
+            p["text"] = json!("LAPTOP USER NOTE");
+        }
+    }
+    session["messages"].as_array_mut().unwrap().push(note);
+    let file = world.laptop.scratch.0.join("continued.json");
+    std::fs::write(&file, serde_json::to_vec(&session).unwrap()).unwrap();
+    let out = std::process::Command::new(opencode_bin()).arg("import").arg(&file).current_dir(&world.laptop.project).envs(world.laptop_env()).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+
+    run(&world, "two");
+    let v = world.ok_call("boxd_harvest", W1);
+    assert_eq!(v["proven"], true, "{v:#}");
+    let back = laptop_export(&world, &sid);
+    let texts = back["messages"].to_string();
+    assert!(texts.contains("LAPTOP USER NOTE"), "the user's laptop message is kept");
+    assert_eq!(back["messages"].as_array().unwrap().len() as u64, v["sessions"][0]["messages"].as_u64().unwrap() + 1, "{v:#}");
+    assert_eq!(world.ok_call("boxd_drop", W1)["dropped"], true);
+}

@@ -62,6 +62,11 @@ pub fn canonical_digest(messages: &[Value]) -> String {
     sha256_hex(&serde_json::to_vec(&canon).expect("serialises"))
 }
 
+/// The message ids of one exported session.
+fn message_ids(session: &Value) -> alloc::collections::BTreeSet<&str> {
+    session["messages"].as_array().into_iter().flatten().filter_map(|m| m["info"]["id"].as_str()).collect()
+}
+
 /// Check the export's shape and order it parents first.
 fn parse_export(v: &Value) -> ToolResult<Vec<Exported>> {
     let sessions = v.get("sessions").and_then(Value::as_array).ok_or_else(|| invalid("no session list".into()))?;
@@ -141,13 +146,16 @@ fn import_and_prove(env: &mut Env, w: &Work, sessions: &[Exported]) -> ToolResul
             Ok(back) => back,
             Err(e) => return Err(imported.err().unwrap_or(e)),
         };
-        let msgs = back["messages"].as_array().cloned().unwrap_or_default();
+        // Only the guest's messages are compared: messages the user added on the laptop
+        // after an earlier harvest (continuing the session there) are theirs, and stay.
+        let theirs = message_ids(&s.json);
+        let msgs: Vec<Value> = back["messages"].as_array().into_iter().flatten().filter(|m| m["info"]["id"].as_str().is_some_and(|id| theirs.contains(&id))).cloned().collect();
         let digest = canonical_digest(&msgs);
         if msgs.len() as u64 != s.messages || digest != s.digest {
             imported?;
             return Err(ToolError::new(
                 Code::ProofFailed,
-                format!("session {}: the guest has {} messages, the laptop's copy {} (digests {} vs {})", s.id, s.messages, msgs.len(), &s.digest[..12], &digest[..12]),
+                format!("session {}: the guest has {} messages, the laptop's copy {} of them (digests {} vs {})", s.id, s.messages, msgs.len(), &s.digest[..12], &digest[..12]),
             ));
         }
         if s.parent.is_some() && back["info"]["parentID"].as_str() != s.parent.as_deref() {
@@ -411,6 +419,15 @@ mod tests {
         assert_eq!(run(true, None).unwrap_err().0, Code::ImportFailed);
         assert_eq!(run(false, Some(session("ses_a", None, 1))).unwrap_err().0, Code::ProofFailed);
         assert_eq!(run(false, None).unwrap_err().0, Code::ProofFailed);
+        // A message the user added on the laptop (the session continued there) is theirs:
+        // the guest's messages are all home, so the proof holds and nothing is removed.
+        let mut continued = full.clone();
+        continued["messages"].as_array_mut().unwrap().push(json!({ "info": { "id": "msg_laptop_0", "role": "user" }, "parts": [{ "id": "prt_l", "type": "text", "text": "mine" }] }));
+        assert_eq!(run(false, Some(continued)), Ok(1));
+        // But a guest message changed on the laptop is not the guest's copy.
+        let mut changed = full.clone();
+        changed["messages"][1]["parts"][0]["text"] = json!("edited");
+        assert_eq!(run(false, Some(changed)).unwrap_err().0, Code::ProofFailed);
     }
 
     #[test]
