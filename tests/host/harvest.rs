@@ -281,3 +281,26 @@ fn a_session_continued_on_the_laptop_keeps_the_users_message_and_still_proves() 
     assert_eq!(back["messages"].as_array().unwrap().len() as u64, v["sessions"][0]["messages"].as_u64().unwrap() + 1, "{v:#}");
     assert_eq!(world.ok_call("boxd_drop", W1)["dropped"], true);
 }
+
+/// After a harvest the user deletes the session in the laptop's OpenCode. A drop would
+/// destroy the only other copy: it imports the proven transcript again from the ledger's
+/// copy first, says so, and then destroys the machine.
+#[test]
+fn a_drop_after_the_laptops_session_was_deleted_restores_it_before_the_machine_goes() {
+    let world = World::new("harvest-deleted");
+    world.ok_call("boxd_ensure", W1);
+    run(&world, "one");
+    let v = world.ok_call("boxd_harvest", W1);
+    let sid = v["sessions"][0]["id"].as_str().unwrap().to_string();
+    let before = laptop_export(&world, &sid);
+    let out = std::process::Command::new(opencode_bin()).args(["session", "delete", &sid]).current_dir(&world.laptop.project).envs(world.laptop_env()).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let gone = std::process::Command::new(opencode_bin()).args(["export", &sid]).current_dir(&world.laptop.project).envs(world.laptop_env()).output().unwrap();
+    assert!(!gone.status.success(), "the laptop's copy is deleted");
+    let dropped = world.ok_call("boxd_drop", W1);
+    assert_eq!(dropped["dropped"], true, "{dropped:#}");
+    assert_eq!(dropped["restoredToLaptop"], json!([sid]), "{dropped:#}");
+    let after = laptop_export(&world, &sid);
+    assert_eq!(after["messages"].as_array().unwrap().len(), before["messages"].as_array().unwrap().len());
+    assert_eq!(after["messages"].to_string(), before["messages"].to_string(), "the transcript is back as it was proven");
+}

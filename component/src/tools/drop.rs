@@ -135,6 +135,11 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
         super::landing::sweep_temps(env, w)?;
     }
     let plan = plan(env, &work, &machine)?;
+    // The laptop must still hold the proven transcript before its machine goes.
+    let restored = match &plan {
+        Plan::Live(w) => super::harvest::restore_for_drop(env, w)?,
+        _ => Vec::new(),
+    };
     let ctx = env.ctx;
     let mut ledger = Ledger::for_call(&mut env.files, ctx);
     let w = match plan {
@@ -207,6 +212,11 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
         out["head"] = json!(g.head);
     }
     out["discarded"] = json!(discard);
+    if !restored.is_empty() {
+        // Deleted in the laptop's OpenCode since the harvest: imported again from the
+        // ledger's copy before the machine went, so the transcript is not lost.
+        out["restoredToLaptop"] = json!(restored);
+    }
     out["next"] = json!("Done: the machine is destroyed and the work is closed in the ledger. Its commits are in the ledger's bundle (git fetch <bundle>), its uncommitted changes in the stored patch.");
     // A file an interrupted harvest moved aside stays on the laptop; status no longer lists
     // a closed work, so this answer is the last to say where it is.

@@ -137,34 +137,79 @@ fn import_and_prove(env: &mut Env, w: &Work, sessions: &[Exported]) -> ToolResul
         let mut ledger = Ledger::for_call(&mut env.files, env.ctx);
         ledger.put_blob(&w.work, &name, &bytes)?;
         let file = format!("{}/{name}", ledger.work_dir(&w.work));
-        let mut opencode = Opencode::new(&mut env.programs);
-        let imported = opencode.import(&file, &s.id, &w.directory);
-        // The proof: the laptop's own copy, read back, matches the guest's. A failed import
-        // is forgiven only when the copy matches anyway (another harvest of this work, at
-        // once, imported the same messages: the transcript is home either way).
-        let back = match opencode.export(&s.id, &w.directory) {
-            Ok(back) => back,
-            Err(e) => return Err(imported.err().unwrap_or(e)),
-        };
-        // Only the guest's messages are compared: messages the user added on the laptop
-        // after an earlier harvest (continuing the session there) are theirs, and stay.
-        let theirs = message_ids(&s.json);
-        let msgs: Vec<Value> = back["messages"].as_array().into_iter().flatten().filter(|m| m["info"]["id"].as_str().is_some_and(|id| theirs.contains(&id))).cloned().collect();
-        let digest = canonical_digest(&msgs);
-        if msgs.len() as u64 != s.messages || digest != s.digest {
-            imported?;
-            return Err(ToolError::new(
-                Code::ProofFailed,
-                format!("session {}: the guest has {} messages, the laptop's copy {} of them (digests {} vs {})", s.id, s.messages, msgs.len(), &s.digest[..12], &digest[..12]),
-            ));
-        }
-        if s.parent.is_some() && back["info"]["parentID"].as_str() != s.parent.as_deref() {
-            return Err(ToolError::new(Code::ProofFailed, format!("session {} lost its parent on import", s.id)));
-        }
+        import_checked(env, &file, s, &w.directory)?;
         proofs.push(SessionProof { id: s.id.clone(), parent_id: s.parent.clone(), messages: s.messages, digest: s.digest.clone(), file: Some(name) });
         report.push(json!({ "id": s.id, "parentId": s.parent, "messages": s.messages, "digest": s.digest, "imported": true }));
     }
     Ok((proofs, report))
+}
+
+/// Whether the laptop's copy of a session holds every message of the guest's, identical.
+/// Only the guest's messages are compared: messages the user added on the laptop after an
+/// earlier harvest (continuing the session there) are theirs, and stay.
+fn holds(back: &Value, s: &Exported) -> Result<(), String> {
+    let theirs = message_ids(&s.json);
+    let msgs: Vec<Value> = back["messages"].as_array().into_iter().flatten().filter(|m| m["info"]["id"].as_str().is_some_and(|id| theirs.contains(&id))).cloned().collect();
+    let digest = canonical_digest(&msgs);
+    if msgs.len() as u64 != s.messages || digest != s.digest {
+        return Err(format!("session {}: the guest has {} messages, the laptop's copy {} of them (digests {} vs {})", s.id, s.messages, msgs.len(), &s.digest[..12], &digest[..12]));
+    }
+    if s.parent.is_some() && back["info"]["parentID"].as_str() != s.parent.as_deref() {
+        return Err(format!("session {} lost its parent on import", s.id));
+    }
+    Ok(())
+}
+
+/// `opencode import` of a stored export, then the proof: the laptop's own copy, read back,
+/// holds the guest's. A failed import is forgiven only when the copy holds it anyway
+/// (another harvest of this work, at once, imported the same messages: the transcript is
+/// home either way).
+fn import_checked(env: &mut Env, file: &str, s: &Exported, directory: &str) -> ToolResult<()> {
+    let mut opencode = Opencode::new(&mut env.programs);
+    let imported = opencode.import(file, &s.id, directory);
+    let back = match opencode.export(&s.id, directory) {
+        Ok(back) => back,
+        Err(e) => return Err(imported.err().unwrap_or(e)),
+    };
+    holds(&back, s).map_err(|why| imported.err().unwrap_or_else(|| ToolError::new(Code::ProofFailed, why)))
+}
+
+/// Before a drop destroys the machine, the laptop must still hold what the last proof
+/// says: a session deleted in the laptop's OpenCode since the harvest (or an OpenCode data
+/// folder changed) would go with the machine. Each one missing or changed is imported again
+/// from the export the ledger stored when it was proven, and checked as a harvest checks
+/// it. Returns the ids restored; one with no stored export refuses the drop.
+pub(super) fn restore_for_drop(env: &mut Env, w: &Work) -> ToolResult<Vec<String>> {
+    let Some(proof) = w.proofs.last() else { return Ok(Vec::new()) };
+    let mut restored = Vec::new();
+    for p in &proof.sessions {
+        let stored = p.file.as_ref().map(|f| format!("{}/{f}", Ledger::for_call(&mut env.files, env.ctx).work_dir(&w.work)));
+        let json = match &stored {
+            Some(path) => env.files.read(path).ok().flatten().and_then(|b| serde_json::from_slice::<Value>(&b).ok()),
+            None => None,
+        };
+        let back = Opencode::new(&mut env.programs).export(&p.id, &w.directory);
+        let (Some(path), Some(json)) = (stored, json) else {
+            // No stored export to compare with: the laptop's copy must at least be there.
+            if back.is_ok() {
+                continue;
+            }
+            return Err(ToolError::with_next(
+                Code::NotProven,
+                format!("session {} of work '{}' is no longer in this laptop's OpenCode and the ledger holds no copy of it; nothing was destroyed", p.id, w.work),
+                format!("Call boxd_harvest for work '{}' (it imports the session again from the machine), then boxd_drop.", w.work),
+            ));
+        };
+        let s = Exported { id: p.id.clone(), parent: p.parent_id.clone(), json, messages: p.messages, digest: p.digest.clone() };
+        match back {
+            Ok(back) if holds(&back, &s).is_ok() => continue,
+            Ok(_) | Err(ToolError { code: Code::ProofFailed, .. }) => {}
+            Err(e) => return Err(e),
+        }
+        import_checked(env, &path, &s, &w.directory)?;
+        restored.push(p.id.clone());
+    }
+    Ok(restored)
 }
 
 /// A session another work proved on this laptop is that work's transcript: importing it
