@@ -547,6 +547,51 @@ class T1Commands(unittest.TestCase):
         self.assertEqual((r.rc, r.json["error"]), (3, "FILE_TOO_LARGE"), r)
         (tree / "big.bin").unlink()
 
+    def test_git_sees_hidden_edits_older_stashes_and_dirty_linked_worktrees(self):
+        g, work = self.g, "hiddenw"
+        tree = g.tree(work)
+        tree.mkdir(parents=True)
+        ident = ("-c", "user.email=t@t", "-c", "user.name=t")
+        git(tree, "init", "-q")
+        for name in ("a.txt", "b.txt", "c.txt"):
+            (tree / name).write_text("v1\n")
+        git(tree, "add", "-A")
+        git(tree, *ident, "commit", "-qm", "base")
+        # two stash entries: the older one lives only in the stash's reflog
+        stashed = []
+        for text in ("first stash\n", "second stash\n"):
+            (tree / "c.txt").write_text(text)
+            git(tree, *ident, "stash", "-q")
+            stashed.append(git(tree, "rev-parse", "refs/stash").stdout.decode().strip())
+        # edits hidden from status by index flags
+        git(tree, "update-index", "--skip-worktree", "a.txt")
+        git(tree, "update-index", "--assume-unchanged", "b.txt")
+        (tree / "a.txt").write_text("hidden edit a\n")
+        (tree / "b.txt").write_text("hidden edit b\n")
+        # a linked work tree with an uncommitted file
+        linked = tree.parent / "hiddenw-feature"
+        git(tree, "worktree", "add", "-q", "-b", "feature", str(linked))
+        (linked / "design.md").write_text("draft\n")
+        r = g.run("git", work, {"files": [], "haveRefs": {}}, "--files-stdin")
+        self.assertEqual(r.rc, 0, r)
+        j = r.json
+        self.assertTrue(j["dirty"], j["status"])
+        self.assertIn("hidden edit a", j["patch"])
+        self.assertIn("hidden edit b", j["patch"])
+        for sha in stashed:
+            self.assertEqual(j["refs"].get("refs/boxd-stash/" + sha), sha, j["refs"])
+        fresh = Path(tempfile.mkdtemp(prefix="boxd-stash-", dir=str(g.root)))
+        (fresh / "w.bundle").write_bytes(base64.b64decode(j["bundle"]["data"]))
+        git(fresh, "init", "-q")
+        git(fresh, "fetch", "-q", str(fresh / "w.bundle"), "refs/*:refs/b/*")
+        for sha in stashed:
+            self.assertEqual(git(fresh, "cat-file", "-t", sha).stdout.decode().strip(), "commit", sha)
+        self.assertEqual(j["worktrees"], [str(linked)])
+        # the repository's own index keeps its flags
+        flags = git(tree, "ls-files", "-v").stdout.decode().split("\n")
+        self.assertIn("S a.txt", flags)
+        self.assertIn("h b.txt", flags)
+
     def test_git_sends_every_commit_as_a_verified_bundle_unless_the_laptop_has_it(self):
         g, work = self.g, "bundlew"
         tree = g.tree(work)

@@ -4,6 +4,7 @@ every commit. .boxd/ never appears in any of it."""
 
 import base64
 import hashlib
+import shutil
 import os
 import subprocess
 import tempfile
@@ -14,15 +15,20 @@ from .protocol import CALL_MAX, LIST_MAX, Fail, mib
 GIT_IDENTITY = ("opencode-boxd", "opencode-boxd@localhost")
 
 
-def git(work, argv, check=True, timeout=120):
+def git(work, argv, check=True, timeout=120, index=None, stdin=None, tree=None):
+    """git in the work tree (or `tree`); `index`: a private index file to use instead."""
     env = dict(os.environ)
     for k in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_OBJECT_DIRECTORY", "GIT_COMMON_DIR", "GIT_PREFIX"):
         env.pop(k, None)
     env.update({"GIT_OPTIONAL_LOCKS": "0", "LC_ALL": "C", "GIT_TERMINAL_PROMPT": "0", "GIT_PAGER": "cat", "PAGER": "cat"})
-    cmd = ["git", "-C", work.tree, "-c", "core.quotePath=false", "-c", "color.ui=false",
-           "-c", "safe.directory=" + work.tree, "-c", "core.fsmonitor=false"] + argv
+    if index:
+        env["GIT_INDEX_FILE"] = index
+    where = tree or work.tree
+    cmd = ["git", "-C", where, "-c", "core.quotePath=false", "-c", "color.ui=false",
+           "-c", "safe.directory=" + where, "-c", "core.fsmonitor=false"] + argv
     try:
-        r = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, timeout=timeout)
+        r = subprocess.run(cmd, input=stdin, stdin=None if stdin is not None else subprocess.DEVNULL,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, timeout=timeout)
     except (OSError, subprocess.TimeoutExpired) as e:
         raise Fail("GUEST_FAILED", "git %s: %s" % (argv[0], e))
     if check and r.returncode != 0:
@@ -104,6 +110,7 @@ def inventory(work):
     out["head"] = head.stdout.decode().strip() if head.returncode == 0 else None
     br = git(work, ["symbolic-ref", "--short", "-q", "HEAD"], check=False)
     out["branch"] = br.stdout.decode("utf-8", "replace").strip() if br.returncode == 0 else None
+    keep_stashes(work)
     refs = {}
     if out["head"]:
         refs["HEAD"] = out["head"]
@@ -112,7 +119,13 @@ def inventory(work):
         if sha and name:
             refs[name] = sha
     out["refs"] = refs
-    st = git(work, ["status", "--porcelain=v1", "--untracked-files=all"])
+    with unflagged_index(work) as index:
+        return inventory_with(work, out, index)
+
+
+def inventory_with(work, out, index):
+    """The rest of `inventory`, reading the tree through `index` (None: git's own)."""
+    st = git(work, ["status", "--porcelain=v1", "--untracked-files=all"], index=index)
     lines = []
     for line in st.stdout.decode("utf-8", "replace").splitlines():
         paths = line[3:].split(" -> ")
@@ -142,8 +155,65 @@ def inventory(work):
     diff = None
     if out["head"]:
         diff = git(work, ["diff", "HEAD", "--binary", "--full-index", "--no-color", "--no-ext-diff", "--no-textconv",
-                          "--src-prefix=a/", "--dst-prefix=b/", "--", ".", ":(exclude).boxd"]).stdout
+                          "--src-prefix=a/", "--dst-prefix=b/", "--", ".", ":(exclude).boxd"], index=index).stdout
+    out["worktrees"] = dirty_worktrees(work)
     return out, diff
+
+
+def keep_stashes(work):
+    """Every stash entry as a ref of our own (refs/boxd-stash/<sha>): `git bundle --all`
+    takes refs/stash, the newest entry only, and the older ones live only in its reflog,
+    so a drop would destroy them. As refs they travel in the bundle and the drop checks them."""
+    r = git(work, ["stash", "list", "--format=%H"], check=False)
+    for sha in r.stdout.decode("ascii", "replace").split():
+        if len(sha) in (40, 64) and all(c in "0123456789abcdef" for c in sha):
+            git(work, ["update-ref", "refs/boxd-stash/" + sha, sha], check=False)
+
+
+class unflagged_index:
+    """A private copy of the index without the assume-unchanged and skip-worktree flags of
+    files that exist: those flags make status and diff skip a file, so an edit to it would
+    be in no patch and a drop would destroy it. The repository's own index is not changed."""
+
+    def __init__(self, work):
+        self.work, self.dir, self.path = work, None, None
+
+    def __enter__(self):
+        flagged = []
+        for rec in git(self.work, ["ls-files", "-v", "-z"]).stdout.split(b"\0"):
+            tag, path = rec[:1], rec[2:]
+            if path and (tag.islower() or tag == b"S") and os.path.lexists(os.path.join(os.fsencode(self.work.tree), path)):
+                flagged.append(path)
+        if not flagged:
+            return None
+        real = git(self.work, ["rev-parse", "--git-path", "index"]).stdout.decode("utf-8", "replace").strip()
+        self.dir = tempfile.mkdtemp(prefix="boxd-index-")
+        self.path = os.path.join(self.dir, "index")
+        shutil.copyfile(os.path.join(self.work.tree, real), self.path)
+        # One flag per call: given both, update-index applies only the last to --stdin paths.
+        for flag in ("--no-assume-unchanged", "--no-skip-worktree"):
+            git(self.work, ["update-index", flag, "-z", "--stdin"], index=self.path, stdin=b"\0".join(flagged) + b"\0")
+        return self.path
+
+    def __exit__(self, *exc):
+        if self.dir:
+            shutil.rmtree(self.dir, ignore_errors=True)
+        return False
+
+
+def dirty_worktrees(work):
+    """Linked work trees (`git worktree add`) with uncommitted changes: their branches are
+    refs of this repository and travel in the bundle, their uncommitted files do not."""
+    r = git(work, ["worktree", "list", "--porcelain"], check=False)
+    paths = [l[len("worktree "):] for l in r.stdout.decode("utf-8", "replace").splitlines() if l.startswith("worktree ")]
+    dirty = []
+    for path in paths[1:]:  # the first is the main work tree
+        if not os.path.isdir(path) or os.path.realpath(path) == os.path.realpath(work.tree):
+            continue
+        st = git(work, ["status", "--porcelain=v1", "--untracked-files=all"], check=False, tree=path)
+        if st.returncode != 0 or st.stdout.strip():
+            dirty.append(path)
+    return sorted(dirty)
 
 
 def make_bundle(work):

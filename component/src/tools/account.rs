@@ -170,6 +170,14 @@ pub fn check_live(w: &Work, live: &Value, discard: &[String]) -> ToolResult<()> 
             format!("Bring what matters home (harvest its files, or push it from the machine), then call boxd_drop for work '{work}' with \"discard\" naming those folders; or boxd_sleep, which keeps the disk."),
         ));
     }
+    let worktrees: Vec<&str> = live["worktrees"].as_array().into_iter().flatten().filter_map(Value::as_str).filter(|p| !discarded(p, discard)).collect();
+    if !worktrees.is_empty() {
+        return Err(ToolError::with_next(
+            Code::Untracked,
+            format!("work '{work}' has linked work trees (git worktree) with uncommitted changes that no harvest brings home: {}", worktrees.join(", ")),
+            format!("Commit them on the machine (their branches travel in the bundle) and harvest, then call boxd_drop for work '{work}'; or call it with \"discard\" naming those folders to give them up."),
+        ));
+    }
     if !live["repo"].as_bool().unwrap_or(false) {
         return Err(ToolError::new(Code::GitUnknown, format!("work '{work}': the work tree on the machine is not a git repository, so its contents cannot be accounted for")));
     }
@@ -294,6 +302,12 @@ mod tests {
         assert!(check_live(&w, &live, &["sub".to_string()]).is_ok());
         let live = json!({ "repo": true, "refs": { "HEAD": SHA }, "untrackedTruncated": true });
         assert_eq!(check_live(&w, &live, &["x".to_string()]).unwrap_err().code, Code::Untracked);
+        // A linked work tree with uncommitted changes: refused until given up by name.
+        let live = json!({ "repo": true, "refs": { "HEAD": SHA }, "worktrees": ["/home/boxd/work/w1-feature"] });
+        let e = check_live(&w, &live, &[]).unwrap_err();
+        assert_eq!(e.code, Code::Untracked);
+        assert!(e.message.contains("w1-feature"), "{}", e.message);
+        assert!(check_live(&w, &live, &["/home/boxd/work/w1-feature".to_string()]).is_ok());
     }
 
     #[test]
