@@ -375,3 +375,29 @@ fn a_repository_inside_the_work_tree_is_not_dropped_unless_discarded() {
     assert!(machine_exists(&world, "oc-w1"));
     assert_eq!(world.ok_call("boxd_drop", r#"{"work":"w1","discard":["sub"]}"#)["dropped"], true);
 }
+
+/// A symlinked folder on the laptop side of a harvest or a submit is PATH_REFUSED before
+/// anything is made, sent or recorded (not a boxd failure, and no prompt left "on its way"
+/// to block the drop).
+#[test]
+fn a_symlinked_laptop_folder_is_path_refused_before_anything_is_made_or_recorded() {
+    let world = World::new("lost-symlinked");
+    let project = world.laptop.project.clone();
+    world.ok_call("boxd_ensure", W1);
+    in_tree(&world, "w1", "echo out > out.txt");
+    std::fs::create_dir_all(project.join("sub")).unwrap();
+    std::fs::write(project.join("sub/in.txt"), "in").unwrap();
+    std::os::unix::fs::symlink("sub", project.join("link")).unwrap();
+    let v = world.err_call("boxd_harvest", &json!({ "work": "w1", "files": ["out.txt"], "to": "link/deeper" }).to_string(), "PATH_REFUSED");
+    assert!(v["message"].as_str().unwrap().contains("symlink"), "{v:#}");
+    assert!(!project.join("sub/deeper").exists(), "no folder was made through the symlink");
+    let v = world.err_call("boxd_harvest", &json!({ "work": "w1", "files": ["out.txt"], "to": "sub/in.txt" }).to_string(), "PATH_REFUSED");
+    assert!(v["message"].as_str().unwrap().contains("not a folder"), "{v:#}");
+    let v = world.err_call("boxd_submit", &json!({ "work": "w1", "prompt": "hi", "files": [{ "from": "link/in.txt", "to": "in.txt" }] }).to_string(), "PATH_REFUSED");
+    assert!(v["message"].as_str().unwrap().contains("symlink"), "{v:#}");
+    let record: Value = serde_json::from_slice(&std::fs::read(world.laptop.ledger.join("works/w1/work.json")).unwrap()).unwrap();
+    assert_eq!(record["prompts"].as_array().map_or(0, Vec::len), 0, "no prompt was recorded: {record:#}");
+    // Nothing is left waiting: harvest, then drop (giving up the file asked for above).
+    world.ok_call("boxd_harvest", W1);
+    assert_eq!(world.ok_call("boxd_drop", &json!({ "work": "w1", "discard": ["out.txt"] }).to_string())["dropped"], true);
+}

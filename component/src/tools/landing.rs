@@ -35,6 +35,7 @@ pub(super) fn landing(env: &mut Env, w: Work, wanted: &[String], dest_dir: &str)
         let rel = paths::guest_relative(want)?;
         let dest = super::user_path(env.ctx, &rel, dest_dir)?;
         let parent = paths::parent(&dest).to_string();
+        super::real_folders_on_the_way(env.files, env.ctx, &parent, want)?;
         env.files.create_dir_all(&parent).map_err(|_| ToolError::new(Code::PathRefused, format!("cannot create {parent}")))?;
         // Beside its destination, named after it; a name too long for that (most file
         // systems allow 255 bytes) gets a short temp name in the same folder instead.

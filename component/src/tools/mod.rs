@@ -163,6 +163,35 @@ pub fn user_path(ctx: &Context, p: &str, base: &str) -> ToolResult<String> {
     Ok(path)
 }
 
+/// Every existing folder from the root that holds `folder` down to `folder` itself is a
+/// real folder: not a symlink, not a file. The hosts open laptop files with no symlink on
+/// the way, so one there would otherwise fail the call late, as a spawn failure that looks
+/// like boxd's (and, for a submit, after the prompt was recorded).
+pub fn real_folders_on_the_way(files: &mut dyn crate::caps::Files, ctx: &Context, folder: &str, asked: &str) -> ToolResult<()> {
+    use crate::caps::Kind;
+    let roots = laptop_roots(ctx);
+    let Some(root) = roots.iter().filter(|r| crate::paths::is_within(folder, r)).max_by_key(|r| r.len()) else { return Ok(()) };
+    let mut at = String::from(root.trim_end_matches('/'));
+    let rest = folder[root.len().min(folder.len())..].trim_start_matches('/');
+    for part in rest.split('/').filter(|p| !p.is_empty()) {
+        at.push('/');
+        at.push_str(part);
+        let why = match files.stat(&at) {
+            Ok(None) => return Ok(()), // missing: it and all below are made as real folders
+            Ok(Some(m)) if m.kind == Kind::Dir => continue,
+            Ok(Some(m)) if m.kind == Kind::Symlink => "is a symlink, which is never followed",
+            Ok(Some(_)) => "is not a folder",
+            Err(_) => "cannot be read",
+        };
+        return Err(crate::errors::ToolError::with_next(
+            crate::errors::Code::PathRefused,
+            alloc::format!("laptop path '{asked}': {at} on the way {why}; nothing was sent or written"),
+            "Use a path whose folders are real folders inside the project (no symlinks on the way), then try again.",
+        ));
+    }
+    Ok(())
+}
+
 /// A list argument of work-tree paths (harvest's `files`, drop's `discard`), each checked.
 pub fn guest_paths_arg(args: &Value, key: &str) -> ToolResult<alloc::vec::Vec<String>> {
     args.get(key)

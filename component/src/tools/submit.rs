@@ -39,6 +39,7 @@ fn check_files(env: &mut Env, args: &Value) -> ToolResult<Vec<Incoming>> {
         let from = f.get("from").and_then(Value::as_str).unwrap_or_default();
         let to = paths::guest_relative(f.get("to").and_then(Value::as_str).unwrap_or_default())?;
         let laptop = super::user_path(ctx, from, &ctx.project)?;
+        super::real_folders_on_the_way(env.files, ctx, crate::paths::parent(&laptop), from)?;
         let meta = env.files.stat(&laptop).map_err(|_| refused(from, "cannot be read"))?;
         match meta {
             None => return Err(refused(from, "does not exist")),
