@@ -401,3 +401,33 @@ fn a_symlinked_laptop_folder_is_path_refused_before_anything_is_made_or_recorded
     world.ok_call("boxd_harvest", W1);
     assert_eq!(world.ok_call("boxd_drop", &json!({ "work": "w1", "discard": ["out.txt"] }).to_string())["dropped"], true);
 }
+
+/// One ledger, a work started in one project, the user now in another: the tools say
+/// where the work belongs (PATH_REFUSED), not that OpenCode is missing, and nothing is lost.
+#[test]
+fn a_work_from_another_project_is_said_to_belong_there() {
+    let world = World::new("lost-other-project");
+    world.ok_call("boxd_ensure", W1);
+    run(&world, "w1", "hello");
+    let other = world.laptop.scratch.path("other-project");
+    std::fs::create_dir_all(&other).unwrap();
+    let oc = opencode_bin();
+    let in_other = |tool: &str, args: &str| -> Value {
+        let out = Command::new(boxd_host())
+            .arg("--project").arg(&other).arg("--ledger").arg(&world.laptop.ledger).arg("--boxd").arg(boxd_local()).arg("--opencode").arg(&oc)
+            .args(["call", tool, args])
+            .env("BOXD_LOCAL_HOME", &world.laptop.boxd_home).env("BOXD_HOST_CACHE", cache_dir())
+            .envs(world.laptop_env())
+            .output()
+            .unwrap();
+        stdout_json(&out)
+    };
+    for args in [W1.to_string(), json!({ "work": "w1", "to": "." }).to_string()] {
+        let v = in_other("boxd_harvest", &args);
+        assert_eq!(v["error"], "PATH_REFUSED", "{v:#}");
+        assert!(v["message"].as_str().unwrap().contains(&world.laptop.project.display().to_string()), "{v:#}");
+        assert!(v["next"].as_str().unwrap().contains("Open OpenCode in"), "{v:#}");
+    }
+    // From its own project the work comes home as usual.
+    assert_eq!(world.ok_call("boxd_harvest", W1)["proven"], true);
+}

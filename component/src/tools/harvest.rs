@@ -180,7 +180,8 @@ fn import_checked(env: &mut Env, file: &str, s: &Exported, directory: &str) -> T
 /// from the export the ledger stored when it was proven, and checked as a harvest checks
 /// it. Returns the ids restored; one with no stored export refuses the drop.
 pub(super) fn restore_for_drop(env: &mut Env, w: &Work) -> ToolResult<Vec<String>> {
-    let Some(proof) = w.proofs.last() else { return Ok(Vec::new()) };
+    let Some(proof) = w.proofs.last().filter(|p| !p.sessions.is_empty()) else { return Ok(Vec::new()) };
+    work_folder_granted(env.ctx, w)?;
     let mut restored = Vec::new();
     for p in &proof.sessions {
         let stored = p.file.as_ref().map(|f| format!("{}/{f}", Ledger::for_call(&mut env.files, env.ctx).work_dir(&w.work)));
@@ -314,6 +315,7 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
 fn destination(env: &Env, args: &Value, w: &Work) -> ToolResult<String> {
     let ctx = env.ctx;
     let roots = laptop_roots(ctx);
+    work_folder_granted(ctx, w)?;
     let dest_dir = match args.get("to").and_then(Value::as_str) {
         Some(t) => super::user_path(ctx, t, &ctx.project)?,
         None => w.directory.clone(),
@@ -322,6 +324,21 @@ fn destination(env: &Env, args: &Value, w: &Work) -> ToolResult<String> {
         return Err(ToolError::new(Code::PathRefused, format!("the work's folder {dest_dir} is outside the project and the allowed roots")));
     }
     Ok(dest_dir)
+}
+
+/// The laptop's OpenCode imports a work's transcript in the folder the work was started in
+/// (its sessions belong to that project), so that folder must be one this host opened. A
+/// work started in another project, or in a folder since moved, is said as such, not as a
+/// missing OpenCode.
+pub(super) fn work_folder_granted(ctx: &crate::options::Context, w: &Work) -> ToolResult<()> {
+    if laptop_roots(ctx).iter().any(|r| paths::is_within(&w.directory, r)) {
+        return Ok(());
+    }
+    Err(ToolError::with_next(
+        Code::PathRefused,
+        format!("work '{}' was started in {}, outside this project ({}) and the allowed roots: its transcript and files belong there", w.work, w.directory, ctx.project),
+        format!("Open OpenCode in {} and call the tool there. If that folder was moved or renamed, move it back (or add its old path to allowedRoots if it still exists); the ledger keeps the work's proven transcripts and commits either way.", w.directory),
+    ))
 }
 
 /// Phase 1: the machine is ours and up; the wanted files are owed from now; the guest
