@@ -7,7 +7,7 @@ use alloc::string::String;
 use alloc::vec::Vec;
 use serde_json::{json, Value};
 
-use super::machine::{check_machine, create_machine, owned_state, prepare_fresh_guest, prepare_guest, work_json, Build};
+use super::machine::{check_machine, create_machine, owned_state, prepare_fresh_guest, work_json, Build};
 use super::{work_arg, Env};
 use crate::boxd::{Boxd, Failure, MachineInfo, State};
 use crate::caps::{Files, Kind, Programs};
@@ -309,7 +309,7 @@ pub fn resume(env: &mut Env, args: &Value) -> ToolResult<Value> {
     })?;
     // Prepare starts a server that is not running; a run it interrupted is reported once,
     // by the next boxd_job (no status exec here: resume stays within four round trips).
-    prepare_guest(&mut boxd, &mut ledger, &w, &ctx.entropy, version.as_deref())?;
+    super::machine::prepare_rebuilt_guest(&mut boxd, &mut ledger, &w, &ctx.entropy, version.as_deref())?;
     let (w, restored) = restore_if_pending(&mut boxd, &mut ledger, w)?;
     let mut out = work_json(&w, "running");
     out["action"] = json!(action.word());

@@ -224,13 +224,39 @@ pub fn prepare_guest<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Led
     Ok(answer)
 }
 
+/// `prepare_guest`, except that a rebuilt machine whose OpenCode differs from the laptop's
+/// (the golden image changed between the build and the rebuild) is removed: it can never
+/// serve, and it holds nothing but what the ledger restored onto it (no prompt reaches a
+/// machine whose proven transcript is still pending). The work stays open, so the next
+/// boxd_resume rebuilds it from the golden image as it is then; before, the machine stayed
+/// and every tool answered GUEST_VERSION or sent the user back and forth.
+pub fn prepare_rebuilt_guest<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F>, w: &Work, entropy: &[u8], version: Option<&str>) -> ToolResult<Value> {
+    let e = match prepare_guest(boxd, ledger, w, entropy, version) {
+        Err(e) if e.code == Code::GuestVersion && w.restore_pending => e,
+        other => return other,
+    };
+    let (machine, work) = (&w.machine, &w.work);
+    Err(match boxd.remove(machine) {
+        Ok(()) => ToolError::with_next(
+            Code::GuestVersion,
+            format!("{}; {machine} was rebuilt from that image and held nothing of the work yet, so it was removed", e.message),
+            format!("Rebuild the golden image with this laptop's OpenCode (boxd-host golden), then call boxd_resume for work '{work}': it rebuilds the machine and restores the proven transcript."),
+        ),
+        Err(f) => ToolError::with_next(
+            Code::GuestVersion,
+            format!("{}; removing {machine}, a rebuild that cannot serve the work, failed too: {}", e.message, f.into_error().message),
+            format!("Remove it with 'boxd machine remove {machine} -y' (a rebuild holding nothing of yours yet), rebuild the golden image, then call boxd_resume for work '{work}'."),
+        ),
+    })
+}
+
 /// Prepare the guest of a work no prompt has reached (ensure's). GUEST_VERSION is final for
 /// this machine, which boots the golden image's OpenCode: left running it would bill and
 /// never serve. It holds nothing of the user's, so it is removed and the work closed (the
 /// ledger recorded it before it was made), and a later ensure of the id starts afresh. A
 /// machine a prompt has reached may hold work, so it is left to the user.
 pub fn prepare_fresh_guest<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F>, ctx: &Context, w: &Work, version: Option<&str>) -> ToolResult<Value> {
-    let e = match prepare_guest(boxd, ledger, w, &ctx.entropy, version) {
+    let e = match prepare_rebuilt_guest(boxd, ledger, w, &ctx.entropy, version) {
         Err(e) if e.code == Code::GuestVersion && w.prompts.is_empty() => e,
         other => return other,
     };
@@ -419,6 +445,36 @@ mod tests {
                 assert!(e.message.contains("1.19.0") && e.message.contains("oc-w1 was removed and work 'w1' closed"), "{}", e.message);
                 assert_eq!(w.state, WorkState::Closed);
             }
+        }
+    }
+
+    /// A rebuild whose OpenCode differs (the golden image changed since the work began)
+    /// holds nothing of the work yet: it is removed and the work stays open, so the next
+    /// resume rebuilds it; resume and ensure both.
+    #[test]
+    fn a_rebuild_that_boots_another_opencode_is_removed_and_the_work_stays_open() {
+        const MISMATCH: &str = r#"{"ok":false,"error":"GUEST_VERSION","message":"the machine has OpenCode 1.18.99 but the laptop runs 1.18.33"}"#;
+        for tool in ["boxd_ensure", "boxd_resume"] {
+            let mut fs = open_work(Some(GitRecord::default()));
+            let mut w = Ledger::new(&mut fs, "/l").require("w1").unwrap();
+            w.prompts.push(crate::ledger::Prompt { id: "p1".into(), admitted: true, ..Default::default() });
+            w.restore_pending = true;
+            Ledger::new(&mut fs, "/l").write(&w).unwrap();
+            let mut p = Scripted::default();
+            p.push_exit(0, OURS, "");
+            p.push_exit(0, "", ""); // resume: set the idle bound; ensure: the helper's upload
+            if tool == "boxd_resume" {
+                p.push_exit(0, "", ""); // the helper's upload
+            }
+            p.push_exit(3, MISMATCH, "");
+            p.push_exit(0, r#"{"name":"oc-w1","status":"destroyed"}"#, "");
+            let e = call(&mut p, &mut fs, tool, r#"{"work":"w1"}"#, raw_context("{}", r#"{"opencodeVersion":"1.18.33"}"#)).unwrap_err();
+            assert_eq!(e.code, Code::GuestVersion, "{tool}: {e:?}");
+            assert_eq!(p.commands().last().map(String::as_str), Some("machine remove oc-w1 -y --json"), "{tool}: {:?}", p.commands());
+            assert!(e.message.contains("was removed") && e.next.contains("boxd_resume"), "{tool}: {e:?}");
+            let w = Ledger::new(&mut fs, "/l").require("w1").unwrap();
+            assert_eq!(w.state, WorkState::Open, "{tool}");
+            assert!(w.restore_pending, "{tool}: the transcript is still owed to the next rebuild");
         }
     }
 }
