@@ -162,21 +162,16 @@ pub fn check_live(w: &Work, live: &Value, discard: &[String]) -> ToolResult<()> 
             format!("work '{work}' has more new files on the machine than one listing holds (5000), so not all of them can be checked"),
         ));
     }
-    let nested: Vec<&str> = live["nested"].as_array().into_iter().flatten().filter_map(Value::as_str).filter(|p| !discarded(p, discard)).collect();
-    if !nested.is_empty() {
-        return Err(ToolError::with_next(
-            Code::Untracked,
-            format!("work '{work}' holds other git repositories whose commits and files the laptop does not have: {}", nested.join(", ")),
-            format!("Bring what matters home (harvest its files, or push it from the machine), then call boxd_drop for work '{work}' with \"discard\" naming those folders; or boxd_sleep, which keeps the disk."),
-        ));
-    }
-    let worktrees: Vec<&str> = live["worktrees"].as_array().into_iter().flatten().filter_map(Value::as_str).filter(|p| !discarded(p, discard)).collect();
-    if !worktrees.is_empty() {
-        return Err(ToolError::with_next(
-            Code::Untracked,
-            format!("work '{work}' has linked work trees (git worktree) with uncommitted changes that no harvest brings home: {}", worktrees.join(", ")),
-            format!("Commit them on the machine (their branches travel in the bundle) and harvest, then call boxd_drop for work '{work}'; or call it with \"discard\" naming those folders to give them up."),
-        ));
+    // Folders the bundle and the patch cannot carry: refused unless given up by name.
+    let folders = [
+        ("nested", "holds other git repositories whose commits and files the laptop does not have", "Bring what matters home (harvest its files, or push it from the machine), then call boxd_drop for work '{work}' with \"discard\" naming those folders; or boxd_sleep, which keeps the disk."),
+        ("worktrees", "has linked work trees (git worktree) with uncommitted changes that no harvest brings home", "Commit them on the machine (their branches travel in the bundle) and harvest, then call boxd_drop for work '{work}'; or call it with \"discard\" naming those folders to give them up."),
+    ];
+    for (key, what, next) in folders {
+        let kept: Vec<&str> = live[key].as_array().into_iter().flatten().filter_map(Value::as_str).filter(|p| !discarded(p, discard)).collect();
+        if !kept.is_empty() {
+            return Err(ToolError::with_next(Code::Untracked, format!("work '{work}' {what}: {}", kept.join(", ")), next.replace("{work}", work)));
+        }
     }
     if !live["repo"].as_bool().unwrap_or(false) {
         return Err(ToolError::new(Code::GitUnknown, format!("work '{work}': the work tree on the machine is not a git repository, so its contents cannot be accounted for")));
