@@ -300,7 +300,7 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
         "git": git_json,
         "files": written,
         "owed": w.owed,
-        "next": "The transcript is on this laptop. boxd_sleep keeps the machine; boxd_drop destroys it once everything is accounted for.",
+        "next": "The transcript is proven on this laptop (a session already proven is not read again here; boxd_drop reads the laptop's copy again before it destroys anything). boxd_sleep keeps the machine; boxd_drop destroys it once everything is accounted for.",
     });
     // A fork's sessions are its own; this links them to where it came from: the parent
     // work, the prompt it forked at and the parent's sessions as proven then.
