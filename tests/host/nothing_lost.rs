@@ -335,9 +335,14 @@ fn fetch_commits_never_writes_into_a_repository_above_the_project() {
     let (code, v) = world.call_with(&opts, "boxd_harvest", W1);
     assert_eq!(code, 0, "{v:#}");
     assert_eq!(v["git"]["fetched"]["ref"], Value::Null, "{v:#}");
-    assert!(v["git"]["fetched"]["reason"].as_str().unwrap().contains("no .git"), "{v:#}");
+    assert!(v["git"]["fetched"]["reason"].as_str().unwrap().contains("allowedRoots"), "{v:#}");
     let refs = Command::new("git").arg("-C").arg(above).args(["for-each-ref", "refs/boxd"]).output().unwrap();
     assert_eq!(String::from_utf8_lossy(&refs.stdout), "", "nothing was fetched into the repository above");
+    // Granted by the user (its top folder in allowedRoots), it is the project's repository.
+    let granted = json!({ "fetchCommits": true, "allowedRoots": [above.display().to_string()] }).to_string();
+    let (code, v) = world.call_with(&["--options", &granted], "boxd_harvest", W1);
+    assert_eq!(code, 0, "{v:#}");
+    assert_eq!(v["git"]["fetched"]["ref"], "refs/boxd/w1", "{v:#}");
 }
 
 /// The ledger's records name machines to act on: a guest's file harvested into it would

@@ -136,9 +136,9 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
     }
     let plan = plan(env, &work, &machine)?;
     // The laptop must still hold the proven transcript before its machine goes.
-    let restored = match &plan {
+    let (restored, unchecked) = match &plan {
         Plan::Live(w) => super::harvest::restore_for_drop(env, w)?,
-        _ => Vec::new(),
+        _ => (Vec::new(), None),
     };
     let ctx = env.ctx;
     let mut ledger = Ledger::for_call(&mut env.files, ctx);
@@ -220,7 +220,8 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
     out["next"] = json!("Done: the machine is destroyed and the work is closed in the ledger. Its commits are in the ledger's bundle (git fetch <bundle>), its uncommitted changes in the stored patch.");
     // A file an interrupted harvest moved aside stays on the laptop; status no longer lists
     // a closed work, so this answer is the last to say where it is.
-    let left = super::landing::left_on_laptop(env.files, &w.temps);
+    let mut left = super::landing::left_on_laptop(env.files, &w.temps);
+    left.extend(unchecked);
     if !left.is_empty() {
         out["warnings"] = json!(left);
     }

@@ -174,27 +174,29 @@ fn import_checked(env: &mut Env, file: &str, s: &Exported, directory: &str) -> T
     holds(&back, s).map_err(|why| imported.err().unwrap_or_else(|| ToolError::new(Code::ProofFailed, why)))
 }
 
-/// Before a drop destroys the machine, the laptop must still hold what the last proof
-/// says: a session deleted in the laptop's OpenCode since the harvest (or an OpenCode data
-/// folder changed) would go with the machine. Each one missing or changed is imported again
-/// from the export the ledger stored when it was proven, and checked as a harvest checks
-/// it. Returns the ids restored; one with no stored export refuses the drop.
-pub(super) fn restore_for_drop(env: &mut Env, w: &Work) -> ToolResult<Vec<String>> {
-    let Some(proof) = w.proofs.last().filter(|p| !p.sessions.is_empty()) else { return Ok(Vec::new()) };
-    work_folder_granted(env.ctx, w)?;
+/// Before a drop destroys the machine: each session of the last proof must still be in the
+/// laptop's OpenCode. A harvest with nothing new does not read it again, so one deleted
+/// there since (or an OpenCode data folder changed) is imported again from the export the
+/// ledger stored when it was proven, and checked as a harvest checks it. A session that is
+/// there is left as it is, whatever it holds now: messages reverted or added on the laptop
+/// are the user's. Returns the ids restored, and a note when the laptop's copy could not be
+/// looked at from here (the work belongs to another project: the ledger's copy stays).
+pub(super) fn restore_for_drop(env: &mut Env, w: &Work) -> ToolResult<(Vec<String>, Option<String>)> {
+    let Some(proof) = w.proofs.last().filter(|p| !p.sessions.is_empty()) else { return Ok((Vec::new(), None)) };
+    if work_folder_granted(env.ctx, w).is_err() {
+        let note = format!("the laptop's OpenCode copy of the transcript was not checked: work '{}' belongs to {}, outside this project; the ledger keeps its proven export", w.work, w.directory);
+        return Ok((Vec::new(), Some(note)));
+    }
     let mut restored = Vec::new();
     for p in &proof.sessions {
+        match Opencode::new(&mut env.programs).export(&p.id, &w.directory) {
+            Ok(_) => continue,
+            Err(e) if e.code != Code::ProofFailed => return Err(e),
+            Err(_) => {}
+        }
         let stored = p.file.as_ref().map(|f| format!("{}/{f}", Ledger::for_call(&mut env.files, env.ctx).work_dir(&w.work)));
-        let json = match &stored {
-            Some(path) => env.files.read(path).ok().flatten().and_then(|b| serde_json::from_slice::<Value>(&b).ok()),
-            None => None,
-        };
-        let back = Opencode::new(&mut env.programs).export(&p.id, &w.directory);
+        let json = stored.as_ref().and_then(|path| env.files.read(path).ok().flatten()).and_then(|b| serde_json::from_slice::<Value>(&b).ok());
         let (Some(path), Some(json)) = (stored, json) else {
-            // No stored export to compare with: the laptop's copy must at least be there.
-            if back.is_ok() {
-                continue;
-            }
             return Err(ToolError::with_next(
                 Code::NotProven,
                 format!("session {} of work '{}' is no longer in this laptop's OpenCode and the ledger holds no copy of it; nothing was destroyed", p.id, w.work),
@@ -202,15 +204,10 @@ pub(super) fn restore_for_drop(env: &mut Env, w: &Work) -> ToolResult<Vec<String
             ));
         };
         let s = Exported { id: p.id.clone(), parent: p.parent_id.clone(), json, messages: p.messages, digest: p.digest.clone() };
-        match back {
-            Ok(back) if holds(&back, &s).is_ok() => continue,
-            Ok(_) | Err(ToolError { code: Code::ProofFailed, .. }) => {}
-            Err(e) => return Err(e),
-        }
         import_checked(env, &path, &s, &w.directory)?;
         restored.push(p.id.clone());
     }
-    Ok(restored)
+    Ok((restored, None))
 }
 
 /// A session another work proved on this laptop is that work's transcript: importing it
@@ -407,9 +404,9 @@ fn record_git(env: &mut Env, w: Work, wanted: &[String], landing: &[Landing]) ->
     let fetched = match record.and_then(|r| r.bundle) {
         Some(bundle) if ctx.options.fetch_commits => {
             let bundle = format!("{}/{bundle}", ledger.work_dir(&w.work));
-            Some(match repository_top(env.files, &w.directory) {
+            Some(match granted_repository(env.files, ctx, &w.directory) {
                 true => fetch_commits(&mut env.programs, &w, &bundle),
-                false => json!({ "ref": Value::Null, "reason": format!("{} is not the top folder of a git repository (it has no .git), so nothing was fetched: git would find a repository above it, which is not the project's; the commits are in the ledger's bundle", w.directory) }),
+                false => json!({ "ref": Value::Null, "reason": format!("no git repository holds {} inside the folders this host opened, so nothing was fetched (a repository above them, such as a home folder kept in git, is not written; add its top folder to allowedRoots to allow it); the commits are in the ledger's bundle", w.directory) }),
             })
         }
         _ => None,
@@ -417,10 +414,23 @@ fn record_git(env: &mut Env, w: Work, wanted: &[String], landing: &[Landing]) ->
     Ok((w, git, fetched, arrived))
 }
 
-/// Whether `dir` is a repository's top folder: `.git` in it (a folder, or a file for a
-/// linked work tree or a submodule). Only then does `fetchCommits` run git there.
-fn repository_top<F: crate::caps::Files + ?Sized>(files: &mut F, dir: &str) -> bool {
-    matches!(files.stat(&format!("{dir}/.git")), Ok(Some(m)) if matches!(m.kind, crate::caps::Kind::Dir | crate::caps::Kind::File))
+/// Whether git, run in `dir`, finds a repository whose top folder is inside the folders
+/// this host opened: the first `.git` (a folder, or a file for a linked work tree or a
+/// submodule) at or above `dir`, looked for up to the granted root that holds it. Only then
+/// does `fetchCommits` run git there, so it never writes into a repository above them.
+fn granted_repository<F: crate::caps::Files + ?Sized>(files: &mut F, ctx: &crate::options::Context, dir: &str) -> bool {
+    let roots = laptop_roots(ctx);
+    let Some(root) = roots.iter().filter(|r| paths::is_within(dir, r)).max_by_key(|r| r.len()) else { return false };
+    let mut at = dir.to_string();
+    loop {
+        if matches!(files.stat(&format!("{}/.git", at.trim_end_matches('/'))), Ok(Some(m)) if matches!(m.kind, crate::caps::Kind::Dir | crate::caps::Kind::File)) {
+            return true;
+        }
+        if at == *root || at == "/" {
+            return false;
+        }
+        at = paths::parent(&at).to_string();
+    }
 }
 
 #[cfg(test)]

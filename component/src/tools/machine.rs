@@ -232,7 +232,7 @@ pub fn prepare_guest<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Led
 /// and every tool answered GUEST_VERSION or sent the user back and forth.
 pub fn prepare_rebuilt_guest<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F>, w: &Work, entropy: &[u8], version: Option<&str>) -> ToolResult<Value> {
     let e = match prepare_guest(boxd, ledger, w, entropy, version) {
-        Err(e) if e.code == Code::GuestVersion && w.restore_pending => e,
+        Err(e) if w.restore_pending && cannot_serve(&e) => e,
         other => return other,
     };
     let (machine, work) = (&w.machine, &w.work);
@@ -250,6 +250,13 @@ pub fn prepare_rebuilt_guest<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: 
     })
 }
 
+/// GUEST_VERSION for an OpenCode that is another version or not there at all: final for the
+/// machine's image. Not for one that could not be asked (a `--version` that timed out on a
+/// busy machine), which the next call may well get.
+fn cannot_serve(e: &ToolError) -> bool {
+    e.code == Code::GuestVersion && (e.message.contains("but the laptop runs") || e.message.contains("is not installed"))
+}
+
 /// Prepare the guest of a work no prompt has reached (ensure's). GUEST_VERSION is final for
 /// this machine, which boots the golden image's OpenCode: left running it would bill and
 /// never serve. It holds nothing of the user's, so it is removed and the work closed (the
@@ -257,7 +264,9 @@ pub fn prepare_rebuilt_guest<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: 
 /// machine a prompt has reached may hold work, so it is left to the user.
 pub fn prepare_fresh_guest<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F>, ctx: &Context, w: &Work, version: Option<&str>) -> ToolResult<Value> {
     let e = match prepare_rebuilt_guest(boxd, ledger, w, &ctx.entropy, version) {
-        Err(e) if e.code == Code::GuestVersion && w.prompts.is_empty() => e,
+        // (A rebuild pending its transcript was handled by prepare_rebuilt_guest, which keeps
+        // the work open.)
+        Err(e) if e.code == Code::GuestVersion && w.prompts.is_empty() && !w.restore_pending => e,
         other => return other,
     };
     let (machine, work) = (&w.machine, &w.work);
@@ -476,5 +485,19 @@ mod tests {
             assert_eq!(w.state, WorkState::Open, "{tool}");
             assert!(w.restore_pending, "{tool}: the transcript is still owed to the next rebuild");
         }
+        // An OpenCode that could not be asked (a timeout on a busy machine) is not final:
+        // the rebuild stays.
+        let mut fs = open_work(Some(GitRecord::default()));
+        let mut w = Ledger::new(&mut fs, "/l").require("w1").unwrap();
+        w.restore_pending = true;
+        Ledger::new(&mut fs, "/l").write(&w).unwrap();
+        let mut p = Scripted::default();
+        p.push_exit(0, OURS, "");
+        p.push_exit(0, "", "");
+        p.push_exit(0, "", "");
+        p.push_exit(3, r#"{"ok":false,"error":"GUEST_VERSION","message":"cannot run opencode --version: timed out after 60 seconds"}"#, "");
+        let e = call(&mut p, &mut fs, "boxd_resume", r#"{"work":"w1"}"#, raw_context("{}", r#"{"opencodeVersion":"1.18.33"}"#)).unwrap_err();
+        assert_eq!(e.code, Code::GuestVersion, "{e:?}");
+        assert!(!p.commands().iter().any(|c| c.starts_with("machine remove")), "{:?}", p.commands());
     }
 }

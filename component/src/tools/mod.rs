@@ -185,7 +185,7 @@ pub fn real_folders_on_the_way(files: &mut dyn crate::caps::Files, ctx: &Context
         };
         return Err(crate::errors::ToolError::with_next(
             crate::errors::Code::PathRefused,
-            alloc::format!("laptop path '{asked}': {at} on the way {why}; nothing was sent or written"),
+            alloc::format!("laptop path '{asked}': {at} on the way {why}, so nothing goes through it"),
             "Use a path whose folders are real folders inside the project (no symlinks on the way), then try again.",
         ));
     }
