@@ -591,6 +591,21 @@ class T1Commands(unittest.TestCase):
         flags = git(tree, "ls-files", "-v").stdout.decode().split("\n")
         self.assertIn("S a.txt", flags)
         self.assertIn("h b.txt", flags)
+        # a commit on a detached HEAD in a linked work tree travels as a ref of ours; a stash
+        # dropped since no longer keeps one
+        (linked / "design.md").unlink()
+        git(linked, "checkout", "-q", "--detach")
+        (linked / "d.txt").write_text("detached\n")
+        git(linked, "add", "d.txt")
+        git(linked, *ident, "commit", "-qm", "detached work")
+        detached = git(linked, "rev-parse", "HEAD").stdout.decode().strip()
+        git(tree, "stash", "drop", "-q", "stash@{1}")
+        r = g.run("git", work, {"files": [], "haveRefs": {}}, "--files-stdin")
+        self.assertEqual(r.rc, 0, r)
+        self.assertEqual(r.json["refs"].get("refs/boxd-worktree/" + detached), detached, r.json["refs"])
+        self.assertNotIn("refs/boxd-stash/" + stashed[0], r.json["refs"])
+        self.assertIn("refs/boxd-stash/" + stashed[1], r.json["refs"])
+        self.assertEqual(r.json["worktrees"], [])
 
     def test_git_sends_every_commit_as_a_verified_bundle_unless_the_laptop_has_it(self):
         g, work = self.g, "bundlew"

@@ -163,11 +163,44 @@ def inventory_with(work, out, index):
 def keep_stashes(work):
     """Every stash entry as a ref of our own (refs/boxd-stash/<sha>): `git bundle --all`
     takes refs/stash, the newest entry only, and the older ones live only in its reflog,
-    so a drop would destroy them. As refs they travel in the bundle and the drop checks them."""
-    r = git(work, ["stash", "list", "--format=%H"], check=False)
-    for sha in r.stdout.decode("ascii", "replace").split():
-        if len(sha) in (40, 64) and all(c in "0123456789abcdef" for c in sha):
-            git(work, ["update-ref", "refs/boxd-stash/" + sha, sha], check=False)
+    so a drop would destroy them. As refs they travel in the bundle and the drop checks them.
+    So do the HEADs of linked work trees on a detached HEAD (refs/boxd-worktree/<sha>),
+    which no ref names either. A ref that can not be made is GUEST_FAILED: silently missing,
+    it would let a drop destroy that entry. Ours whose commit no longer needs one (a stash
+    dropped since) are removed."""
+    wanted = {"refs/boxd-stash/" + sha: sha for sha in hex_lines(git(work, ["stash", "list", "--format=%H"]).stdout)}
+    for head in detached_worktree_heads(work):
+        wanted["refs/boxd-worktree/" + head] = head
+    ours = git(work, ["for-each-ref", "--format=%(refname)", "refs/boxd-stash/", "refs/boxd-worktree/"]).stdout
+    for name in ours.decode("utf-8", "replace").split():
+        if name not in wanted:
+            git(work, ["update-ref", "-d", name])
+    for name, sha in wanted.items():
+        git(work, ["update-ref", name, sha])
+
+
+def hex_lines(out):
+    return [l for l in out.decode("ascii", "replace").split() if len(l) in (40, 64) and all(c in "0123456789abcdef" for c in l)]
+
+
+def linked_worktrees(work):
+    """[(path bytes, detached HEAD sha or None)] of every linked work tree (not the main one)."""
+    r = git(work, ["worktree", "list", "--porcelain", "-z"], check=False)
+    trees, cur = [], None
+    for field in r.stdout.split(b"\0"):
+        if field.startswith(b"worktree "):
+            cur = {"path": field[len(b"worktree "):], "head": None, "detached": False}
+            trees.append(cur)
+        elif cur is not None and field.startswith(b"HEAD "):
+            cur["head"] = field[len(b"HEAD "):].decode("ascii", "replace")
+        elif cur is not None and field == b"detached":
+            cur["detached"] = True
+    main = os.path.realpath(os.fsencode(work.tree))
+    return [(t["path"], t["head"] if t["detached"] else None) for t in trees[1:] if os.path.realpath(t["path"]) != main]
+
+
+def detached_worktree_heads(work):
+    return [head for _, head in linked_worktrees(work) if head and hex_lines(head.encode())]
 
 
 class unflagged_index:
@@ -179,6 +212,13 @@ class unflagged_index:
         self.work, self.dir, self.path = work, None, None
 
     def __enter__(self):
+        try:
+            return self.make()
+        except BaseException:
+            self.__exit__()
+            raise
+
+    def make(self):
         flagged = []
         for rec in git(self.work, ["ls-files", "-v", "-z"]).stdout.split(b"\0"):
             tag, path = rec[:1], rec[2:]
@@ -196,6 +236,7 @@ class unflagged_index:
         return self.path
 
     def __exit__(self, *exc):
+        # (also called by __enter__ when making the copy failed)
         if self.dir:
             shutil.rmtree(self.dir, ignore_errors=True)
         return False
@@ -203,16 +244,15 @@ class unflagged_index:
 
 def dirty_worktrees(work):
     """Linked work trees (`git worktree add`) with uncommitted changes: their branches are
-    refs of this repository and travel in the bundle, their uncommitted files do not."""
-    r = git(work, ["worktree", "list", "--porcelain"], check=False)
-    paths = [l[len("worktree "):] for l in r.stdout.decode("utf-8", "replace").splitlines() if l.startswith("worktree ")]
+    refs of this repository and travel in the bundle (a detached HEAD as a ref of ours,
+    `keep_stashes`), their uncommitted files do not. One that cannot be read counts as dirty."""
     dirty = []
-    for path in paths[1:]:  # the first is the main work tree
-        if not os.path.isdir(path) or os.path.realpath(path) == os.path.realpath(work.tree):
-            continue
-        st = git(work, ["status", "--porcelain=v1", "--untracked-files=all"], check=False, tree=path)
+    for path, _ in linked_worktrees(work):
+        if not os.path.isdir(path):
+            continue  # gone (prunable): nothing is left in it
+        st = git(work, ["status", "--porcelain=v1", "--untracked-files=all"], check=False, tree=os.fsdecode(path))
         if st.returncode != 0 or st.stdout.strip():
-            dirty.append(path)
+            dirty.append(os.fsdecode(path))
     return sorted(dirty)
 
 
