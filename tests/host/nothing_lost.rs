@@ -402,6 +402,7 @@ fn a_symlinked_laptop_folder_is_path_refused_before_anything_is_made_or_recorded
     assert!(v["message"].as_str().unwrap().contains("symlink"), "{v:#}");
     let record: Value = serde_json::from_slice(&std::fs::read(world.laptop.ledger.join("works/w1/work.json")).unwrap()).unwrap();
     assert_eq!(record["prompts"].as_array().map_or(0, Vec::len), 0, "no prompt was recorded: {record:#}");
+    assert_eq!(record["owed"].as_array().map_or(0, Vec::len), 0, "a refused file is not left owed: {record:#}");
     // Nothing is left waiting: harvest, then drop (giving up the file asked for above).
     world.ok_call("boxd_harvest", W1);
     assert_eq!(world.ok_call("boxd_drop", &json!({ "work": "w1", "discard": ["out.txt"] }).to_string())["dropped"], true);

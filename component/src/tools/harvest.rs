@@ -267,6 +267,9 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
     let w = Ledger::for_call(&mut env.files, env.ctx).require(&work)?;
     super::require_open(&w)?;
     let dest_dir = destination(env, args, &w)?;
+    // Every file's laptop path is checked before any is recorded as owed: a refused one
+    // would otherwise stay owed and block the drop.
+    landing::check_destinations(env, &wanted, &dest_dir)?;
     let w = landing::sweep_temps(env, w)?;
     let (w, export, sessions) = export(env, w, &wanted)?;
     let (w, report) = prove(env, w, &export, &sessions)?;
@@ -416,21 +419,22 @@ fn record_git(env: &mut Env, w: Work, wanted: &[String], landing: &[Landing]) ->
 
 /// Whether git, run in `dir`, finds a repository whose top folder is inside the folders
 /// this host opened: the first `.git` (a folder, or a file for a linked work tree or a
-/// submodule) at or above `dir`, looked for up to the granted root that holds it. Only then
+/// submodule) at or above `dir`, looked for while the folder is inside a granted one. Only then
 /// does `fetchCommits` run git there, so it never writes into a repository above them.
 fn granted_repository<F: crate::caps::Files + ?Sized>(files: &mut F, ctx: &crate::options::Context, dir: &str) -> bool {
     let roots = laptop_roots(ctx);
-    let Some(root) = roots.iter().filter(|r| paths::is_within(dir, r)).max_by_key(|r| r.len()) else { return false };
+    let granted = |p: &str| roots.iter().any(|r| paths::is_within(p, r));
     let mut at = dir.to_string();
-    loop {
+    while granted(&at) {
         if matches!(files.stat(&format!("{}/.git", at.trim_end_matches('/'))), Ok(Some(m)) if matches!(m.kind, crate::caps::Kind::Dir | crate::caps::Kind::File)) {
             return true;
         }
-        if at == *root || at == "/" {
-            return false;
+        if at == "/" {
+            break;
         }
         at = paths::parent(&at).to_string();
     }
+    false
 }
 
 #[cfg(test)]

@@ -25,6 +25,17 @@ pub(super) struct Landing {
     pub(super) temp: String,
 }
 
+/// Each wanted file's laptop path is one a harvest may write (`user_path`, no symlink or
+/// file among its folders), checked before anything is recorded or made.
+pub(super) fn check_destinations(env: &mut Env, wanted: &[String], dest_dir: &str) -> ToolResult<()> {
+    for want in wanted {
+        let rel = paths::guest_relative(want)?;
+        let dest = super::user_path(env.ctx, &rel, dest_dir)?;
+        super::real_folders_on_the_way(env.files, env.ctx, paths::parent(&dest), want)?;
+    }
+    Ok(())
+}
+
 /// The landing of every wanted file, its folder created: the host writes only into an
 /// existing folder. The temp names carry this call's mark (from the host's entropy) and
 /// are recorded in the ledger before the host creates them.
