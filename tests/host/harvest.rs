@@ -283,8 +283,8 @@ fn a_session_continued_on_the_laptop_keeps_the_users_message_and_still_proves() 
 }
 
 /// After a harvest the user deletes the session in the laptop's OpenCode. A drop would
-/// destroy the only other copy: it imports the proven transcript again from the ledger's
-/// copy first, says so, and then destroys the machine.
+/// leave the transcript only in the ledger's stored export, where OpenCode does not show
+/// it: it imports it again from that copy first, says so, and then destroys the machine.
 #[test]
 fn a_drop_after_the_laptops_session_was_deleted_restores_it_before_the_machine_goes() {
     let world = World::new("harvest-deleted");
