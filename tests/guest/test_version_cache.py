@@ -7,9 +7,11 @@ asked again; a cache that is broken or unwritable only costs the ask.
 
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import unittest
+from unittest import mock
 from pathlib import Path
 
 SOURCE = Path(__file__).resolve().parents[2] / "component" / "guest"
@@ -86,6 +88,15 @@ class VersionCache(unittest.TestCase):
         with self.assertRaises(Fail) as e:
             opencode.opencode_version(str(self.binary))
         self.assertEqual(e.exception.kind, "GUEST_VERSION")
+        self.assertFalse(self.cache().exists())
+
+    def test_a_version_that_does_not_answer_is_guest_failed_not_guest_version(self):
+        # GUEST_VERSION is final for a machine (a rebuild is removed on it); a timeout is not.
+        timeout = subprocess.TimeoutExpired([str(self.binary), "--version"], 60)
+        with mock.patch.object(opencode.subprocess, "run", side_effect=timeout):
+            with self.assertRaises(Fail) as e:
+                opencode.opencode_version(str(self.binary))
+        self.assertEqual(e.exception.kind, "GUEST_FAILED")
         self.assertFalse(self.cache().exists())
 
 

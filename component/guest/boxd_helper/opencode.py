@@ -139,7 +139,11 @@ def _ask_version(binary):
     try:
         r = subprocess.run([binary, "--version"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, timeout=60, env=opencode_env())
-    except (OSError, subprocess.TimeoutExpired) as e:
+    except subprocess.TimeoutExpired:
+        # Not an answer about the OpenCode, so not GUEST_VERSION: the laptop removes a
+        # rebuild on GUEST_VERSION, and a busy machine's next ask may well succeed.
+        raise Fail("GUEST_FAILED", "%s --version did not answer within 60 s" % binary)
+    except OSError as e:
         raise Fail("GUEST_VERSION", "cannot run %s --version: %s" % (binary, e))
     text = r.stdout.decode("utf-8", "replace").strip()
     if r.returncode != 0 or not text:

@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 
 use super::landing::{self, Landing};
 use super::machine::running_state;
-use super::{laptop_roots, work_arg, Env};
+use super::{work_arg, Env};
 use crate::boxd::Boxd;
 use crate::caps::{Programs, RunRequest, SpawnError, Streamed, Streams};
 use crate::encode::sha256_hex;
@@ -311,19 +311,15 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
 }
 
 /// The laptop folder the files come home to: `to`, else the work's folder; inside the
-/// project or an allowed root either way.
+/// project or an allowed root either way (`user_path` checks `to`, `work_folder_granted`
+/// the work's folder).
 fn destination(env: &Env, args: &Value, w: &Work) -> ToolResult<String> {
     let ctx = env.ctx;
-    let roots = laptop_roots(ctx);
     work_folder_granted(ctx, w)?;
-    let dest_dir = match args.get("to").and_then(Value::as_str) {
-        Some(t) => super::user_path(ctx, t, &ctx.project)?,
-        None => w.directory.clone(),
-    };
-    if !roots.iter().any(|r| paths::is_within(&dest_dir, r)) {
-        return Err(ToolError::new(Code::PathRefused, format!("the work's folder {dest_dir} is outside the project and the allowed roots")));
+    match args.get("to").and_then(Value::as_str) {
+        Some(t) => super::user_path(ctx, t, &ctx.project),
+        None => Ok(w.directory.clone()),
     }
-    Ok(dest_dir)
 }
 
 /// The laptop's OpenCode imports a work's transcript in the folder the work was started in
@@ -331,7 +327,7 @@ fn destination(env: &Env, args: &Value, w: &Work) -> ToolResult<String> {
 /// work started in another project, or in a folder since moved, is said as such, not as a
 /// missing OpenCode.
 pub(super) fn work_folder_granted(ctx: &crate::options::Context, w: &Work) -> ToolResult<()> {
-    if laptop_roots(ctx).iter().any(|r| paths::is_within(&w.directory, r)) {
+    if super::granted_root(ctx, &w.directory).is_some() {
         return Ok(());
     }
     Err(ToolError::with_next(
@@ -422,10 +418,8 @@ fn record_git(env: &mut Env, w: Work, wanted: &[String], landing: &[Landing]) ->
 /// submodule) at or above `dir`, looked for while the folder is inside a granted one. Only then
 /// does `fetchCommits` run git there, so it never writes into a repository above them.
 fn granted_repository<F: crate::caps::Files + ?Sized>(files: &mut F, ctx: &crate::options::Context, dir: &str) -> bool {
-    let roots = laptop_roots(ctx);
-    let granted = |p: &str| roots.iter().any(|r| paths::is_within(p, r));
     let mut at = dir.to_string();
-    while granted(&at) {
+    while super::granted_root(ctx, &at).is_some() {
         if matches!(files.stat(&format!("{}/.git", at.trim_end_matches('/'))), Ok(Some(m)) if matches!(m.kind, crate::caps::Kind::Dir | crate::caps::Kind::File)) {
             return true;
         }

@@ -250,11 +250,11 @@ pub fn prepare_rebuilt_guest<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: 
     })
 }
 
-/// GUEST_VERSION for an OpenCode that is another version or not there at all: final for the
-/// machine's image. Not for one that could not be asked (a `--version` that timed out on a
-/// busy machine), which the next call may well get.
+/// GUEST_VERSION: the machine's OpenCode is another version, missing or broken, which is
+/// final for its image. (The helper answers a `--version` that timed out on a busy machine
+/// with GUEST_FAILED: the next call may well get it.)
 fn cannot_serve(e: &ToolError) -> bool {
-    e.code == Code::GuestVersion && (e.message.contains("but the laptop runs") || e.message.contains("is not installed"))
+    e.code == Code::GuestVersion
 }
 
 /// Prepare the guest of a work no prompt has reached (ensure's). GUEST_VERSION is final for
@@ -495,9 +495,9 @@ mod tests {
         p.push_exit(0, OURS, "");
         p.push_exit(0, "", "");
         p.push_exit(0, "", "");
-        p.push_exit(3, r#"{"ok":false,"error":"GUEST_VERSION","message":"cannot run opencode --version: timed out after 60 seconds"}"#, "");
+        p.push_exit(3, r#"{"ok":false,"error":"GUEST_FAILED","message":"opencode --version did not answer within 60 s"}"#, "");
         let e = call(&mut p, &mut fs, "boxd_resume", r#"{"work":"w1"}"#, raw_context("{}", r#"{"opencodeVersion":"1.18.33"}"#)).unwrap_err();
-        assert_eq!(e.code, Code::GuestVersion, "{e:?}");
+        assert_eq!(e.code, Code::GuestFailed, "{e:?}");
         assert!(!p.commands().iter().any(|c| c.starts_with("machine remove")), "{:?}", p.commands());
     }
 }

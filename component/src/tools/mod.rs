@@ -147,6 +147,12 @@ pub fn laptop_roots(ctx: &Context) -> alloc::vec::Vec<&str> {
     roots
 }
 
+/// The innermost folder this host opened (the project or an allowed root) that holds
+/// `path` (clean and absolute), if any: the one rule for "may a tool touch it".
+pub fn granted_root<'a>(ctx: &'a Context, path: &str) -> Option<&'a str> {
+    laptop_roots(ctx).into_iter().filter(|r| crate::paths::is_within(path, r)).max_by_key(|r| r.len())
+}
+
 /// A laptop path a tool may read or write as the user's file: inside the project or an
 /// allowed root, and never inside the ledger. A ledger record names a machine to act on,
 /// so a file harvested into the ledger would become a work of this laptop (and another
@@ -169,8 +175,7 @@ pub fn user_path(ctx: &Context, p: &str, base: &str) -> ToolResult<String> {
 /// like boxd's (and, for a submit, after the prompt was recorded).
 pub fn real_folders_on_the_way(files: &mut dyn crate::caps::Files, ctx: &Context, folder: &str, asked: &str) -> ToolResult<()> {
     use crate::caps::Kind;
-    let roots = laptop_roots(ctx);
-    let Some(root) = roots.iter().filter(|r| crate::paths::is_within(folder, r)).max_by_key(|r| r.len()) else { return Ok(()) };
+    let Some(root) = granted_root(ctx, folder) else { return Ok(()) };
     let mut at = String::from(root.trim_end_matches('/'));
     let rest = folder[root.len().min(folder.len())..].trim_start_matches('/');
     for part in rest.split('/').filter(|p| !p.is_empty()) {
