@@ -29,6 +29,58 @@ pub enum Failure {
     Refused(String),
 }
 
+/// A boxd call's outcome as the adapter takes it: a spawn error or a non-zero exit becomes
+/// a classified failure.
+fn settle(request: &RunRequest, out: Result<RunOutput, SpawnError>) -> Result<RunOutput, Failure> {
+    let what = verb(&request.args);
+    let out = match out {
+        Ok(out) => out,
+        Err(SpawnError::NotAllowed(n)) if granted_but_refused(&n) => return Err(Failure::Refused(n)),
+        Err(SpawnError::NotAllowed(n)) | Err(SpawnError::NotFound(n)) => {
+            return Err(Failure::Missing(format!("no boxd CLI is available to this host ({n})")));
+        }
+        Err(SpawnError::TimedOut) => {
+            return Err(Failure::Timeout(format!(
+                "boxd {what} did not answer within {} s (the bound set by the boxdTimeoutSeconds option), so the host stopped it",
+                request.timeout_ms / 1000
+            )));
+        }
+        Err(SpawnError::Failed(m)) => return Err(Failure::Other(format!("could not run boxd {what}: {m}"))),
+    };
+    // An exit 0 that printed nothing but an error (a remove that did not remove) is the
+    // failure it says it is: success is never taken from the exit code alone.
+    let said_error = out.stdout.iter().all(u8::is_ascii_whitespace) && error_line_in(&String::from_utf8_lossy(&out.stderr)).is_some();
+    if out.exit_code == Some(0) && !said_error { Ok(out) } else { Err(classify(&out, &what)) }
+}
+
+/// The first two words of a call ("machine list"), for messages.
+fn verb(args: &[String]) -> String {
+    args.iter().take(2).cloned().collect::<Vec<_>>().join(" ")
+}
+
+fn json_of(out: &RunOutput, what: &str) -> Result<Value, Failure> {
+    first_json(&out.stdout).ok_or_else(|| {
+        let said = error_line(out).map(|l| format!(": {l}")).unwrap_or_default();
+        Failure::Other(format!("boxd {what} printed no JSON{said}"))
+    })
+}
+
+fn machines_of(v: &Value) -> Result<Vec<Machine>, Failure> {
+    let rows = v.as_array().ok_or_else(|| Failure::Other("boxd machine list printed no JSON array".into()))?;
+    Ok(rows
+        .iter()
+        .filter_map(|r| Some(Machine { name: r.get("name")?.as_str()?.to_string(), status: str_field(r, "status") }))
+        .collect())
+}
+
+fn snapshots_of(v: &Value) -> Result<Vec<Snapshot>, Failure> {
+    let rows = v.as_array().ok_or_else(|| Failure::Other("boxd snapshots list printed no JSON array".into()))?;
+    Ok(rows
+        .iter()
+        .filter_map(|r| Some(Snapshot { name: r.get("name")?.as_str()?.to_string(), version: str_field(r, "version"), status: str_field(r, "status") }))
+        .collect())
+}
+
 /// A refusal of arguments (the program is granted), as opposed to no boxd at all.
 fn granted_but_refused(refusal: &str) -> bool {
     refusal.contains("no grant allows")
@@ -221,50 +273,39 @@ impl<'a, P: Programs> Boxd<'a, P> {
 
     /// Run `boxd ARGS…`; a non-zero exit becomes a classified failure.
     fn run(&mut self, args: Vec<String>, stdin: Option<Vec<u8>>, timeout_ms: u32) -> Result<RunOutput, Failure> {
-        let what = args.iter().take(2).cloned().collect::<Vec<_>>().join(" ");
         let request = RunRequest { program: "boxd".into(), args, stdin, timeout_ms, ..Default::default() };
         self.calls += 1;
-        let out = match self.programs.run(&request) {
-            Ok(out) => out,
-            Err(SpawnError::NotAllowed(n)) if granted_but_refused(&n) => return Err(Failure::Refused(n)),
-            Err(SpawnError::NotAllowed(n)) | Err(SpawnError::NotFound(n)) => {
-                return Err(Failure::Missing(format!("no boxd CLI is available to this host ({n})")));
-            }
-            Err(SpawnError::TimedOut) => {
-                return Err(Failure::Timeout(format!(
-                    "boxd {what} did not answer within {} s (the bound set by the boxdTimeoutSeconds option), so the host stopped it",
-                    timeout_ms / 1000
-                )));
-            }
-            Err(SpawnError::Failed(m)) => return Err(Failure::Other(format!("could not run boxd {what}: {m}"))),
-        };
-        // An exit 0 that printed nothing but an error (a remove that did not remove) is the
-        // failure it says it is: success is never taken from the exit code alone.
-        let said_error = out.stdout.iter().all(u8::is_ascii_whitespace) && error_line_in(&String::from_utf8_lossy(&out.stderr)).is_some();
-        if out.exit_code == Some(0) && !said_error { Ok(out) } else { Err(classify(&out, &what)) }
+        let out = self.programs.run(&request);
+        settle(&request, out)
     }
 
     fn run_json(&mut self, args: Vec<String>) -> Result<Value, Failure> {
-        let what = args.iter().take(2).cloned().collect::<Vec<_>>().join(" ");
+        let what = verb(&args);
         let out = self.run(args, None, self.timeout_ms)?;
-        first_json(&out.stdout).ok_or_else(|| {
-            let said = error_line(&out).map(|l| format!(": {l}")).unwrap_or_default();
-            Failure::Other(format!("boxd {what} printed no JSON{said}"))
-        })
+        json_of(&out, &what)
     }
 
     pub fn list(&mut self) -> Result<Vec<Machine>, Failure> {
         let v = self.run_json(argv(&["machine", "list", "--json"]))?;
-        let rows = v.as_array().ok_or_else(|| Failure::Other("boxd machine list printed no JSON array".into()))?;
-        Ok(rows
-            .iter()
-            .filter_map(|r| {
-                Some(Machine {
-                    name: r.get("name")?.as_str()?.to_string(),
-                    status: str_field(r, "status"),
-                })
-            })
-            .collect())
+        machines_of(&v)
+    }
+
+    /// `list` and `snapshots` side by side (`Programs::run_all`): a read that needs both
+    /// pays for the slower call, not the sum.
+    pub fn list_and_snapshots(&mut self) -> (Result<Vec<Machine>, Failure>, Result<Vec<Snapshot>, Failure>) {
+        let requests: Vec<RunRequest> = [argv(&["machine", "list", "--json"]), argv(&["snapshots", "list", "--json"])]
+            .into_iter()
+            .map(|args| RunRequest { program: "boxd".into(), args, timeout_ms: self.timeout_ms, ..Default::default() })
+            .collect();
+        self.calls += 2;
+        let mut outs = self.programs.run_all(&requests).into_iter();
+        let mut answer = |r: &RunRequest| {
+            let out = outs.next().unwrap_or_else(|| Err(SpawnError::Failed("the host gave fewer results than requests".into())));
+            settle(r, out).and_then(|o| json_of(&o, &verb(&r.args)))
+        };
+        let machines = answer(&requests[0]).and_then(|v| machines_of(&v));
+        let snapshots = answer(&requests[1]).and_then(|v| snapshots_of(&v));
+        (machines, snapshots)
     }
 
     /// `None` when boxd says the machine does not exist.
@@ -284,17 +325,7 @@ impl<'a, P: Programs> Boxd<'a, P> {
 
     pub fn snapshots(&mut self) -> Result<Vec<Snapshot>, Failure> {
         let v = self.run_json(argv(&["snapshots", "list", "--json"]))?;
-        let rows = v.as_array().ok_or_else(|| Failure::Other("boxd snapshots list printed no JSON array".into()))?;
-        Ok(rows
-            .iter()
-            .filter_map(|r| {
-                Some(Snapshot {
-                    name: r.get("name")?.as_str()?.to_string(),
-                    version: str_field(r, "version"),
-                    status: str_field(r, "status"),
-                })
-            })
-            .collect())
+        snapshots_of(&v)
     }
 
     pub fn create(&mut self, name: &str, snapshot: &str, idle_seconds: u32) -> Result<Created, Failure> {

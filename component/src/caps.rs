@@ -58,6 +58,12 @@ pub enum SpawnError {
 /// Run a named program the host granted.
 pub trait Programs {
     fn run(&mut self, request: &RunRequest) -> Result<RunOutput, SpawnError>;
+
+    /// Several runs side by side, results in request order. The hosts run the children at
+    /// once; this default (the unit tests' fakes) runs them one after another, in order.
+    fn run_all(&mut self, requests: &[RunRequest]) -> Vec<Result<RunOutput, SpawnError>> {
+        requests.iter().map(|r| self.run(r)).collect()
+    }
 }
 
 // A borrowed capability is the capability: a tool holds `&mut dyn Programs` (one tool
@@ -65,6 +71,10 @@ pub trait Programs {
 impl<T: Programs + ?Sized> Programs for &mut T {
     fn run(&mut self, request: &RunRequest) -> Result<RunOutput, SpawnError> {
         (**self).run(request)
+    }
+
+    fn run_all(&mut self, requests: &[RunRequest]) -> Vec<Result<RunOutput, SpawnError>> {
+        (**self).run_all(requests)
     }
 }
 

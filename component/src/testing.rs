@@ -45,6 +45,8 @@ pub const OURS: &str = r#"{"name":"oc-w1","id":"vm_1","status":"running","sharin
 pub struct Scripted {
     pub answers: VecDeque<Result<RunOutput, SpawnError>>,
     pub requests: Vec<RunRequest>,
+    /// The size of each `run_all` batch, in order (a host runs a batch side by side).
+    pub batches: Vec<usize>,
 }
 
 impl Scripted {
@@ -74,6 +76,11 @@ impl Programs for Scripted {
         self.answers
             .pop_front()
             .unwrap_or_else(|| panic!("unscripted run: {} {}", request.program, request.args.join(" ")))
+    }
+
+    fn run_all(&mut self, requests: &[RunRequest]) -> Vec<Result<RunOutput, SpawnError>> {
+        self.batches.push(requests.len());
+        requests.iter().map(|r| self.run(r)).collect()
     }
 }
 

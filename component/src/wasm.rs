@@ -83,28 +83,40 @@ struct WitPrograms;
 
 impl Programs for WitPrograms {
     fn run(&mut self, r: &RunRequest) -> Result<RunOutput, SpawnError> {
-        let req = spawn::Request {
-            program: r.program.clone(),
-            args: r.args.clone(),
-            stdin: r.stdin.clone(),
-            env: r.env.clone(),
-            cwd: r.cwd.clone(),
-            timeout_ms: r.timeout_ms,
-            stdin_files: r.stdin_files.clone(),
-            stdout_files: r.stdout_files.clone(),
-        };
-        match spawn::run(&req) {
-            Ok(o) => Ok(RunOutput {
-                exit_code: o.exit_code,
-                stdout: o.stdout,
-                stderr: o.stderr,
-                files: o.files.into_iter().map(|f| Streamed { path: f.path, size: f.size, sha256: f.sha256 }).collect(),
-            }),
-            Err(spawn::Error::NotAllowed(n)) => Err(SpawnError::NotAllowed(n)),
-            Err(spawn::Error::NotFound(n)) => Err(SpawnError::NotFound(n)),
-            Err(spawn::Error::TimedOut) => Err(SpawnError::TimedOut),
-            Err(spawn::Error::Failed(m)) => Err(SpawnError::Failed(m)),
-        }
+        from_wit(spawn::run(&to_wit(r)))
+    }
+
+    fn run_all(&mut self, requests: &[RunRequest]) -> Vec<Result<RunOutput, SpawnError>> {
+        let wit: Vec<spawn::Request> = requests.iter().map(to_wit).collect();
+        spawn::run_all(&wit).into_iter().map(from_wit).collect()
+    }
+}
+
+fn to_wit(r: &RunRequest) -> spawn::Request {
+    spawn::Request {
+        program: r.program.clone(),
+        args: r.args.clone(),
+        stdin: r.stdin.clone(),
+        env: r.env.clone(),
+        cwd: r.cwd.clone(),
+        timeout_ms: r.timeout_ms,
+        stdin_files: r.stdin_files.clone(),
+        stdout_files: r.stdout_files.clone(),
+    }
+}
+
+fn from_wit(r: Result<spawn::Output, spawn::Error>) -> Result<RunOutput, SpawnError> {
+    match r {
+        Ok(o) => Ok(RunOutput {
+            exit_code: o.exit_code,
+            stdout: o.stdout,
+            stderr: o.stderr,
+            files: o.files.into_iter().map(|f| Streamed { path: f.path, size: f.size, sha256: f.sha256 }).collect(),
+        }),
+        Err(spawn::Error::NotAllowed(n)) => Err(SpawnError::NotAllowed(n)),
+        Err(spawn::Error::NotFound(n)) => Err(SpawnError::NotFound(n)),
+        Err(spawn::Error::TimedOut) => Err(SpawnError::TimedOut),
+        Err(spawn::Error::Failed(m)) => Err(SpawnError::Failed(m)),
     }
 }
 

@@ -42,27 +42,59 @@ parentPort.postMessage({ type: "ready", shared: shared.buffer, port: port2, tid 
 
 let currentCall = 0;
 
-/** boxd:plugin/spawn#run. Returns {tag:"ok"|"err", val} exactly as the WIT result. */
-function run(req) {
-  const request = {
+/** The WIT request as the glue hands it, with its options filled in. */
+function request(req) {
+  return {
     program: req.program, args: req.args, stdin: req.stdin ?? null, env: req.env, cwd: req.cwd ?? null, timeoutMs: req.timeoutMs,
     stdinFiles: req.stdinFiles ?? [], stdoutFiles: req.stdoutFiles ?? [],
   };
-  if (tid && runsInWorker(request)) {
-    // Told, not asked: the main thread reports progress and watches the output meanwhile.
-    parentPort.postMessage({ type: "spawning", call: currentCall, req: request });
-    return runInWorker(request, workerData, shared, currentCall);
+}
+
+/** boxd:plugin/spawn#run. Returns {tag:"ok"|"err", val} exactly as the WIT result. */
+function run(req) {
+  return runAll([req])[0];
+}
+
+/**
+ * boxd:plugin/spawn#run-all: the children side by side, the results in request order.
+ * At most one runs on this thread (spawnSync); the others are started by the main thread
+ * (async), which posts each reply with its place and raises the REPLY word once per reply.
+ */
+function runAll(reqs) {
+  const requests = reqs.map(request);
+  if (requests.length > workerData.runAllMax) {
+    const why = `run-all takes at most ${workerData.runAllMax} requests at once (host-bridge/policy.json runAll.maxRequests); this one had ${requests.length}, so none ran`;
+    return requests.map(() => ({ tag: "err", val: { tag: "failed", val: why } }));
   }
+  const results = new Array(requests.length);
+  const here = tid ? requests.findIndex(runsInWorker) : -1;
+  const posted = requests.length - (here >= 0 ? 1 : 0);
   Atomics.store(shared, REPLY, 0);
-  parentPort.postMessage({ type: "spawn", call: currentCall, req: request });
-  Atomics.wait(shared, REPLY, 0);
-  // The word is raised after the reply is posted; allow a moment for it to show on the port.
-  for (let i = 0; i < 1000; i++) {
-    const m = receiveMessageOnPort(replies);
-    if (m) return m.message;
-    Atomics.wait(shared, REPLY, 1, 10);
+  requests.forEach((r, seq) => {
+    if (seq !== here) parentPort.postMessage({ type: "spawn", call: currentCall, req: r, seq });
+  });
+  if (here >= 0) {
+    // Told, not asked: the main thread reports progress and watches the output meanwhile.
+    parentPort.postMessage({ type: "spawning", call: currentCall, req: requests[here] });
+    results[here] = runInWorker(requests[here], workerData, shared, currentCall);
   }
-  return { tag: "err", val: { tag: "failed", val: "the host did not answer the spawn request" } };
+  for (let got = 0, tries = 0; got < posted; ) {
+    const m = receiveMessageOnPort(replies);
+    if (m) {
+      results[m.message.seq] = m.message.reply;
+      got++;
+      continue;
+    }
+    const raised = Atomics.load(shared, REPLY);
+    if (raised <= got) {
+      Atomics.wait(shared, REPLY, raised);
+      continue;
+    }
+    // The word is raised after the reply is posted; allow a moment for it to show on the port.
+    if (++tries > 1000) break;
+    Atomics.wait(shared, REPLY, raised, 10);
+  }
+  return results.map((r) => r ?? { tag: "err", val: { tag: "failed", val: "the host did not answer the spawn request" } });
 }
 
 /** `run` as the glue takes an import's result: the ok value returned, an error thrown as its payload. */
@@ -80,7 +112,7 @@ async function fresh() {
   const imports = {
     "wasi:filesystem/types": offered["wasi:filesystem/types"],
     "wasi:filesystem/preopens": offered["wasi:filesystem/preopens"],
-    "boxd:plugin/spawn": { run: runThrowing },
+    "boxd:plugin/spawn": { run: runThrowing, runAll },
   };
   return (await instantiate(getCoreModule, imports)).tools;
 }

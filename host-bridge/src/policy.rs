@@ -29,6 +29,7 @@ pub struct PolicyFile {
     /// Variables every program's child may inherit; each program adds its own `env`.
     pub child_env: Vec<String>,
     pub output_caps: OutputCaps,
+    pub run_all: RunAll,
     pub after_exit: AfterExit,
     pub host_failed: HostError,
     pub options_invalid: HostError,
@@ -49,6 +50,13 @@ pub struct ProgramPolicy {
 pub struct OutputCaps {
     pub stdout: u64,
     pub stderr: u64,
+}
+
+/// How many children one `run-all` may start at once; a larger batch runs none of them.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RunAll {
+    pub max_requests: u32,
 }
 
 #[derive(Debug, Deserialize)]
@@ -111,6 +119,9 @@ impl PolicyFile {
         if self.output_caps.stdout == 0 || self.output_caps.stderr == 0 {
             bail!("policy.json outputCaps must be positive byte counts");
         }
+        if !(1..=16).contains(&self.run_all.max_requests) {
+            bail!("policy.json runAll.maxRequests is {}; 1 to 16", self.run_all.max_requests);
+        }
         if self.after_exit.grace_ms > 10_000 {
             bail!("policy.json afterExit.graceMs is {} ms; at most 10000", self.after_exit.grace_ms);
         }
@@ -144,6 +155,11 @@ pub fn bounds() -> crate::spawn::Bounds {
         stderr_cap: f.output_caps.stderr as usize,
         after_exit: std::time::Duration::from_millis(f.after_exit.grace_ms),
     }
+}
+
+/// The most requests one `run-all` may hold (policy.json `runAll.maxRequests`).
+pub fn run_all_max() -> usize {
+    file().run_all.max_requests as usize
 }
 
 /// HOST_FAILED's one next step (policy.json `hostFailed.next`, equal to the component's
@@ -603,6 +619,7 @@ mod tests {
             ("a grant without arguments", &|v: &mut Value| v["programs"][2]["grants"][0]["args"] = json!([]), "the first token must be a literal"),
             ("a code", &|v: &mut Value| v["hostFailed"]["code"] = json!("FAILED"), "hostFailed must have code HOST_FAILED"),
             ("a grace", &|v: &mut Value| v["afterExit"]["graceMs"] = json!(60000), "graceMs"),
+            ("a batch bound", &|v: &mut Value| v["runAll"]["maxRequests"] = json!(0), "runAll.maxRequests is 0"),
         ] {
             let err = with(edit).expect_err(why);
             assert!(err.contains(says), "{why}: {err}");

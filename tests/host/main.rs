@@ -30,3 +30,4 @@ mod live_check;
 mod boxd_local_remove;
 mod warm;
 mod world_lies;
+mod side_by_side;

@@ -235,6 +235,35 @@ describe("the worker pool with the real component", { skip: missingPrerequisite(
     assert.equal(e.toolError.code, "WORK_UNKNOWN");
   });
 
+  test("boxd_status's two listings run at once (run-all), each answer in its place", async () => {
+    // Each listing marks that it started, then waits for the other's mark: one after the
+    // other, the first would give up after ~4 s and status would say so.
+    const marks = scratch("marks");
+    const boxd = path.join(marks, "boxd");
+    fs.writeFileSync(boxd, [
+      "#!/bin/sh",
+      'case "$1 $2" in',
+      `  "machine list") me=list; other=snapshots; out='[]' ;;`,
+      `  "snapshots list") me=snapshots; other=list; out='[{"name":"opencode-golden","version":"v1","status":"ready"}]' ;;`,
+      '  *) echo "error: unexpected boxd $*" >&2; exit 2 ;;',
+      "esac",
+      `: > "${marks}/$me"`,
+      "i=0",
+      `while [ ! -e "${marks}/$other" ]; do`,
+      "  i=$((i+1))",
+      '  if [ $i -gt 80 ]; then echo "error: $me ran alone" >&2; exit 1; fi',
+      "  /bin/sleep 0.05",
+      "done",
+      'echo "$out"',
+      "",
+    ].join("\n"), { mode: 0o755 });
+    const { pool, ctx } = setup("at-once", { boxd });
+    const status = JSON.parse((await pool.call("boxd_status", "{}", ctx())).ok);
+    assert.equal(status.boxd.cli, "signed in", JSON.stringify(status.boxd));
+    assert.deepEqual(status.snapshot, { name: "opencode-golden", present: true, version: "v1", status: "ready" });
+    assert.equal(status.boxd.calls, 2);
+  });
+
   test("a failure inside the component is a trap, not a tool error; the next call still works", async () => {
     const { pool, ctx } = setup("trap");
     // A context the glue cannot lower fails inside the call, as a trap would.

@@ -122,6 +122,7 @@ describe("the shared policy vectors through lib/policy.js", { skip: built ? fals
       [(d) => (d.programs[2].grants[0].args = []), /the first token must be a literal/],
       [(d) => d.programs[0].grants[0].args.push("{rest}", "x"), /\{rest\} may only be the last token/],
       [(d) => (d.programs[0].grants[1].args[2] = "oc-{any}"), /'oc-\{any\}' is not a literal/],
+      [(d) => (d.runAll.maxRequests = 0), /runAll.maxRequests must be 1 to 16/],
     ];
     for (const [edit, says] of bad) {
       const d = structuredClone(good);
@@ -142,6 +143,11 @@ describe("the probe's dangerous calls through the bridge", { skip: built && PROB
 
   /** The probe's spawn tool as OpenCode calls it: the text the host answered. */
   async function spawn(argv) {
+    return call("spawn", { argv });
+  }
+
+  /** A probe tool as OpenCode calls it. */
+  async function call(tool, args) {
     if (!hooks) {
       dir = fs.realpathSync(fs.mkdtempSync(path.join(os.tmpdir(), "boxd-probe-grants-")));
       dirs.push(dir);
@@ -156,7 +162,7 @@ describe("the probe's dangerous calls through the bridge", { skip: built && PROB
       hooks = await mod.server({ directory: path.join(dir, "proj"), client }, { boxd: "/bin/true", opencode: "/bin/true", ledgerDir: path.join(dir, "ledger") });
     }
     const ctx = { sessionID: "ses_probe", abort: new AbortController().signal, metadata() {}, async ask() {} };
-    return (await hooks.tool.spawn.execute({ argv }, ctx)).output;
+    return (await hooks.tool[tool].execute(args, ctx)).output;
   }
 
   test("each dangerous call is refused naming the arguments and the nearest grant; granted calls run", { timeout: 120000 }, async () => {
@@ -176,5 +182,20 @@ describe("the probe's dangerous calls through the bridge", { skip: built && PROB
     for (const argv of [["boxd", "machine", "list", "--json"], ["boxd", "machine", "exec", "oc-w1", "--timeout", "60", "--", "sh", "-c", "'x'"], ["opencode", "--version"]]) {
       assert.equal(await spawn(argv), "ok exit=Some(0)", argv.join(" "));
     }
+  });
+
+  test("run-all checks each request as run does: a refusal stops only its own, the answers in request order", { timeout: 120000 }, async () => {
+    const argvs = [["boxd", "machine", "list", "--json"], ["boxd", "auth", "logout"], ["sh"], ["opencode", "--version"]];
+    const lines = (await call("spawn-all", { argvs })).split("\n");
+    assert.equal(lines.length, 4, lines.join("\n"));
+    assert.equal(lines[0], "ok exit=Some(0)");
+    assert.ok(lines[1].startsWith("not-allowed: ") && lines[1].includes("no grant of boxd starts with auth"), lines[1]);
+    assert.ok(lines[2].startsWith("not-allowed: "), lines[2]);
+    assert.equal(lines[3], "ok exit=Some(0)");
+    // More than policy.json's runAll.maxRequests: refused whole, nothing runs.
+    const max = JSON.parse(fs.readFileSync(path.join(REPO, "host-bridge/policy.json"), "utf8")).runAll.maxRequests;
+    const many = (await call("spawn-all", { argvs: Array(max + 1).fill(["opencode", "--version"]) })).split("\n");
+    assert.equal(many.length, max + 1);
+    for (const l of many) assert.ok(l.startsWith(`failed: run-all takes at most ${max} requests`) && l.includes("none ran"), l);
   });
 });

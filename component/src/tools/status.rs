@@ -1,5 +1,5 @@
 //! boxd_status: one read of everything, starting nothing. One `machine list` for any
-//! number of works and one `snapshots list`; the ledger gives the works.
+//! number of works and one `snapshots list`, run side by side; the ledger gives the works.
 
 use alloc::collections::BTreeMap;
 use alloc::format;
@@ -19,8 +19,9 @@ pub fn run(env: &mut Env, _args: &Value) -> ToolResult<Value> {
     let opts = &ctx.options;
     let mut boxd = Boxd::new(&mut env.programs, opts.boxd_timeout_seconds);
 
-    // The sign-in row is the machine listing: it is what every tool needs to work.
-    let listing = boxd.list();
+    // The sign-in row is the machine listing: it is what every tool needs to work. The
+    // snapshot listing runs beside it (a status costs the slower call, not both).
+    let (listing, snapshots) = boxd.list_and_snapshots();
     let (cli, cli_reason, connection, mut next): (&str, String, &str, Option<String>) = match &listing {
         Ok(_) => ("signed in", String::new(), "ok", None),
         Err(Failure::Missing(m)) => ("not reachable", m.clone(), "no CLI", Some(Code::BoxdMissing.next().into())),
@@ -36,7 +37,7 @@ pub fn run(env: &mut Env, _args: &Value) -> ToolResult<Value> {
         .unwrap_or_default();
 
     let snapshot = if listing.is_ok() {
-        match boxd.snapshots() {
+        match snapshots {
             Ok(list) => match list.iter().find(|s| s.name == opts.snapshot) {
                 Some(s) => json!({ "name": opts.snapshot, "present": true, "version": s.version, "status": s.status }),
                 None => {
@@ -312,6 +313,30 @@ mod tests {
         assert_eq!(row["spend"], spend_json(&seen, &ctx));
         assert_eq!(v["spend"]["total"], json!(amount(seen.spend_micros(&ctx.options.prices, ctx.now_ms))));
         assert!(seen.spend_micros(&ctx.options.prices, ctx.now_ms) > 0);
+    }
+
+    /// The two listings go to the host as one batch (it runs them side by side). A failed
+    /// machine listing still decides the sign-in row, and the snapshot row says why it has
+    /// no answer, whatever the snapshot listing said.
+    #[test]
+    fn the_two_listings_run_side_by_side_and_a_failed_listing_still_decides() {
+        let (mut p, mut f) = (Scripted::default(), MemFiles::new(&["/p", "/l"]));
+        p.push_exit(0, "[]", "");
+        p.push_exit(0, r#"[{"name":"opencode-golden","version":"v2","status":"ready"}]"#, "");
+        let v = call(&mut p, &mut f, "boxd_status", "{}", raw("{}", "")).unwrap();
+        assert_eq!(p.batches, [2]);
+        let asked: Vec<String> = p.requests.iter().map(|r| r.args.join(" ")).collect();
+        assert_eq!(asked, ["machine list --json", "snapshots list --json"]);
+        assert_eq!((v["boxd"]["cli"].as_str(), v["snapshot"]["present"].as_bool(), v["snapshot"]["version"].as_str()), (Some("signed in"), Some(true), Some("v2")));
+
+        let (mut p, mut f) = (Scripted::default(), MemFiles::new(&["/p", "/l"]));
+        p.push_exit(1, "", "error: not logged in; run 'boxd auth login'");
+        p.push_exit(0, "[]", "");
+        let v = call(&mut p, &mut f, "boxd_status", "{}", raw("{}", "")).unwrap();
+        assert_eq!(p.batches, [2]);
+        assert_eq!(v["boxd"]["cli"], "not signed in", "{v}");
+        assert_eq!(v["snapshot"]["present"], Value::Null);
+        assert_eq!(v["snapshot"]["reason"], "the boxd CLI did not answer");
     }
 
     #[test]

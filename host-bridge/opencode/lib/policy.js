@@ -102,7 +102,7 @@ export function validatePolicy(doc) {
     for (const k of keys) if (!(k in v)) fail(`${where} is missing '${k}'`);
   };
   const strings = (v, where) => Array.isArray(v) && v.every((s) => typeof s === "string") ? v : fail(`${where} must be a list of strings`);
-  exactly(doc, ["programs", "grantedOnlyWith", "childEnv", "outputCaps", "afterExit", ...Object.keys(HOST_ERRORS)], "(document)");
+  exactly(doc, ["programs", "grantedOnlyWith", "childEnv", "outputCaps", "runAll", "afterExit", ...Object.keys(HOST_ERRORS)], "(document)");
   if (!Array.isArray(doc.programs) || !doc.programs.length) fail("programs is empty");
   const programs = doc.programs.map((p, i) => {
     exactly(p, ["name", "env", "grants"], `programs[${i}]`);
@@ -127,6 +127,8 @@ export function validatePolicy(doc) {
   for (const name of strings(doc.childEnv, "childEnv")) if (!/^[A-Z0-9_]+$/.test(name)) fail(`childEnv: '${name}' is not an environment variable name`);
   exactly(doc.outputCaps, ["stdout", "stderr"], "outputCaps");
   for (const k of ["stdout", "stderr"]) if (!Number.isSafeInteger(doc.outputCaps[k]) || doc.outputCaps[k] <= 0) fail("outputCaps must be positive byte counts");
+  exactly(doc.runAll, ["maxRequests"], "runAll");
+  if (!Number.isSafeInteger(doc.runAll.maxRequests) || doc.runAll.maxRequests < 1 || doc.runAll.maxRequests > 16) fail("runAll.maxRequests must be 1 to 16");
   exactly(doc.afterExit, ["graceMs"], "afterExit");
   if (!Number.isSafeInteger(doc.afterExit.graceMs) || doc.afterExit.graceMs < 0 || doc.afterExit.graceMs > 10000) fail("afterExit.graceMs must be 0 to 10000 ms");
   for (const [key, code] of Object.entries(HOST_ERRORS)) {
@@ -313,7 +315,7 @@ export function resolveGrants({ options, directory, env = process.env, insideOpe
   for (const k of [...POLICY.childEnv, ...POLICY.programs.flatMap((p) => p.env)]) if (env[k] !== undefined) childEnv[k] = env[k];
   // Each program's argument grants and variables (policy.json programs).
   const programPolicies = POLICY.programs;
-  return { programs, programPolicies, preopens, ledger, project, roots, childEnv, componentOptions };
+  return { programs, programPolicies, preopens, ledger, project, roots, childEnv, componentOptions, runAllMax: POLICY.runAll.maxRequests };
 }
 
 const err = (tag, val) => ({ tag: "err", val: val === undefined ? { tag } : { tag, val } });

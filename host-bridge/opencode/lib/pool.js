@@ -123,8 +123,8 @@ export class Pool {
   }
 
   #start() {
-    const { preopens, ledger, programs, programPolicies, childEnv } = this.#grants;
-    const worker = new Worker(new URL("../dist/worker.js", import.meta.url), { workerData: { preopens, ledger, programs, programPolicies, childEnv } });
+    const { preopens, ledger, programs, programPolicies, childEnv, runAllMax } = this.#grants;
+    const worker = new Worker(new URL("../dist/worker.js", import.meta.url), { workerData: { preopens, ledger, programs, programPolicies, childEnv, runAllMax } });
     worker.unref();
     const slot = { worker, job: null, shared: null, port: null, tid: undefined };
     slot.ready = new Promise((resolve) => (slot.onReady = resolve));
@@ -177,8 +177,9 @@ export class Pool {
       });
     }
     const transfer = reply.tag === "ok" ? [reply.val.stdout.buffer, reply.val.stderr.buffer] : [];
-    slot.port.postMessage(reply, transfer);
-    Atomics.store(slot.shared, REPLY, 1);
+    slot.port.postMessage({ seq: m.seq, reply }, transfer);
+    // One raise per reply: a run-all waits for as many as it posted.
+    Atomics.add(slot.shared, REPLY, 1);
     Atomics.notify(slot.shared, REPLY);
   }
 }

@@ -5,9 +5,8 @@
 
 use std::collections::BTreeMap;
 use std::hash::{Hash, Hasher};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result};
 use sha2::{Digest, Sha256};
@@ -16,6 +15,7 @@ use wasmtime::{Engine, Store};
 use wasmtime_wasi::filesystem::{WasiFilesystem, WasiFilesystemView};
 use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxView, WasiView};
 
+mod children;
 mod engine;
 mod kill_at;
 pub use kill_at::KillAt;
@@ -25,8 +25,7 @@ mod read_open;
 mod trace;
 pub use trace::{mask_args, PathRecord, SpawnRecord, Trace};
 
-use crate::policy::{Policy, Refusal};
-use crate::spawn::{self, SpawnFailure};
+use crate::policy::Policy;
 
 wasmtime::component::bindgen!({
     world: "plugin",
@@ -158,79 +157,6 @@ fn bounded_store(engine: &Engine, state: HostState) -> Store<HostState> {
 impl WasiView for HostState {
     fn ctx(&mut self) -> WasiCtxView<'_> {
         WasiCtxView { ctx: &mut self.wasi, table: &mut self.table }
-    }
-}
-
-impl wit_spawn::Host for HostState {
-    fn run(&mut self, r: wit_spawn::Request) -> std::result::Result<wit_spawn::Output, wit_spawn::Error> {
-        let started = Instant::now();
-        let mut record = SpawnRecord { program: r.program.clone(), args: mask_args(&r.args), ..SpawnRecord::default() };
-        if let Some(hook) = self.on_first_spawn.take() {
-            hook();
-        }
-        self.spawns += 1;
-        self.kill_point(true, true, self.spawns);
-        let result = self.spawn(&r, &mut record);
-        self.kill_point(false, true, self.spawns);
-        record.duration_ms = started.elapsed().as_millis() as u64;
-        record.outcome = match &result {
-            Ok(o) => {
-                record.exit_code = o.exit_code;
-                "exited".into()
-            }
-            Err(wit_spawn::Error::NotAllowed(_)) => "not-allowed".into(),
-            Err(wit_spawn::Error::NotFound(_)) => "not-found".into(),
-            Err(wit_spawn::Error::TimedOut) => "timed-out".into(),
-            Err(wit_spawn::Error::Failed(_)) => "failed".into(),
-        };
-        self.trace.spawns.push(record);
-        result
-    }
-}
-
-impl HostState {
-    /// One child for the component, checked against the program's argument grants first;
-    /// the grant it matched goes into `record`.
-    fn spawn(&mut self, r: &wit_spawn::Request, record: &mut SpawnRecord) -> std::result::Result<wit_spawn::Output, wit_spawn::Error> {
-        let refused = |(Refusal::NotAllowed(m) | Refusal::CwdOutside(m))| wit_spawn::Error::NotAllowed(m);
-        let (binary, grant) = self.policy.allows_call(&r.program, &r.args).map_err(refused)?;
-        record.grant = Some(format!("{} {}", r.program, grant.name));
-        let cwd = match &r.cwd {
-            Some(c) => Some(self.policy.allows_cwd(c).map_err(refused)?),
-            None => None,
-        };
-        let mut env = self.policy.child_env(&r.program);
-        self.policy.allows_env(&r.program, &r.env).map_err(refused)?;
-        env.extend(r.env.iter().cloned());
-        // Streamed files are checked (and those sent opened) before the child starts.
-        let roots: Vec<PathBuf> = self.policy.preopens().iter().map(|p| p.path.clone()).collect();
-        let stdin_files = frames::open_outgoing(&r.stdin_files, &roots).map_err(wit_spawn::Error::Failed)?;
-        frames::check_incoming(&r.stdout_files, &roots).map_err(wit_spawn::Error::Failed)?;
-        for (path, mode) in r.stdin_files.iter().map(|p| (p, "stream-in")).chain(r.stdout_files.iter().map(|p| (p, "stream-out"))) {
-            self.trace.paths.push(PathRecord { path: path.clone(), mode: mode.to_string() });
-        }
-        let streams = spawn::Streams { stdin_files, stdout_files: &r.stdout_files, roots: &roots };
-        let out = spawn::run_streaming(spawn::Spawn {
-            name: &r.program,
-            binary,
-            args: &r.args,
-            env: &env,
-            cwd: cwd.as_deref(),
-            stdin: r.stdin.as_deref(),
-            timeout: Duration::from_millis(r.timeout_ms.max(1).into()),
-            bounds: spawn::Bounds::default(),
-        }, streams);
-        match out {
-            Ok(o) => Ok(wit_spawn::Output {
-                exit_code: o.exit_code,
-                stdout: o.stdout,
-                stderr: o.stderr,
-                files: o.files.into_iter().map(|f| wit_spawn::Streamed { path: f.path, size: f.size, sha256: f.sha256 }).collect(),
-            }),
-            Err(SpawnFailure::NotFound(m)) => Err(wit_spawn::Error::NotFound(m)),
-            Err(SpawnFailure::TimedOut) => Err(wit_spawn::Error::TimedOut),
-            Err(SpawnFailure::Failed(m)) => Err(wit_spawn::Error::Failed(m)),
-        }
     }
 }
 

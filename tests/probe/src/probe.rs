@@ -1,6 +1,8 @@
 //! The probe's tools. `call(tool, arg)` runs one attempt and returns what the host said:
 //!   spawn     arg = {"argv":[program, args…]}, or else the whole text is a program name
 //!                                         → "ok exit=N" | "not-allowed: …" | …
+//!   spawn-all arg = {"argvs":[[program, args…], …]}: one `run-all`; one answer line per
+//!             request, in request order, each as `spawn` says it
 //!   read      arg = "<preopen>|<path>"    → "ok N bytes" | "err <code>"
 //!   write     arg = "<preopen>|<path>"    → "ok" | "err <code>"
 //!   preopens  → the preopen names, one per line
@@ -27,15 +29,30 @@ fn fail(m: String) -> ToolError {
     ToolError { code: "PROBE".into(), message: m, next: String::new() }
 }
 
+fn request(program: String, args: Vec<String>) -> spawn::Request {
+    spawn::Request { program, args, stdin: None, env: Vec::new(), cwd: None, timeout_ms: 5000, stdin_files: Vec::new(), stdout_files: Vec::new() }
+}
+
+fn said(r: Result<spawn::Output, spawn::Error>) -> String {
+    match r {
+        Ok(o) => format!("ok exit={:?}", o.exit_code),
+        Err(spawn::Error::NotAllowed(m)) => format!("not-allowed: {m}"),
+        Err(spawn::Error::NotFound(m)) => format!("not-found: {m}"),
+        Err(spawn::Error::TimedOut) => "timed-out".into(),
+        Err(spawn::Error::Failed(m)) => format!("failed: {m}"),
+    }
+}
+
 impl Guest for Probe {
     fn describe() -> String {
-        // Hosts that offer only described tools (the OpenCode bridge) need these two; the
+        // Hosts that offer only described tools (the OpenCode bridge) need these; the
         // status tool's name traps, so every host's answer to a trap in it can be compared.
         // The world version, as the real component reports it: from wit/plugin.wit.
         let wit = include_str!("../../../wit/plugin.wit").lines().find_map(|l| l.trim().strip_prefix("package ")).unwrap_or("").trim_end_matches(';');
         format!(
             r#"{{"plugin":"boxd-probe","wit":"{wit}","tools":[
             {{"name":"spawn","access":"read","description":"spawn argv (program first), or the program named by the argument text","inputSchema":{{"type":"object"}}}},
+            {{"name":"spawn-all","access":"read","description":"spawn each argv of argvs side by side (run-all)","inputSchema":{{"type":"object"}}}},
             {{"name":"boxd_status","access":"read","description":"traps","inputSchema":{{"type":"object"}}}}]}}"#
         )
     }
@@ -52,14 +69,21 @@ impl Guest for Probe {
                     Some(mut argv) if !argv.is_empty() => (argv.remove(0), argv),
                     _ => (arg, Vec::new()),
                 };
-                let req = spawn::Request { program, args, stdin: None, env: Vec::new(), cwd: None, timeout_ms: 5000, stdin_files: Vec::new(), stdout_files: Vec::new() };
-                Ok(match spawn::run(&req) {
-                    Ok(o) => format!("ok exit={:?}", o.exit_code),
-                    Err(spawn::Error::NotAllowed(m)) => format!("not-allowed: {m}"),
-                    Err(spawn::Error::NotFound(m)) => format!("not-found: {m}"),
-                    Err(spawn::Error::TimedOut) => "timed-out".into(),
-                    Err(spawn::Error::Failed(m)) => format!("failed: {m}"),
-                })
+                Ok(said(spawn::run(&request(program, args))))
+            }
+            "spawn-all" => {
+                let argvs = serde_json::from_str::<serde_json::Value>(&arg).ok().and_then(|v| {
+                    v.get("argvs")?
+                        .as_array()?
+                        .iter()
+                        .map(|a| a.as_array()?.iter().map(|w| w.as_str().map(String::from)).collect::<Option<Vec<String>>>())
+                        .collect::<Option<Vec<Vec<String>>>>()
+                });
+                let Some(argvs) = argvs.filter(|a| a.iter().all(|argv| !argv.is_empty())) else {
+                    return Err(fail("arg is {\"argvs\":[[program, args…], …]}".into()));
+                };
+                let requests: Vec<spawn::Request> = argvs.into_iter().map(|mut argv| { let p = argv.remove(0); request(p, argv) }).collect();
+                Ok(spawn::run_all(&requests).into_iter().map(said).collect::<Vec<_>>().join("\n"))
             }
             // How many calls this instance has answered: 1 in a fresh instance.
             "calls" => {

@@ -1,0 +1,145 @@
+//! `run-all`: several children side by side, each checked, refused, run and audited as
+//! `run` would, the answers in request order. boxd_status asks its two listings this way.
+//! The proof that they really run at once: a fake `boxd` whose two listings each wait for
+//! the other to start, which one after the other can never answer.
+
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use boxd_host::policy::Policy;
+
+use crate::common::*;
+
+/// A `boxd` whose `machine list` and `snapshots list` each mark that they started, then
+/// wait (up to ~4 s) for the other's mark before answering.
+fn rendezvous_boxd(dir: &Path) -> PathBuf {
+    let script = dir.join("boxd");
+    let body = format!(
+        r#"#!/bin/sh
+dir='{dir}'
+case "$1 $2" in
+  "machine list") me=list; other=snapshots; out='[]' ;;
+  "snapshots list") me=snapshots; other=list; out='[{{"name":"opencode-golden","version":"v1","status":"ready"}}]' ;;
+  *) echo "error: unexpected boxd $*" >&2; exit 2 ;;
+esac
+: > "$dir/$me"
+i=0
+while [ ! -e "$dir/$other" ]; do
+  i=$((i+1))
+  if [ $i -gt 80 ]; then echo "error: $me ran alone" >&2; exit 1; fi
+  /bin/sleep 0.05
+done
+echo "$out"
+"#,
+        dir = dir.display()
+    );
+    std::fs::write(&script, body).unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    script
+}
+
+fn argvs(batch: &[&[&str]]) -> String {
+    serde_json::json!({ "argvs": batch }).to_string()
+}
+
+#[test]
+fn run_all_refuses_only_the_request_it_must_and_answers_in_request_order() {
+    let s = Scratch::new("run-all-order");
+    let mut policy = Policy::new();
+    policy.program("boxd", Path::new("/bin/true")).unwrap().program("opencode", Path::new("/bin/false")).unwrap();
+    policy.preopen(&s.0, "project").unwrap();
+    let rt = probe(policy);
+    let batch: &[&[&str]] = &[&["boxd", "machine", "list", "--json"], &["boxd", "auth", "logout"], &["sh"], &["opencode", "--version"]];
+    let (result, trace) = rt.call("spawn-all", &argvs(batch), &boxd_host::runtime::CallContext::default()).unwrap();
+    let answer = result.unwrap_or_else(|e| panic!("{}: {}", e.code, e.message));
+    let lines: Vec<&str> = answer.lines().collect();
+    assert_eq!(lines.len(), 4, "{answer}");
+    assert_eq!(lines[0], "ok exit=Some(0)");
+    assert!(lines[1].starts_with("not-allowed: ") && lines[1].contains("no grant of boxd starts with auth"), "{}", lines[1]);
+    assert!(lines[2].starts_with("not-allowed: "), "{}", lines[2]);
+    assert_eq!(lines[3], "ok exit=Some(1)", "the refusals stopped nothing else");
+    // The audit's trace: one record per request, in order, each with the grant it matched.
+    let seen: Vec<(String, Option<String>, String)> = trace.spawns.iter().map(|r| (r.program.clone(), r.grant.clone(), r.outcome.clone())).collect();
+    assert_eq!(
+        seen,
+        [
+            ("boxd".to_string(), Some("boxd machine-list".to_string()), "exited".to_string()),
+            ("boxd".into(), None, "not-allowed".into()),
+            ("sh".into(), None, "not-allowed".into()),
+            ("opencode".into(), Some("opencode version".into()), "exited".into()),
+        ]
+    );
+}
+
+/// More requests than policy.json's `runAll.maxRequests`: the batch is refused whole and
+/// no child starts.
+#[test]
+fn a_batch_over_the_bound_runs_nothing() {
+    let s = Scratch::new("run-all-bound");
+    let marker = s.0.join("ran");
+    let script = s.0.join("boxd");
+    std::fs::write(&script, format!("#!/bin/sh\n: > '{}'\necho '[]'\n", marker.display())).unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let mut policy = Policy::new();
+    policy.program("boxd", &script).unwrap();
+    policy.preopen(&s.0, "project").unwrap();
+    let rt = probe(policy);
+    let max = boxd_host::policy::run_all_max();
+    let listing: &[&str] = &["boxd", "machine", "list", "--json"];
+    let answer = ask(&rt, "spawn-all", &argvs(&vec![listing; max + 1]));
+    assert_eq!(answer.lines().count(), max + 1, "{answer}");
+    for line in answer.lines() {
+        assert!(line.starts_with(&format!("failed: run-all takes at most {max} requests")) && line.ends_with("so none ran"), "{line}");
+    }
+    assert!(!marker.exists(), "a child of a refused batch ran");
+    // At the bound, all run.
+    assert_eq!(ask(&rt, "spawn-all", &argvs(&vec![listing; max])), vec!["ok exit=Some(0)"; max].join("\n"));
+    assert!(marker.exists());
+}
+
+#[test]
+fn run_all_runs_its_children_at_once() {
+    let s = Scratch::new("run-all-at-once");
+    let mut policy = Policy::new();
+    policy.program("boxd", &rendezvous_boxd(&s.0)).unwrap();
+    policy.preopen(&s.0, "project").unwrap();
+    let rt = probe(policy);
+    let batch: &[&[&str]] = &[&["boxd", "machine", "list", "--json"], &["boxd", "snapshots", "list", "--json"]];
+    assert_eq!(ask(&rt, "spawn-all", &argvs(batch)), "ok exit=Some(0)\nok exit=Some(0)");
+    // One at a time, the first waits for a listing that has not started, and gives up.
+    std::fs::remove_file(s.0.join("list")).unwrap();
+    std::fs::remove_file(s.0.join("snapshots")).unwrap();
+    assert_eq!(ask(&rt, "spawn", r#"{"argv":["boxd","machine","list","--json"]}"#), "ok exit=Some(1)");
+}
+
+/// The real component and the real boxd-host binary: boxd_status answers only because its
+/// two listings run at once. A kill point before the second child is checked fires before
+/// either has started (docs/architecture.md, "Kill points").
+#[test]
+fn boxd_status_asks_its_two_listings_at_once() {
+    let laptop = Laptop::new("status-at-once");
+    std::fs::create_dir_all(&laptop.project).unwrap();
+    let marks = laptop.scratch.path("marks");
+    std::fs::create_dir_all(&marks).unwrap();
+    let boxd = rendezvous_boxd(&marks);
+    let status = |env: &[(&str, &str)]| {
+        let mut cmd = Command::new(boxd_host());
+        cmd.arg("--project").arg(&laptop.project).arg("--ledger").arg(&laptop.ledger).arg("--boxd").arg(&boxd);
+        cmd.args(["call", "boxd_status", "{}"]).env("BOXD_HOST_CACHE", cache_dir());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        cmd.output().unwrap()
+    };
+    let out = status(&[]);
+    let v = stdout_json(&out);
+    assert_eq!((v["boxd"]["cli"].as_str(), v["snapshot"]["present"].as_bool()), (Some("signed in"), Some(true)), "{v:#}");
+    assert_eq!(v["boxd"]["calls"], 2);
+
+    std::fs::remove_file(marks.join("list")).unwrap();
+    std::fs::remove_file(marks.join("snapshots")).unwrap();
+    let out = status(&[("BOXD_HOST_KILL_AT", "before-spawn:2")]);
+    assert_eq!(out.status.signal(), Some(9), "{out:?}");
+    assert!(!marks.join("list").exists() && !marks.join("snapshots").exists(), "a child started before the batch was checked");
+}
