@@ -71,10 +71,13 @@ fn setup_flags(step: &Value) -> Vec<String> {
     flags
 }
 
-fn via_cli() -> Vec<Value> {
+/// A runner's results: each step normalised, and each step's raw answer (for a failure's message).
+type Results = (Vec<Value>, Vec<Value>);
+
+fn via_cli() -> Results {
     let world = World::new("conf-cli");
     prepare(&world);
-    let mut out = Vec::new();
+    let (mut out, mut raw) = (Vec::new(), Vec::new());
     for step in scenario()["steps"].as_array().unwrap() {
         let (tool, args) = (step["tool"].as_str().unwrap(), step["args"].to_string());
         let flags = setup_flags(step);
@@ -88,11 +91,12 @@ fn via_cli() -> Vec<Value> {
             tries += 1;
         }
         out.push(normalise(step, &v));
+        raw.push(v);
     }
-    out
+    (out, raw)
 }
 
-fn via_mcp() -> Vec<Value> {
+fn via_mcp() -> Results {
     let world = World::new("conf-mcp");
     prepare(&world);
     let venv = repo().join("tests/.venv/bin/python");
@@ -116,11 +120,20 @@ fn via_mcp() -> Vec<Value> {
 }
 
 /// A runner's raw results (one {tool, value} per step, in order), normalised.
-fn normalised(raw: &[u8]) -> Vec<Value> {
+fn normalised(raw: &[u8]) -> Results {
     let raw: Vec<Value> = serde_json::from_slice(raw).unwrap();
     let steps = scenario()["steps"].as_array().unwrap().clone();
     assert_eq!(raw.len(), steps.len(), "a runner skipped steps");
-    steps.iter().zip(&raw).map(|(step, r)| normalise(step, &r["value"])).collect()
+    let values: Vec<Value> = raw.into_iter().map(|mut r| r["value"].take()).collect();
+    (steps.iter().zip(&values).map(|(step, v)| normalise(step, v)).collect(), values)
+}
+
+/// Two runners agree step by step; the first step that differs is shown with both raw
+/// answers (an error's message is not part of the comparison, but says why).
+fn same(what: &str, (a, a_raw): &Results, (b, b_raw): &Results) {
+    if let Some(i) = (0..a.len().max(b.len())).find(|&i| a.get(i) != b.get(i)) {
+        panic!("{what} differs from boxd-host call at step {i}:\n{what}: {:#}\nboxd-host call: {:#}\nall normalised, {what}: {a:?}\nboxd-host call: {b:?}", a_raw.get(i).unwrap_or(&Value::Null), b_raw.get(i).unwrap_or(&Value::Null));
+    }
 }
 
 #[test]
@@ -128,7 +141,8 @@ fn every_host_gives_the_same_results() {
     // Every runner finishes (and cleans up its machines) before anything is asserted.
     let (cli, opencode, mcp) = (std::thread::spawn(via_cli), std::thread::spawn(via_opencode), std::thread::spawn(via_mcp));
     let (cli, opencode, mcp) = (cli.join(), opencode.join(), mcp.join());
-    let (cli, mcp) = (cli.expect("the boxd-host call runner failed"), mcp.expect("the MCP runner failed"));
+    let (cli_results, mcp) = (cli.expect("the boxd-host call runner failed"), mcp.expect("the MCP runner failed"));
+    let cli = &cli_results.0;
     // The scenario itself: what a user must see, whichever host.
     assert_eq!(cli[0]["cli"], "signed in");
     assert_eq!(cli[1]["created"], true);
@@ -148,14 +162,14 @@ fn every_host_gives_the_same_results() {
     assert!(cli[18]["next"].as_str().unwrap().contains("'access'"), "{:#}", cli[18]);
     assert_eq!(cli[19]["text"], "not-allowed: {}: not in the host's policy (allowed: boxd, opencode, git)");
     assert_eq!((cli[20]["error"].as_str(), cli[20]["next"].as_str()), (Some("HOST_FAILED"), Some(boxd_host::policy::host_failed_next())));
-    assert_eq!(mcp, cli, "the MCP server differs from boxd-host call");
+    same("the MCP server", &mcp, &cli_results);
     let oc = opencode.expect("the OpenCode runner failed");
-    assert_eq!(oc, cli, "the OpenCode bridge differs from boxd-host call");
+    same("the OpenCode bridge", &oc, &cli_results);
 }
 
 /// The same scenario in a real opencode with the bridge loaded; tests/opencode's
 /// conformance.test.js writes each tool part's result to target/conformance-opencode.json.
-fn via_opencode() -> Vec<Value> {
+fn via_opencode() -> Results {
     build_bridge();
     let results = repo().join("target/conformance-opencode.json");
     let out = std::process::Command::new("node")
