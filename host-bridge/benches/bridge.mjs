@@ -1,7 +1,9 @@
 // The OpenCode bridge's share of `cargo bench -p boxd-host`: boxd_status through the
 // worker pool (lib/pool.js, the built dist/) against the same two boxd calls run directly.
-// argv: BOXD_LOCAL_BIN WORK_DIR ROUNDS. Prints one JSON line {bridgeMs, directMs} (medians).
-import { execFileSync } from "node:child_process";
+// Status runs the two side by side (run-all), so they are also replayed side by side.
+// argv: BOXD_LOCAL_BIN WORK_DIR ROUNDS. Prints one JSON line {bridgeMs, directMs, atOnceMs} (medians).
+import { execFile, execFileSync } from "node:child_process";
+import { promisify } from "node:util";
 import fs from "node:fs";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
@@ -30,7 +32,9 @@ async function timed(f) {
 // The worker started and its modules compiled, then ten calls for V8 to optimise the glue:
 // a worker's first ~10 calls each take up to ~1 ms more (docs/performance.md).
 for (let i = 0; i < 11; i++) await pool.call("boxd_status", "{}", ctx());
-const bridge = [], direct = [];
+const listings = [["machine", "list", "--json"], ["snapshots", "list", "--json"]];
+const run = promisify(execFile);
+const bridge = [], direct = [], atOnce = [];
 for (let i = 0; i < Number(rounds); i++) {
   bridge.push(await timed(async () => {
     const r = await pool.call("boxd_status", "{}", ctx());
@@ -39,8 +43,9 @@ for (let i = 0; i < Number(rounds); i++) {
   // Let the worker make its next instance, as it does between a model's calls.
   await new Promise((r) => setTimeout(r, 20));
   direct.push(await timed(() => {
-    for (const args of [["machine", "list", "--json"], ["snapshots", "list", "--json"]]) execFileSync(boxd, args, { env });
+    for (const args of listings) execFileSync(boxd, args, { env });
   }));
+  atOnce.push(await timed(() => Promise.all(listings.map((args) => run(boxd, args, { env })))));
 }
 pool.close();
-console.log(JSON.stringify({ bridgeMs: median(bridge), directMs: median(direct) }));
+console.log(JSON.stringify({ bridgeMs: median(bridge), directMs: median(direct), atOnceMs: median(atOnce) }));

@@ -136,6 +136,25 @@ fn replay(world: &World, calls: &[Invocation]) {
     }
 }
 
+/// Replay invocations without stdin all at once, as a script with `&` and `wait` would:
+/// the baseline for a tool that runs its calls side by side (boxd_status's two listings).
+fn replay_at_once(world: &World, calls: &[Invocation]) {
+    let oc = opencode_bin();
+    let path = format!("{}:{}", oc.parent().unwrap().display(), std::env::var("PATH").unwrap_or_default());
+    let children: Vec<_> = calls
+        .iter()
+        .map(|call| {
+            assert!(call.stdin.is_empty(), "side by side only without stdin");
+            let mut cmd = Command::new(boxd_local());
+            cmd.args(&call.argv).env_clear().envs(world.laptop_env()).env("PATH", &path).env("BOXD_LOCAL_HOME", &world.laptop.boxd_home);
+            cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap()
+        })
+        .collect();
+    for child in children {
+        child.wait_with_output().unwrap();
+    }
+}
+
 /// Invocations without stdin (status's listings, which read none).
 fn argv_only(calls: &[&[&str]]) -> Vec<Invocation> {
     calls.iter().map(|a| Invocation { argv: a.iter().map(|s| s.to_string()).collect(), stdin: Vec::new() }).collect()
@@ -241,16 +260,28 @@ fn one_shot(world: &World, tool: &str, args: &str) -> Tool {
 
 /// A read-like tool: one-shot and in-process times against the replay of its calls (with
 /// the stdin the host gave each). Returns its boxd round trips.
-fn read_tool(world: &World, s: &mut Session, cap: &mut (Capture, Session), what: &str, tool: &str, args: &str, version: Duration) -> usize {
+/// `at_once`: the tool runs its calls side by side (run-all), so it is also set beside its
+/// calls replayed side by side: what the host itself costs.
+fn read_tool(world: &World, s: &mut Session, cap: &mut (Capture, Session), what: &str, tool: &str, args: &str, version: Duration, at_once: bool) -> usize {
     let first = one_shot(world, tool, args);
     let calls = cap.0.invocations(|| drop(cap.1.call(tool, args).unwrap().unwrap()));
-    assert_eq!(calls.iter().map(|c| c.argv.clone()).collect::<Vec<_>>(), first.trips, "{tool}: the captured calls are the logged ones");
+    // As sets: calls run side by side have no order between them.
+    let (mut captured, mut logged) = (calls.iter().map(|c| c.argv.clone()).collect::<Vec<_>>(), first.trips.clone());
+    captured.sort();
+    logged.sort();
+    assert_eq!(captured, logged, "{tool}: the captured calls are the logged ones");
     let n = 7;
     let shot = timed(n, || drop(one_shot(world, tool, args)));
     let inproc = served_n(n, s, tool, args);
     let direct = timed(n, || replay(world, &calls));
     row(&format!("{what}, long-lived host"), &ms(inproc), &ms(direct), ratio(inproc, direct), &format!("{} boxd calls", first.trips.len()));
     row(&format!("{what}, one-shot call"), &ms(shot), &format!("{} + {}", ms(direct), ms(version)), ratio(shot, direct + version), "baseline: replay plus a process start");
+    if at_once {
+        let together = timed(n, || replay_at_once(world, &calls));
+        let note = "its calls run side by side; baseline: the same calls replayed side by side";
+        row(&format!("{what}, long-lived host, vs side by side"), &ms(inproc), &ms(together), ratio(inproc, together), note);
+        row(&format!("{what}, one-shot call, vs side by side"), &ms(shot), &format!("{} + {}", ms(together), ms(version)), ratio(shot, together + version), note);
+    }
     first.trips.len()
 }
 
@@ -331,8 +362,9 @@ fn files_32mib(world: &World) {
 }
 
 /// boxd_status with `n` works in a ledger of their own (copies of w1's record): its time,
-/// its two CLI calls replayed, and the host's own CPU time a call.
-fn status_at(world: &World, n: usize) -> (Duration, Duration, Duration) {
+/// its two CLI calls replayed (one after the other, and side by side, as status runs
+/// them), and the host's own CPU time a call.
+fn status_at(world: &World, n: usize) -> (Duration, Duration, Duration, Duration) {
     let ledger = world.laptop.scratch.0.join(format!("ledger-{n}"));
     let record: Value = serde_json::from_slice(&std::fs::read(world.laptop.ledger.join("works/w1/work.json")).unwrap()).unwrap();
     for i in 0..n {
@@ -346,11 +378,13 @@ fn status_at(world: &World, n: usize) -> (Duration, Duration, Duration) {
     let mut s = session(world, &ledger);
     served(&mut s, "boxd_status", "{}");
     let took = served_n(7, &mut s, "boxd_status", "{}");
-    let direct = timed(7, || replay(world, &argv_only(&[&["machine", "list", "--json"], &["snapshots", "list", "--json"]])));
+    let listings = argv_only(&[&["machine", "list", "--json"], &["snapshots", "list", "--json"]]);
+    let direct = timed(7, || replay(world, &listings));
+    let together = timed(7, || replay_at_once(world, &listings));
     let cpu = cpu_timed(7, || {
         served(&mut s, "boxd_status", "{}");
     });
-    (took, direct, cpu)
+    (took, direct, together, cpu)
 }
 
 fn process(args: &[&str], env: &[(&str, &Path)]) -> Duration {
@@ -369,8 +403,9 @@ fn bridge(world: &World) {
     let out = Command::new("node").arg(repo().join("host-bridge/benches/bridge.mjs")).arg(boxd_local()).arg(&dir).arg("60").output().unwrap();
     assert!(out.status.success(), "bridge.mjs: {}", String::from_utf8_lossy(&out.stderr));
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let (b, d) = (v["bridgeMs"].as_f64().unwrap(), v["directMs"].as_f64().unwrap());
+    let (b, d, t) = (v["bridgeMs"].as_f64().unwrap(), v["directMs"].as_f64().unwrap(), v["atOnceMs"].as_f64().unwrap());
     row("OpenCode bridge, boxd_status (goal ≤ 1.15×)", &format!("{b:.2} ms"), &format!("{d:.2} ms"), Some(b / d), "jco in a worker, a ready instance per call");
+    row("OpenCode bridge, boxd_status, vs side by side", &format!("{b:.2} ms"), &format!("{t:.2} ms"), Some(b / t), "baseline: the two calls replayed side by side");
 }
 
 /// The process runner's cost a child: `/bin/true` through spawn::run (its own group,
@@ -423,9 +458,9 @@ fn main() {
     let capture_session = session_with(&world, &world.laptop.ledger, capture.boxd.clone());
     let mut cap = (capture, capture_session);
     let mut trips = vec![
-        ("status", read_tool(&world, &mut s, &mut cap, "boxd_status", "boxd_status", "{}", version)),
-        ("ensure-adopt", read_tool(&world, &mut s, &mut cap, "boxd_ensure (adopt)", "boxd_ensure", r#"{"work":"w1"}"#, version)),
-        ("job", read_tool(&world, &mut s, &mut cap, "boxd_job", "boxd_job", r#"{"work":"w1"}"#, version)),
+        ("status", read_tool(&world, &mut s, &mut cap, "boxd_status", "boxd_status", "{}", version, true)),
+        ("ensure-adopt", read_tool(&world, &mut s, &mut cap, "boxd_ensure (adopt)", "boxd_ensure", r#"{"work":"w1"}"#, version, false)),
+        ("job", read_tool(&world, &mut s, &mut cap, "boxd_job", "boxd_job", r#"{"work":"w1"}"#, version, false)),
     ];
 
     std::fs::write(world.laptop.project.join("a.txt"), "a").unwrap();
@@ -434,7 +469,7 @@ fn main() {
     row("boxd_submit, one-shot", &ms(submit.one_shot), "", None, &format!("{} boxd calls; no replay (it queues a prompt)", submit.trips.len()));
     let harvest = one_shot(&world, "boxd_harvest", r#"{"work":"w1"}"#);
     row("boxd_harvest (a new prompt), one-shot", &ms(harvest.one_shot), "", None, &format!("{} boxd calls; imports and proves on the laptop", harvest.trips.len()));
-    trips.push(("harvest", read_tool(&world, &mut s, &mut cap, "boxd_harvest, nothing new", "boxd_harvest", r#"{"work":"w1"}"#, version)));
+    trips.push(("harvest", read_tool(&world, &mut s, &mut cap, "boxd_harvest, nothing new", "boxd_harvest", r#"{"work":"w1"}"#, version, false)));
 
     // Sleep and resume as a pair that ends where it began, against their calls replayed.
     let pair = |world: &World| -> (Tool, Tool) { (one_shot(world, "boxd_sleep", r#"{"work":"w1"}"#), one_shot(world, "boxd_resume", r#"{"work":"w1"}"#)) };
@@ -455,8 +490,8 @@ fn main() {
     row("boxd_image, one-shot", &ms(image.one_shot), "", None, &format!("{} boxd calls", image.trips.len()));
 
     for n in [1, 50, 500] {
-        let (took, direct, cpu) = status_at(&world, n);
-        let note = format!("{} beyond its two CLI calls; host CPU {} a call", ms(took.saturating_sub(direct)), ms(cpu));
+        let (took, direct, together, cpu) = status_at(&world, n);
+        let note = format!("{} beyond its two CLI calls side by side ({}); host CPU {} a call", ms(took.saturating_sub(together)), ms(together), ms(cpu));
         row(&format!("boxd_status at {n} works, long-lived host"), &ms(took), &ms(direct), ratio(took, direct), &note);
     }
     bridge(&world);
