@@ -5,6 +5,7 @@ asked again; a cache that is broken or unwritable only costs the ask.
     python3 -m unittest discover -s tests/guest -p test_version_cache.py -v
 """
 
+import errno
 import json
 import os
 import subprocess
@@ -97,6 +98,21 @@ class VersionCache(unittest.TestCase):
             with self.assertRaises(Fail) as e:
                 opencode.opencode_version(str(self.binary))
         self.assertEqual(e.exception.kind, "GUEST_FAILED")
+        self.assertFalse(self.cache().exists())
+
+    def test_a_fork_that_fails_or_a_killed_version_is_guest_failed_a_missing_binary_guest_version(self):
+        for effect, kind in [
+            (OSError(errno.EAGAIN, "Resource temporarily unavailable"), "GUEST_FAILED"),
+            (OSError(errno.ETXTBSY, "Text file busy"), "GUEST_FAILED"),
+            (subprocess.CompletedProcess([], -9, b"", b""), "GUEST_FAILED"),
+            (OSError(errno.ENOENT, "No such file or directory"), "GUEST_VERSION"),
+            (OSError(errno.EACCES, "Permission denied"), "GUEST_VERSION"),
+        ]:
+            run = {"side_effect": effect} if isinstance(effect, OSError) else {"return_value": effect}
+            with mock.patch.object(opencode.subprocess, "run", **run):
+                with self.assertRaises(Fail) as e:
+                    opencode.opencode_version(str(self.binary))
+            self.assertEqual(e.exception.kind, kind, effect)
         self.assertFalse(self.cache().exists())
 
 

@@ -2,6 +2,7 @@
 its server."""
 
 import base64
+import errno
 import http.client
 import json
 import os
@@ -144,8 +145,13 @@ def _ask_version(binary):
         # rebuild on GUEST_VERSION, and a busy machine's next ask may well succeed.
         raise Fail("GUEST_FAILED", "%s --version did not answer within 60 s" % binary)
     except OSError as e:
-        raise Fail("GUEST_VERSION", "cannot run %s --version: %s" % (binary, e))
+        # Missing or not runnable is final for the image; a fork that failed for want of
+        # memory or processes, or a binary being replaced (ETXTBSY), is the machine's moment.
+        final = e.errno in (errno.ENOENT, errno.EACCES, errno.ENOEXEC, errno.ENOTDIR)
+        raise Fail("GUEST_VERSION" if final else "GUEST_FAILED", "cannot run %s --version: %s" % (binary, e))
     text = r.stdout.decode("utf-8", "replace").strip()
+    if r.returncode < 0:
+        raise Fail("GUEST_FAILED", "%s --version was killed by signal %d (a busy machine?)" % (binary, -r.returncode))
     if r.returncode != 0 or not text:
         raise Fail("GUEST_VERSION", "%s --version failed (exit %d): %s" % (binary, r.returncode,
                                                                              r.stderr.decode("utf-8", "replace")[-300:]))

@@ -43,24 +43,32 @@ impl wit_spawn::Host for HostState {
         for r in &requests {
             self.spawns += 1;
             self.kill_point(true, true, self.spawns);
+            let started = Instant::now();
             let mut record = SpawnRecord { program: r.program.clone(), args: mask_args(&r.args), ..SpawnRecord::default() };
-            checked.push(self.check(r, &mut record));
+            checked.push((self.check(r, &mut record), started));
             records.push(record);
         }
-        let run = |c: Result<Checked<'_>, wit_spawn::Error>| {
-            let started = Instant::now();
-            let answer = c.and_then(Checked::run);
-            (answer, started.elapsed())
-        };
+        // Each answer with its request's time from its check to its end.
+        let run = |(c, started): (Result<Checked<'_>, wit_spawn::Error>, Instant)| (c.and_then(Checked::run), started.elapsed());
         let answers: Vec<(Answer, Duration)> = if checked.len() == 1 {
             // One child (the common case) runs on this thread.
             checked.into_iter().map(run).collect()
         } else {
             std::thread::scope(|scope| {
-                let running: Vec<_> = checked.into_iter().map(|c| scope.spawn(move || run(c))).collect();
+                let running: Vec<_> = checked
+                    .into_iter()
+                    .map(|c| {
+                        let started = c.1;
+                        // A thread the system will not give is that request's failure, not a panic.
+                        std::thread::Builder::new().spawn_scoped(scope, move || run(c)).map_err(|e| (e, started))
+                    })
+                    .collect();
                 running
                     .into_iter()
-                    .map(|h| h.join().unwrap_or_else(|_| (Err(wit_spawn::Error::Failed("the host's runner for this child panicked".into())), Duration::ZERO)))
+                    .map(|h| match h {
+                        Ok(h) => h.join().unwrap_or_else(|_| (Err(wit_spawn::Error::Failed("the host's runner for this child panicked".into())), Duration::ZERO)),
+                        Err((e, started)) => (Err(wit_spawn::Error::Failed(format!("the host could not start a thread for this child: {e}"))), started.elapsed()),
+                    })
                     .collect()
             })
         };
