@@ -270,14 +270,28 @@ fn read_tool(world: &World, s: &mut Session, cap: &mut (Capture, Session), what:
     captured.sort();
     logged.sort();
     assert_eq!(captured, logged, "{tool}: the captured calls are the logged ones");
-    let n = 7;
-    let shot = timed(n, || drop(one_shot(world, tool, args)));
-    let inproc = served_n(n, s, tool, args);
-    let direct = timed(n, || replay(world, &calls));
+    // Alternated, round by round, so a noisy moment falls on every side alike; tools of a
+    // few milliseconds (status) get more rounds than those of hundreds.
+    let n = if first.one_shot < Duration::from_millis(50) { 41 } else { 7 };
+    let (mut shots, mut inprocs, mut directs, mut togethers) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let time = |f: &mut dyn FnMut()| {
+        let t = Instant::now();
+        f();
+        t.elapsed()
+    };
+    for _ in 0..n {
+        shots.push(time(&mut || drop(one_shot(world, tool, args))));
+        inprocs.push(served(s, tool, args));
+        directs.push(time(&mut || replay(world, &calls)));
+        if at_once {
+            togethers.push(time(&mut || replay_at_once(world, &calls)));
+        }
+    }
+    let (shot, inproc, direct) = (median(shots), median(inprocs), median(directs));
     row(&format!("{what}, long-lived host"), &ms(inproc), &ms(direct), ratio(inproc, direct), &format!("{} boxd calls", first.trips.len()));
     row(&format!("{what}, one-shot call"), &ms(shot), &format!("{} + {}", ms(direct), ms(version)), ratio(shot, direct + version), "baseline: replay plus a process start");
     if at_once {
-        let together = timed(n, || replay_at_once(world, &calls));
+        let together = median(togethers);
         let note = "its calls run side by side; baseline: the same calls replayed side by side";
         row(&format!("{what}, long-lived host, vs side by side"), &ms(inproc), &ms(together), ratio(inproc, together), note);
         row(&format!("{what}, one-shot call, vs side by side"), &ms(shot), &format!("{} + {}", ms(together), ms(version)), ratio(shot, together + version), note);
