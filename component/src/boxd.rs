@@ -33,24 +33,22 @@ pub enum Failure {
 /// a classified failure.
 fn settle(request: &RunRequest, out: Result<RunOutput, SpawnError>) -> Result<RunOutput, Failure> {
     let what = verb(&request.args);
-    let out = match out {
-        Ok(out) => out,
-        Err(SpawnError::NotAllowed(n)) if granted_but_refused(&n) => return Err(Failure::Refused(n)),
-        Err(SpawnError::NotAllowed(n)) | Err(SpawnError::NotFound(n)) => {
-            return Err(Failure::Missing(format!("no boxd CLI is available to this host ({n})")));
-        }
-        Err(SpawnError::TimedOut) => {
-            return Err(Failure::Timeout(format!(
-                "boxd {what} did not answer within {} s (the bound set by the boxdTimeoutSeconds option), so the host stopped it",
-                request.timeout_ms / 1000
-            )));
-        }
-        Err(SpawnError::Failed(m)) => return Err(Failure::Other(format!("could not run boxd {what}: {m}"))),
-    };
+    let bound = format!("{} s (the bound set by the boxdTimeoutSeconds option)", request.timeout_ms / 1000);
+    let out = out.map_err(|e| spawn_failure(e, &what, &bound))?;
     // An exit 0 that printed nothing but an error (a remove that did not remove) is the
     // failure it says it is: success is never taken from the exit code alone.
     let said_error = out.stdout.iter().all(u8::is_ascii_whitespace) && error_line_in(&String::from_utf8_lossy(&out.stderr)).is_some();
     if out.exit_code == Some(0) && !said_error { Ok(out) } else { Err(classify(&out, &what)) }
+}
+
+/// A spawn that gave no output, as a failure; `bound` words the deadline the host enforced.
+fn spawn_failure(e: SpawnError, what: &str, bound: &str) -> Failure {
+    match e {
+        SpawnError::NotAllowed(n) if granted_but_refused(&n) => Failure::Refused(n),
+        SpawnError::NotAllowed(n) | SpawnError::NotFound(n) => Failure::Missing(format!("no boxd CLI is available to this host ({n})")),
+        SpawnError::TimedOut => Failure::Timeout(format!("boxd {what} did not answer within {bound}, so the host stopped it")),
+        SpawnError::Failed(m) => Failure::Other(format!("could not run boxd {what}: {m}")),
+    }
 }
 
 /// The first two words of a call ("machine list"), for messages.
@@ -411,20 +409,8 @@ impl<'a, P: Programs> Boxd<'a, P> {
             stdout_files: streams.stdout_files.clone(),
             ..Default::default()
         };
-        let out = match self.programs.run(&request) {
-            Ok(out) => out,
-            Err(SpawnError::NotAllowed(n)) if granted_but_refused(&n) => return Err(Failure::Refused(n)),
-            Err(SpawnError::NotAllowed(n)) | Err(SpawnError::NotFound(n)) => {
-                return Err(Failure::Missing(format!("no boxd CLI is available to this host ({n})")));
-            }
-            Err(SpawnError::TimedOut) => {
-                return Err(Failure::Timeout(format!(
-                    "boxd {request_what} did not answer within {} s (its --timeout of {timeout_seconds} s plus 30 s), so the host stopped it",
-                    deadline / 1000
-                )));
-            }
-            Err(SpawnError::Failed(m)) => return Err(Failure::Other(format!("could not run boxd {request_what}: {m}"))),
-        };
+        let bound = format!("{} s (its --timeout of {timeout_seconds} s plus 30 s)", deadline / 1000);
+        let out = self.programs.run(&request).map_err(|e| spawn_failure(e, request_what, &bound))?;
         // Exit 1 with an `error:` line is the CLI failing, not the remote command.
         let err = String::from_utf8_lossy(&out.stderr);
         if out.exit_code == Some(1) && error_line_in(&err).is_some() {
