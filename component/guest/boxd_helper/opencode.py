@@ -147,8 +147,9 @@ def _ask_version(binary):
     except OSError as e:
         # Missing or not runnable is final for the image; a fork that failed for want of
         # memory or processes, or a binary being replaced (ETXTBSY), is the machine's moment.
-        final = e.errno in (errno.ENOENT, errno.EACCES, errno.ENOEXEC, errno.ENOTDIR)
-        raise Fail("GUEST_VERSION" if final else "GUEST_FAILED", "cannot run %s --version: %s" % (binary, e))
+        if e.errno in (errno.ENOENT, errno.EACCES, errno.ENOEXEC, errno.ENOTDIR):
+            raise Fail("GUEST_VERSION", "cannot run %s --version: %s" % (binary, e))
+        raise Fail("GUEST_FAILED", "cannot run %s --version: %s" % (binary, e))
     text = r.stdout.decode("utf-8", "replace").strip()
     if r.returncode < 0:
         raise Fail("GUEST_FAILED", "%s --version was killed by signal %d (a busy machine?)" % (binary, -r.returncode))
