@@ -129,15 +129,16 @@ fn normalised(raw: &[u8]) -> Results {
 }
 
 /// Two runners agree step by step; the first step that differs is shown with both raw
-/// answers (an error's message is not part of the comparison, but says why).
-fn same(what: &str, (a, a_raw): &Results, (b, b_raw): &Results) {
-    if let Some(i) = (0..a.len().max(b.len())).find(|&i| a.get(i) != b.get(i)) {
-        panic!("{what} differs from boxd-host call at step {i}:\n{what}: {:#}\nboxd-host call: {:#}\nall normalised, {what}: {a:?}\nboxd-host call: {b:?}", a_raw.get(i).unwrap_or(&Value::Null), b_raw.get(i).unwrap_or(&Value::Null));
-    }
+/// answers (an error's message is not part of the comparison, but says why). An `Err`, not a
+/// panic: the harness then prints it last, after no backtrace, where a log's tail shows it.
+fn same(what: &str, (a, a_raw): &Results, (b, b_raw): &Results) -> Result<(), String> {
+    let Some(i) = (0..a.len().max(b.len())).find(|&i| a.get(i) != b.get(i)) else { return Ok(()) };
+    let raw = |v: &[Value]| v.get(i).map_or_else(|| "(no step)".to_string(), |v| v.to_string().chars().take(800).collect());
+    Err(format!("{what} differs from boxd-host call at step {i} ({}):\n{what}: {}\nboxd-host call: {}", b.get(i).map_or("?", |s| s["tool"].as_str().unwrap_or("?")), raw(a_raw), raw(b_raw)))
 }
 
 #[test]
-fn every_host_gives_the_same_results() {
+fn every_host_gives_the_same_results() -> Result<(), String> {
     // Every runner finishes (and cleans up its machines) before anything is asserted.
     let (cli, opencode, mcp) = (std::thread::spawn(via_cli), std::thread::spawn(via_opencode), std::thread::spawn(via_mcp));
     let (cli, opencode, mcp) = (cli.join(), opencode.join(), mcp.join());
@@ -162,9 +163,9 @@ fn every_host_gives_the_same_results() {
     assert!(cli[18]["next"].as_str().unwrap().contains("'access'"), "{:#}", cli[18]);
     assert_eq!(cli[19]["text"], "not-allowed: {}: not in the host's policy (allowed: boxd, opencode, git)");
     assert_eq!((cli[20]["error"].as_str(), cli[20]["next"].as_str()), (Some("HOST_FAILED"), Some(boxd_host::policy::host_failed_next())));
-    same("the MCP server", &mcp, &cli_results);
+    same("the MCP server", &mcp, &cli_results)?;
     let oc = opencode.expect("the OpenCode runner failed");
-    same("the OpenCode bridge", &oc, &cli_results);
+    same("the OpenCode bridge", &oc, &cli_results)
 }
 
 /// The same scenario in a real opencode with the bridge loaded; tests/opencode's

@@ -104,6 +104,32 @@ def kill_group(pid, grace=3.0):
             time.sleep(0.05)
 
 
+def session_cpu(sid):
+    """CPU ticks used so far by the processes of session sid (the server runs in its own),
+    including children that already exited; None when /proc cannot be read. A server that
+    does not answer while this grows is busy (its event loop blocked by work, or waiting on a
+    child such as git), not hung."""
+    total, found = 0, False
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return None
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % name, "rb") as f:
+                stat = f.read().decode("ascii", "replace")
+            fields = stat[stat.rindex(")") + 2:].split(" ")
+            if int(fields[3]) != sid:
+                continue
+            total += sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
+            found = True
+        except (OSError, ValueError, IndexError):
+            continue
+    return total if found else None
+
+
 def port_listening(port):
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=1.0):

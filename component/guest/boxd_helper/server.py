@@ -9,11 +9,15 @@ import time
 
 from .disk import FileLock, now_iso, write_json
 from .opencode import Api, ApiError, find_opencode, opencode_env
-from .procs import free_port, identity, kill_group, largest_processes, machine_health, owned_alive, port_listening
+from .procs import free_port, identity, kill_group, largest_processes, machine_health, owned_alive, port_listening, session_cpu
 from .protocol import Fail
 
 LISTEN_TIMEOUT = 60.0
 HEALTH_TIMEOUT = 5.0
+# How long a server that keeps using CPU without answering is asked again before it counts
+# as hung: a first prompt's start-up on a small or busy machine can block its event loop for
+# seconds, and calling that hung told the user to rebuild a machine that was only working.
+BUSY_PATIENCE = 30.0
 
 
 def start_server(work, password):
@@ -66,20 +70,28 @@ def probe_server(work, password):
         return "absent", None, "no server was started"
     if not owned_alive(info, work.tree):
         return "dead", info, "the server process %d is gone" % info["pid"]
-    try:
-        health = Api(info["port"], password).get("/global/health", timeout=HEALTH_TIMEOUT)
-        if isinstance(health, dict) and health.get("healthy"):
-            info["health"] = health
-            return "up", info, ""
-        return "hung", info, "the server answered /global/health with %s" % (str(health)[:200],)
-    except ApiError as e:
-        if e.status in (401, 403):
-            return "badauth", info, "the server refused the stored password"
-        if e.kind == "timeout":
-            return "hung", info, "the server on port %d accepts connections but did not answer within %.0f s" % (info["port"], HEALTH_TIMEOUT)
-        if not port_listening(info["port"]):
-            return "dead", info, "nothing listens on port %d (server pid %d)" % (info["port"], info["pid"])
-        return "hung", info, "the server on port %d did not answer: %s" % (info["port"], e)
+    api, started = Api(info["port"], password), time.monotonic()
+    while True:
+        spent = session_cpu(info["pid"])
+        try:
+            health = api.get("/global/health", timeout=HEALTH_TIMEOUT)
+            if isinstance(health, dict) and health.get("healthy"):
+                info["health"] = health
+                return "up", info, ""
+            return "hung", info, "the server answered /global/health with %s" % (str(health)[:200],)
+        except ApiError as e:
+            if e.status in (401, 403):
+                return "badauth", info, "the server refused the stored password"
+            if e.kind != "timeout":
+                if not port_listening(info["port"]):
+                    return "dead", info, "nothing listens on port %d (server pid %d)" % (info["port"], info["pid"])
+                return "hung", info, "the server on port %d did not answer: %s" % (info["port"], e)
+        waited = time.monotonic() - started
+        busy = spent is not None and (session_cpu(info["pid"]) or 0) > spent
+        if not busy:
+            return "hung", info, "the server on port %d accepts connections but did not answer within %.0f s and used no CPU meanwhile" % (info["port"], HEALTH_TIMEOUT)
+        if waited >= BUSY_PATIENCE:
+            return "hung", info, "the server on port %d accepts connections but did not answer within %.0f s, busy all along" % (info["port"], waited)
 
 
 def record_interruption(work, reason):
