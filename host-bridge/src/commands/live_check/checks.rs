@@ -314,7 +314,16 @@ impl<'r, 'a> Checks<'r, 'a> {
             return self.stop_with(8, Self::differing("a pid", s.brief()));
         };
         self.pid = Some(pid);
-        let alive = self.is_sleep(8, pid)?;
+        // `$!` names the job as soon as it is forked; on a loaded machine the next exec can
+        // find it still a shell or `setsid`, before it became `sleep`: look again a while.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let alive = loop {
+            let alive = self.is_sleep(8, pid)?;
+            if alive || Instant::now() > deadline {
+                break alive;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        };
         self.judge(8, alive, "`sleep`", || format!("pid {pid} is gone"));
         Ok(())
     }
