@@ -41,6 +41,9 @@ const tid = threadId();
 parentPort.postMessage({ type: "ready", shared: shared.buffer, port: port2, tid }, [port2]);
 
 let currentCall = 0;
+// Replies taken off the port, ever; the main thread raises REPLY once per reply it posts, so
+// the two differ exactly while a reply is on its way. Neither is reset between calls.
+let taken = 0;
 
 /** The WIT request as the glue hands it, with its options filled in. */
 function request(req) {
@@ -58,7 +61,7 @@ function run(req) {
 /**
  * boxd:plugin/spawn#run-all: the children side by side, the results in request order.
  * At most one runs on this thread (spawnSync); the others are started by the main thread
- * (async), which posts each reply with its place and raises the REPLY word once per reply.
+ * (async), which posts each reply with its call and place and raises the REPLY word once per reply.
  */
 function runAll(reqs) {
   const requests = reqs.map(request);
@@ -68,26 +71,30 @@ function runAll(reqs) {
     return requests.map(() => ({ tag: "err", val: { tag: "failed", val: why } }));
   }
   const results = new Array(requests.length);
+  const call = currentCall;
   const here = tid ? requests.findIndex(runsInWorker) : -1;
   const posted = requests.length - (here >= 0 ? 1 : 0);
-  Atomics.store(shared, REPLY, 0);
   requests.forEach((r, seq) => {
-    if (seq !== here) parentPort.postMessage({ type: "spawn", call: currentCall, req: r, seq });
+    if (seq !== here) parentPort.postMessage({ type: "spawn", call, req: r, seq });
   });
   if (here >= 0) {
     // Told, not asked: the main thread reports progress and watches the output meanwhile.
-    parentPort.postMessage({ type: "spawning", call: currentCall, req: requests[here] });
-    results[here] = runInWorker(requests[here], workerData, shared, currentCall);
+    parentPort.postMessage({ type: "spawning", call, req: requests[here] });
+    results[here] = runInWorker(requests[here], workerData, shared, call);
   }
   for (let got = 0, tries = 0; got < posted; ) {
     const m = receiveMessageOnPort(replies);
     if (m) {
-      results[m.message.seq] = m.message.reply;
-      got++;
+      taken = (taken + 1) | 0;
+      // A reply to an earlier call, one that gave up waiting for it, is dropped here.
+      if (m.message.call === call) {
+        results[m.message.seq] = m.message.reply;
+        got++;
+      }
       continue;
     }
     const raised = Atomics.load(shared, REPLY);
-    if (raised <= got) {
+    if (raised === taken) {
       Atomics.wait(shared, REPLY, raised);
       continue;
     }

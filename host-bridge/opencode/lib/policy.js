@@ -484,7 +484,15 @@ export function runChild(req, grants, track = () => () => {}) {
       clearInterval(watch);
       untrack();
       live.delete(killGroup);
-      if (typeof result === "function") result = result();
+      if (typeof result === "function") {
+        try {
+          result = result();
+        } catch (e) {
+          // Reading the output failed (an I/O error): still an answer, never an exception
+          // thrown into the plugin's event loop with the call left waiting.
+          result = err("failed", `${req.program}: cannot read its output: ${e?.message ?? e}`);
+        }
+      }
       try {
         fs.closeSync(outFd);
       } catch {}

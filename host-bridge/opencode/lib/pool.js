@@ -171,13 +171,20 @@ export class Pool {
       reply = { tag: "err", val: { tag: "failed", val: "the user aborted this tool call" } };
     } else {
       progress(job, m.req);
-      reply = await runChild(m.req, this.#grants, (kill) => {
-        job.kills.add(kill);
-        return () => job.kills.delete(kill);
-      });
+      try {
+        reply = await runChild(m.req, this.#grants, (kill) => {
+          job.kills.add(kill);
+          return () => job.kills.delete(kill);
+        });
+      } catch (e) {
+        // runChild never rejects by design; if it ever did, the worker must still get an
+        // answer, or it would wait for ever.
+        reply = { tag: "err", val: { tag: "failed", val: `${m.req.program}: the host could not run it: ${e?.message ?? e}` } };
+      }
     }
     const transfer = reply.tag === "ok" ? [reply.val.stdout.buffer, reply.val.stderr.buffer] : [];
-    slot.port.postMessage({ seq: m.seq, reply }, transfer);
+    // The call's id goes back with the reply: a worker drops one that is not its call's.
+    slot.port.postMessage({ call: m.call, seq: m.seq, reply }, transfer);
     // One raise per reply: a run-all waits for as many as it posted.
     Atomics.add(slot.shared, REPLY, 1);
     Atomics.notify(slot.shared, REPLY);
