@@ -131,14 +131,23 @@ fn normalised(raw: &[u8]) -> Results {
 /// Two runners agree step by step; the first step that differs is shown with both raw
 /// answers (an error's message is not part of the comparison, but says why). An `Err`, not a
 /// panic: the harness then prints it last, after no backtrace, where a log's tail shows it.
-fn same(what: &str, (a, a_raw): &Results, (b, b_raw): &Results) -> Result<(), String> {
+fn same(what: &str, (a, a_raw): &Results, (b, b_raw): &Results) -> Result<(), Differs> {
     let Some(i) = (0..a.len().max(b.len())).find(|&i| a.get(i) != b.get(i)) else { return Ok(()) };
     let raw = |v: &[Value]| v.get(i).map_or_else(|| "(no step)".to_string(), |v| v.to_string().chars().take(800).collect());
-    Err(format!("{what} differs from boxd-host call at step {i} ({}):\n{what}: {}\nboxd-host call: {}", b.get(i).map_or("?", |s| s["tool"].as_str().unwrap_or("?")), raw(a_raw), raw(b_raw)))
+    Err(Differs(format!("{what} differs from boxd-host call at step {i} ({}):\n{what}: {}\nboxd-host call: {}", b.get(i).map_or("?", |s| s["tool"].as_str().unwrap_or("?")), raw(a_raw), raw(b_raw))))
+}
+
+/// A difference between runners, printed as its lines (a `String`'s Debug would quote it).
+pub struct Differs(String);
+
+impl std::fmt::Debug for Differs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
 }
 
 #[test]
-fn every_host_gives_the_same_results() -> Result<(), String> {
+fn every_host_gives_the_same_results() -> Result<(), Differs> {
     // Every runner finishes (and cleans up its machines) before anything is asserted.
     let (cli, opencode, mcp) = (std::thread::spawn(via_cli), std::thread::spawn(via_opencode), std::thread::spawn(via_mcp));
     let (cli, opencode, mcp) = (cli.join(), opencode.join(), mcp.join());
