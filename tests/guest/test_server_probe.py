@@ -1,6 +1,6 @@
 """A server that does not answer its health check is hung only when it is not working:
 one that keeps using CPU (its event loop blocked by a first prompt's start-up on a small or
-busy machine, or waiting on a child such as git) is asked again, up to BUSY_PATIENCE.
+busy machine, or waiting on a child such as git) is asked again, up to BUSY_PATIENCE in all.
 Before, one 5 s silence on a busy machine made boxd_job answer GUEST_FAILED and tell the
 user to rebuild a machine that was only working.
 
@@ -110,16 +110,16 @@ class BusyIsNotHung(unittest.TestCase):
         os.kill(proc.pid, signal.SIGSTOP)
         how, detail, took = self.probe(work)
         self.assertEqual(how, "hung")
-        self.assertIn("did not answer within 1 s and used no CPU", detail)
+        self.assertIn("did not answer within 1 s, and was not working", detail)
         self.assertLess(took, 3.0, "nothing was working: no second ask")
 
     def test_a_server_busy_for_ever_is_hung_after_the_patience(self):
         _, work = self.stand_in("busy", 120)
         how, detail, took = self.probe(work)
         self.assertEqual(how, "hung")
-        self.assertIn("busy all along", detail)
-        self.assertGreaterEqual(took, 4.0)
-        self.assertLess(took, 4.0 + 3.0, "one more ask at most after the patience ran out")
+        self.assertIn("working all along", detail)
+        self.assertGreaterEqual(took, 3.9)
+        self.assertLess(took, 4.0 + 1.5, "the last ask ends with the patience")
 
     def test_a_server_that_answers_is_up_at_once(self):
         _, work = self.stand_in("nothing")

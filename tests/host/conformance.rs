@@ -134,7 +134,11 @@ fn normalised(raw: &[u8]) -> Results {
 fn same(what: &str, (a, a_raw): &Results, (b, b_raw): &Results) -> Result<(), Differs> {
     let Some(i) = (0..a.len().max(b.len())).find(|&i| a.get(i) != b.get(i)) else { return Ok(()) };
     let raw = |v: &[Value]| v.get(i).map_or_else(|| "(no step)".to_string(), |v| v.to_string().chars().take(800).collect());
-    Err(Differs(format!("{what} differs from boxd-host call at step {i} ({}):\n{what}: {}\nboxd-host call: {}", b.get(i).map_or("?", |s| s["tool"].as_str().unwrap_or("?")), raw(a_raw), raw(b_raw))))
+    let step = |v: &[Value]| v.get(i).map_or_else(|| "(no step)".to_string(), Value::to_string);
+    Err(Differs(format!(
+        "{what} differs from boxd-host call at step {i}:\ncompared, {what}: {}\ncompared, boxd-host call: {}\nanswer, {what}: {}\nanswer, boxd-host call: {}",
+        step(a), step(b), raw(a_raw), raw(b_raw)
+    )))
 }
 
 /// A difference between runners, printed as its lines (a `String`'s Debug would quote it).

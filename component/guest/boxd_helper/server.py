@@ -14,10 +14,14 @@ from .protocol import Fail
 
 LISTEN_TIMEOUT = 60.0
 HEALTH_TIMEOUT = 5.0
-# How long a server that keeps using CPU without answering is asked again before it counts
+# How long in all a server that keeps working without answering is asked before it counts
 # as hung: a first prompt's start-up on a small or busy machine can block its event loop for
 # seconds, and calling that hung told the user to rebuild a machine that was only working.
-BUSY_PATIENCE = 30.0
+# Kept short of the 5 s ask's share of the server lock and the helper's 120 s exec timeout.
+BUSY_PATIENCE = 20.0
+# Working: its processes used at least this share of one CPU while it did not answer (a
+# runtime's timer or GC threads alone use far less).
+BUSY_SHARE = 0.05
 
 
 def start_server(work, password):
@@ -70,11 +74,13 @@ def probe_server(work, password):
         return "absent", None, "no server was started"
     if not owned_alive(info, work.tree):
         return "dead", info, "the server process %d is gone" % info["pid"]
-    api, started = Api(info["port"], password), time.monotonic()
+    api, started, tick = Api(info["port"], password), time.monotonic(), os.sysconf("SC_CLK_TCK")
     while True:
-        spent = session_cpu(info["pid"])
+        spent, asked = session_cpu(info["pid"]), time.monotonic()
+        # The last ask ends with the patience: the probe never takes longer than BUSY_PATIENCE.
+        ask = max(0.5, min(HEALTH_TIMEOUT, BUSY_PATIENCE - (asked - started)))
         try:
-            health = api.get("/global/health", timeout=HEALTH_TIMEOUT)
+            health = api.get("/global/health", timeout=ask)
             if isinstance(health, dict) and health.get("healthy"):
                 info["health"] = health
                 return "up", info, ""
@@ -86,12 +92,15 @@ def probe_server(work, password):
                 if not port_listening(info["port"]):
                     return "dead", info, "nothing listens on port %d (server pid %d)" % (info["port"], info["pid"])
                 return "hung", info, "the server on port %d did not answer: %s" % (info["port"], e)
-        waited = time.monotonic() - started
-        busy = spent is not None and (session_cpu(info["pid"]) or 0) > spent
+        if not owned_alive(info, work.tree):
+            return "dead", info, "the server process %d ended while it was asked" % info["pid"]
+        now, used = time.monotonic(), session_cpu(info["pid"])
+        busy = spent is not None and used is not None and (used - spent) / tick >= BUSY_SHARE * (now - asked)
+        waited = now - started
         if not busy:
-            return "hung", info, "the server on port %d accepts connections but did not answer within %.0f s and used no CPU meanwhile" % (info["port"], HEALTH_TIMEOUT)
-        if waited >= BUSY_PATIENCE:
-            return "hung", info, "the server on port %d accepts connections but did not answer within %.0f s, busy all along" % (info["port"], waited)
+            return "hung", info, "the server on port %d accepts connections but did not answer within %.0f s, and was not working at the end" % (info["port"], waited)
+        if waited >= BUSY_PATIENCE - 0.01:
+            return "hung", info, "the server on port %d accepts connections but did not answer within %.0f s, working all along" % (info["port"], waited)
 
 
 def record_interruption(work, reason):

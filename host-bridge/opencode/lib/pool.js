@@ -183,11 +183,18 @@ export class Pool {
       }
     }
     const transfer = reply.tag === "ok" ? [reply.val.stdout.buffer, reply.val.stderr.buffer] : [];
-    // The call's id goes back with the reply: a worker drops one that is not its call's.
-    slot.port.postMessage({ call: m.call, seq: m.seq, reply }, transfer);
-    // One raise per reply: a run-all waits for as many as it posted.
-    Atomics.add(slot.shared, REPLY, 1);
-    Atomics.notify(slot.shared, REPLY);
+    try {
+      // The call's id goes back with the reply: a worker drops one that is not its call's.
+      slot.port.postMessage({ call: m.call, seq: m.seq, reply }, transfer);
+    } catch (e) {
+      // A reply that cannot be posted is still answered, as a failure (nothing to transfer).
+      const why = `${m.req.program}: its answer could not reach the component: ${e?.message ?? e}`;
+      slot.port.postMessage({ call: m.call, seq: m.seq, reply: { tag: "err", val: { tag: "failed", val: why } } });
+    } finally {
+      // One raise per reply: a run-all waits for as many as it posted.
+      Atomics.add(slot.shared, REPLY, 1);
+      Atomics.notify(slot.shared, REPLY);
+    }
   }
 }
 

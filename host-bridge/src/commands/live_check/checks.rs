@@ -317,20 +317,26 @@ impl<'r, 'a> Checks<'r, 'a> {
         // `$!` names the job as soon as it is forked; on a loaded machine the next exec can
         // find it still a shell or `setsid`, before it became `sleep`: look again a while.
         let deadline = Instant::now() + Duration::from_secs(5);
-        let alive = loop {
-            let alive = self.is_sleep(8, pid)?;
-            if alive || Instant::now() > deadline {
-                break alive;
+        let comm = loop {
+            let comm = self.comm(8, pid)?;
+            if comm.as_deref() == Some("sleep") || Instant::now() > deadline {
+                break comm;
             }
             std::thread::sleep(Duration::from_millis(200));
         };
-        self.judge(8, alive, "`sleep`", || format!("pid {pid} is gone"));
+        let seen = || comm.as_ref().map_or_else(|| format!("pid {pid} is gone"), |c| format!("pid {pid} is `{c}`, not `sleep`"));
+        self.judge(8, comm.as_deref() == Some("sleep"), "`sleep`", seen);
         Ok(())
     }
 
     fn is_sleep(&mut self, id: u8, pid: u32) -> Result<bool, ()> {
+        Ok(self.comm(id, pid)?.as_deref() == Some("sleep"))
+    }
+
+    /// The process's name on the machine, or None when it is gone.
+    fn comm(&mut self, id: u8, pid: u32) -> Result<Option<String>, ()> {
         let s = self.exec_for(id, &["cat", &format!("/proc/{pid}/comm")], None)?;
-        Ok(s.ok() && s.stdout.trim() == "sleep")
+        Ok(s.ok().then(|| s.stdout.trim().to_string()))
     }
     fn hibernate(&mut self) -> Step {
         let m = self.names.machine.clone();
