@@ -98,6 +98,9 @@ fn run(
     tty: bool,
 ) -> Res<i32> {
     let home = ctx.home.machine_home(id);
+    // Made here, not at create: machines made before it had no such folder.
+    let tmp = ctx.home.machine_tmp(id);
+    std::fs::create_dir_all(&tmp).map_err(|e| Fail::io(format!("making the temporary folder of '{name}'"), e))?;
     let path = std::env::var("PATH").unwrap_or_else(|_| "/usr/local/bin:/usr/bin:/bin".to_string());
     let mut cmd = Command::new("/bin/sh");
     // --tty merges stderr into stdout, as a pty would.
@@ -106,6 +109,7 @@ fn run(
     cmd.env("PATH", format!("{}/.local/bin:{path}", home.display()))
         .env("HOME", &home)
         .env("USER", "boxd")
+        .env("TMPDIR", &tmp)
         .env("BOXD_VM_NAME", name)
         .env("BOXD_VM_ID", id)
         .env("LANG", "C.UTF-8");

@@ -168,6 +168,12 @@ impl Home {
         self.machine_dir(id).join("home")
     }
 
+    /// The machine's own temporary folder (its TMPDIR): a real machine's /tmp is its own,
+    /// and what its programs leave there goes with the machine, not into the laptop's /tmp.
+    pub fn machine_tmp(&self, id: &str) -> PathBuf {
+        self.machine_dir(id).join("tmp")
+    }
+
     pub fn snapshots_dir(&self) -> PathBuf {
         self.root.join("snapshots")
     }

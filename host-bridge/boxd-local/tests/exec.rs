@@ -3,6 +3,7 @@
 
 mod common;
 use common::*;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 #[test]
@@ -57,6 +58,10 @@ fn session_environment() {
     assert_eq!(env["HOME"], home.to_str().unwrap());
     assert_eq!(env["USER"], "boxd");
     assert_eq!(env["LANG"], "C.UTF-8");
+    // The machine's own /tmp: what its programs leave there goes with the machine.
+    let tmp = home.parent().unwrap().join("tmp");
+    assert_eq!(env["TMPDIR"], tmp.to_str().unwrap());
+    assert!(tmp.is_dir());
     assert_eq!(env["BOXD_VM_NAME"], "v");
     assert_eq!(env["BOXD_VM_ID"], m["id"].as_str().unwrap());
     assert_eq!(env["BOXD_LOCAL_MACHINE"], m["id"].as_str().unwrap());
@@ -146,4 +151,18 @@ fn concurrent_execs_run_side_by_side() {
         assert_eq!(String::from_utf8_lossy(&out.stdout), format!("{i}\n"));
     }
     assert!(t0.elapsed() < Duration::from_millis(3500), "execs were serialised: {:?}", t0.elapsed());
+}
+
+#[test]
+fn a_machines_temporary_files_stay_in_it_and_go_with_it() {
+    let h = Home::new("tmpdir");
+    h.ok(&["machine", "new", "t"]);
+    let machine = h.machine_home("t").parent().unwrap().to_path_buf();
+    let r = h.ok(&["machine", "exec", "t", "--", "mktemp && python3 -c 'import tempfile; print(tempfile.gettempdir())'"]);
+    let lines: Vec<&str> = r.out.lines().collect();
+    assert!(lines[0].starts_with(machine.join("tmp/").to_str().unwrap()), "mktemp made {}", lines[0]);
+    assert!(Path::new(lines[0]).is_file());
+    assert_eq!(lines[1], machine.join("tmp").to_str().unwrap(), "Python's temp folder");
+    h.ok(&["machine", "remove", "t", "-y"]);
+    assert!(!machine.exists() && !Path::new(lines[0]).exists(), "removed with the machine");
 }
