@@ -8,6 +8,15 @@ import socket
 import time
 
 
+def stat_fields(pid):
+    """The fields of /proc/PID/stat after the command name, from field 3 (state) on; the
+    name is skipped by its last ')' since it may hold spaces and parentheses. Raises OSError
+    when the process is gone, ValueError when the file is not what Linux writes."""
+    with open("/proc/%s/stat" % pid, "rb") as f:
+        stat = f.read().decode("ascii", "replace")
+    return stat[stat.rindex(")") + 2:].split(" ")
+
+
 def pid_alive(pid):
     """True when pid names a live (not zombie) process."""
     if not isinstance(pid, int) or pid <= 0:
@@ -19,10 +28,7 @@ def pid_alive(pid):
     except PermissionError:
         pass
     try:
-        with open("/proc/%d/stat" % pid, "rb") as f:
-            stat = f.read().decode("ascii", "replace")
-        state = stat[stat.rindex(")") + 2:].split(" ", 1)[0]
-        return state not in ("Z", "X")
+        return stat_fields(pid)[0] not in ("Z", "X")
     except (OSError, ValueError):
         return True
 
@@ -38,9 +44,7 @@ def boot_id():
 def proc_start(pid):
     """The process's start time in clock ticks since boot (field 22 of /proc/pid/stat)."""
     try:
-        with open("/proc/%d/stat" % pid, "rb") as f:
-            stat = f.read().decode("ascii", "replace")
-        return int(stat[stat.rindex(")") + 2:].split(" ")[19])
+        return int(stat_fields(pid)[19])
     except (OSError, ValueError, IndexError):
         return None
 
@@ -118,9 +122,7 @@ def session_cpu(sid):
         if not name.isdigit():
             continue
         try:
-            with open("/proc/%s/stat" % name, "rb") as f:
-                stat = f.read().decode("ascii", "replace")
-            fields = stat[stat.rindex(")") + 2:].split(" ")
+            fields = stat_fields(name)
             if int(fields[3]) != sid:
                 continue
             total += sum(int(x) for x in fields[11:15])  # utime stime cutime cstime

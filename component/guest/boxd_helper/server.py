@@ -17,7 +17,8 @@ HEALTH_TIMEOUT = 5.0
 # How long in all a server that keeps working without answering is asked before it counts
 # as hung: a first prompt's start-up on a small or busy machine can block its event loop for
 # seconds, and calling that hung told the user to rebuild a machine that was only working.
-# Kept short of the 5 s ask's share of the server lock and the helper's 120 s exec timeout.
+# Well inside what a second caller waits for the server lock (LISTEN_TIMEOUT + 30 s) and the
+# helper's 120 s exec timeout, so a probe followed by a restart still fits in both.
 BUSY_PATIENCE = 20.0
 # Working: its processes used at least this share of one CPU while it did not answer (a
 # runtime's timer or GC threads alone use far less).
