@@ -27,7 +27,8 @@ sys.path.insert(0, str(SOURCE))
 from boxd_helper import server  # noqa: E402
 from boxd_helper.procs import identity  # noqa: E402
 
-# argv: what to do when the first ask arrives (busy S | child S | nothing), then answer every ask.
+# argv: what to do when the first ask arrives (busy S | child S | exit S: busy, then end
+# without answering | nothing), then answer every ask.
 STAND_IN = r'''
 import socket, subprocess, sys, time
 what, seconds = sys.argv[1], float(sys.argv[2])
@@ -38,10 +39,12 @@ print(s.getsockname()[1], flush=True)
 first = True
 while True:
     conn, _ = s.accept()
-    if first and what == "busy":
+    if first and what in ("busy", "exit"):
         end = time.monotonic() + seconds
         while time.monotonic() < end:
             pass
+        if what == "exit":
+            sys.exit(0)
     if first and what == "child":
         subprocess.run([sys.executable, "-c", "import time\nend = time.monotonic() + %f\nwhile time.monotonic() < end: pass" % seconds])
     first = False
@@ -120,6 +123,15 @@ class BusyIsNotHung(unittest.TestCase):
         self.assertIn("working all along", detail)
         self.assertGreaterEqual(took, 3.9)
         self.assertLess(took, 4.0 + 1.5, "the last ask ends with the patience")
+
+    def test_a_server_that_ends_while_it_is_asked_is_dead_not_hung(self):
+        # dead is restarted by the next tool; hung would tell the user to rebuild the machine.
+        for seconds in (0.0, 1.5):  # at once, and after one ask timed out while it worked
+            proc, work = self.stand_in("exit", seconds)
+            how, detail, took = self.probe(work)
+            self.assertEqual(how, "dead", detail)
+            self.assertEqual(proc.wait(5), 0, "it ended on its own")
+            self.assertLess(took, 3.0)
 
     def test_a_server_that_answers_is_up_at_once(self):
         _, work = self.stand_in("nothing")
