@@ -164,7 +164,7 @@ class Guest:
     def __init__(self, name):
         self.root = Path(tempfile.mkdtemp(prefix="boxd-guest-%s-" % name))
         self.home = self.root / "home"
-        dirs = {k: self.root / k for k in ("data", "config", "cache", "state")}
+        dirs = {k: self.root / k for k in ("data", "config", "cache", "state", "tmp")}
         for d in [self.home, *dirs.values()]:
             d.mkdir(parents=True)
         cfg = dirs["config"] / "opencode"
@@ -180,6 +180,8 @@ class Guest:
             "HOME": str(self.home),
             "XDG_DATA_HOME": str(dirs["data"]), "XDG_CONFIG_HOME": str(dirs["config"]),
             "XDG_CACHE_HOME": str(dirs["cache"]), "XDG_STATE_HOME": str(dirs["state"]),
+            # the guest's own /tmp: OpenCode leaves a native library there at each server start
+            "TMPDIR": str(dirs["tmp"]),
             "OPENCODE_DISABLE_MODELS_FETCH": "1", "OPENCODE_DISABLE_AUTOUPDATE": "1",
             "SCRIPTED_MODEL_URL": _MODEL["url"], "SCRIPTED_MODEL_KEY": "scripted-key",
             "LANG": "C.UTF-8", "GIT_CONFIG_NOSYSTEM": "1",

@@ -12,6 +12,7 @@ each test names. The probe's waits are shortened (one ask 1 s, patience 4 s).
 """
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -68,6 +69,7 @@ class StandInWork:
 class BusyIsNotHung(unittest.TestCase):
     def setUp(self):
         self.tree = tempfile.mkdtemp(prefix="boxd-probe-")
+        self.addCleanup(shutil.rmtree, self.tree, ignore_errors=True)
         self.procs = []
         patches = [mock.patch.object(server, "HEALTH_TIMEOUT", 1.0), mock.patch.object(server, "BUSY_PATIENCE", 4.0)]
         for p in patches:

@@ -8,6 +8,7 @@ asked again; a cache that is broken or unwritable only costs the ask.
 import errno
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -25,6 +26,7 @@ from boxd_helper.protocol import Fail  # noqa: E402
 class VersionCache(unittest.TestCase):
     def setUp(self):
         self.tmp = Path(tempfile.mkdtemp(prefix="boxd-version-"))
+        self.addCleanup(shutil.rmtree, self.tmp, ignore_errors=True)
         self.home = self.tmp / "home"
         self.home.mkdir()
         self.asks = self.tmp / "asks"

@@ -270,16 +270,26 @@ fn durable(received: &[Streamed], preopens: &[PathBuf]) -> Result<(), String> {
 mod tests {
     use super::*;
 
-    fn dir(name: &str) -> PathBuf {
+    /// Removes the test's folder when the test ends, passed or failed.
+    struct Cleanup(PathBuf);
+
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn dir(name: &str) -> (PathBuf, Cleanup) {
         let d = std::env::temp_dir().join(format!("boxd-frames-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
         std::fs::create_dir_all(&d).unwrap();
-        std::fs::canonicalize(d).unwrap()
+        let d = std::fs::canonicalize(d).unwrap();
+        (d.clone(), Cleanup(d))
     }
 
     #[test]
     fn files_round_trip_through_frames_with_their_digests() {
-        let d = dir("round");
+        let (d, _cleanup) = dir("round");
         let a = d.join("a.bin");
         std::fs::write(&a, vec![7u8; 200_000]).unwrap();
         std::fs::write(d.join("b.txt"), b"").unwrap();
@@ -296,7 +306,7 @@ mod tests {
 
     #[test]
     fn a_damaged_or_short_stream_keeps_no_file() {
-        let d = dir("damaged");
+        let (d, _cleanup) = dir("damaged");
         let out = vec![d.join("x").display().to_string(), d.join("y").display().to_string()];
         let good = format!("2\nhi{}\n", super::super::hex(&Sha256::digest(b"hi")));
         for bad in [format!("{good}2\nho{}\n", "0".repeat(64)), format!("{good}5\nhi"), format!("{good}{good}{good}"), format!("{good}x\n")] {
@@ -312,7 +322,7 @@ mod tests {
     #[cfg(target_os = "linux")]
     #[test]
     fn a_landing_folder_swapped_for_a_symlink_after_the_check_is_refused() {
-        let d = dir("swap");
+        let (d, _cleanup) = dir("swap");
         let (project, outside) = (d.join("project"), d.join("outside"));
         std::fs::create_dir_all(project.join("out")).unwrap();
         std::fs::create_dir_all(&outside).unwrap();
@@ -339,7 +349,7 @@ mod tests {
 
     #[test]
     fn symlinks_outside_paths_and_non_files_are_refused() {
-        let d = dir("refused");
+        let (d, _cleanup) = dir("refused");
         std::fs::write(d.join("real"), b"x").unwrap();
         std::os::unix::fs::symlink(d.join("real"), d.join("link")).unwrap();
         let one = |p: &Path| vec![p.display().to_string()];
