@@ -98,9 +98,13 @@ fn run(
     tty: bool,
 ) -> Res<i32> {
     let home = ctx.home.machine_home(id);
-    // Made here, not at create: machines made before it had no such folder.
+    // Made here, not at create: machines made before it had no such folder. Only inside a
+    // machine folder that is still there: one removed meanwhile is not made again.
     let tmp = ctx.home.machine_tmp(id);
-    std::fs::create_dir_all(&tmp).map_err(|e| Fail::io(format!("making the temporary folder of '{name}'"), e))?;
+    match std::fs::create_dir(&tmp) {
+        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(Fail::io(format!("making the temporary folder of '{name}'"), e)),
+        _ => {}
+    }
     let path = std::env::var("PATH").unwrap_or_else(|_| "/usr/local/bin:/usr/bin:/bin".to_string());
     let mut cmd = Command::new("/bin/sh");
     // --tty merges stderr into stdout, as a pty would.
