@@ -12,7 +12,7 @@ def stat_fields(pid):
     """The fields of /proc/PID/stat after the command name, from field 3 (state) on; the
     name is skipped by its last ')' since it may hold spaces and parentheses. Raises OSError
     when the process is gone, ValueError when the file is not what Linux writes."""
-    with open("/proc/%s/stat" % pid, "rb") as f:
+    with open("/proc/%d/stat" % int(pid), "rb") as f:
         stat = f.read().decode("ascii", "replace")
     return stat[stat.rindex(")") + 2:].split(" ")
 

@@ -17,8 +17,9 @@ HEALTH_TIMEOUT = 5.0
 # How long in all a server that keeps working without answering is asked before it counts
 # as hung: a first prompt's start-up on a small or busy machine can block its event loop for
 # seconds, and calling that hung told the user to rebuild a machine that was only working.
-# Well inside what a second caller waits for the server lock (LISTEN_TIMEOUT + 30 s) and the
-# helper's 120 s exec timeout, so a probe followed by a restart still fits in both.
+# Inside what a second caller waits for the server lock (LISTEN_TIMEOUT + 30 s = 90 s) and the
+# helper's 120 s exec timeout: a probe, a kill (up to 6 s) and a start that takes the whole
+# LISTEN_TIMEOUT come to ~86 s at worst.
 BUSY_PATIENCE = 20.0
 # Working: its processes used at least this share of one CPU while it did not answer (a
 # runtime's timer or GC threads alone use far less).

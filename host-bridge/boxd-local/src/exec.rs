@@ -12,6 +12,7 @@ use crate::util;
 use serde::Serialize;
 use std::io::Read;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::PathBuf;
 use std::process::{Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::mpsc;
@@ -86,6 +87,27 @@ pub fn exec(ctx: &Ctx) -> Res<i32> {
     result
 }
 
+/// The machine's temporary folder, made here rather than at create (machines made before
+/// it had none), and only inside a machine folder that is still there: a machine removed
+/// meanwhile is "not found", not half made again. Anything else at its place (the machine's
+/// programs can reach it as `$TMPDIR/..`) is replaced, so `mktemp` never fails on it.
+fn machine_tmp(ctx: &Ctx, name: &str, id: &str) -> Res<PathBuf> {
+    let tmp = ctx.home.machine_tmp(id);
+    let making = |e| Fail::io(format!("making the temporary folder of '{name}'"), e);
+    match std::fs::symlink_metadata(&tmp) {
+        Ok(m) if m.is_dir() => return Ok(tmp),
+        Ok(_) => std::fs::remove_file(&tmp).map_err(making)?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(making(e)),
+    }
+    match std::fs::create_dir(&tmp) {
+        Ok(()) => Ok(tmp),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && tmp.is_dir() => Ok(tmp),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(Fail::not_found(name)),
+        Err(e) => Err(making(e)),
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 fn run(
     ctx: &Ctx,
@@ -98,13 +120,7 @@ fn run(
     tty: bool,
 ) -> Res<i32> {
     let home = ctx.home.machine_home(id);
-    // Made here, not at create: machines made before it had no such folder. Only inside a
-    // machine folder that is still there: one removed meanwhile is not made again.
-    let tmp = ctx.home.machine_tmp(id);
-    match std::fs::create_dir(&tmp) {
-        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(Fail::io(format!("making the temporary folder of '{name}'"), e)),
-        _ => {}
-    }
+    let tmp = machine_tmp(ctx, name, id)?;
     let path = std::env::var("PATH").unwrap_or_else(|_| "/usr/local/bin:/usr/bin:/bin".to_string());
     let mut cmd = Command::new("/bin/sh");
     // --tty merges stderr into stdout, as a pty would.

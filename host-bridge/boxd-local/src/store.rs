@@ -1,6 +1,6 @@
 //! The state folder: where it lives, the exclusive lock taken around every read-modify-write,
 //! and `state.json` (schema-versioned, written atomically). Layout:
-//! `state.json`, `state.lock`, `machines/<id>/home/`, `snapshots/<name>/<vN>/`,
+//! `state.json`, `state.lock`, `machines/<id>/home/` and `tmp/`, `snapshots/<name>/<vN>/`,
 //! `faults.json`, `calls.jsonl`, `config.json`.
 
 use crate::fail::{Fail, Res};

@@ -163,6 +163,17 @@ fn a_machines_temporary_files_stay_in_it_and_go_with_it() {
     assert!(lines[0].starts_with(machine.join("tmp/").to_str().unwrap()), "mktemp made {}", lines[0]);
     assert!(Path::new(lines[0]).is_file());
     assert_eq!(lines[1], machine.join("tmp").to_str().unwrap(), "Python's temp folder");
+    // The machine's programs can reach its folder ($TMPDIR/..): whatever they leave in the
+    // temporary folder's place is replaced by a folder, a symlink never followed.
+    let outside = h.dir.join("outside");
+    std::fs::create_dir(&outside).unwrap();
+    for what in ["rm -rf \"$TMPDIR\" && touch \"$TMPDIR\"", &format!("rm -rf \"$TMPDIR\" && ln -s {} \"$TMPDIR\"", outside.display())] {
+        h.ok(&["machine", "exec", "t", "--", what]);
+        let made = h.ok(&["machine", "exec", "t", "--", "mktemp"]).out.trim().to_string();
+        assert!(made.starts_with(machine.join("tmp/").to_str().unwrap()), "{what}: mktemp made {made}");
+        assert!(std::fs::symlink_metadata(machine.join("tmp")).unwrap().is_dir(), "{what}");
+    }
+    assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0, "nothing went through the symlink");
     h.ok(&["machine", "remove", "t", "-y"]);
     assert!(!machine.exists() && !Path::new(lines[0]).exists(), "removed with the machine");
 }
