@@ -60,6 +60,13 @@ pub fn end_session(home: &Home, id: &str, me: &Session) {
     }
 }
 
+/// A machine powered off loses its temporary folder, as a boot empties a real one's /tmp
+/// (its processes are gone, so nothing still uses it). Without this, each OpenCode server
+/// start left a library there for as long as the machine lived.
+fn empty_tmp(ctx: &Ctx, id: &str) {
+    let _ = crate::fstree::remove_tree(&ctx.home.machine_tmp(id));
+}
+
 /// start / stop / reboot / pause / resume / hibernate / wake.
 pub fn change(ctx: &Ctx) -> Res<i32> {
     let name = ctx.inv.args[0].as_str();
@@ -101,12 +108,14 @@ pub fn change(ctx: &Ctx) -> Res<i32> {
         ("machine stop", "stopped") => ("stopped", false),
         ("machine stop", _) => {
             procs::kill_all(&id);
+            empty_tmp(ctx, &id);
             ("stopped", false)
         }
         ("machine reboot", "starting") => return Err(wrong("starting", "try again shortly")),
         // Reboot is a cold boot: processes die, the machine comes back running.
         (_, _) => {
             procs::kill_all(&id);
+            empty_tmp(ctx, &id);
             ("running", true)
         }
     };

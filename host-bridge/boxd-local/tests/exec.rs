@@ -174,6 +174,17 @@ fn a_machines_temporary_files_stay_in_it_and_go_with_it() {
         assert!(std::fs::symlink_metadata(machine.join("tmp")).unwrap().is_dir(), "{what}");
     }
     assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0, "nothing went through the symlink");
+    // A power-off empties it, as a boot empties a real machine's /tmp; the home stays.
+    for (verb, then) in [("reboot", None), ("stop", Some("start"))] {
+        h.ok(&["machine", "exec", "t", "--", "touch \"$TMPDIR/left\" kept"]);
+        h.ok(&["machine", verb, "t"]);
+        if let Some(then) = then {
+            h.ok(&["machine", then, "t"]);
+        }
+        assert!(!machine.join("tmp/left").exists(), "{verb} emptied the temporary folder");
+        assert!(machine.join("home/kept").exists(), "{verb} kept the home");
+        assert!(h.ok(&["machine", "exec", "t", "--", "mktemp"]).out.starts_with(machine.join("tmp/").to_str().unwrap()));
+    }
     h.ok(&["machine", "remove", "t", "-y"]);
     assert!(!machine.exists() && !Path::new(lines[0]).exists(), "removed with the machine");
 }
