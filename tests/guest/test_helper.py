@@ -608,6 +608,18 @@ class T1Commands(unittest.TestCase):
         self.assertNotIn("refs/boxd-stash/" + stashed[0], r.json["refs"])
         self.assertIn("refs/boxd-stash/" + stashed[1], r.json["refs"])
         self.assertEqual(r.json["worktrees"], [])
+        # an edit hidden by the linked work tree's own index flags still makes it dirty
+        for flag, name in (("--skip-worktree", "d.txt"), ("--assume-unchanged", "a.txt")):
+            git(linked, "update-index", flag, name)
+            (linked / name).write_text("hidden in the linked tree\n")
+            r = g.run("git", work, {"files": [], "haveRefs": {}}, "--files-stdin")
+            self.assertEqual(r.rc, 0, r)
+            self.assertEqual(r.json["worktrees"], [str(linked)], flag)
+            git(linked, "update-index", flag.replace("--", "--no-"), name)
+            git(linked, "checkout", "-q", "--", name)
+        self.assertEqual(git(linked, "status", "--porcelain").stdout, b"")
+        r = g.run("git", work, {"files": [], "haveRefs": {}}, "--files-stdin")
+        self.assertEqual(r.json["worktrees"], [], "clean again")
 
     def test_git_sends_every_commit_as_a_verified_bundle_unless_the_laptop_has_it(self):
         g, work = self.g, "bundlew"

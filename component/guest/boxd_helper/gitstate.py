@@ -206,10 +206,11 @@ def detached_worktree_heads(work):
 class unflagged_index:
     """A private copy of the index without the assume-unchanged and skip-worktree flags of
     files that exist: those flags make status and diff skip a file, so an edit to it would
-    be in no patch and a drop would destroy it. The repository's own index is not changed."""
+    be in no patch and a drop would destroy it. The repository's own index is not changed.
+    `tree`: a linked work tree of the work's repository (its own index), else the work's."""
 
-    def __init__(self, work):
-        self.work, self.dir, self.path = work, None, None
+    def __init__(self, work, tree=None):
+        self.work, self.tree, self.dir, self.path = work, tree or work.tree, None, None
 
     def __enter__(self):
         try:
@@ -220,19 +221,19 @@ class unflagged_index:
 
     def make(self):
         flagged = []
-        for rec in git(self.work, ["ls-files", "-v", "-z"]).stdout.split(b"\0"):
+        for rec in git(self.work, ["ls-files", "-v", "-z"], tree=self.tree).stdout.split(b"\0"):
             tag, path = rec[:1], rec[2:]
-            if path and (tag.islower() or tag == b"S") and os.path.lexists(os.path.join(os.fsencode(self.work.tree), path)):
+            if path and (tag.islower() or tag == b"S") and os.path.lexists(os.path.join(os.fsencode(self.tree), path)):
                 flagged.append(path)
         if not flagged:
             return None
-        real = git(self.work, ["rev-parse", "--git-path", "index"]).stdout.decode("utf-8", "replace").strip()
+        real = git(self.work, ["rev-parse", "--git-path", "index"], tree=self.tree).stdout.decode("utf-8", "replace").strip()
         self.dir = tempfile.mkdtemp(prefix="boxd-index-")
         self.path = os.path.join(self.dir, "index")
-        shutil.copyfile(os.path.join(self.work.tree, real), self.path)
+        shutil.copyfile(os.path.join(self.tree, real), self.path)
         # One flag per call: given both, update-index applies only the last to --stdin paths.
         for flag in ("--no-assume-unchanged", "--no-skip-worktree"):
-            git(self.work, ["update-index", flag, "-z", "--stdin"], index=self.path, stdin=b"\0".join(flagged) + b"\0")
+            git(self.work, ["update-index", flag, "-z", "--stdin"], index=self.path, stdin=b"\0".join(flagged) + b"\0", tree=self.tree)
         return self.path
 
     def __exit__(self, *exc):
@@ -245,14 +246,22 @@ class unflagged_index:
 def dirty_worktrees(work):
     """Linked work trees (`git worktree add`) with uncommitted changes: their branches are
     refs of this repository and travel in the bundle (a detached HEAD as a ref of ours,
-    `keep_stashes`), their uncommitted files do not. One that cannot be read counts as dirty."""
+    `keep_stashes`), their uncommitted files do not. Each is read without its index's
+    assume-unchanged and skip-worktree flags, as the work tree is. One that cannot be read
+    counts as dirty."""
     dirty = []
     for path, _ in linked_worktrees(work):
         if not os.path.isdir(path):
             continue  # gone (prunable): nothing is left in it
-        st = git(work, ["status", "--porcelain=v1", "--untracked-files=all"], check=False, tree=os.fsdecode(path))
+        tree = os.fsdecode(path)
+        try:
+            with unflagged_index(work, tree) as index:
+                st = git(work, ["status", "--porcelain=v1", "--untracked-files=all"], check=False, tree=tree, index=index)
+        except Fail:
+            dirty.append(tree)
+            continue
         if st.returncode != 0 or st.stdout.strip():
-            dirty.append(os.fsdecode(path))
+            dirty.append(tree)
     return sorted(dirty)
 
 
