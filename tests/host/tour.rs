@@ -57,6 +57,8 @@ fn the_tour_runs_every_step_and_brings_summary_home() {
     // The plugin OpenCode loaded is the tarball's copy in the kept folder, installed into its own cache.
     let spec = format!("opencode-boxd@file:{}", keep.join(tarball.file_name().unwrap()).display());
     assert!(keep.join("laptop/cache/opencode/packages").join(spec).join("node_modules/opencode-boxd/dist/worker.js").exists());
+    // Its temporary folder is the kept folder's too (OpenCode leaves files there).
+    assert!(keep.join("laptop/tmp").is_dir());
 }
 
 /// `sh -c LINE` (an `opencode run --format json` through the tour's script), bounded;

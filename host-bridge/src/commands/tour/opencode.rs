@@ -129,6 +129,9 @@ set -eu
 dir={dir}
 export HOME="$dir/laptop" XDG_DATA_HOME="$dir/laptop/data" XDG_CONFIG_HOME="$dir/laptop/config"
 export XDG_CACHE_HOME="$dir/laptop/cache" XDG_STATE_HOME="$dir/laptop/state"
+# Its temporary files too: OpenCode leaves native libraries it unpacks there.
+export TMPDIR="$dir/laptop/tmp"
+mkdir -p "$TMPDIR"
 export BOXD_LOCAL_HOME={boxd_home} OPENCODE_DISABLE_MODELS_FETCH=1 OPENCODE_DISABLE_AUTOUPDATE=1
 log="$dir/model.out"
 : > "$log"
