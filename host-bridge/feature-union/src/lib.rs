@@ -1,0 +1,2 @@
+//! Intentionally empty: this crate exists for its Cargo.toml (see there).
+#![no_std]
