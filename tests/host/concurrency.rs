@@ -1,6 +1,6 @@
 //! Many writers, one ledger (issue 13): change calls from separate `boxd-host` processes
 //! at once on one work record every admitted prompt exactly once, and a lock left by a
-//! host that died is recovered.
+//! host that died is recovered; two harvests at once bring one transcript and one file.
 
 use serde_json::{json, Value};
 
@@ -54,4 +54,40 @@ fn a_lock_left_by_a_dead_host_is_taken_over() {
     assert!(!lock.exists(), "the dead owner's lock was moved aside and ours released");
     let record: Value = serde_json::from_slice(&std::fs::read(world.laptop.ledger.join("works/w1/work.json")).unwrap()).unwrap();
     assert_eq!(record["asleepByTool"], true, "the change landed under the recovered lock");
+}
+
+/// Two hosts harvest one work at once, with the laptop's OpenCode and a file (here both
+/// import the session): both answer with the same proof, neither is a PROOF_FAILED or a
+/// FILE_CONFLICT against the other, the laptop's copy holds each guest message once, the
+/// file comes home with the guest's bytes, nothing temporary is left in the project, and the
+/// work drops.
+#[test]
+fn two_harvests_of_one_work_at_once_both_prove_and_bring_each_message_and_file_once() {
+    let world = World::new("concurrent-harvest");
+    world.ok_call("boxd_ensure", r#"{"work":"w1"}"#);
+    let tool = json!({ "command": "echo 'the notes' > NOTES.md", "description": "write" });
+    world.ok_call("boxd_submit", &json!({ "work": "w1", "prompt": format!("write @@tool:bash:{tool}@@") }).to_string());
+    assert_eq!(world.job_until_idle("w1")["outcome"], "completed");
+    let results: Vec<(i32, Value)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..2).map(|_| s.spawn(|| world.call("boxd_harvest", r#"{"work":"w1","files":["NOTES.md"]}"#))).collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (code, v) in &results {
+        assert_eq!(*code, 0, "{v:#}");
+        assert_eq!(v["files"][0]["sha256"], results[0].1["files"][0]["sha256"], "{v:#}");
+    }
+    let sessions = results[0].1["sessions"].as_array().unwrap();
+    assert_eq!(sessions.len(), 1, "{results:#?}");
+    assert_eq!(results[1].1["sessions"][0]["messages"], sessions[0]["messages"], "both proved the same transcript: {results:#?}");
+    let copy = crate::harvest::laptop_export(&world, sessions[0]["id"].as_str().unwrap());
+    let ids: Vec<&str> = copy["messages"].as_array().unwrap().iter().map(|m| m["info"]["id"].as_str().unwrap()).collect();
+    let mut unique = ids.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(unique.len(), ids.len(), "no message twice: {ids:?}");
+    assert_eq!(ids.len() as u64, sessions[0]["messages"].as_u64().unwrap());
+    assert_eq!(std::fs::read_to_string(world.laptop.project.join("NOTES.md")).unwrap(), "the notes\n");
+    let names: Vec<String> = std::fs::read_dir(&world.laptop.project).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    assert!(!names.iter().any(|n| n.contains(".boxd-tmp") || n.ends_with(".kept")), "{names:?}");
+    assert_eq!(world.ok_call("boxd_drop", r#"{"work":"w1"}"#)["dropped"], true);
 }
