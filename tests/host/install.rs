@@ -84,3 +84,37 @@ fn a_boxd_host_copied_away_from_its_source_tree_describes_and_calls() {
     assert_eq!(status["host"]["name"], "boxd-host", "{status}");
     // The tour (tests/host/tour.rs) runs from such a copy too.
 }
+
+/// boxd-host's build script compiles the component with wasmtime, so wasmtime and
+/// Cranelift are build dependencies as well as runtime ones; cargo builds them once only
+/// while host-bridge/feature-union and the workspace's profiles keep both sides alike (a
+/// dependency bump can undo that). Asks cargo for the units it would build (nothing is
+/// compiled), for the test command, the README's build and a release build.
+#[test]
+fn wasmtime_and_cranelift_are_built_once_for_the_build_script_and_the_runtime() {
+    let s = Scratch::new("unit-graph");
+    for args in [&["test", "--workspace", "--no-run"][..], &["build", "-p", "boxd-host"], &["build", "--release", "-p", "boxd-host"]] {
+        let out = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+            .current_dir(repo())
+            .args(args)
+            .args(["--locked", "-Z", "unstable-options", "--unit-graph", "--target-dir"])
+            .arg(&s.0)
+            // `--unit-graph` is unstable: the stable cargo takes it with this.
+            .env("RUSTC_BOOTSTRAP", "1")
+            .env_remove("CARGO_BUILD_TARGET")
+            .output()
+            .expect("cargo runs");
+        assert!(out.status.success(), "cargo {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        let graph: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        for krate in ["cranelift-codegen", "wasmtime"] {
+            let copies: Vec<&serde_json::Value> = graph["units"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|u| u["pkg_id"].as_str().unwrap().contains(&format!("#{krate}@")) && u["mode"] == "build" && u["target"]["kind"][0] == "lib")
+                .collect();
+            let why: Vec<_> = copies.iter().map(|u| (&u["features"], &u["profile"])).collect();
+            assert_eq!(copies.len(), 1, "cargo {args:?} builds {krate} {} times (features, profile): {why:#?}\nsee host-bridge/feature-union/Cargo.toml", copies.len());
+        }
+    }
+}
