@@ -66,9 +66,7 @@ fn a_lock_left_by_a_dead_host_is_taken_over() {
 fn two_harvests_of_one_work_at_once_both_prove_the_same_transcript_and_bring_the_file() {
     let world = World::new("concurrent-harvest");
     world.ok_call("boxd_ensure", r#"{"work":"w1"}"#);
-    let tool = json!({ "command": "echo 'the notes' > NOTES.md", "description": "write" });
-    world.ok_call("boxd_submit", &json!({ "work": "w1", "prompt": format!("write @@tool:bash:{tool}@@") }).to_string());
-    assert_eq!(world.job_until_idle("w1")["outcome"], "completed");
+    crate::harvest::run_on(&world, "w1", &format!("write {}", crate::harvest::bash("echo 'the notes' > NOTES.md")));
     let results: Vec<(i32, Value)> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..2).map(|_| s.spawn(|| world.call("boxd_harvest", r#"{"work":"w1","files":["NOTES.md"]}"#))).collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()

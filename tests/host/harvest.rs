@@ -13,7 +13,7 @@ fn run(world: &World, prompt: &str) -> serde_json::Value {
     run_on(world, "w1", prompt)
 }
 
-fn run_on(world: &World, work: &str, prompt: &str) -> serde_json::Value {
+pub(crate) fn run_on(world: &World, work: &str, prompt: &str) -> serde_json::Value {
     world.ok_call("boxd_submit", &json!({ "work": work, "prompt": prompt }).to_string());
     let v = world.job_until_idle(work);
     assert_eq!(v["outcome"], "completed", "{v:#}");
@@ -21,7 +21,7 @@ fn run_on(world: &World, work: &str, prompt: &str) -> serde_json::Value {
 }
 
 /// A bash tool call on the guest through the scripted model.
-fn bash(cmd: &str) -> String {
+pub(crate) fn bash(cmd: &str) -> String {
     format!("@@tool:bash:{}@@", json!({ "command": cmd, "description": "set up" }))
 }
 
