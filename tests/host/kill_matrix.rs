@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 use crate::common::*;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Tool {
+pub(crate) enum Tool {
     Ensure,
     Submit,
     Harvest,
@@ -29,7 +29,7 @@ enum Tool {
 const KINDS: [&str; 4] = ["before-spawn", "after-spawn", "before-rename", "after-rename"];
 
 impl Tool {
-    fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Tool::Ensure => "boxd_ensure",
             Tool::Submit => "boxd_submit",
@@ -42,7 +42,7 @@ impl Tool {
         }
     }
 
-    fn args(self, work: &str, cell: usize) -> String {
+    pub(crate) fn args(self, work: &str, cell: usize) -> String {
         match self {
             Tool::Submit => json!({ "work": work, "prompt": format!("task number {cell} for {work}") }).to_string(),
             Tool::Image => json!({ "work": work, "name": format!("img-{work}") }).to_string(),
@@ -86,20 +86,20 @@ impl Tool {
     }
 }
 
-fn machines_named(world: &World, name: &str) -> usize {
+pub(crate) fn machines_named(world: &World, name: &str) -> usize {
     let out = world.laptop.boxd(&["machine", "list", "--json"]);
     let list: Value = serde_json::from_slice(&out.stdout).unwrap_or(json!([]));
     list.as_array().into_iter().flatten().filter(|m| m["name"] == name).count()
 }
 
-fn ledger_record(world: &World, work: &str) -> Value {
+pub(crate) fn ledger_record(world: &World, work: &str) -> Value {
     let path = world.laptop.ledger.join(format!("works/{work}/work.json"));
     let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("{} does not read: {e}", path.display()))
 }
 
 /// The ids the guest admitted, from its own state (the helper's `seen`).
-fn guest_seen(world: &World, work: &str) -> Vec<String> {
+pub(crate) fn guest_seen(world: &World, work: &str) -> Vec<String> {
     let out = world.on_machine(&format!("oc-{work}"), &format!("cat work/{work}/.boxd/state.json"));
     let st: Value = serde_json::from_slice(&out.stdout).unwrap_or(json!({}));
     st["seen"].as_array().into_iter().flatten().filter_map(|v| v.as_str().map(String::from)).collect()

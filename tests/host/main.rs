@@ -15,6 +15,7 @@ mod admission;
 mod nothing_lost;
 mod kill_matrix;
 mod concurrency;
+mod races;
 mod tour;
 mod install;
 mod mcp;

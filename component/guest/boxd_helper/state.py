@@ -204,7 +204,8 @@ class Work:
             pass
 
     def resolved(self, ids):
-        """{promptId: admitted?} for ids the laptop recorded but never heard back about."""
+        """{promptId: admitted?} for the ids the laptop asks about: those it never heard back
+        about, and (export) the newest since its last proof."""
         if not ids:
             return {}
         seen = set(self.state().seen) if self.exists() else set()

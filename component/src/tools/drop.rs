@@ -36,6 +36,14 @@ pub(super) fn close<F: Files>(ledger: &mut Ledger<F>, work: &str, ctx: &Context)
     Ok((w, out))
 }
 
+/// The answer for a work a drop finds closed: by an earlier drop, or by one at once.
+fn already_dropped(w: &Work) -> Value {
+    let mut out = work_json(w, "gone");
+    out["dropped"] = json!(false);
+    out["next"] = json!("Nothing to do: this work was already dropped.");
+    out
+}
+
 /// Milliseconds as hours with two decimals (what a person reads).
 pub fn hours(ms: u64) -> f64 {
     (ms / 36_000) as f64 / 100.0
@@ -144,10 +152,7 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
     let mut ledger = Ledger::for_call(&mut env.files, ctx);
     let w = match plan {
         Plan::AlreadyDropped(w) => {
-            let mut out = work_json(&w, "gone");
-            out["dropped"] = json!(false);
-            out["next"] = json!("Nothing to do: this work was already dropped.");
-            return Ok(out);
+            return Ok(already_dropped(&w));
         }
         Plan::Queued => {
             let (_, mut out) = close(&mut ledger, &work, ctx)?;
@@ -179,7 +184,9 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
     let mut boxd = Boxd::new(&mut env.programs, ctx.options.boxd_timeout_seconds);
     // Intent before effect: from here a submit is refused (the laptop side), and a drop
     // killed anywhere below is finished by the next one.
-    ledger.update(&work, |w| w.state = WorkState::Dropping)?;
+    // The record from here on, not the one the plan read: from this write no submit records
+    // a prompt, and one recorded since the plan must be asked about and checked.
+    let w = ledger.update(&work, |w| w.state = WorkState::Dropping)?;
     let checked = (|| {
         // Quiesce and read the live state in one exec: nothing starts or writes after it
         // (the guest also refuses a submit for a while after it).
@@ -196,15 +203,22 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
         super::account::check_live(&w, &live, &discard)
     })();
     if let Err(e) = checked {
-        // Refused: the work is open again (the guest restarts on its next command).
-        ledger.update(&work, |w| {
+        // Refused: the work is open again (the guest restarts on its next command). Unless
+        // another drop of it, at once, finished first and took the machine from under this
+        // one's seal: then what was asked for is done.
+        let w = ledger.update(&work, |w| {
             if w.state == WorkState::Dropping {
                 w.state = WorkState::Open;
             }
         })?;
-        return Err(e);
+        return if w.is_closed() { Ok(already_dropped(&w)) } else { Err(e) };
     }
-    boxd.remove(&machine).map_err(Failure::into_error)?;
+    if let Err(f) = boxd.remove(&machine) {
+        return match ledger.require(&work)? {
+            w if w.is_closed() => Ok(already_dropped(&w)),
+            _ => Err(f.into_error()),
+        };
+    }
     let (w, mut out) = close(&mut ledger, &work, ctx)?;
     if let Some(g) = &w.git {
         out["patch"] = json!(g.patch);

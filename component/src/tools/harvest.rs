@@ -353,8 +353,16 @@ fn export(env: &mut Env, w: Work, wanted: &[String]) -> ToolResult<(Work, Value,
             }
         })?;
     }
-    let (export, known) = Guest::new(&mut boxd, &w.machine, &w.work).call_resolving("export", &w.unresolved())?;
-    let w = if known.is_empty() { w } else { Ledger::for_call(&mut env.files, ctx).update(&w.work, |w| w.resolve_prompts(&known, &now, ctx.now_ms))? };
+    // Asked about: the prompts whose fate is unknown, and the newest of those after the
+    // last proof, which this proof may cover (`covered`).
+    let mut asked = w.unresolved();
+    let after: Vec<&str> = w.prompts.iter().skip(w.proofs.last().map_or(0, |p| p.prompts as usize)).filter(|p| p.admitted).map(|p| p.id.as_str()).collect();
+    asked.extend(after.iter().skip(after.len().saturating_sub(ASKED_AFTER_PROOF)).map(|id| id.to_string()));
+    let (export, known) = Guest::new(&mut boxd, &w.machine, &w.work).call_resolving("export", &asked)?;
+    let w = match w.unresolved().iter().any(|id| known.contains_key(id)) {
+        false => w,
+        true => Ledger::for_call(&mut env.files, ctx).update(&w.work, |w| w.resolve_prompts(&known, &now, ctx.now_ms))?,
+    };
     let sessions = parse_export(&export)?;
     let admitted = w.prompts.iter().filter(|p| p.admitted).count();
     if admitted > 0 && sessions.first().is_none_or(|s| s.messages == 0) {
@@ -363,18 +371,37 @@ fn export(env: &mut Env, w: Work, wanted: &[String]) -> ToolResult<(Work, Value,
     Ok((w, export, sessions))
 }
 
+/// How many of the newest prompts after the last proof a harvest asks the guest about:
+/// fewer than the 500 it remembers, so its "no" is never a prompt it forgot.
+const ASKED_AFTER_PROOF: usize = 200;
+
+/// How many prompts a proof of this export covers: those of the last proof, then each
+/// next one the guest had admitted when it exported, in the ledger's order. Two submits
+/// at once can reach the ledger in one order and the guest in the other, so the newest
+/// prompt's position alone could leave one out (and the work could never drop) or count
+/// one still on its way. A prompt it was not asked about (older than the ones asked)
+/// counts when the ledger has it admitted and it comes no later than the newest the guest
+/// named. A guest that admitted none (a rebuilt machine holds the restored transcript)
+/// covers what the last proof did.
+fn covered(w: &Work, newest: Option<&str>, known: &BTreeMap<String, bool>) -> u64 {
+    let before = w.proofs.last().map_or(0, |p| p.prompts);
+    let newest_at = newest.and_then(|id| w.prompts.iter().position(|p| p.id == id));
+    let next = w
+        .prompts
+        .iter()
+        .enumerate()
+        .skip(before as usize)
+        .take_while(|(i, p)| known.get(&p.id) == Some(&true) || (p.admitted && !known.contains_key(&p.id) && newest_at.is_some_and(|n| *i <= n)))
+        .count();
+    before + next as u64
+}
+
 /// Phases 2–3: import and verify, then record the proof (before git and files). It covers
-/// the prompts up to the newest one the guest had admitted when it exported — not one a
-/// concurrent submit recorded but had not delivered yet.
+/// the prompts the guest had admitted when it exported (`covered`) — not one a concurrent
+/// submit recorded but had not delivered yet.
 fn prove(env: &mut Env, w: Work, export: &Value, sessions: &[Exported]) -> ToolResult<(Work, Vec<Value>)> {
     let newest = export.get("newestPrompt").and_then(Value::as_str).map(String::from);
-    // A guest that admitted none (a rebuilt machine holds the restored transcript) covers
-    // what the last proof did.
-    let before = w.proofs.last().map_or(0, |p| p.prompts);
-    let covered = match newest.as_ref().and_then(|id| w.prompts.iter().position(|p| &p.id == id)) {
-        Some(i) => (i as u64 + 1).max(before),
-        None => before,
-    };
+    let covered = covered(&w, newest.as_deref(), &crate::guest::resolved(export));
     let (proofs, report) = import_and_prove(env, &w, sessions)?;
     let now = env.now();
     let w = Ledger::for_call(&mut env.files, env.ctx).update(&w.work, |w| {
@@ -438,6 +465,29 @@ mod tests {
     fn session(id: &str, parent: Option<&str>, n: usize) -> Value {
         let msgs: Vec<Value> = (0..n).map(|i| json!({ "info": { "id": format!("msg_{id}_{i}"), "role": "user" }, "parts": [{ "id": format!("prt_{i}"), "type": "text", "text": "hi" }] })).collect();
         json!({ "info": { "id": id, "parentID": parent }, "messages": msgs })
+    }
+
+    #[test]
+    fn a_proof_covers_the_prompts_the_guest_admitted_whatever_order_the_ledger_holds_them_in() {
+        use crate::ledger::{Proof, Prompt};
+        let prompt = |id: &str, admitted: bool| Prompt { id: id.into(), admitted, ..Default::default() };
+        let mut w = Work { work: "w1".into(), ..Default::default() };
+        w.prompts = alloc::vec![prompt("p0", true), prompt("pa", true), prompt("pb", true)];
+        w.proofs.push(Proof { prompts: 1, ..Default::default() });
+        let known = |pairs: &[(&str, bool)]| pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect::<BTreeMap<_, _>>();
+        // Two submits at once: the ledger holds pa then pb, the guest admitted pb then pa,
+        // so pa is its newest. Both are covered (the newest's position alone gave 2 of 3).
+        assert_eq!(covered(&w, Some("pa"), &known(&[("pa", true), ("pb", true)])), 3);
+        // pa was still on its way when the guest exported (pb is its newest): pa is not
+        // covered, and so neither is pb after it (the newest's position alone gave 3).
+        w.prompts[1].admitted = false;
+        assert_eq!(covered(&w, Some("pb"), &known(&[("pa", false), ("pb", true)])), 1);
+        // A prompt older than those asked about counts by the ledger's word, up to the newest.
+        w.prompts[1].admitted = true;
+        assert_eq!(covered(&w, Some("pb"), &known(&[("pb", true)])), 3);
+        assert_eq!(covered(&w, Some("pa"), &known(&[])), 2);
+        // A guest that admitted none covers what the last proof did.
+        assert_eq!(covered(&w, None, &known(&[("pa", false), ("pb", false)])), 1);
     }
 
     #[test]

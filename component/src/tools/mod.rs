@@ -232,11 +232,26 @@ pub fn require_proven(w: &crate::ledger::Work) -> ToolResult<()> {
     if w.proven() {
         return Ok(());
     }
+    let covered = w.proofs.last().map_or(0, |p| p.prompts);
     let why = if w.proofs.is_empty() {
         String::from("no harvest has proven its transcript on this laptop")
     } else {
-        alloc::format!("the last proof covers {} of {} prompts", w.proofs.last().map_or(0, |p| p.prompts), w.prompts.len())
+        alloc::format!("the last proof covers {covered} of {} prompts", w.prompts.len())
     };
+    // A prompt whose submit never heard back: a harvest cannot cover it until the machine
+    // says it has it, or until no exec can still be carrying it (IN_FLIGHT_MS), when a
+    // later call takes it off the record with a warning.
+    if let Some(p) = w.prompts.iter().skip(covered as usize).find(|p| !p.admitted) {
+        return Err(ToolError::with_next(
+            Code::NotProven,
+            format!("work '{}': {why}; prompt {} was recorded but its submit never heard that the machine has it", w.work, p.id),
+            format!(
+                "Call boxd_job for work '{}' in a later turn (it asks the machine; a prompt the machine never got leaves the record {} minutes after it was sent), then boxd_harvest.",
+                w.work,
+                crate::ledger::IN_FLIGHT_MS / 60_000
+            ),
+        ));
+    }
     Err(ToolError::with_next(Code::NotProven, format!("work '{}': {why}", w.work), format!("Call boxd_harvest for work '{}' first.", w.work)))
 }
 
@@ -244,6 +259,20 @@ pub fn require_proven(w: &crate::ledger::Work) -> ToolResult<()> {
 mod tests {
     use super::*;
     use crate::testing::{raw_context as raw, MemFiles, Scripted};
+
+    #[test]
+    fn an_unproven_prompt_the_machine_never_confirmed_is_named_with_the_wait_not_a_harvest() {
+        use crate::ledger::{Proof, Prompt, Work};
+        let mut w = Work { work: "w1".into(), ..Default::default() };
+        w.prompts = alloc::vec![Prompt { id: "p0".into(), admitted: true, ..Default::default() }, Prompt { id: "p1".into(), ..Default::default() }];
+        w.proofs.push(Proof { prompts: 1, ..Default::default() });
+        let e = require_proven(&w).unwrap_err();
+        assert_eq!(e.code, Code::NotProven);
+        assert!(e.message.contains("covers 1 of 2") && e.message.contains("p1"), "{}", e.message);
+        assert!(e.next.contains("boxd_job") && e.next.contains("10 minutes"), "{}", e.next);
+        w.prompts[1].admitted = true;
+        assert_eq!(require_proven(&w).unwrap_err().next, "Call boxd_harvest for work 'w1' first.");
+    }
 
     #[test]
     fn ask_changes_refuses_a_change_without_approval_before_any_program_runs() {
