@@ -248,13 +248,16 @@ def cmd_status(args):
 def cmd_export(args):
     work, password, how, info = ready_work(args)
     api = Api(info["port"], password)
+    # Which asked-about prompts were admitted is read before the snapshot below, so each
+    # one it names is in it: running or waiting (SESSION_BUSY), or its run ended and in the
+    # sessions read after. The laptop's proof counts them (tools/harvest.rs, covered).
+    resolved = work.resolved(resolve_arg(args))
     st = work.state()
     sid = work.session_id()
     smap = api.get("/session/status", timeout=10) or {}
     pending = work.waiting(st)
     if st.current or pending or (sid and smap.get(sid)):
         raise Fail("SESSION_BUSY", "work %s is busy (a run is in flight or %d prompt(s) wait)" % (work.id, len(pending)))
-    resolved = work.resolved(resolve_arg(args))
     newest = st.newest_prompt
     if not sid:
         return {"ok": True, "sessions": [], "resolved": resolved, "newestPrompt": newest}

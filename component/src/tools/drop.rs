@@ -36,6 +36,44 @@ pub(super) fn close<F: Files>(ledger: &mut Ledger<F>, work: &str, ctx: &Context)
     Ok((w, out))
 }
 
+/// Close a work whose machine is gone, naming what could not be recovered: the prompts
+/// after the last proof and the files still owed (from the record as it is now: another
+/// drop at once may have closed it already).
+fn close_gone<F: Files>(ledger: &mut Ledger<F>, work: &str, ctx: &Context) -> ToolResult<Value> {
+    let (mut covered, mut was_closed) = (0, false);
+    let w = ledger.update(work, |w| {
+        was_closed = w.is_closed();
+        if was_closed {
+            return;
+        }
+        covered = w.proofs.last().map_or(0, |p| p.prompts as usize);
+        let lost: Vec<String> = w.prompts.iter().skip(covered).map(|p| p.id.clone()).chain(w.owed.iter().cloned()).collect();
+        w.state = WorkState::Closed;
+        w.unrecovered = lost;
+        w.seen_not_running(ctx.now_ms, ctx.options.idle_ms(), true);
+        w.settle(&ctx.options.prices, ctx.now_ms);
+    })?;
+    if was_closed {
+        return Ok(already_dropped(&w));
+    }
+    let mut out = work_json(&w, "gone");
+    out["dropped"] = json!(true);
+    out["machineWasGone"] = json!(true);
+    out["settled"] = settled_json(&w);
+    out["unrecovered"] = json!({
+        "prompts": w.prompts.iter().skip(covered).map(|p| p.id.clone()).collect::<Vec<_>>(),
+        "files": w.owed,
+    });
+    out["next"] = json!("Done: the machine was already gone; the work is closed. The prompts listed as unrecovered never reached this laptop.");
+    Ok(out)
+}
+
+/// Whether boxd no longer has the machine: `get` says not found, and its listing agrees
+/// (a proxy's 404 reads as not found too). Any failure to ask is "not known to be gone".
+fn gone<P: crate::caps::Programs>(boxd: &mut Boxd<P>, machine: &str) -> bool {
+    matches!(boxd.get(machine), Ok(None)) && boxd.list().is_ok_and(|l| !l.iter().any(|m| m.name == machine))
+}
+
 /// The answer for a work a drop finds closed: by an earlier drop, or by one at once.
 fn already_dropped(w: &Work) -> Value {
     let mut out = work_json(w, "gone");
@@ -57,7 +95,7 @@ enum Plan {
     /// A queued fork: no machine, nothing on boxd to account for.
     Queued,
     /// The machine is gone: close the work, naming what could not be recovered.
-    Gone(Work),
+    Gone,
     /// Running and ours, its transcript proven: seal, check the live state, remove.
     Live(Work),
 }
@@ -98,7 +136,7 @@ fn plan(env: &mut Env, work: &str, machine: &str) -> ToolResult<Plan> {
                 format!("Call boxd_status in a later turn, then boxd_drop for work '{work}' again."),
             ));
         }
-        return Ok(Plan::Gone(w));
+        return Ok(Plan::Gone);
     };
     check_machine(&w, &info)?;
     match crate::boxd::known_state(&info)? {
@@ -159,34 +197,32 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
             out["next"] = json!("Done: the fork was still queued and had no machine; it is closed.");
             return Ok(out);
         }
-        Plan::Gone(w) => {
-            let covered = w.proofs.last().map_or(0, |p| p.prompts as usize);
-            let lost: Vec<String> = w.prompts.iter().skip(covered).map(|p| p.id.clone()).chain(w.owed.iter().cloned()).collect();
-            let w = ledger.update(&work, |w| {
-                w.state = WorkState::Closed;
-                w.unrecovered = lost.clone();
-                w.seen_not_running(ctx.now_ms, ctx.options.idle_ms(), true);
-                w.settle(&ctx.options.prices, ctx.now_ms);
-            })?;
-            let mut out = work_json(&w, "gone");
-            out["dropped"] = json!(true);
-            out["machineWasGone"] = json!(true);
-            out["settled"] = settled_json(&w);
-            out["unrecovered"] = json!({
-                "prompts": w.prompts.iter().skip(covered).map(|p| p.id.clone()).collect::<Vec<_>>(),
-                "files": w.owed,
-            });
-            out["next"] = json!("Done: the machine was already gone; the work is closed. The prompts listed as unrecovered never reached this laptop.");
-            return Ok(out);
-        }
+        Plan::Gone => return close_gone(&mut ledger, &work, ctx),
         Plan::Live(w) => w,
     };
     let mut boxd = Boxd::new(&mut env.programs, ctx.options.boxd_timeout_seconds);
     // Intent before effect: from here a submit is refused (the laptop side), and a drop
     // killed anywhere below is finished by the next one.
     // The record from here on, not the one the plan read: from this write no submit records
-    // a prompt, and one recorded since the plan must be asked about and checked.
-    let w = ledger.update(&work, |w| w.state = WorkState::Dropping)?;
+    // a prompt, and one recorded since the plan must be asked about and checked. Only an
+    // open (or half-dropped) work is marked: another drop at once may have closed it since
+    // the plan, and the work may even have been ensured again, on another machine.
+    let planned = w.machine_id.clone();
+    let w = ledger.update(&work, |w| {
+        if matches!(w.state, WorkState::Open | WorkState::Dropping) && w.machine_id == planned {
+            w.state = WorkState::Dropping;
+        }
+    })?;
+    if w.is_closed() {
+        return Ok(already_dropped(&w));
+    }
+    if w.state != WorkState::Dropping {
+        return Err(ToolError::with_next(
+            Code::SessionBusy,
+            format!("work '{work}' changed while this drop looked at it (it is {} now, on {}); nothing was destroyed", w.state.as_str(), w.machine_id.as_deref().unwrap_or("no machine yet")),
+            format!("Call boxd_status, then boxd_drop for work '{work}' again if it is still wanted."),
+        ));
+    }
     let checked = (|| {
         // Quiesce and read the live state in one exec: nothing starts or writes after it
         // (the guest also refuses a submit for a while after it).
@@ -203,9 +239,14 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
         super::account::check_live(&w, &live, &discard)
     })();
     if let Err(e) = checked {
+        // The seal's exec failed and the machine is gone: another drop of it, at once,
+        // checked it and removed it (or boxd lost it). Nothing on it can be recovered any
+        // more: the work closes as any gone one does, and is not reopened with no machine.
+        if matches!(e.code, Code::GuestFailed | Code::BoxdFailed | Code::Timeout) && gone(&mut boxd, &machine) {
+            return close_gone(&mut ledger, &work, ctx);
+        }
         // Refused: the work is open again (the guest restarts on its next command). Unless
-        // another drop of it, at once, finished first and took the machine from under this
-        // one's seal: then what was asked for is done.
+        // another drop of it, at once, finished first: then what was asked for is done.
         let w = ledger.update(&work, |w| {
             if w.state == WorkState::Dropping {
                 w.state = WorkState::Open;

@@ -271,8 +271,11 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
     // would otherwise stay owed and block the drop.
     landing::check_destinations(env, &wanted, &dest_dir)?;
     let w = landing::sweep_temps(env, w)?;
+    // The prompts admitted before the guest exported: what the proof may count on the
+    // ledger's word (`covered`).
+    let admitted_before: BTreeSet<String> = w.prompts.iter().filter(|p| p.admitted).map(|p| p.id.clone()).collect();
     let (w, export, sessions) = export(env, w, &wanted)?;
-    let (w, report) = prove(env, w, &export, &sessions)?;
+    let (w, report) = prove(env, w, &export, &sessions, &admitted_before)?;
     let (w, landing) = landing::landing(env, w, &wanted, &dest_dir)?;
     let (w, git, fetched, arrived) = match record_git(env, w, &wanted, &landing) {
         Ok(r) => r,
@@ -375,23 +378,25 @@ fn export(env: &mut Env, w: Work, wanted: &[String]) -> ToolResult<(Work, Value,
 /// fewer than the 500 it remembers, so its "no" is never a prompt it forgot.
 const ASKED_AFTER_PROOF: usize = 200;
 
-/// How many prompts a proof of this export covers: those of the last proof, then each
-/// next one the guest had admitted when it exported, in the ledger's order. Two submits
-/// at once can reach the ledger in one order and the guest in the other, so the newest
-/// prompt's position alone could leave one out (and the work could never drop) or count
-/// one still on its way. A prompt it was not asked about (older than the ones asked)
-/// counts when the ledger has it admitted and it comes no later than the newest the guest
-/// named. A guest that admitted none (a rebuilt machine holds the restored transcript)
-/// covers what the last proof did.
-fn covered(w: &Work, newest: Option<&str>, known: &BTreeMap<String, bool>) -> u64 {
-    let before = w.proofs.last().map_or(0, |p| p.prompts);
-    let newest_at = newest.and_then(|id| w.prompts.iter().position(|p| p.id == id));
+/// How many prompts a proof of this export covers, counted in the record it is written
+/// to: those of its last proof, then each next one the guest said it had admitted when it
+/// exported (the helper reads that before its snapshot, so each one's run had ended), in
+/// the ledger's order. Two submits at once can reach the ledger in one order and the guest
+/// in the other, so the newest prompt's position could leave one out (and the work could
+/// never drop) or count one still on its way. A prompt the guest was not asked about
+/// (older than the ones asked) counts when the ledger had it admitted before the export.
+/// A guest that admitted none (a rebuilt machine holds the restored transcript) covers
+/// what the last proof did.
+fn covered(w: &Work, known: &BTreeMap<String, bool>, admitted_before: &BTreeSet<String>) -> u64 {
+    let before = w.proofs.last().map_or(0, |p| p.prompts).min(w.prompts.len() as u64);
     let next = w
         .prompts
         .iter()
-        .enumerate()
         .skip(before as usize)
-        .take_while(|(i, p)| known.get(&p.id) == Some(&true) || (p.admitted && !known.contains_key(&p.id) && newest_at.is_some_and(|n| *i <= n)))
+        .take_while(|p| match known.get(&p.id) {
+            Some(admitted) => *admitted,
+            None => admitted_before.contains(&p.id),
+        })
         .count();
     before + next as u64
 }
@@ -399,13 +404,14 @@ fn covered(w: &Work, newest: Option<&str>, known: &BTreeMap<String, bool>) -> u6
 /// Phases 2–3: import and verify, then record the proof (before git and files). It covers
 /// the prompts the guest had admitted when it exported (`covered`) — not one a concurrent
 /// submit recorded but had not delivered yet.
-fn prove(env: &mut Env, w: Work, export: &Value, sessions: &[Exported]) -> ToolResult<(Work, Vec<Value>)> {
+fn prove(env: &mut Env, w: Work, export: &Value, sessions: &[Exported], admitted_before: &BTreeSet<String>) -> ToolResult<(Work, Vec<Value>)> {
     let newest = export.get("newestPrompt").and_then(Value::as_str).map(String::from);
-    let covered = covered(&w, newest.as_deref(), &crate::guest::resolved(export));
+    let known = crate::guest::resolved(export);
     let (proofs, report) = import_and_prove(env, &w, sessions)?;
     let now = env.now();
     let w = Ledger::for_call(&mut env.files, env.ctx).update(&w.work, |w| {
-        w.proofs.push(Proof { at: now, prompts: covered, sessions: proofs, newest_prompt: newest });
+        let prompts = covered(w, &known, admitted_before);
+        w.proofs.push(Proof { at: now, prompts, sessions: proofs, newest_prompt: newest });
         if w.proven() {
             w.warnings.retain(|t| !t.contains(UNHARVESTED_SLEEP));
         }
@@ -470,24 +476,29 @@ mod tests {
     #[test]
     fn a_proof_covers_the_prompts_the_guest_admitted_whatever_order_the_ledger_holds_them_in() {
         use crate::ledger::{Proof, Prompt};
-        let prompt = |id: &str, admitted: bool| Prompt { id: id.into(), admitted, ..Default::default() };
+        let prompt = |id: &str| Prompt { id: id.into(), admitted: true, ..Default::default() };
         let mut w = Work { work: "w1".into(), ..Default::default() };
-        w.prompts = alloc::vec![prompt("p0", true), prompt("pa", true), prompt("pb", true)];
+        w.prompts = alloc::vec![prompt("p0"), prompt("pa"), prompt("pb")];
         w.proofs.push(Proof { prompts: 1, ..Default::default() });
         let known = |pairs: &[(&str, bool)]| pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect::<BTreeMap<_, _>>();
-        // Two submits at once: the ledger holds pa then pb, the guest admitted pb then pa,
-        // so pa is its newest. Both are covered (the newest's position alone gave 2 of 3).
-        assert_eq!(covered(&w, Some("pa"), &known(&[("pa", true), ("pb", true)])), 3);
-        // pa was still on its way when the guest exported (pb is its newest): pa is not
-        // covered, and so neither is pb after it (the newest's position alone gave 3).
-        w.prompts[1].admitted = false;
-        assert_eq!(covered(&w, Some("pb"), &known(&[("pa", false), ("pb", true)])), 1);
-        // A prompt older than those asked about counts by the ledger's word, up to the newest.
-        w.prompts[1].admitted = true;
-        assert_eq!(covered(&w, Some("pb"), &known(&[("pb", true)])), 3);
-        assert_eq!(covered(&w, Some("pa"), &known(&[])), 2);
-        // A guest that admitted none covers what the last proof did.
-        assert_eq!(covered(&w, None, &known(&[("pa", false), ("pb", false)])), 1);
+        let ids = |list: &[&str]| list.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>();
+        let all = ids(&["p0", "pa", "pb"]);
+        // Two submits at once: the ledger holds pa then pb, the guest admitted pb then pa
+        // (pa is its newest). Both are covered; the newest's position alone gave 2 of 3.
+        assert_eq!(covered(&w, &known(&[("pa", true), ("pb", true)]), &all), 3);
+        // pa was still on its way when the guest exported: pa is not covered, and so
+        // neither is pb after it, though the ledger has both admitted by the time the proof
+        // is written (the newest's position alone gave 3).
+        assert_eq!(covered(&w, &known(&[("pa", false), ("pb", true)]), &all), 1);
+        // Not asked about (older than the ones asked): the ledger's word from before the
+        // export counts, and only that.
+        assert_eq!(covered(&w, &known(&[("pb", true)]), &all), 3);
+        assert_eq!(covered(&w, &known(&[("pb", true)]), &ids(&["p0", "pb"])), 1);
+        // A guest that admitted none covers what the last proof did; a proof count past a
+        // list that shrank since is cut to it.
+        assert_eq!(covered(&w, &known(&[("pa", false), ("pb", false)]), &all), 1);
+        w.proofs.push(Proof { prompts: 7, ..Default::default() });
+        assert_eq!(covered(&w, &known(&[]), &all), 3);
     }
 
     #[test]
