@@ -193,8 +193,8 @@ fn matrix(world: &World, pairs: &[(Tool, Tool)]) -> Vec<String> {
 
 /// Two submits (the guest may admit them in the other order than the ledger records
 /// them: the proof must still cover both), a drop against a submit (a prompt admitted
-/// while the machine is sealed), and two drops (the one whose seal loses the machine to
-/// the other answers that the work is dropped).
+/// while the machine is sealed), and two drops (both end with the work dropped, whichever
+/// seal loses the machine to the other).
 #[test]
 fn races_subset() {
     let world = World::new("races-subset");
