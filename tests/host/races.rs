@@ -202,6 +202,49 @@ fn races_subset() {
     assert!(rows.iter().all(|r| r.contains(" held (")), "{rows:#?}");
 }
 
+/// Whether a process runs whose arguments hold `args` in a row (a boxd call under way: the
+/// call log has its line only once it ends).
+fn running(args: &[&str]) -> bool {
+    let want: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
+    std::fs::read_dir("/proc").into_iter().flatten().flatten().any(|p| {
+        let argv = std::fs::read(p.path().join("cmdline")).unwrap_or_default();
+        let argv: Vec<&[u8]> = argv.split(|b| *b == 0).collect();
+        argv.windows(want.len()).any(|w| w == want.as_slice())
+    })
+}
+
+/// Two drops both pass their seal and checks; the other removes the machine while this
+/// one's own remove is under way, and is killed before it closes the record. This one's
+/// remove then finds no machine: what went is what it checked, so it closes the work.
+#[test]
+fn a_drop_whose_machine_another_drop_removed_first_closes_the_work() {
+    let world = World::new("races-remove");
+    let (work, machine) = ("rr", "oc-rr");
+    let w = json!({ "work": work }).to_string();
+    world.ok_call("boxd_ensure", &w);
+    world.ok_call("boxd_harvest", &w);
+    world.faults(r#"[{"verb":"machine remove","times":1,"action":"delay","ms":4000}]"#);
+    std::thread::scope(|s| {
+        let first = s.spawn(|| world.call("boxd_drop", &w));
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while !running(&["machine", "remove", machine]) {
+            assert!(std::time::Instant::now() < deadline, "the first drop never reached its remove");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        // get, seal, remove: killed after the remove, before the close.
+        assert!(world.killed_at("after-spawn:3", "boxd_drop", &w), "the second drop was killed after its remove");
+        assert_eq!(machines_named(&world, machine), 0, "the second drop removed the machine");
+        assert_eq!(ledger_record(&world, work)["state"], "dropping", "and never closed the work");
+        let (code, v) = first.join().unwrap();
+        assert_eq!((code, &v["dropped"]), (0, &json!(true)), "{v:#}");
+        assert!(v.get("unrecovered").is_none(), "everything was checked before the machine went: {v:#}");
+    });
+    let record = ledger_record(&world, work);
+    assert_eq!(record["state"], "closed", "{record:#}");
+    assert_eq!(record["unrecovered"].as_array().map_or(0, Vec::len), 0, "{record:#}");
+    assert!(ledger_problems(&world.laptop.ledger).is_empty());
+}
+
 #[test]
 #[ignore = "every pair takes several minutes; run it with --ignored"]
 fn races_full() {

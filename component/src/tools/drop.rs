@@ -27,8 +27,11 @@ fn settled_json(w: &Work) -> Value {
 /// Close the work with its settled cost: the record as written, and the answer's start.
 pub(super) fn close<F: Files>(ledger: &mut Ledger<F>, work: &str, ctx: &Context) -> ToolResult<(Work, Value)> {
     let w = ledger.update(work, |w| {
-        w.state = WorkState::Closed;
-        w.settle(&ctx.options.prices, ctx.now_ms);
+        // Closed by another drop at once: its settled cost stands.
+        if !w.is_closed() {
+            w.state = WorkState::Closed;
+            w.settle(&ctx.options.prices, ctx.now_ms);
+        }
     })?;
     let mut out = work_json(&w, "gone");
     out["dropped"] = json!(true);
@@ -255,10 +258,16 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
         return if w.is_closed() { Ok(already_dropped(&w)) } else { Err(e) };
     }
     if let Err(f) = boxd.remove(&machine) {
-        return match ledger.require(&work)? {
-            w if w.is_closed() => Ok(already_dropped(&w)),
-            _ => Err(f.into_error()),
-        };
+        let w = ledger.require(&work)?;
+        if w.is_closed() {
+            return Ok(already_dropped(&w));
+        }
+        // Another drop at once (or one killed right after its remove) took the machine after
+        // this one sealed and checked it: what went is what this drop accounted for, so the
+        // work closes as if this remove had done it. Anything else leaves it `dropping`.
+        if !gone(&mut boxd, &machine) {
+            return Err(f.into_error());
+        }
     }
     let (w, mut out) = close(&mut ledger, &work, ctx)?;
     if let Some(g) = &w.git {
@@ -350,10 +359,37 @@ mod tests {
         p.push_exit(0, OURS, "");
         p.push_exit(0, r#"{"ok":true,"repo":true,"refs":{},"dirty":false,"untracked":[],"ignored":[]}"#, "");
         p.push_exit(0, "", "error: VM is busy, try again\n");
+        p.push_exit(0, OURS, "");
         let e = call(&mut p, &mut fs, "boxd_drop", r#"{"work":"w1"}"#, raw()).unwrap_err();
         assert_eq!(e.code, Code::BoxdFailed, "{e:?}");
         assert!(e.message.contains("VM is busy"), "the CLI's own words: {}", e.message);
         assert!(!Ledger::new(&mut fs, "/l").require("w1").unwrap().is_closed(), "the work is not closed");
+    }
+
+    #[test]
+    fn a_remove_that_finds_the_machine_already_gone_closes_only_when_boxd_agrees_it_is_gone() {
+        let mut fs = work_with(Some(GitRecord::default()));
+        let sealed = r#"{"ok":true,"repo":true,"refs":{},"dirty":false,"untracked":[],"ignored":[]}"#;
+        // The remove fails, and the machine is still there: nothing is closed.
+        let mut p = Scripted::default();
+        p.push_exit(0, OURS, "");
+        p.push_exit(0, sealed, "");
+        p.push_fail(1, "error: VM is busy");
+        p.push_exit(0, OURS, "");
+        let e = call(&mut p, &mut fs, "boxd_drop", r#"{"work":"w1"}"#, raw()).unwrap_err();
+        assert_eq!(e.code, Code::BoxdFailed, "{e:?}");
+        assert_eq!(Ledger::new(&mut fs, "/l").require("w1").unwrap().state, WorkState::Dropping, "the next drop finishes it");
+        // Another drop removed it after this one's checks: get and the listing agree it is gone.
+        let mut p = Scripted::default();
+        p.push_exit(0, OURS, "");
+        p.push_exit(0, sealed, "");
+        p.push_fail(1, "error: VM 'oc-w1' not found");
+        p.push_fail(1, "error: VM 'oc-w1' not found");
+        p.push_exit(0, "[]", "");
+        let v = call(&mut p, &mut fs, "boxd_drop", r#"{"work":"w1"}"#, raw()).unwrap();
+        assert_eq!(v["dropped"], true, "{v:#}");
+        assert!(v.get("unrecovered").is_none(), "everything was checked before the machine went: {v:#}");
+        assert!(Ledger::new(&mut fs, "/l").require("w1").unwrap().is_closed());
     }
 
     #[test]
