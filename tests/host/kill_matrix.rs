@@ -53,7 +53,7 @@ impl Tool {
     }
 
     /// The fork a Fork cell makes of `work`.
-    fn fork_of(work: &str) -> String {
+    pub(crate) fn fork_of(work: &str) -> String {
         format!("{work}f")
     }
 

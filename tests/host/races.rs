@@ -17,7 +17,7 @@ use crate::common::*;
 use crate::faults_matrix::{documented_codes, ledger_problems};
 use crate::kill_matrix::{guest_seen, ledger_record, machines_named, Tool};
 
-const TOOLS: [Tool; 7] = [Tool::Submit, Tool::Harvest, Tool::Sleep, Tool::Resume, Tool::Image, Tool::Ensure, Tool::Drop];
+const TOOLS: [Tool; 8] = [Tool::Submit, Tool::Harvest, Tool::Sleep, Tool::Resume, Tool::Image, Tool::Ensure, Tool::Fork, Tool::Drop];
 
 /// A running work whose transcript is proven and whose one new file is home: nothing on
 /// it is unaccounted for, so each tool of a pair has something to do.
@@ -107,6 +107,10 @@ fn race(world: &World, codes: &std::collections::BTreeSet<String>, a: Tool, b: T
     }
     assert!(problems.is_empty(), "{ctx}\n{problems:#?}");
 
+    if a == Tool::Fork || b == Tool::Fork {
+        fork_agrees(world, &work, &ctx);
+    }
+
     // The machine and the record agree.
     let record = ledger_record(world, &work);
     let machine = format!("oc-{work}");
@@ -168,13 +172,54 @@ fn race(world: &World, codes: &std::collections::BTreeSet<String>, a: Tool, b: T
     shown
 }
 
+/// The fork a race made (or was refused) agrees with its machine, and goes with a drop:
+/// no record means no machine; a queued or closed fork has none, an open one exactly the
+/// one its record names, a creating one at most one (the next boxd_fork adopts it).
+fn fork_agrees(world: &World, work: &str, ctx: &str) {
+    let fork = Tool::fork_of(work);
+    let machine = format!("oc-{fork}");
+    let n = machines_named(world, &machine);
+    if !world.laptop.ledger.join(format!("works/{fork}/work.json")).exists() {
+        assert_eq!(n, 0, "a fork the ledger never recorded has no machine: {ctx}");
+        return;
+    }
+    let record = ledger_record(world, &fork);
+    let state = record["state"].as_str().unwrap_or_default().to_string();
+    match state.as_str() {
+        "open" => {
+            assert_eq!(n, 1, "an open fork has its machine: {ctx}\nfork {record:#}");
+            let listed = world.laptop.boxd(&["machine", "get", &machine, "--json"]);
+            let id = serde_json::from_slice::<Value>(&listed.stdout).unwrap()["id"].clone();
+            assert_eq!(record["machineId"], id, "the fork's record names its machine: {ctx}\nfork {record:#}");
+        }
+        "creating" => assert!(n <= 1, "{ctx}"),
+        _ => assert_eq!(n, 0, "a {state} fork has no machine: {ctx}\nfork {record:#}"),
+    }
+    // Finished: an open fork harvests (its tree becomes a record), then every fork drops.
+    let f = json!({ "work": fork }).to_string();
+    if state == "creating" && ledger_record(world, work)["state"] == "open" {
+        settled_call(world, "boxd_fork", &Tool::Fork.args(work, 0));
+    }
+    if ledger_record(world, &fork)["state"] == "open" {
+        // The parent's out.txt came with the copied tree: the fork harvests it too.
+        let h = settled_call(world, "boxd_harvest", &json!({ "work": fork, "files": ["out.txt"] }).to_string());
+        assert_eq!(h.0, 0, "the fork harvests after the race: {ctx}\n{:#}", h.1);
+    }
+    let dropped = settled_call(world, "boxd_drop", &f);
+    assert_eq!(dropped.0, 0, "the fork drops after the race: {ctx}\n{:#}", dropped.1);
+    assert_eq!(ledger_record(world, &fork)["state"], "closed", "{ctx}");
+    assert_eq!(machines_named(world, &machine), 0, "{ctx}");
+}
+
 /// Each pair on a fresh work; a table row per pair, a failed check being its row.
 fn matrix(world: &World, pairs: &[(Tool, Tool)]) -> Vec<String> {
     let codes = documented_codes();
     let mut rows = Vec::new();
     for (cell, (a, b)) in pairs.iter().enumerate() {
         let checked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| race(world, &codes, *a, *b, cell)));
-        let _ = world.laptop.boxd(&["machine", "remove", &format!("oc-r{cell}"), "-y"]);
+        for m in [format!("oc-r{cell}"), format!("oc-r{cell}f")] {
+            let _ = world.laptop.boxd(&["machine", "remove", &m, "-y"]);
+        }
         let name = format!("{} ∥ {}", a.name(), b.name());
         rows.push(match checked {
             Ok(shown) => format!("{name:<28} held ({shown})"),
@@ -243,6 +288,44 @@ fn a_drop_whose_machine_another_drop_removed_first_closes_the_work() {
     assert_eq!(record["state"], "closed", "{record:#}");
     assert_eq!(record["unrecovered"].as_array().map_or(0, Vec::len), 0, "{record:#}");
     assert!(ledger_problems(&world.laptop.ledger).is_empty());
+}
+
+/// Two boxd_fork calls of one parent with the same fork at once: the first one's `machine
+/// fork` is slow, so the second finds the fork recorded with no machine yet, makes it and
+/// readies it; the first's fork then finds the name taken by that machine. Neither may put
+/// the fork back in the queue or call its machine someone else's.
+#[test]
+fn two_forks_of_one_name_at_once_make_one_machine_and_both_answer_it() {
+    let world = World::new("races-fork");
+    let parent = "rf";
+    setup(&world, parent);
+    let fork = Tool::fork_of(parent);
+    let args = Tool::Fork.args(parent, 0);
+    world.faults(r#"[{"verb":"machine fork","times":1,"action":"delay","ms":3000}]"#);
+    let answers: Vec<(i32, Value)> = std::thread::scope(|s| {
+        let first = s.spawn(|| world.call("boxd_fork", &args));
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while !running(&["machine", "fork", "oc-rf"]) {
+            assert!(std::time::Instant::now() < deadline, "the first fork never reached its machine fork");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let second = world.call("boxd_fork", &args);
+        vec![first.join().unwrap(), second]
+    });
+    let ctx = format!("{:#} / {:#}", answers[0].1, answers[1].1);
+    for (code, v) in &answers {
+        assert_eq!(*code, 0, "{ctx}");
+        let row = v["forks"].as_array().unwrap().iter().find(|r| r["work"] == fork.as_str()).cloned().unwrap_or_default();
+        assert!(row["state"] == "running" || row["state"] == "creating", "each answer lists the fork as made or being made: {ctx}");
+    }
+    let record = ledger_record(&world, &fork);
+    assert_eq!(record["state"], "open", "{ctx}\nfork {record:#}");
+    assert_eq!(machines_named(&world, &format!("oc-{fork}")), 1, "{ctx}");
+    // One copy of the parent's tree, not one inside the other.
+    let tree = world.on_machine(&format!("oc-{fork}"), &format!("ls -A work/{fork}"));
+    let names = String::from_utf8_lossy(&tree.stdout).into_owned();
+    assert!(names.lines().all(|n| !n.contains("fork-tmp")) && names.contains("out.txt"), "{names}");
+    fork_agrees(&world, parent, &ctx);
 }
 
 #[test]

@@ -196,7 +196,29 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
             return Ok(already_dropped(&w));
         }
         Plan::Queued => {
-            let (_, mut out) = close(&mut ledger, &work, ctx)?;
+            // Only while it is still queued: a boxd_fork of its parent at once may be making
+            // its machine now, and a closed record would leave that machine with no owner.
+            let mut closed_now = false;
+            let w = ledger.update(&work, |w| {
+                if w.state == WorkState::Queued {
+                    w.state = WorkState::Closed;
+                    w.settle(&ctx.options.prices, ctx.now_ms);
+                    closed_now = true;
+                }
+            })?;
+            if w.is_closed() && !closed_now {
+                return Ok(already_dropped(&w));
+            }
+            if !closed_now {
+                return Err(ToolError::with_next(
+                    Code::SessionBusy,
+                    format!("work '{work}' left the queue while this drop looked at it (it is {} now); nothing was closed", w.state.as_str()),
+                    format!("Call boxd_status in a later turn, then boxd_drop for work '{work}' again."),
+                ));
+            }
+            let mut out = work_json(&w, "gone");
+            out["dropped"] = json!(true);
+            out["settled"] = settled_json(&w);
             out["next"] = json!("Done: the fork was still queued and had no machine; it is closed.");
             return Ok(out);
         }

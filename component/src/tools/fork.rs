@@ -85,7 +85,10 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
         // No work is named "": the parent's machine counts like every other.
         let mut room = headroom(&mut boxd, &mut ledger, ctx, "")?;
         for w in queue {
-            let adopted = if w.state == WorkState::Creating { adopt_fork(&mut boxd, &mut ledger, ctx, &w)? } else { None };
+            // The record as it is now: another boxd_fork of this parent at once may have made
+            // this fork since the snapshot (it is open now), or a drop closed it.
+            let Some(w) = ledger.read(&w.work)?.filter(|w| matches!(w.state, WorkState::Queued | WorkState::Creating)) else { continue };
+            let adopted = if w.state == WorkState::Creating || w.machine_id.is_some() { adopt_fork(&mut boxd, &mut ledger, ctx, &w)? } else { None };
             let w = match adopted {
                 Some(w) => w,
                 None => {
@@ -94,12 +97,17 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
                         waiting = Some(e);
                         break;
                     }
-                    fork_machine(&mut boxd, &mut ledger, ctx, &parent, &w)?
+                    match fork_machine(&mut boxd, &mut ledger, ctx, &parent, &w)? {
+                        Some(w) => w,
+                        // Another boxd_fork at once made it; that call readies it.
+                        None => continue,
+                    }
                 }
             };
             room.take(ctx, &w.work, &w.directory);
-            let guest = ready_guest(&mut boxd, &mut ledger, ctx, &parent, &w, version.as_deref())?;
-            admitted.push((w.work.clone(), guest));
+            if let Some(guest) = ready_guest(&mut boxd, &mut ledger, ctx, &parent, &w, version.as_deref())? {
+                admitted.push((w.work.clone(), guest));
+            }
         }
     }
     if let Some(e) = waiting.as_ref().filter(|e| e.code == Code::CeilingReached && admitted.is_empty()) {
@@ -135,11 +143,15 @@ fn forks_of<F: Files>(ledger: &mut Ledger<F>, parent: &str) -> ToolResult<Vec<Wo
 }
 
 /// Record a new fork as queued, or refuse an id the ledger holds for something else (an
-/// id is one work: never a second machine under it).
+/// id is one work: never a second machine under it). One recorded as this parent's fork
+/// since `admit` read the ledger (another boxd_fork at once) is taken as it is.
 fn record_fork<F: Files>(ledger: &mut Ledger<F>, ctx: &Context, parent: &Work, id: &str, order: u64) -> ToolResult<Work> {
     let now = iso8601(ctx.now_ms);
     let w = ledger.upsert(id, |cur| {
         if let Some(w) = cur {
+            if !w.is_closed() && w.fork.as_ref().is_some_and(|f| f.parent == parent.work) {
+                return Ok(None);
+            }
             let what = match &w.fork {
                 _ if w.is_closed() => "a dropped work (pick a new id for the fork)".to_string(),
                 Some(f) => format!("a fork of work '{}'", f.parent),
@@ -180,18 +192,36 @@ fn adopt_fork<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F>,
 
 /// Fork the parent's machine into the fork's. Recorded as creating first, so a fork that
 /// lands after boxd stops answering is adopted by the next boxd_fork, never made twice.
-fn fork_machine<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F>, ctx: &Context, parent: &Work, w: &Work) -> ToolResult<Work> {
+/// None when another boxd_fork at once made it (its record has the machine's id, or is
+/// open or closed since): that call readies it, and this one leaves the record alone.
+fn fork_machine<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F>, ctx: &Context, parent: &Work, w: &Work) -> ToolResult<Option<Work>> {
     let machine = &w.machine;
+    let mut claimed = false;
     ledger.update(&w.work, |w| {
-        w.state = WorkState::Creating;
-        w.created_ms = ctx.now_ms;
+        if matches!(w.state, WorkState::Queued | WorkState::Creating) && w.machine_id.is_none() {
+            w.state = WorkState::Creating;
+            w.created_ms = ctx.now_ms;
+            claimed = true;
+        }
     })?;
+    if !claimed {
+        return Ok(None);
+    }
     let again = format!("Call boxd_fork for work '{}' again: it adopts the fork if it appears.", parent.work);
     let created = match boxd.fork(&parent.machine, machine, ctx.options.idle_seconds()) {
         Ok(c) => c,
         Err(Failure::Timeout(m)) => return Err(ToolError::with_next(Code::CreateUncertain, format!("boxd machine fork did not answer ({m}); {machine} may still appear"), again)),
         Err(Failure::Other(m)) if m.contains("already exists") => {
-            ledger.update(&w.work, |w| w.state = WorkState::Queued)?;
+            // Back in the queue only while no call has recorded a machine for it: another
+            // boxd_fork at once may have made it (then it is that call's to ready).
+            let w = ledger.update(&w.work, |w| {
+                if w.state == WorkState::Creating && w.machine_id.is_none() {
+                    w.state = WorkState::Queued;
+                }
+            })?;
+            if w.machine_id.is_some() || w.state == WorkState::Open {
+                return Ok(None);
+            }
             return Err(ToolError::new(Code::NotOurs, format!("a machine named {machine} exists, but this laptop's ledger did not create it; the fork stays queued")));
         }
         Err(e) => {
@@ -209,20 +239,29 @@ fn fork_machine<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F
     let Some(id) = created.id.filter(|_| !created.boot_timeout) else {
         return Err(ToolError::with_next(Code::CreateUncertain, format!("boxd forked {machine} but its boot timed out or its answer carried no id"), again));
     };
-    ledger.update(&w.work, |w| {
-        w.machine_id = Some(id);
-        w.open_run(ctx.now_ms);
-    })
+    // Creating again if a call at once, finding the name taken by this fork before this
+    // write, put it back in the queue.
+    ledger
+        .update(&w.work, |w| {
+            w.machine_id = Some(id);
+            if w.state == WorkState::Queued {
+                w.state = WorkState::Creating;
+            }
+            w.open_run(ctx.now_ms);
+        })
+        .map(Some)
 }
 
 /// Give the fork its own work tree (a copy of the parent's without its `.boxd/`) and its
 /// own guest (password, server, pump), then open it. Idempotent: a tree already there is
-/// kept, so a call killed midway is finished by the next.
-fn ready_guest<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F>, ctx: &Context, parent: &Work, w: &Work, version: Option<&str>) -> ToolResult<Value> {
+/// kept, so a call killed midway is finished by the next, and two calls at once each copy
+/// into their own folder and the first rename wins (`mv -T` never moves one copy into the
+/// other). None when the fork was closed meanwhile (a drop): nothing is prepared.
+fn ready_guest<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F>, ctx: &Context, parent: &Work, w: &Work, version: Option<&str>) -> ToolResult<Option<Value>> {
     // Work ids are [a-z0-9-]: safe in the script as they are.
     let (from, to) = (&parent.work, &w.work);
     let script = format!(
-        "cd \"$HOME/work\" && [ -d {from} ] && if [ ! -e {to} ]; then rm -rf {to}.fork-tmp && cp -a {from} {to}.fork-tmp && rm -rf {to}.fork-tmp/.boxd && mv {to}.fork-tmp {to}; fi"
+        "cd \"$HOME/work\" && [ -d {from} ] && if [ ! -e {to} ]; then t={to}.fork-tmp.$$ && rm -rf \"$t\" && cp -a {from} \"$t\" && rm -rf \"$t/.boxd\" && {{ mv -T \"$t\" {to} 2>/dev/null || {{ rm -rf \"$t\"; [ -d {to} ]; }}; }}; fi"
     );
     let out = boxd.exec(&w.machine, &["sh", "-c", &script], None, 120).map_err(Failure::into_error)?;
     if out.exit_code != Some(0) {
@@ -233,16 +272,22 @@ fn ready_guest<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F>
         ));
     }
     let w = ledger.update(to, |w| {
+        if w.is_closed() {
+            return;
+        }
         w.state = WorkState::Open;
         // The copied home holds the parent's helper; every exec checks its digest anyway
         // (a missing or other file is uploaded then), so no upload is spent up front.
         w.helper_sha256 = parent.helper_sha256.clone();
     })?;
+    if w.is_closed() {
+        return Ok(None);
+    }
     // One password per work: the call's random bytes, told apart by the fork's id.
     let mut seed = ctx.entropy.clone();
     seed.extend_from_slice(to.as_bytes());
     let entropy = if ctx.entropy.len() < 16 { ctx.entropy.clone() } else { crate::encode::sha256_hex(&seed).into_bytes() };
-    prepare_guest(boxd, ledger, &w, &entropy, version)
+    prepare_guest(boxd, ledger, &w, &entropy, version).map(Some)
 }
 
 /// boxd_fork's answer: each of the parent's forks with its state, what was admitted now,
@@ -310,7 +355,7 @@ mod tests {
         assert_eq!(v["queued"], json!(["fb", "fc"]), "{v}");
         assert_eq!(v["waiting"]["error"], "CAP_REACHED", "{v}");
         assert!(cmds[3].starts_with("machine fork oc-w1 oc-fa --auto-hibernate-timeout "), "{cmds:?}");
-        assert!(cmds[4].contains("cp -a w1 fa.fork-tmp") && cmds[4].contains("rm -rf fa.fork-tmp/.boxd"), "{cmds:?}");
+        assert!(cmds[4].contains("cp -a w1 \"$t\"") && cmds[4].contains("t=fa.fork-tmp.$$") && cmds[4].contains("mv -T \"$t\" fa"), "{cmds:?}");
         assert_eq!(cmds.len(), 6, "one fork, one copy, one prepare: {cmds:?}");
         let fa = Ledger::new(&mut fs, "/l").require("fa").unwrap();
         assert_eq!((fa.state, fa.machine_id.as_deref(), fa.fork.as_ref().map(|f| f.parent.as_str())), (WorkState::Open, Some("vm_fa"), Some("w1")));
