@@ -143,3 +143,35 @@ fn boxd_status_asks_its_two_listings_at_once() {
     assert_eq!(out.status.signal(), Some(9), "{out:?}");
     assert!(!marks.join("list").exists() && !marks.join("snapshots").exists(), "a child started before the batch was checked");
 }
+
+/// Processes whose environment names this boxd-local home and whose arguments hold `args`
+/// in a row (so another test's calls at the same time do not count).
+fn boxd_children(home: &Path, args: &[&str]) -> usize {
+    let home = format!("BOXD_LOCAL_HOME={}", home.display());
+    let want: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
+    std::fs::read_dir("/proc").into_iter().flatten().flatten().filter(|p| {
+        let env = std::fs::read(p.path().join("environ")).unwrap_or_default();
+        let argv = std::fs::read(p.path().join("cmdline")).unwrap_or_default();
+        let argv: Vec<&[u8]> = argv.split(|b| *b == 0).collect();
+        env.split(|b| *b == 0).any(|e| e == home.as_bytes()) && argv.windows(want.len()).any(|w| w == want.as_slice())
+    }).count()
+}
+
+/// One listing fails at once and the other never ends: the status answers when the hanging
+/// one reaches the boxd bound (not when the hang would end), naming the failure, and no
+/// child of the batch is left running.
+#[test]
+fn a_status_whose_one_listing_fails_while_the_other_hangs_answers_at_its_bound() {
+    let world = World::new("status-fail-hang");
+    world.faults(r#"[{"verb":"machine list","times":1,"action":"fail","message":"internal"},{"verb":"snapshots list","times":1,"action":"hang","ms":600000}]"#);
+    let started = std::time::Instant::now();
+    let out = world.call_output(&["--options", r#"{"boxdTimeoutSeconds":5}"#], "boxd_status", "{}");
+    let took = started.elapsed();
+    let v = stdout_json(&out);
+    assert!(took < std::time::Duration::from_secs(120), "the hang was bounded: {took:?}");
+    assert_eq!(boxd_children(&world.laptop.boxd_home, &["snapshots", "list"]), 0, "the hanging listing was ended with the call");
+    assert_eq!(out.status.code(), Some(0), "status still reads the ledger: {v:#}");
+    assert!(v["boxd"]["reason"].as_str().is_some_and(|r| r.contains("machine list") && r.contains("internal")), "the answer names the listing's failure: {v:#}");
+    // Unknown, not absent: an unanswered listing must not read as "no golden image".
+    assert!(v["snapshot"]["present"].is_null(), "{v:#}");
+}
