@@ -9,7 +9,7 @@ use alloc::string::{String, ToString};
 use alloc::vec::Vec;
 use serde_json::Value;
 
-use crate::boxd::{first_json, Boxd, Failure};
+use crate::boxd::{first_json, Boxd, Failure, State};
 use crate::caps::{Programs, Streamed, Streams};
 use crate::encode::sha256_hex;
 use crate::errors::{Code, ToolError, ToolResult};
@@ -79,6 +79,29 @@ impl<'b, 'a, P: Programs> Guest<'b, 'a, P> {
         }
     }
 
+    /// A helper exec boxd failed or timed out: when the machine is asleep now (another call's
+    /// boxd_sleep, or its idle bound, put it to sleep under the exec), MACHINE_ASLEEP with
+    /// boxd's words, so the next step is boxd_resume and not boxd's own wake, which the
+    /// ledger would not see. One `get`, asked only after such a failure.
+    fn exec_failed(&mut self, f: Failure) -> ToolError {
+        if !matches!(f, Failure::Other(_) | Failure::Timeout(_)) {
+            return f.into_error();
+        }
+        let asleep = match self.boxd.get(&self.machine) {
+            Ok(Some(info)) => State::from_status(&info.status).filter(|s| matches!(s, State::Asleep | State::Stopped)),
+            _ => None,
+        };
+        let e = f.into_error();
+        match asleep {
+            Some(s) => ToolError::with_next(
+                Code::MachineAsleep,
+                format!("{} is {} now, so this call's command on it did not finish ({}: {})", self.machine, crate::tools::status::job_state(s), e.code.as_str(), e.message),
+                format!("Call boxd_resume for work '{}', then call again.", self.work),
+            ),
+            None => e,
+        }
+    }
+
     /// One helper command. The helper's digest is checked on the guest before every use
     /// (exit 86 when it is missing or changed), and then it is uploaded and the call retried.
     pub fn call(&mut self, command: &str, flags: &[&str], stdin: Option<Vec<u8>>) -> ToolResult<Value> {
@@ -98,10 +121,12 @@ impl<'b, 'a, P: Programs> Guest<'b, 'a, P> {
             sha = sha256_hex(HELPER),
         );
         let words = ["sh", "-c", script.as_str()];
-        let mut out = self.boxd.exec_streaming(&self.machine, &words, stdin.clone(), streams, HELPER_TIMEOUT_S).map_err(Failure::into_error)?;
+        let first = self.boxd.exec_streaming(&self.machine, &words, stdin.clone(), streams, HELPER_TIMEOUT_S);
+        let mut out = first.map_err(|f| self.exec_failed(f))?;
         if out.exit_code == Some(86) {
             self.upload()?;
-            out = self.boxd.exec_streaming(&self.machine, &words, stdin, streams, HELPER_TIMEOUT_S).map_err(Failure::into_error)?;
+            let again = self.boxd.exec_streaming(&self.machine, &words, stdin, streams, HELPER_TIMEOUT_S);
+            out = again.map_err(|f| self.exec_failed(f))?;
         }
         let streamed = core::mem::take(&mut out.files);
         match out.exit_code {
@@ -251,5 +276,29 @@ mod tests {
         assert!(e.message.contains("'HOST_FAILED'") && e.message.contains("claimed"), "{}", e.message);
         let e = failing(3, &json!({ "ok": false, "error": "SESSION_BUSY", "message": "a run" }).to_string());
         assert_eq!((e.code, e.message.as_str()), (Code::SessionBusy, "oc-w1: a run"));
+    }
+
+    #[test]
+    fn an_exec_the_machine_fell_asleep_under_is_machine_asleep_and_any_other_failure_stays_boxds() {
+        let asleep = "error: VM 'oc-w1' is hibernated — run 'boxd machine wake oc-w1' first";
+        for (status, code) in [("hibernated", Code::MachineAsleep), ("running", Code::BoxdFailed)] {
+            let mut p = Scripted::default();
+            p.push_fail(1, asleep);
+            p.push_exit(0, &json!({ "name": "oc-w1", "id": "vm_1", "status": status }).to_string(), "");
+            let mut b = Boxd::new(&mut p, 10);
+            let e = Guest::new(&mut b, "oc-w1", "w1").call("status", &[], None).unwrap_err();
+            assert_eq!(e.code, code, "{e:?}");
+            assert!(e.message.contains("is hibernated"), "boxd's own words stay in the message: {}", e.message);
+            assert_eq!(p.commands().len(), 2, "the exec, then one get: {:?}", p.commands());
+            if code == Code::MachineAsleep {
+                assert!(e.next.contains("boxd_resume for work 'w1'"), "{}", e.next);
+            }
+        }
+        // The helper's own failure is not boxd's: no get is spent on it.
+        let mut p = Scripted::default();
+        p.push_exit(5, "", "Traceback");
+        let mut b = Boxd::new(&mut p, 10);
+        assert_eq!(Guest::new(&mut b, "oc-w1", "w1").call("status", &[], None).unwrap_err().code, Code::GuestFailed);
+        assert_eq!(p.commands().len(), 1);
     }
 }
