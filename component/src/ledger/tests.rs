@@ -117,3 +117,16 @@ fn proof_must_cover_every_prompt() {
     w.prompts.push(Prompt::default());
     assert!(!w.proven());
 }
+
+/// The password goes into place whole or not at all: the first call's stands, a crash's
+/// empty file (an older plugin's) is replaced, and no temp file is left either way.
+#[test]
+fn a_password_is_placed_whole_and_the_first_one_stands() {
+    let mut fs = MemFiles::new(&["/l"]);
+    let first = "a".repeat(32);
+    assert_eq!(Ledger::new(&mut fs, "/l").password_or_create("w1", &first).unwrap(), first);
+    assert_eq!(Ledger::new(&mut fs, "/l").password_or_create("w1", &"b".repeat(32)).unwrap(), first, "a second call takes the first's");
+    fs.put("/l/works/w2/password", b"");
+    assert_eq!(Ledger::new(&mut fs, "/l").password_or_create("w2", &"c".repeat(32)).unwrap(), "c".repeat(32), "a crash's empty file is replaced");
+    assert!(fs.files.keys().all(|k| !k.contains("boxd-tmp")), "{:?}", fs.files.keys().collect::<Vec<_>>());
+}
