@@ -95,7 +95,7 @@ impl<'b, 'a, P: Programs> Guest<'b, 'a, P> {
         match asleep {
             Some(s) => ToolError::with_next(
                 Code::MachineAsleep,
-                format!("{} is {} now, so this call's command on it did not finish ({}: {})", self.machine, crate::tools::status::job_state(s), e.code.as_str(), e.message),
+                format!("{} is {} now: boxd answered this call's command on it with {} ({}), so it may not have run to its end", self.machine, crate::tools::status::job_state(s), e.code.as_str(), e.message),
                 format!("Call boxd_resume for work '{}', then call again.", self.work),
             ),
             None => e,

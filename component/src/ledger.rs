@@ -516,34 +516,20 @@ impl<'a, F: Files> Ledger<'a, F> {
     }
 
     /// The password, made from `fresh` by whichever call comes first, so two ensures at
-    /// once cannot give the guest two different passwords. It is written whole under a name
-    /// of this call's own and linked into place only where none is: a call at once never
-    /// reads a half-written one, and so never takes it for a crash's empty file and
-    /// replaces it (which an exclusive create followed by the write allowed).
+    /// once cannot give the guest two different passwords: read, and written whole when
+    /// absent (or blank, an older plugin's crash mid-create), under the work's lock.
     pub fn password_or_create(&mut self, work: &str, fresh: &str) -> ToolResult<String> {
-        self.files.create_dir_all(&self.work_dir(work)).map_err(|e| ledger_error("create the work's ledger folder", e))?;
         let path = format!("{}/password", self.work_dir(work));
-        if let Some(p) = self.password(work)?.filter(|p| !p.is_empty()) {
-            return Ok(p);
-        }
-        let tmp = format!("{path}.{}.boxd-tmp", &fresh[..fresh.len().min(16)]);
+        self.lock(work)?;
         let stored = (|| {
-            self.files.create_new(&tmp, fresh.as_bytes())?;
-            if self.files.place_new(&tmp, &path)? {
-                return Ok(());
+            if let Some(p) = self.password(work)?.filter(|p| !p.is_empty()) {
+                return Ok(p);
             }
-            // Something is there: another call's whole password, or an empty file an older
-            // plugin left when it crashed mid-create (only that one is replaced).
-            if self.files.read(&path)?.is_some_and(|b| b.iter().all(u8::is_ascii_whitespace)) {
-                self.files.remove_file(&path)?;
-                if self.files.place_new(&tmp, &path)? {
-                    return Ok(());
-                }
-            }
-            self.files.remove_file(&tmp).map(|_| ())
+            self.files.write_atomic(&path, fresh.as_bytes()).map_err(|e| ledger_error("store the server password", e))?;
+            self.password(work)?.filter(|p| !p.is_empty()).ok_or_else(|| ToolError::new(Code::LedgerFailed, format!("{path} could not be created")))
         })();
-        stored.map_err(|e| ledger_error("store the server password", e))?;
-        self.password(work)?.filter(|p| !p.is_empty()).ok_or_else(|| ToolError::new(Code::LedgerFailed, format!("{path} could not be created")))
+        self.unlock(work);
+        stored
     }
 }
 

@@ -122,6 +122,17 @@ fn recover_and_check(world: &World, tool: Tool, work: &str, args: &str, point: &
         }
         std::thread::sleep(std::time::Duration::from_millis(1500));
     }
+    if tool == Tool::Fork {
+        let fork = tool.subject(work);
+        let claimed = world.laptop.ledger.join(format!("works/{fork}/work.json")).exists() && ledger_record(world, &fork)["state"] == "creating";
+        if claimed && machines_named(world, &format!("oc-{fork}")) == 0 {
+            // Killed after its claim and before its `machine fork`: no call can tell it from
+            // one still waiting on its fork, so the claim holds the fork for FORK_CLAIM_MS
+            // (10 min), and the rerun says it is still being made.
+            assert!(last["next"].as_str().is_some_and(|n| n.contains("still being made")), "{} at {point}: {last:#}", tool.name());
+            return "claim held".into();
+        }
+    }
     let status = world.ok_call("boxd_status", "{}");
     let subject = tool.subject(work);
     let work = subject.as_str();
@@ -227,13 +238,18 @@ fn kill_matrix_subset() {
 fn kill_matrix_full() {
     let world = World::new("kill-full");
     let mut rows = Vec::new();
+    // BOXD_KILL_TOOLS=fork,drop runs only those tools' points.
+    let only = std::env::var("BOXD_KILL_TOOLS").ok();
     for tool in [Tool::Submit, Tool::Sleep, Tool::Drop, Tool::Image, Tool::Harvest, Tool::Resume, Tool::Ensure, Tool::Fork] {
+        if only.as_deref().is_some_and(|o| !o.split(',').any(|t| tool.name() == format!("boxd_{t}"))) {
+            continue;
+        }
         rows.extend(matrix(&world, tool, None));
     }
     print(&rows);
     let killed = rows.iter().filter(|r| r.contains("killed")).count();
     let recovered = rows.iter().filter(|r| r.contains("killed → recovered")).count();
     eprintln!("{killed} points killed, {recovered} recovered ({} %)", recovered * 100 / killed.max(1));
-    assert!(killed > 20, "{rows:#?}");
+    assert!(killed > 20 || only.is_some(), "{rows:#?}");
     assert_eq!(recovered, killed, "every point recovers: {rows:#?}");
 }

@@ -296,16 +296,27 @@ fn a_drop_whose_machine_another_drop_removed_first_closes_the_work() {
 /// the fork back in the queue or call its machine someone else's.
 #[test]
 fn two_forks_of_one_name_at_once_make_one_machine_and_both_answer_it() {
-    let world = World::new("races-fork");
-    let parent = "rf";
+    two_forks_at_once("rf", r#"[{"verb":"machine fork","times":1,"action":"delay","ms":3000}]"#);
+}
+
+/// The same, with boxd holding the name from the first fork's start (it lands at once and
+/// answers late): the second finds the machine and adopts it, and the first's late answer
+/// leaves the fork to it.
+#[test]
+fn a_fork_whose_machine_fork_answers_late_is_adopted_by_a_second_call_not_made_twice() {
+    two_forks_at_once("rl", r#"[{"verb":"machine fork","times":1,"action":"delay","ms":3000,"land":true}]"#);
+}
+
+fn two_forks_at_once(parent: &str, faults: &str) {
+    let world = World::new(&format!("races-fork-{parent}"));
     setup(&world, parent);
     let fork = Tool::fork_of(parent);
     let args = Tool::Fork.args(parent, 0);
-    world.faults(r#"[{"verb":"machine fork","times":1,"action":"delay","ms":3000}]"#);
+    world.faults(faults);
     let answers: Vec<(i32, Value)> = std::thread::scope(|s| {
         let first = s.spawn(|| world.call("boxd_fork", &args));
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-        while !running(&["machine", "fork", "oc-rf"]) {
+        while !running(&["machine", "fork", &format!("oc-{parent}")]) {
             assert!(std::time::Instant::now() < deadline, "the first fork never reached its machine fork");
             std::thread::sleep(std::time::Duration::from_millis(20));
         }

@@ -26,17 +26,46 @@ fn settled_json(w: &Work) -> Value {
 
 /// Close the work with its settled cost: the record as written, and the answer's start.
 pub(super) fn close<F: Files>(ledger: &mut Ledger<F>, work: &str, ctx: &Context) -> ToolResult<(Work, Value)> {
-    let w = ledger.update(work, |w| {
+    Ok(match close_when(ledger, work, ctx, |_| true)? {
+        Ok(closed) => closed,
         // Closed by another drop at once: its settled cost stands.
-        if !w.is_closed() {
+        Err(w) => {
+            let mut out = work_json(&w, "gone");
+            out["dropped"] = json!(true);
+            out["settled"] = settled_json(&w);
+            (w, out)
+        }
+    })
+}
+
+/// `close`, only if `when` holds for the record as it is at the write: Err with that record
+/// (closed already, or changed) when it does not.
+fn close_when<F: Files>(ledger: &mut Ledger<F>, work: &str, ctx: &Context, when: impl FnOnce(&Work) -> bool) -> ToolResult<Result<(Work, Value), Work>> {
+    let mut closed = false;
+    let w = ledger.update(work, |w| {
+        if !w.is_closed() && when(w) {
             w.state = WorkState::Closed;
             w.settle(&ctx.options.prices, ctx.now_ms);
+            closed = true;
         }
     })?;
+    if !closed {
+        return Ok(Err(w));
+    }
     let mut out = work_json(&w, "gone");
     out["dropped"] = json!(true);
     out["settled"] = settled_json(&w);
-    Ok((w, out))
+    Ok(Ok((w, out)))
+}
+
+/// The answer for a work that changed under a drop after it planned (reopened on another
+/// machine, or taken up by a fork call): nothing more is done to it.
+fn changed(w: &Work, what: &str) -> ToolError {
+    ToolError::with_next(
+        Code::SessionBusy,
+        format!("work '{}' changed while this drop looked at it (it is {} now, on {}); {what}", w.work, w.state.as_str(), w.machine_id.as_deref().unwrap_or("no machine yet")),
+        format!("Call boxd_status, then boxd_drop for work '{}' again if it is still wanted.", w.work),
+    )
 }
 
 /// Close a work whose machine is gone, naming what could not be recovered: the prompts
@@ -196,31 +225,17 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
             return Ok(already_dropped(&w));
         }
         Plan::Queued => {
-            // Only while it is still queued: a boxd_fork of its parent at once may be making
-            // its machine now, and a closed record would leave that machine with no owner.
-            let mut closed_now = false;
-            let w = ledger.update(&work, |w| {
-                if w.state == WorkState::Queued {
-                    w.state = WorkState::Closed;
-                    w.settle(&ctx.options.prices, ctx.now_ms);
-                    closed_now = true;
+            // Only while it is still queued with no machine: a boxd_fork of its parent at once
+            // may be making its machine now, and a closed record would leave that machine with
+            // no owner.
+            return match close_when(&mut ledger, &work, ctx, |w| w.state == WorkState::Queued && w.machine_id.is_none())? {
+                Ok((_, mut out)) => {
+                    out["next"] = json!("Done: the fork was still queued and had no machine; it is closed.");
+                    Ok(out)
                 }
-            })?;
-            if w.is_closed() && !closed_now {
-                return Ok(already_dropped(&w));
-            }
-            if !closed_now {
-                return Err(ToolError::with_next(
-                    Code::SessionBusy,
-                    format!("work '{work}' left the queue while this drop looked at it (it is {} now); nothing was closed", w.state.as_str()),
-                    format!("Call boxd_status in a later turn, then boxd_drop for work '{work}' again."),
-                ));
-            }
-            let mut out = work_json(&w, "gone");
-            out["dropped"] = json!(true);
-            out["settled"] = settled_json(&w);
-            out["next"] = json!("Done: the fork was still queued and had no machine; it is closed.");
-            return Ok(out);
+                Err(w) if w.is_closed() => Ok(already_dropped(&w)),
+                Err(w) => Err(changed(&w, "nothing was closed")),
+            };
         }
         Plan::Gone => return close_gone(&mut ledger, &work, ctx),
         Plan::Live(w) => w,
@@ -242,11 +257,7 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
         return Ok(already_dropped(&w));
     }
     if w.state != WorkState::Dropping {
-        return Err(ToolError::with_next(
-            Code::SessionBusy,
-            format!("work '{work}' changed while this drop looked at it (it is {} now, on {}); nothing was destroyed", w.state.as_str(), w.machine_id.as_deref().unwrap_or("no machine yet")),
-            format!("Call boxd_status, then boxd_drop for work '{work}' again if it is still wanted."),
-        ));
+        return Err(changed(&w, "nothing was destroyed"));
     }
     let checked = (|| {
         // Quiesce and read the live state in one exec: nothing starts or writes after it
@@ -291,7 +302,14 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
             return Err(f.into_error());
         }
     }
-    let (w, mut out) = close(&mut ledger, &work, ctx)?;
+    // The machine this drop checked is gone. The record closes if it still names it (another
+    // drop's refused seal may have reopened it meanwhile); a record on another machine (a
+    // resume rebuilt it since) is left as it is.
+    let (w, mut out) = match close_when(&mut ledger, &work, ctx, |w| w.machine_id == planned && matches!(w.state, WorkState::Dropping | WorkState::Open))? {
+        Ok(closed) => closed,
+        Err(w) if w.is_closed() => return Ok(already_dropped(&w)),
+        Err(w) => return Err(changed(&w, &format!("{machine}, which this drop checked, was removed, and the work was left as it is"))),
+    };
     if let Some(g) = &w.git {
         out["patch"] = json!(g.patch);
         out["bundle"] = json!(g.bundle);

@@ -86,27 +86,31 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
         let mut room = headroom(&mut boxd, &mut ledger, ctx, "")?;
         for w in queue {
             // The record as it is now: another boxd_fork of this parent at once may have made
-            // this fork since the snapshot (it is open now), or a drop closed it.
-            let Some(w) = ledger.read(&w.work)?.filter(|w| matches!(w.state, WorkState::Queued | WorkState::Creating)) else { continue };
-            let adopted = if w.state == WorkState::Creating || w.machine_id.is_some() { adopt_fork(&mut boxd, &mut ledger, ctx, &w)? } else { None };
-            let w = match adopted {
-                Some(w) => w,
-                None => {
-                    if let Err(e) = room.check(ctx, &w.work, &w.directory, w.spend_micros(&ctx.options.prices, ctx.now_ms)) {
-                        // In order: nothing behind a fork that waits jumps ahead of it.
-                        waiting = Some(e);
-                        break;
-                    }
-                    match fork_machine(&mut boxd, &mut ledger, ctx, &parent, &w)? {
-                        Some(w) => w,
-                        // Another boxd_fork at once made it; that call readies it.
-                        None => continue,
+            // this fork since the snapshot, or a drop closed it.
+            let Some(w) = ledger.read(&w.work)? else { continue };
+            let step = match w.state {
+                WorkState::Closed => continue,
+                WorkState::Queued | WorkState::Creating => {
+                    match (w.state == WorkState::Creating || w.machine_id.is_some()).then(|| adopt_fork(&mut boxd, &mut ledger, ctx, &w)).transpose()?.flatten() {
+                        Some(step) => step,
+                        None => {
+                            if let Err(e) = room.check(ctx, &w.work, &w.directory, w.spend_micros(&ctx.options.prices, ctx.now_ms)) {
+                                // In order: nothing behind a fork that waits jumps ahead of it.
+                                waiting = Some(e);
+                                break;
+                            }
+                            fork_machine(&mut boxd, &mut ledger, ctx, &parent, &w)?
+                        }
                     }
                 }
+                _ => Step::Elsewhere,
             };
+            // A fork another call makes or made runs too: it counts against the caps.
             room.take(ctx, &w.work, &w.directory);
-            if let Some(guest) = ready_guest(&mut boxd, &mut ledger, ctx, &parent, &w, version.as_deref())? {
-                admitted.push((w.work.clone(), guest));
+            if let Step::Ready(w) = step {
+                if let Some(guest) = ready_guest(&mut boxd, &mut ledger, ctx, &parent, &w, version.as_deref())? {
+                    admitted.push((w.work.clone(), guest));
+                }
             }
         }
     }
@@ -173,54 +177,85 @@ fn record_fork<F: Files>(ledger: &mut Ledger<F>, ctx: &Context, parent: &Work, i
     Ok(w.expect("a new fork is written"))
 }
 
-/// A fork whose earlier `machine fork` never answered: take up the machine it made, or
-/// None when there is none (it is forked again).
-fn adopt_fork<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F>, ctx: &Context, w: &Work) -> ToolResult<Option<Work>> {
-    let Some(info) = boxd.get(&w.machine).map_err(Failure::into_error)? else { return Ok(None) };
+/// Where a fork's machine stands for this call: made or adopted, and this call's to ready;
+/// or another boxd_fork's (at once), which readies it.
+enum Step {
+    Ready(Work),
+    Elsewhere,
+}
+
+/// How long a fork's claim (`creating`, no machine id yet) keeps another call from forking
+/// it again: the call that holds it may still be waiting on its `machine fork` (a call
+/// admits up to MAX_FORKS, one after another, and only knows its start time). The same
+/// bound as a prompt that may still be on its way.
+pub const FORK_CLAIM_MS: u64 = crate::ledger::IN_FLIGHT_MS;
+
+/// A fork that is `creating` (a `machine fork` under way, or one that never answered), or
+/// whose machine is recorded: take up the machine under its name. None when there is none
+/// and no other call may still be making it (it is forked again).
+fn adopt_fork<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F>, ctx: &Context, w: &Work) -> ToolResult<Option<Step>> {
+    let Some(info) = boxd.get(&w.machine).map_err(Failure::into_error)? else {
+        let held = w.state == WorkState::Creating && w.machine_id.is_none() && ctx.now_ms.saturating_sub(w.created_ms) < FORK_CLAIM_MS;
+        return Ok(held.then_some(Step::Elsewhere));
+    };
     if info.id.is_empty() {
         return Err(ToolError::new(Code::NotOurs, format!("boxd gave no id for {}, so it cannot be checked against the ledger", info.name)));
     }
     let mut owned = w.clone();
     owned.machine_id.get_or_insert_with(|| info.id.clone());
     check_machine(&owned, &info)?;
+    // Only a fork still waiting, with no machine recorded or this one: another call at once
+    // may have opened it, recorded another, or a drop closed it since.
+    let mut took = false;
     let w = ledger.update(&w.work, |w| {
-        w.machine_id = owned.machine_id;
-        w.open_run(ctx.now_ms);
+        if matches!(w.state, WorkState::Queued | WorkState::Creating) && w.machine_id.as_ref().is_none_or(|id| *id == info.id) {
+            w.machine_id = Some(info.id.clone());
+            w.state = WorkState::Creating;
+            w.open_run(ctx.now_ms);
+            took = true;
+        }
     })?;
-    Ok(Some(w))
+    Ok(Some(if took { Step::Ready(w) } else { Step::Elsewhere }))
 }
 
-/// Fork the parent's machine into the fork's. Recorded as creating first, so a fork that
-/// lands after boxd stops answering is adopted by the next boxd_fork, never made twice.
-/// None when another boxd_fork at once made it (its record has the machine's id, or is
-/// open or closed since): that call readies it, and this one leaves the record alone.
-fn fork_machine<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F>, ctx: &Context, parent: &Work, w: &Work) -> ToolResult<Option<Work>> {
+/// Fork the parent's machine into the fork's. The fork is claimed first (`creating`, with
+/// this call's time), so one that lands after boxd stops answering is adopted by the next
+/// boxd_fork, never made twice, and a call at once leaves it to this one (`FORK_CLAIM_MS`).
+/// Every later write that undoes the claim checks it is still this call's.
+fn fork_machine<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F>, ctx: &Context, parent: &Work, w: &Work) -> ToolResult<Step> {
     let machine = &w.machine;
     let mut claimed = false;
     ledger.update(&w.work, |w| {
-        if matches!(w.state, WorkState::Queued | WorkState::Creating) && w.machine_id.is_none() {
+        let stale = w.state == WorkState::Creating && ctx.now_ms.saturating_sub(w.created_ms) >= FORK_CLAIM_MS;
+        if w.machine_id.is_none() && (w.state == WorkState::Queued || stale) {
             w.state = WorkState::Creating;
             w.created_ms = ctx.now_ms;
             claimed = true;
         }
     })?;
     if !claimed {
-        return Ok(None);
+        return Ok(Step::Elsewhere);
     }
+    let mine = |w: &Work| w.state == WorkState::Creating && w.machine_id.is_none() && w.created_ms == ctx.now_ms;
+    let unclaim = |ledger: &mut Ledger<F>| -> ToolResult<bool> {
+        let mut undone = false;
+        ledger.update(&w.work, |w| {
+            if mine(w) {
+                w.state = WorkState::Queued;
+                undone = true;
+            }
+        })?;
+        Ok(undone)
+    };
     let again = format!("Call boxd_fork for work '{}' again: it adopts the fork if it appears.", parent.work);
     let created = match boxd.fork(&parent.machine, machine, ctx.options.idle_seconds()) {
         Ok(c) => c,
         Err(Failure::Timeout(m)) => return Err(ToolError::with_next(Code::CreateUncertain, format!("boxd machine fork did not answer ({m}); {machine} may still appear"), again)),
         Err(Failure::Other(m)) if m.contains("already exists") => {
-            // Back in the queue only while no call has recorded a machine for it: another
-            // boxd_fork at once may have made it (then it is that call's to ready).
-            let w = ledger.update(&w.work, |w| {
-                if w.state == WorkState::Creating && w.machine_id.is_none() {
-                    w.state = WorkState::Queued;
-                }
-            })?;
-            if w.machine_id.is_some() || w.state == WorkState::Open {
-                return Ok(None);
+            // Under this call's claim, the name was taken by a machine no call of ours made.
+            // A claim another call took since (a stale one's) is that call's to settle.
+            if !unclaim(ledger)? {
+                return Ok(Step::Elsewhere);
             }
             return Err(ToolError::new(Code::NotOurs, format!("a machine named {machine} exists, but this laptop's ledger did not create it; the fork stays queued")));
         }
@@ -229,7 +264,7 @@ fn fork_machine<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F
             // nothing was made and it goes back in the queue, in its place; there, it is the
             // one this call made, and the work stays creating for the next boxd_fork to adopt.
             if let Ok(None) = boxd.get(machine) {
-                ledger.update(&w.work, |w| w.state = WorkState::Queued)?;
+                unclaim(ledger)?;
                 return Err(refused(e));
             }
             let e = refused(e);
@@ -239,29 +274,48 @@ fn fork_machine<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F
     let Some(id) = created.id.filter(|_| !created.boot_timeout) else {
         return Err(ToolError::with_next(Code::CreateUncertain, format!("boxd forked {machine} but its boot timed out or its answer carried no id"), again));
     };
-    // Creating again if a call at once, finding the name taken by this fork before this
-    // write, put it back in the queue.
-    ledger
-        .update(&w.work, |w| {
-            w.machine_id = Some(id);
-            if w.state == WorkState::Queued {
-                w.state = WorkState::Creating;
-            }
+    // Recorded while the fork still waits (creating again if a call that took a stale claim
+    // found the name taken by this fork and put it back in the queue). Another call may have
+    // adopted the machine and readied it since (it is that call's now); a drop may have
+    // closed the record in that moment, and then the machine made for it, which no record
+    // names, is removed (it holds nothing yet).
+    let mut took = false;
+    let w = ledger.update(&w.work, |w| {
+        if matches!(w.state, WorkState::Queued | WorkState::Creating) && w.machine_id.as_ref().is_none_or(|m| *m == id) {
+            w.machine_id = Some(id.clone());
+            w.state = WorkState::Creating;
             w.open_run(ctx.now_ms);
-        })
-        .map(Some)
+            took = true;
+        }
+    })?;
+    if took {
+        return Ok(Step::Ready(w));
+    }
+    if w.is_closed() && w.machine_id.is_none() {
+        return match boxd.remove(machine) {
+            Ok(()) => Ok(Step::Elsewhere),
+            Err(f) => Err(ToolError::with_next(
+                Code::BoxdFailed,
+                format!("work '{}' was dropped while its fork was being made, and removing the new {machine} ({id}) failed: {}", w.work, f.into_error().message),
+                format!("Remove it with 'boxd machine remove {machine} -y' (it holds nothing yet)."),
+            )),
+        };
+    }
+    Ok(Step::Elsewhere)
 }
 
 /// Give the fork its own work tree (a copy of the parent's without its `.boxd/`) and its
 /// own guest (password, server, pump), then open it. Idempotent: a tree already there is
 /// kept, so a call killed midway is finished by the next, and two calls at once each copy
 /// into their own folder and the first rename wins (`mv -T` never moves one copy into the
-/// other). None when the fork was closed meanwhile (a drop): nothing is prepared.
+/// other; a copy whose folder went loses quietly, and once the tree is there every copy
+/// folder left goes). Only the call that opens the fork prepares its guest: None when
+/// another did, or the fork is no longer creating (a drop under way or done).
 fn ready_guest<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F>, ctx: &Context, parent: &Work, w: &Work, version: Option<&str>) -> ToolResult<Option<Value>> {
     // Work ids are [a-z0-9-]: safe in the script as they are.
     let (from, to) = (&parent.work, &w.work);
     let script = format!(
-        "cd \"$HOME/work\" && [ -d {from} ] && if [ ! -e {to} ]; then t={to}.fork-tmp.$$ && rm -rf \"$t\" && cp -a {from} \"$t\" && rm -rf \"$t/.boxd\" && {{ mv -T \"$t\" {to} 2>/dev/null || {{ rm -rf \"$t\"; [ -d {to} ]; }}; }}; fi"
+        "cd \"$HOME/work\" && [ -d {from} ] && if [ ! -e {to} ]; then t={to}.fork-tmp.$$; {{ rm -rf \"$t\" && cp -a {from} \"$t\" && rm -rf \"$t/.boxd\" && mv -T \"$t\" {to} 2>/dev/null; }} || {{ rm -rf \"$t\"; [ -d {to} ]; }}; fi && rm -rf {to}.fork-tmp.*"
     );
     let out = boxd.exec(&w.machine, &["sh", "-c", &script], None, 120).map_err(Failure::into_error)?;
     if out.exit_code != Some(0) {
@@ -271,16 +325,17 @@ fn ready_guest<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F>
             format!("Call boxd_fork for work '{from}' again, or boxd_drop for work '{to}'."),
         ));
     }
+    let mut opened = false;
     let w = ledger.update(to, |w| {
-        if w.is_closed() {
-            return;
+        if w.state == WorkState::Creating {
+            w.state = WorkState::Open;
+            // The copied home holds the parent's helper; every exec checks its digest anyway
+            // (a missing or other file is uploaded then), so no upload is spent up front.
+            w.helper_sha256 = parent.helper_sha256.clone();
+            opened = true;
         }
-        w.state = WorkState::Open;
-        // The copied home holds the parent's helper; every exec checks its digest anyway
-        // (a missing or other file is uploaded then), so no upload is spent up front.
-        w.helper_sha256 = parent.helper_sha256.clone();
     })?;
-    if w.is_closed() {
+    if !opened {
         return Ok(None);
     }
     // One password per work: the call's random bytes, told apart by the fork's id.
@@ -309,8 +364,14 @@ fn answer<F: Files>(ledger: &mut Ledger<F>, parent: &str, forks: &[Work], admitt
         rows.push(row);
     }
     let queued: Vec<String> = rows.iter().filter(|r| r["state"] == "queued").filter_map(|r| r["work"].as_str().map(String::from)).collect();
+    let creating: Vec<String> = rows.iter().filter(|r| r["state"] == "creating").filter_map(|r| r["work"].as_str().map(String::from)).collect();
     let next = match &waiting {
         Some(e) => format!("{} The queued forks ({}) wait in the ledger: call boxd_fork for work '{parent}' again to admit them in order.", e.next, queued.join(", ")),
+        // Being made by another call (or by one that never answered): it finishes them.
+        None if !creating.is_empty() => format!(
+            "Forks {} are still being made by another boxd_fork call: call boxd_fork for work '{parent}' again in a later turn (it adopts them once their machines are there), then boxd_submit each.",
+            creating.join(", ")
+        ),
         None => "Call boxd_submit for each fork with its own prompt, boxd_job for each in a later turn, then boxd_harvest each and compare; boxd_drop the ones you do not keep.".to_string(),
     };
     Ok(json!({
@@ -355,7 +416,7 @@ mod tests {
         assert_eq!(v["queued"], json!(["fb", "fc"]), "{v}");
         assert_eq!(v["waiting"]["error"], "CAP_REACHED", "{v}");
         assert!(cmds[3].starts_with("machine fork oc-w1 oc-fa --auto-hibernate-timeout "), "{cmds:?}");
-        assert!(cmds[4].contains("cp -a w1 \"$t\"") && cmds[4].contains("t=fa.fork-tmp.$$") && cmds[4].contains("mv -T \"$t\" fa"), "{cmds:?}");
+        assert!(cmds[4].contains("cp -a w1 \"$t\"") && cmds[4].contains("t=fa.fork-tmp.$$") && cmds[4].contains("mv -T \"$t\" fa") && cmds[4].contains("fi && rm -rf fa.fork-tmp.*"), "{cmds:?}");
         assert_eq!(cmds.len(), 6, "one fork, one copy, one prepare: {cmds:?}");
         let fa = Ledger::new(&mut fs, "/l").require("fa").unwrap();
         assert_eq!((fa.state, fa.machine_id.as_deref(), fa.fork.as_ref().map(|f| f.parent.as_str())), (WorkState::Open, Some("vm_fa"), Some("w1")));
@@ -424,5 +485,39 @@ mod tests {
             }
         }
     }
-}
 
+    /// A fork claimed by another call (`creating`, no machine yet) is left to it while the
+    /// claim is younger than FORK_CLAIM_MS, and forked again once it is older.
+    #[test]
+    fn a_young_claim_is_left_to_its_holder_and_an_old_one_is_taken_over() {
+        for (age, forked) in [(60_000, false), (FORK_CLAIM_MS, true)] {
+            let mut fs = open_work(None);
+            let (r, _) = fork_call(&mut fs, &["oc-w1"], &[], r#"{"maxRunningPerLedger":1}"#, r#"{"work":"w1","forks":["fa"]}"#);
+            assert_eq!(r.unwrap()["queued"], json!(["fa"]));
+            let now = 20 * 60_000;
+            Ledger::new(&mut fs, "/l").update("fa", |w| (w.state, w.created_ms) = (WorkState::Creating, now - age)).unwrap();
+            let mut raw = raw_context("{}", "{}");
+            raw.now_ms = now;
+            let mut p = Scripted::default();
+            p.push_exit(0, "1.18.33", "");
+            p.push_exit(0, OURS, "");
+            p.push_exit(0, r#"[{"name":"oc-w1","status":"running"}]"#, "");
+            p.push_fail(1, "error: VM 'oc-fa' not found");
+            if forked {
+                p.push_exit(0, r#"{"name":"oc-fa","id":"vm_fa","boot":"5ms"}"#, "");
+                p.push_exit(0, "", "");
+                p.push_exit(0, r#"{"ok":true,"work":"fa"}"#, "");
+            }
+            let v = call(&mut p, &mut fs, "boxd_fork", r#"{"work":"w1"}"#, raw).unwrap();
+            let forks = p.commands().iter().filter(|c| c.starts_with("machine fork")).count();
+            assert_eq!(forks, usize::from(forked), "{:?}", p.commands());
+            let fa = Ledger::new(&mut fs, "/l").require("fa").unwrap();
+            if forked {
+                assert_eq!((fa.state, fa.machine_id.as_deref()), (WorkState::Open, Some("vm_fa")));
+            } else {
+                assert_eq!((fa.state, fa.created_ms), (WorkState::Creating, now - age), "the holder's claim is left as it is");
+                assert!(v["next"].as_str().unwrap().contains("still being made"), "{v:#}");
+            }
+        }
+    }
+}

@@ -164,6 +164,13 @@ fn before_command(
             out.line(&text);
             Ok(Some(0))
         }
+        Action::Delay if rule.land => {
+            // The command acts at once and answers late: a slow fork that holds its name
+            // from its start.
+            let done = dispatch(&Ctx { home, inv, out, landing: Landing::Normal });
+            std::thread::sleep(Duration::from_millis(rule.ms.unwrap_or(0)));
+            done.map(Some)
+        }
         Action::Delay => {
             std::thread::sleep(Duration::from_millis(rule.ms.unwrap_or(0)));
             Ok(None)
