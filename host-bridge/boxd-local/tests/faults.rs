@@ -143,6 +143,25 @@ fn signed_out_and_delay() {
     assert!(t0.elapsed() >= Duration::from_millis(400));
 }
 
+/// `delay` with `land`: the command acts at once and answers late, so its effect shows
+/// while it still runs (a slow fork that holds its name from its start).
+#[test]
+fn a_delay_that_lands_acts_before_it_answers() {
+    let h = Home::new("delay-land");
+    h.write_faults(json!([{"verb": "machine new", "times": 1, "action": "delay", "ms": 1500, "land": true}]));
+    let mut slow = h.cmd(&["machine", "new", "late", "--json"]).stdout(std::process::Stdio::piped()).spawn().unwrap();
+    let t0 = Instant::now();
+    while !h.json(&["machine", "list"]).to_string().contains("\"late\"") {
+        assert!(t0.elapsed() < Duration::from_secs(10), "the machine never appeared");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(slow.try_wait().unwrap().is_none(), "listed while its create still runs");
+    let out = slow.wait_with_output().unwrap();
+    assert!(out.status.success());
+    assert_eq!(serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()["name"], "late");
+    assert!(t0.elapsed() >= Duration::from_millis(1000));
+}
+
 #[test]
 fn aliases_and_wildcards_match_canonical_verbs() {
     let h = Home::new("alias");
