@@ -70,12 +70,14 @@ fn changed(w: &Work, what: &str) -> ToolError {
 
 /// Close a work whose machine is gone, naming what could not be recovered: the prompts
 /// after the last proof and the files still owed (from the record as it is now: another
-/// drop at once may have closed it already).
-fn close_gone<F: Files>(ledger: &mut Ledger<F>, work: &str, ctx: &Context) -> ToolResult<Value> {
-    let (mut covered, mut was_closed) = (0, false);
+/// drop at once may have closed it already). Only while the record still names the machine
+/// the drop planned on and is not being created: a resume may have rebuilt it meanwhile.
+fn close_gone<F: Files>(ledger: &mut Ledger<F>, work: &str, ctx: &Context, planned: &Option<String>) -> ToolResult<Value> {
+    let (mut covered, mut was_closed, mut moved) = (0, false, false);
     let w = ledger.update(work, |w| {
         was_closed = w.is_closed();
-        if was_closed {
+        moved = w.machine_id != *planned || w.state == WorkState::Creating;
+        if was_closed || moved {
             return;
         }
         covered = w.proofs.last().map_or(0, |p| p.prompts as usize);
@@ -87,6 +89,9 @@ fn close_gone<F: Files>(ledger: &mut Ledger<F>, work: &str, ctx: &Context) -> To
     })?;
     if was_closed {
         return Ok(already_dropped(&w));
+    }
+    if moved {
+        return Err(changed(&w, "nothing was closed"));
     }
     let mut out = work_json(&w, "gone");
     out["dropped"] = json!(true);
@@ -126,8 +131,9 @@ enum Plan {
     AlreadyDropped(Work),
     /// A queued fork: no machine, nothing on boxd to account for.
     Queued,
-    /// The machine is gone: close the work, naming what could not be recovered.
-    Gone,
+    /// The machine is gone: close the work, naming what could not be recovered (only while
+    /// it still names the machine id the plan read).
+    Gone(Option<String>),
     /// Running and ours, its transcript proven: seal, check the live state, remove.
     Live(Work),
 }
@@ -168,7 +174,7 @@ fn plan(env: &mut Env, work: &str, machine: &str) -> ToolResult<Plan> {
                 format!("Call boxd_status in a later turn, then boxd_drop for work '{work}' again."),
             ));
         }
-        return Ok(Plan::Gone);
+        return Ok(Plan::Gone(w.machine_id));
     };
     check_machine(&w, &info)?;
     match crate::boxd::known_state(&info)? {
@@ -237,7 +243,7 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
                 Err(w) => Err(changed(&w, "nothing was closed")),
             };
         }
-        Plan::Gone => return close_gone(&mut ledger, &work, ctx),
+        Plan::Gone(planned) => return close_gone(&mut ledger, &work, ctx, &planned),
         Plan::Live(w) => w,
     };
     let mut boxd = Boxd::new(&mut env.programs, ctx.options.boxd_timeout_seconds);
@@ -279,7 +285,7 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
         // checked it and removed it (or boxd lost it). Nothing on it can be recovered any
         // more: the work closes as any gone one does, and is not reopened with no machine.
         if matches!(e.code, Code::GuestFailed | Code::BoxdFailed | Code::Timeout) && gone(&mut boxd, &machine) {
-            return close_gone(&mut ledger, &work, ctx);
+            return close_gone(&mut ledger, &work, ctx, &planned);
         }
         // Refused: the work is open again (the guest restarts on its next command). Unless
         // another drop of it, at once, finished first: then what was asked for is done.
@@ -302,13 +308,15 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
             return Err(f.into_error());
         }
     }
-    // The machine this drop checked is gone. The record closes if it still names it (another
-    // drop's refused seal may have reopened it meanwhile); a record on another machine (a
-    // resume rebuilt it since) is left as it is.
-    let (w, mut out) = match close_when(&mut ledger, &work, ctx, |w| w.machine_id == planned && matches!(w.state, WorkState::Dropping | WorkState::Open))? {
+    // The machine this drop checked is gone. Still `dropping` on it, nothing can have been
+    // submitted since the checks, and the record closes as checked. Reopened meanwhile (an
+    // ensure, or another drop's refused seal) a prompt may have run after them: it closes
+    // as a gone machine's, naming what was not recovered. On another machine (a resume
+    // rebuilt it) it is left as it is.
+    let (w, mut out) = match close_when(&mut ledger, &work, ctx, |w| w.machine_id == planned && w.state == WorkState::Dropping)? {
         Ok(closed) => closed,
         Err(w) if w.is_closed() => return Ok(already_dropped(&w)),
-        Err(w) => return Err(changed(&w, &format!("{machine}, which this drop checked, was removed, and the work was left as it is"))),
+        Err(_) => return close_gone(&mut ledger, &work, ctx, &planned),
     };
     if let Some(g) = &w.git {
         out["patch"] = json!(g.patch);

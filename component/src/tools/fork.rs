@@ -221,13 +221,17 @@ fn adopt_fork<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F>,
 /// Fork the parent's machine into the fork's. The fork is claimed first (`creating`, with
 /// this call's time), so one that lands after boxd stops answering is adopted by the next
 /// boxd_fork, never made twice, and a call at once leaves it to this one (`FORK_CLAIM_MS`).
-/// Every later write that undoes the claim checks it is still this call's.
+/// Every later write that undoes the claim checks it is still this call's. Only a failure
+/// that made nothing for certain puts the fork back in the queue; any other leaves it
+/// `creating` with the claim released, so a fork that lands late is adopted, never taken
+/// for someone else's.
 fn fork_machine<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F>, ctx: &Context, parent: &Work, w: &Work) -> ToolResult<Step> {
     let machine = &w.machine;
-    let mut claimed = false;
+    let (mut claimed, mut from_queue) = (false, false);
     ledger.update(&w.work, |w| {
         let stale = w.state == WorkState::Creating && ctx.now_ms.saturating_sub(w.created_ms) >= FORK_CLAIM_MS;
         if w.machine_id.is_none() && (w.state == WorkState::Queued || stale) {
+            from_queue = w.state == WorkState::Queued;
             w.state = WorkState::Creating;
             w.created_ms = ctx.now_ms;
             claimed = true;
@@ -237,11 +241,17 @@ fn fork_machine<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F
         return Ok(Step::Elsewhere);
     }
     let mine = |w: &Work| w.state == WorkState::Creating && w.machine_id.is_none() && w.created_ms == ctx.now_ms;
-    let unclaim = |ledger: &mut Ledger<F>| -> ToolResult<bool> {
+    // Back in the queue (`queued`), or left creating with the claim released (age 0 reads as
+    // stale): only while the claim is still this call's.
+    let unclaim = |ledger: &mut Ledger<F>, queued: bool| -> ToolResult<bool> {
         let mut undone = false;
         ledger.update(&w.work, |w| {
             if mine(w) {
-                w.state = WorkState::Queued;
+                if queued {
+                    w.state = WorkState::Queued;
+                } else {
+                    w.created_ms = 0;
+                }
                 undone = true;
             }
         })?;
@@ -251,23 +261,31 @@ fn fork_machine<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F
     let created = match boxd.fork(&parent.machine, machine, ctx.options.idle_seconds()) {
         Ok(c) => c,
         Err(Failure::Timeout(m)) => return Err(ToolError::with_next(Code::CreateUncertain, format!("boxd machine fork did not answer ({m}); {machine} may still appear"), again)),
-        Err(Failure::Other(m)) if m.contains("already exists") => {
-            // Under this call's claim, the name was taken by a machine no call of ours made.
-            // A claim another call took since (a stale one's) is that call's to settle.
-            if !unclaim(ledger)? {
+        Err(Failure::Other(m)) if m.contains("already exists") && from_queue => {
+            // Claimed from the queue, so no call of ours had forked it: the name is someone
+            // else's. A claim another call took since is that call's to settle.
+            if !unclaim(ledger, true)? {
                 return Ok(Step::Elsewhere);
             }
             return Err(ToolError::new(Code::NotOurs, format!("a machine named {machine} exists, but this laptop's ledger did not create it; the fork stays queued")));
         }
+        Err(Failure::Other(m)) if m.contains("already exists") => {
+            // A claim taken over from one that never answered: its fork may have landed late.
+            return Err(ToolError::with_next(Code::CreateUncertain, format!("boxd says {machine} already exists; an earlier boxd_fork of it may have made it late"), again));
+        }
         Err(e) => {
-            // A failure may still have made the fork (boxd failing after it). One look: absent,
-            // nothing was made and it goes back in the queue, in its place; there, it is the
-            // one this call made, and the work stays creating for the next boxd_fork to adopt.
-            if let Ok(None) = boxd.get(machine) {
-                unclaim(ledger)?;
-                return Err(refused(e));
-            }
+            // A failure may still have made the fork (boxd failing after it). One look: there,
+            // it is the one this call made, and the fork stays creating for the next boxd_fork
+            // to adopt. Absent after a failure that made nothing for certain (signed out, no
+            // CLI, the host's policy, quota), it goes back in the queue, in its place; after
+            // any other it stays creating with the claim released, so one that lands late is
+            // adopted and one that never does is forked again by the next call.
+            let definite = matches!(e, Failure::SignedOut(_) | Failure::Missing(_) | Failure::Refused(_));
             let e = refused(e);
+            if let Ok(None) = boxd.get(machine) {
+                unclaim(ledger, definite || e.code == Code::QuotaReached)?;
+                return Err(e);
+            }
             return Err(ToolError::with_next(e.code, format!("{}; {machine} exists now, so the fork may have been made", e.message), again));
         }
     };
@@ -309,8 +327,9 @@ fn fork_machine<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F
 /// kept, so a call killed midway is finished by the next, and two calls at once each copy
 /// into their own folder and the first rename wins (`mv -T` never moves one copy into the
 /// other; a copy whose folder went loses quietly, and once the tree is there every copy
-/// folder left goes). Only the call that opens the fork prepares its guest: None when
-/// another did, or the fork is no longer creating (a drop under way or done).
+/// folder left goes). The guest is prepared before the fork is opened, so an open fork
+/// always has one (two calls at once both prepare it, with the ledger's one password).
+/// None when another call opened it, or it is no longer creating (a drop under way).
 fn ready_guest<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F>, ctx: &Context, parent: &Work, w: &Work, version: Option<&str>) -> ToolResult<Option<Value>> {
     // Work ids are [a-z0-9-]: safe in the script as they are.
     let (from, to) = (&parent.work, &w.work);
@@ -322,27 +341,26 @@ fn ready_guest<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F>
         return Err(ToolError::with_next(
             Code::GuestWorkspace,
             format!("could not copy work '{from}''s tree into fork '{to}' on {}: {}", w.machine, String::from_utf8_lossy(&out.stderr).trim()),
-            format!("Call boxd_fork for work '{from}' again, or boxd_drop for work '{to}'."),
+            format!("Call boxd_fork for work '{from}' again: it copies the tree again."),
         ));
     }
-    let mut opened = false;
-    let w = ledger.update(to, |w| {
-        if w.state == WorkState::Creating {
-            w.state = WorkState::Open;
-            // The copied home holds the parent's helper; every exec checks its digest anyway
-            // (a missing or other file is uploaded then), so no upload is spent up front.
-            w.helper_sha256 = parent.helper_sha256.clone();
-            opened = true;
-        }
-    })?;
-    if !opened {
-        return Ok(None);
-    }
+    let Some(mut w) = ledger.read(to)?.filter(|w| w.state == WorkState::Creating) else { return Ok(None) };
+    // The copied home holds the parent's helper; every exec checks its digest anyway (a
+    // missing or other file is uploaded then), so no upload is spent up front.
+    w.helper_sha256 = parent.helper_sha256.clone();
     // One password per work: the call's random bytes, told apart by the fork's id.
     let mut seed = ctx.entropy.clone();
     seed.extend_from_slice(to.as_bytes());
     let entropy = if ctx.entropy.len() < 16 { ctx.entropy.clone() } else { crate::encode::sha256_hex(&seed).into_bytes() };
-    prepare_guest(boxd, ledger, &w, &entropy, version).map(Some)
+    let guest = prepare_guest(boxd, ledger, &w, &entropy, version)?;
+    let mut opened = false;
+    ledger.update(to, |w| {
+        if w.state == WorkState::Creating {
+            w.state = WorkState::Open;
+            opened = true;
+        }
+    })?;
+    Ok(opened.then_some(guest))
 }
 
 /// boxd_fork's answer: each of the parent's forks with its state, what was admitted now,
@@ -461,27 +479,58 @@ mod tests {
 
     /// `machine fork` that made the fork and then failed: the fork is not put back in the
     /// queue (which disowned it: NOT_OURS from boxd_fork, "no machine" from drop while it
-    /// ran); it stays creating for the next boxd_fork to adopt. One that made nothing is.
+    /// ran); it stays creating for the next boxd_fork to adopt. One that made nothing visible
+    /// stays creating too, its claim released (it may land late), and the next call forks
+    /// it again at once; only a failure that made nothing for certain (signed out) puts it
+    /// back in the queue.
     #[test]
     fn a_fork_that_landed_and_then_failed_stays_this_works_to_adopt() {
-        for (after, state) in [(OURS.replace("oc-w1", "oc-fa").replace("vm_1", "vm_fa"), WorkState::Creating), ("".to_string(), WorkState::Queued)] {
+        // A call's time, long after the epoch (a released claim reads as old).
+        let at = || {
+            let mut raw = raw_context("{}", "{}");
+            raw.now_ms = 2 * FORK_CLAIM_MS;
+            raw
+        };
+        let landed = OURS.replace("oc-w1", "oc-fa").replace("vm_1", "vm_fa");
+        for (failure, after, state) in [
+            ("error: internal server error", landed.as_str(), WorkState::Creating),
+            ("error: internal server error", "", WorkState::Creating),
+            ("error: not logged in", "", WorkState::Queued),
+        ] {
             let mut fs = open_work(None);
             let mut p = Scripted::default();
             p.push_exit(0, "1.18.33", "");
             p.push_exit(0, OURS, "");
             p.push_exit(0, r#"[{"name":"oc-w1","status":"running"}]"#, "");
-            p.push_fail(1, "error: internal server error");
+            p.push_fail(1, failure);
             if after.is_empty() {
                 p.push_fail(1, "error: VM 'oc-fa' not found");
             } else {
-                p.push_exit(0, &after, "");
+                p.push_exit(0, after, "");
             }
-            let e = call(&mut p, &mut fs, "boxd_fork", r#"{"work":"w1","forks":["fa"]}"#, raw_context("{}", "{}"));
+            let e = call(&mut p, &mut fs, "boxd_fork", r#"{"work":"w1","forks":["fa"]}"#, at());
             let fa = Ledger::new(&mut fs, "/l").require("fa").unwrap();
-            assert_eq!(fa.state, state, "{e:?}");
+            assert_eq!(fa.state, state, "{failure} {after:?}: {e:?}");
             if state == WorkState::Creating {
-                let e = call(&mut Scripted::default(), &mut fs, "boxd_drop", r#"{"work":"fa"}"#, raw_context("{}", "{}")).unwrap_err();
+                let e = call(&mut Scripted::default(), &mut fs, "boxd_drop", r#"{"work":"fa"}"#, at()).unwrap_err();
                 assert_eq!(e.code, Code::CreateUncertain, "drop does not close it as machineless: {e:?}");
+            }
+            if after.is_empty() && state == WorkState::Creating {
+                assert_eq!(fa.created_ms, 0, "the claim is released");
+                // The next call finds no machine and forks it again at once.
+                Ledger::new(&mut fs, "/l").update("w1", |w| w.helper_sha256 = Some(crate::encode::sha256_hex(crate::guest::HELPER))).unwrap();
+                let mut p = Scripted::default();
+                p.push_exit(0, "1.18.33", "");
+                p.push_exit(0, OURS, "");
+                p.push_exit(0, r#"[{"name":"oc-w1","status":"running"}]"#, "");
+                p.push_fail(1, "error: VM 'oc-fa' not found");
+                p.push_exit(0, r#"{"name":"oc-fa","id":"vm_fa","boot":"5ms"}"#, "");
+                p.push_exit(0, "", "");
+                p.push_exit(0, r#"{"ok":true,"work":"fa"}"#, "");
+                let r = call(&mut p, &mut fs, "boxd_fork", r#"{"work":"w1"}"#, at());
+                let cmds = p.commands();
+                assert!(r.is_ok() && cmds.iter().any(|c| c.starts_with("machine fork oc-w1 oc-fa")), "{r:?} {cmds:?}");
+                assert_eq!(Ledger::new(&mut fs, "/l").require("fa").unwrap().state, WorkState::Open);
             }
         }
     }
