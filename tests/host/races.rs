@@ -290,6 +290,35 @@ fn a_drop_whose_machine_another_drop_removed_first_closes_the_work() {
     assert!(ledger_problems(&world.laptop.ledger).is_empty());
 }
 
+/// A drop's remove is slow, and an ensure reopens the work meanwhile (as a refused drop's
+/// next step says to): a prompt could run after the drop's checks, so the drop closes the
+/// work as a gone machine's, naming what was not recovered, never as checked.
+#[test]
+fn a_drop_whose_work_was_reopened_during_its_remove_closes_it_as_gone() {
+    let world = World::new("races-reopen");
+    let (work, machine) = ("ro", "oc-ro");
+    let w = json!({ "work": work }).to_string();
+    world.ok_call("boxd_ensure", &w);
+    world.ok_call("boxd_harvest", &w);
+    world.faults(r#"[{"verb":"machine remove","times":1,"action":"delay","ms":4000}]"#);
+    let (code, v) = std::thread::scope(|s| {
+        let drop = s.spawn(|| world.call("boxd_drop", &w));
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while !running(&["machine", "remove", machine]) {
+            assert!(std::time::Instant::now() < deadline, "the drop never reached its remove");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        world.ok_call("boxd_ensure", &w);
+        assert_eq!(ledger_record(&world, work)["state"], "open", "the ensure reopened it");
+        drop.join().unwrap()
+    });
+    assert_eq!(code, 0, "{v:#}");
+    assert_eq!((&v["dropped"], &v["machineWasGone"]), (&json!(true), &json!(true)), "{v:#}");
+    assert!(v["unrecovered"].is_object(), "{v:#}");
+    assert_eq!(ledger_record(&world, work)["state"], "closed");
+    assert_eq!(machines_named(&world, machine), 0);
+}
+
 /// Two boxd_fork calls of one parent with the same fork at once: the first one's `machine
 /// fork` is slow, so the second finds the fork recorded with no machine yet, makes it and
 /// readies it; the first's fork then finds the name taken by that machine. Neither may put
