@@ -100,6 +100,10 @@ pub struct Work {
     /// the spend ledger, whose lifetime and asleep time are then unknown.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub created_ms: u64,
+    /// When a drop marked it `dropping` (that call's clock): boxd_ensure and boxd_resume
+    /// leave a drop this young to finish rather than reopen the work under it.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub dropping_ms: u64,
     /// The golden snapshot its machine was made from: ensure with another is a conflict.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot: Option<String>,

@@ -257,6 +257,7 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
     let w = ledger.update(&work, |w| {
         if matches!(w.state, WorkState::Open | WorkState::Dropping) && w.machine_id == planned {
             w.state = WorkState::Dropping;
+            w.dropping_ms = ctx.now_ms;
         }
     })?;
     if w.is_closed() {

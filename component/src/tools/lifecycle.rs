@@ -32,6 +32,20 @@ pub(super) fn work_directory(env: &mut Env, args: &Value) -> ToolResult<String> 
     }
 }
 
+/// A drop of this work may be under way (marked `dropping` less than IN_FLIGHT_MS ago):
+/// reopening it would let a prompt run on the machine the drop is about to remove, so it
+/// is left to finish. An older mark is a drop that was interrupted: it may be reopened.
+fn refuse_under_a_drop(w: &Work, ctx: &crate::options::Context) -> ToolResult<()> {
+    if w.state != WorkState::Dropping || ctx.now_ms.saturating_sub(w.dropping_ms) >= crate::ledger::IN_FLIGHT_MS {
+        return Ok(());
+    }
+    Err(ToolError::with_next(
+        Code::SessionBusy,
+        format!("work '{}' is being dropped (a drop marked it {} s ago); it is not reopened under that drop", w.work, ctx.now_ms.saturating_sub(w.dropping_ms) / 1000),
+        format!("Wait for that boxd_drop to answer. If it was interrupted, call boxd_drop for work '{}' to finish it; to keep the work instead, call this again once the drop is 10 minutes old.", w.work),
+    ))
+}
+
 pub fn ensure(env: &mut Env, args: &Value) -> ToolResult<Value> {
     let (work, machine) = work_arg(args)?;
     let directory = work_directory(env, args)?;
@@ -61,6 +75,7 @@ pub fn ensure(env: &mut Env, args: &Value) -> ToolResult<Value> {
                 format!("Pick another work id, or remove {machine} yourself if it is yours ('boxd machine remove {machine} -y')."),
             ));
         };
+        refuse_under_a_drop(&w, ctx)?;
         let (w, st, adopted) = adopt(&mut ledger, w, &info, ctx)?;
         let (w, guest) = if matches!(st, State::Running | State::Standby) {
             let guest = prepare_fresh_guest(&mut boxd, &mut ledger, ctx, &w, version.as_deref())?;
@@ -256,6 +271,7 @@ pub fn resume(env: &mut Env, args: &Value) -> ToolResult<Value> {
     if w.is_closed() {
         return Err(ToolError::with_next(Code::MachineGone, format!("work '{work}' was dropped"), format!("Call boxd_ensure for work '{work}' to start it again.")));
     }
+    refuse_under_a_drop(&w, ctx)?;
     let mut boxd = Boxd::new(&mut env.programs, ctx.options.boxd_timeout_seconds);
     let state = owned_state(&mut boxd, &w)?;
     if matches!(state, State::Asleep | State::Standby | State::Stopped | State::Failed) {
@@ -321,3 +337,44 @@ pub fn resume(env: &mut Env, args: &Value) -> ToolResult<Value> {
     Ok(out)
 }
 
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::{open_work, raw_context, Scripted, OURS};
+    use crate::tools::call;
+
+    /// A work a drop marked moments ago is not reopened under it, and its sealed guest is
+    /// not prepared again (a prompt would run on the machine the drop is removing); one
+    /// marked long ago (an interrupted drop) is.
+    #[test]
+    fn ensure_and_resume_leave_a_young_drop_to_finish() {
+        let now = 3 * crate::ledger::IN_FLIGHT_MS;
+        for (age, refused) in [(30_000, true), (crate::ledger::IN_FLIGHT_MS, false)] {
+            for tool in ["boxd_ensure", "boxd_resume"] {
+                let mut fs = open_work(None);
+                Ledger::new(&mut fs, "/l").update("w1", |w| (w.state, w.dropping_ms) = (WorkState::Dropping, now - age)).unwrap();
+                let mut raw = raw_context("{}", "{}");
+                raw.now_ms = now;
+                let mut p = Scripted::default();
+                p.push_exit(0, "1.18.33", "");
+                p.push_exit(0, OURS, "");
+                for _ in 0..4 {
+                    p.push_exit(0, r#"{"ok":true,"work":"w1"}"#, "");
+                }
+                let r = call(&mut p, &mut fs, tool, r#"{"work":"w1"}"#, raw);
+                let state = Ledger::new(&mut fs, "/l").require("w1").unwrap().state;
+                if refused {
+                    let e = r.unwrap_err();
+                    assert!(e.code == Code::SessionBusy && e.next.contains("boxd_drop for work 'w1'"), "{tool}: {e:?}");
+                    assert_eq!(state, WorkState::Dropping, "{tool}");
+                    assert!(p.commands().iter().all(|c| !c.starts_with("machine exec")), "{tool}: nothing reached the guest: {:?}", p.commands());
+                } else {
+                    // ensure reopens an interrupted drop's work; resume only wakes its machine.
+                    assert!(r.is_ok(), "{tool}: {r:?} {:?}", p.commands());
+                    assert_eq!(state, if tool == "boxd_ensure" { WorkState::Open } else { WorkState::Dropping }, "{tool}");
+                }
+            }
+        }
+    }
+}

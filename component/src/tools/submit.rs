@@ -134,7 +134,7 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
                 return Err(ToolError::with_next(
                     Code::SessionBusy,
                     format!("work '{work}' is {}: a drop is under way or its machine is being created", w.state.as_str()),
-                    format!("Call boxd_status in a later turn; boxd_ensure for work '{work}' reopens it if the drop was refused."),
+                    format!("Call boxd_status in a later turn. A drop that was interrupted is finished by boxd_drop for work '{work}', or its work reopened by boxd_ensure once the drop is 10 minutes old."),
                 ));
             }
             w.prompts.push(p);
