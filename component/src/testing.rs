@@ -11,6 +11,11 @@ use crate::paths;
 use crate::tools::RawContext;
 
 /// A call's context as a test host passes it: project /p, ledger /l, clock at zero.
+/// `raw_context` with no options or facts, at `now_ms` on the call's clock.
+pub fn raw_at(now_ms: u64) -> RawContext {
+    RawContext { now_ms, ..raw_context("{}", "{}") }
+}
+
 pub fn raw_context(options: &str, facts: &str) -> RawContext {
     RawContext {
         host_name: "test".into(),

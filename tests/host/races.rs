@@ -258,6 +258,25 @@ fn running(args: &[&str]) -> bool {
     })
 }
 
+/// Wait until a process runs with `args` in a row (the call under way), at most 60 s.
+fn until_running(args: &[&str]) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !running(args) {
+        assert!(std::time::Instant::now() < deadline, "nothing ran {args:?}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// A work with nothing unaccounted for (ensured, harvested) whose next `machine remove`
+/// takes 4 s; its arguments.
+fn with_a_slow_remove(world: &World, work: &str) -> String {
+    let w = json!({ "work": work }).to_string();
+    world.ok_call("boxd_ensure", &w);
+    world.ok_call("boxd_harvest", &w);
+    world.faults(r#"[{"verb":"machine remove","times":1,"action":"delay","ms":4000}]"#);
+    w
+}
+
 /// Two drops both pass their seal and checks; the other removes the machine while this
 /// one's own remove is under way, and is killed before it closes the record. This one's
 /// remove then finds no machine: what went is what it checked, so it closes the work.
@@ -265,17 +284,10 @@ fn running(args: &[&str]) -> bool {
 fn a_drop_whose_machine_another_drop_removed_first_closes_the_work() {
     let world = World::new("races-remove");
     let (work, machine) = ("rr", "oc-rr");
-    let w = json!({ "work": work }).to_string();
-    world.ok_call("boxd_ensure", &w);
-    world.ok_call("boxd_harvest", &w);
-    world.faults(r#"[{"verb":"machine remove","times":1,"action":"delay","ms":4000}]"#);
+    let w = with_a_slow_remove(&world, work);
     std::thread::scope(|s| {
         let first = s.spawn(|| world.call("boxd_drop", &w));
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-        while !running(&["machine", "remove", machine]) {
-            assert!(std::time::Instant::now() < deadline, "the first drop never reached its remove");
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
+        until_running(&["machine", "remove", machine]);
         // get, seal, remove: killed after the remove, before the close.
         assert!(world.killed_at("after-spawn:3", "boxd_drop", &w), "the second drop was killed after its remove");
         assert_eq!(machines_named(&world, machine), 0, "the second drop removed the machine");
@@ -297,17 +309,10 @@ fn a_drop_whose_machine_another_drop_removed_first_closes_the_work() {
 fn an_ensure_during_a_drops_slow_remove_leaves_the_drop_to_finish() {
     let world = World::new("races-reopen");
     let (work, machine) = ("ro", "oc-ro");
-    let w = json!({ "work": work }).to_string();
-    world.ok_call("boxd_ensure", &w);
-    world.ok_call("boxd_harvest", &w);
-    world.faults(r#"[{"verb":"machine remove","times":1,"action":"delay","ms":4000}]"#);
+    let w = with_a_slow_remove(&world, work);
     let (code, v) = std::thread::scope(|s| {
         let drop = s.spawn(|| world.call("boxd_drop", &w));
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-        while !running(&["machine", "remove", machine]) {
-            assert!(std::time::Instant::now() < deadline, "the drop never reached its remove");
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
+        until_running(&["machine", "remove", machine]);
         let (code, ensured) = world.call("boxd_ensure", &w);
         assert_eq!((code, ensured["error"].as_str()), (1, Some("SESSION_BUSY")), "{ensured:#}");
         assert!(ensured["next"].as_str().unwrap().contains("boxd_drop"), "{ensured:#}");
@@ -345,11 +350,7 @@ fn two_forks_at_once(parent: &str, faults: &str) {
     world.faults(faults);
     let answers: Vec<(i32, Value)> = std::thread::scope(|s| {
         let first = s.spawn(|| world.call("boxd_fork", &args));
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-        while !running(&["machine", "fork", &format!("oc-{parent}")]) {
-            assert!(std::time::Instant::now() < deadline, "the first fork never reached its machine fork");
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
+        until_running(&["machine", "fork", &format!("oc-{parent}")]);
         let second = world.call("boxd_fork", &args);
         vec![first.join().unwrap(), second]
     });

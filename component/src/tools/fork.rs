@@ -327,14 +327,15 @@ fn fork_machine<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F
 /// kept, so a call killed midway is finished by the next, and two calls at once each copy
 /// into their own folder and the first rename wins (`mv -T` never moves one copy into the
 /// other; a copy whose folder went loses quietly, and once the tree is there every copy
-/// folder left goes). The guest is prepared before the fork is opened, so an open fork
+/// folder left goes, a removal that races a copy still writing being no failure: the
+/// script answers whether the tree is there). The guest is prepared before the fork is opened, so an open fork
 /// always has one (two calls at once both prepare it, with the ledger's one password).
 /// None when another call opened it, or it is no longer creating (a drop under way).
 fn ready_guest<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F>, ctx: &Context, parent: &Work, w: &Work, version: Option<&str>) -> ToolResult<Option<Value>> {
     // Work ids are [a-z0-9-]: safe in the script as they are.
     let (from, to) = (&parent.work, &w.work);
     let script = format!(
-        "cd \"$HOME/work\" && [ -d {from} ] && if [ ! -e {to} ]; then t={to}.fork-tmp.$$; {{ rm -rf \"$t\" && cp -a {from} \"$t\" && rm -rf \"$t/.boxd\" && mv -T \"$t\" {to} 2>/dev/null; }} || {{ rm -rf \"$t\"; [ -d {to} ]; }}; fi && rm -rf {to}.fork-tmp.*"
+        "cd \"$HOME/work\" && [ -d {from} ] && {{ [ -e {to} ] || {{ t={to}.fork-tmp.$$; {{ rm -rf \"$t\" && cp -a {from} \"$t\" && rm -rf \"$t/.boxd\" && mv -T \"$t\" {to} 2>/dev/null; }} || rm -rf \"$t\" 2>/dev/null; }}; rm -rf {to}.fork-tmp.* 2>/dev/null; [ -d {to} ]; }}"
     );
     let out = boxd.exec(&w.machine, &["sh", "-c", &script], None, 120).map_err(Failure::into_error)?;
     if out.exit_code != Some(0) {
@@ -404,7 +405,7 @@ fn answer<F: Files>(ledger: &mut Ledger<F>, parent: &str, forks: &[Work], admitt
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::{open_work, raw_context, MemFiles, Scripted, OURS};
+    use crate::testing::{open_work, raw_at, raw_context, MemFiles, Scripted, OURS};
     use crate::tools::call;
 
     fn fork_call(fs: &mut MemFiles, running: &[&str], admit: &[&str], options: &str, args: &str) -> (ToolResult<Value>, Vec<String>) {
@@ -434,7 +435,7 @@ mod tests {
         assert_eq!(v["queued"], json!(["fb", "fc"]), "{v}");
         assert_eq!(v["waiting"]["error"], "CAP_REACHED", "{v}");
         assert!(cmds[3].starts_with("machine fork oc-w1 oc-fa --auto-hibernate-timeout "), "{cmds:?}");
-        assert!(cmds[4].contains("cp -a w1 \"$t\"") && cmds[4].contains("t=fa.fork-tmp.$$") && cmds[4].contains("mv -T \"$t\" fa") && cmds[4].contains("fi && rm -rf fa.fork-tmp.*"), "{cmds:?}");
+        assert!(cmds[4].contains("cp -a w1 \"$t\"") && cmds[4].contains("t=fa.fork-tmp.$$") && cmds[4].contains("mv -T \"$t\" fa") && cmds[4].contains("rm -rf fa.fork-tmp.* 2>/dev/null; [ -d fa ]"), "{cmds:?}");
         assert_eq!(cmds.len(), 6, "one fork, one copy, one prepare: {cmds:?}");
         let fa = Ledger::new(&mut fs, "/l").require("fa").unwrap();
         assert_eq!((fa.state, fa.machine_id.as_deref(), fa.fork.as_ref().map(|f| f.parent.as_str())), (WorkState::Open, Some("vm_fa"), Some("w1")));
@@ -486,11 +487,7 @@ mod tests {
     #[test]
     fn a_fork_that_landed_and_then_failed_stays_this_works_to_adopt() {
         // A call's time, long after the epoch (a released claim reads as old).
-        let at = || {
-            let mut raw = raw_context("{}", "{}");
-            raw.now_ms = 2 * FORK_CLAIM_MS;
-            raw
-        };
+        let at = || raw_at(2 * FORK_CLAIM_MS);
         let landed = OURS.replace("oc-w1", "oc-fa").replace("vm_1", "vm_fa");
         for (failure, after, state) in [
             ("error: internal server error", landed.as_str(), WorkState::Creating),
@@ -545,8 +542,7 @@ mod tests {
             assert_eq!(r.unwrap()["queued"], json!(["fa"]));
             let now = 20 * 60_000;
             Ledger::new(&mut fs, "/l").update("fa", |w| (w.state, w.created_ms) = (WorkState::Creating, now - age)).unwrap();
-            let mut raw = raw_context("{}", "{}");
-            raw.now_ms = now;
+            let raw = raw_at(now);
             let mut p = Scripted::default();
             p.push_exit(0, "1.18.33", "");
             p.push_exit(0, OURS, "");

@@ -341,7 +341,7 @@ pub fn resume(env: &mut Env, args: &Value) -> ToolResult<Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::{open_work, raw_context, Scripted, OURS};
+    use crate::testing::{open_work, raw_at, Scripted, OURS};
     use crate::tools::call;
 
     /// A work a drop marked moments ago is not reopened under it, and its sealed guest is
@@ -354,8 +354,7 @@ mod tests {
             for tool in ["boxd_ensure", "boxd_resume"] {
                 let mut fs = open_work(None);
                 Ledger::new(&mut fs, "/l").update("w1", |w| (w.state, w.dropping_ms) = (WorkState::Dropping, now - age)).unwrap();
-                let mut raw = raw_context("{}", "{}");
-                raw.now_ms = now;
+                let raw = raw_at(now);
                 let mut p = Scripted::default();
                 p.push_exit(0, "1.18.33", "");
                 p.push_exit(0, OURS, "");
