@@ -43,6 +43,29 @@ pub fn exit_words(code: Option<i32>) -> String {
 /// How long one helper call may take on the guest (prepare waits for the server).
 pub const HELPER_TIMEOUT_S: u32 = 120;
 
+/// A boxd call on a work's machine that failed or timed out: when the machine is asleep
+/// now (another call's boxd_sleep, or its idle bound, put it to sleep under the call),
+/// MACHINE_ASLEEP with boxd's words, so the next step is boxd_resume and not boxd's own
+/// wake, which the ledger would not see. One `get`, asked only after such a failure.
+pub fn failed_on<P: Programs>(boxd: &mut Boxd<P>, machine: &str, work: &str, f: Failure) -> ToolError {
+    if !matches!(f, Failure::Other(_) | Failure::Timeout(_)) {
+        return f.into_error();
+    }
+    let asleep = match boxd.get(machine) {
+        Ok(Some(info)) => State::from_status(&info.status).filter(|s| matches!(s, State::Asleep | State::Stopped)),
+        _ => None,
+    };
+    let e = f.into_error();
+    match asleep {
+        Some(s) => ToolError::with_next(
+            Code::MachineAsleep,
+            format!("{machine} is {} now: boxd answered this call's command on it with {} ({}), so it may not have run to its end", crate::tools::status::job_state(s), e.code.as_str(), e.message),
+            format!("Call boxd_resume for work '{work}', then call again."),
+        ),
+        None => e,
+    }
+}
+
 pub struct Guest<'b, 'a, P: Programs> {
     pub boxd: &'b mut Boxd<'a, P>,
     pub machine: String,
@@ -79,27 +102,9 @@ impl<'b, 'a, P: Programs> Guest<'b, 'a, P> {
         }
     }
 
-    /// A helper exec boxd failed or timed out: when the machine is asleep now (another call's
-    /// boxd_sleep, or its idle bound, put it to sleep under the exec), MACHINE_ASLEEP with
-    /// boxd's words, so the next step is boxd_resume and not boxd's own wake, which the
-    /// ledger would not see. One `get`, asked only after such a failure.
+    /// A helper exec boxd failed or timed out (see `failed_on`).
     fn exec_failed(&mut self, f: Failure) -> ToolError {
-        if !matches!(f, Failure::Other(_) | Failure::Timeout(_)) {
-            return f.into_error();
-        }
-        let asleep = match self.boxd.get(&self.machine) {
-            Ok(Some(info)) => State::from_status(&info.status).filter(|s| matches!(s, State::Asleep | State::Stopped)),
-            _ => None,
-        };
-        let e = f.into_error();
-        match asleep {
-            Some(s) => ToolError::with_next(
-                Code::MachineAsleep,
-                format!("{} is {} now: boxd answered this call's command on it with {} ({}), so it may not have run to its end", self.machine, crate::tools::status::job_state(s), e.code.as_str(), e.message),
-                format!("Call boxd_resume for work '{}', then call again.", self.work),
-            ),
-            None => e,
-        }
+        failed_on(self.boxd, &self.machine, &self.work, f)
     }
 
     /// One helper command. The helper's digest is checked on the guest before every use

@@ -101,7 +101,9 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
             w.images_pending.push(n);
         }
     })?;
-    boxd.snapshot_save(&machine, &name).map_err(Failure::into_error)?;
+    if let Err(f) = boxd.snapshot_save(&machine, &name) {
+        return Err(crate::guest::failed_on(&mut boxd, &machine, &work, f));
+    }
     let n = name.clone();
     ledger.update(&work, |w| {
         w.images_pending.retain(|p| p != &n);
@@ -112,4 +114,26 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
     out["snapshot"] = json!(name);
     out["next"] = json!(format!("Set \"snapshot\": \"{name}\" in the plugin options to boot new works from it."));
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::{open_work, raw_context, Scripted, OURS};
+    use crate::tools::call;
+
+    /// A save boxd refuses because the machine went to sleep under it (another call's
+    /// boxd_sleep) is MACHINE_ASLEEP, and the name stays pending for the rerun.
+    #[test]
+    fn a_save_the_machine_fell_asleep_under_is_machine_asleep_and_stays_pending() {
+        let mut fs = open_work(None);
+        let mut p = Scripted::default();
+        p.push_exit(0, "[]", "");
+        p.push_exit(0, OURS, "");
+        p.push_fail(1, "error: VM 'oc-w1' is hibernated — run 'boxd machine wake oc-w1' first");
+        p.push_exit(0, &OURS.replace("running", "hibernated"), "");
+        let e = call(&mut p, &mut fs, "boxd_image", r#"{"work":"w1","name":"img"}"#, raw_context("{}", "{}")).unwrap_err();
+        assert!(e.code == Code::MachineAsleep && e.message.contains("is hibernated") && e.next.contains("boxd_resume for work 'w1'"), "{e:?}");
+        assert_eq!(Ledger::new(&mut fs, "/l").require("w1").unwrap().images_pending, ["img"]);
+    }
 }
