@@ -91,7 +91,8 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
             let step = match w.state {
                 WorkState::Closed => continue,
                 WorkState::Queued | WorkState::Creating => {
-                    match (w.state == WorkState::Creating || w.machine_id.is_some()).then(|| adopt_fork(&mut boxd, &mut ledger, ctx, &w)).transpose()?.flatten() {
+                    let adopted = if w.state == WorkState::Creating || w.machine_id.is_some() { adopt_fork(&mut boxd, &mut ledger, ctx, &w)? } else { None };
+                    match adopted {
                         Some(step) => step,
                         None => {
                             if let Err(e) = room.check(ctx, &w.work, &w.directory, w.spend_micros(&ctx.options.prices, ctx.now_ms)) {
