@@ -325,6 +325,40 @@ fn an_ensure_during_a_drops_slow_remove_leaves_the_drop_to_finish() {
     assert_eq!(machines_named(&world, machine), 0);
 }
 
+/// A submit's exec waits while a sleep puts the machine to sleep: boxd then fails the exec
+/// on a hibernated machine, and the submit says the machine is asleep (boxd_resume next)
+/// rather than passing on boxd's failure. After the resume, the same submit is the same
+/// prompt: admitted once, under the id it was recorded with.
+#[test]
+fn a_submit_whose_machine_is_put_to_sleep_under_it_answers_machine_asleep_and_loses_nothing() {
+    let world = World::new("races-asleep");
+    let (work, machine) = ("ra", "oc-ra");
+    let w = json!({ "work": work }).to_string();
+    world.ok_call("boxd_ensure", &w);
+    world.faults(r#"[{"verb":"machine exec","times":1,"action":"delay","ms":3000}]"#);
+    let args = json!({ "work": work, "prompt": "a prompt the sleep overtakes" }).to_string();
+    let (code, v) = std::thread::scope(|s| {
+        let submit = s.spawn(|| world.call("boxd_submit", &args));
+        until_running(&["machine", "exec", machine]);
+        world.ok_call("boxd_sleep", &w);
+        submit.join().unwrap()
+    });
+    assert_eq!((code, v["error"].as_str()), (1, Some("MACHINE_ASLEEP")), "{v:#}");
+    assert!(v["next"].as_str().unwrap().contains("boxd_resume"), "{v:#}");
+    let recorded = ledger_record(&world, work)["prompts"].clone();
+    assert_eq!(recorded.as_array().map(Vec::len), Some(1), "the prompt is recorded, not lost: {recorded:#}");
+    assert_eq!(recorded[0]["admitted"], false, "{recorded:#}");
+    world.ok_call("boxd_resume", &w);
+    let again = world.ok_call("boxd_submit", &args);
+    assert_eq!(again["promptId"], recorded[0]["id"], "the same prompt, sent again: {again:#}");
+    let prompts = ledger_record(&world, work)["prompts"].clone();
+    assert_eq!(prompts.as_array().map(Vec::len), Some(1), "{prompts:#}");
+    assert_eq!(prompts[0]["admitted"], true, "{prompts:#}");
+    let id = recorded[0]["id"].as_str().unwrap().to_string();
+    assert_eq!(guest_seen(&world, work).iter().filter(|s| **s == id).count(), 1);
+    assert!(ledger_problems(&world.laptop.ledger).is_empty());
+}
+
 /// Two boxd_fork calls of one parent with the same fork at once: the first one's `machine
 /// fork` is slow, so the second finds the fork recorded with no machine yet, makes it and
 /// readies it; the first's fork then finds the name taken by that machine. Neither may put
