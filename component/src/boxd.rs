@@ -63,12 +63,16 @@ fn json_of(out: &RunOutput, what: &str) -> Result<Value, Failure> {
     })
 }
 
+/// A row without a name is a listing we cannot read, not a row to skip: a drop takes a
+/// name missing from the listing as boxd's word that the machine is gone.
 fn machines_of(v: &Value) -> Result<Vec<Machine>, Failure> {
     let rows = v.as_array().ok_or_else(|| Failure::Other("boxd machine list printed no JSON array".into()))?;
-    Ok(rows
-        .iter()
-        .filter_map(|r| Some(Machine { name: r.get("name")?.as_str()?.to_string(), status: str_field(r, "status") }))
-        .collect())
+    rows.iter()
+        .map(|r| match r.get("name").and_then(Value::as_str) {
+            Some(name) if !name.is_empty() => Ok(Machine { name: name.to_string(), status: str_field(r, "status") }),
+            _ => Err(Failure::Other(format!("boxd machine list printed a row without a name: {}", crate::redact::cut(&r.to_string(), 200)))),
+        })
+        .collect()
 }
 
 fn snapshots_of(v: &Value) -> Result<Vec<Snapshot>, Failure> {
@@ -175,10 +179,11 @@ pub struct Created {
     pub boot_timeout: bool,
 }
 
-/// The answer of `machine new` or `machine fork` (the same shape).
+/// The answer of `machine new` or `machine fork` (the same shape). An empty id is no id:
+/// recorded, it would make every later `get` of our own machine look like another's.
 fn created(v: &Value) -> Created {
     Created {
-        id: v.get("id").and_then(Value::as_str).map(String::from),
+        id: v.get("id").and_then(Value::as_str).filter(|id| !id.trim().is_empty()).map(String::from),
         boot_timeout: v.get("boot").and_then(Value::as_str) == Some("timeout"),
     }
 }
@@ -309,6 +314,12 @@ impl<'a, P: Programs> Boxd<'a, P> {
     /// `None` when boxd says the machine does not exist.
     pub fn get(&mut self, name: &str) -> Result<Option<MachineInfo>, Failure> {
         match self.run_json(argv(&["machine", "get", name, "--json"])) {
+            // The id is what every ownership check compares: an answer without one, or
+            // about another name, cannot tell ours from another's.
+            Ok(v) if str_field(&v, "id").trim().is_empty() || str_field(&v, "name") != name => Err(Failure::Other(format!(
+                "boxd machine get {name} answered without the machine's id and name: {}",
+                crate::redact::cut(&v.to_string(), 200)
+            ))),
             Ok(v) => Ok(Some(MachineInfo {
                 name: str_field(&v, "name"),
                 id: str_field(&v, "id"),

@@ -417,3 +417,23 @@ pub fn ask(rt: &boxd_host::runtime::Runtime, tool: &str, arg: &str) -> String {
     let (result, _) = rt.call(tool, arg, &boxd_host::runtime::CallContext::default()).unwrap();
     result.unwrap_or_else(|e| panic!("probe error {}: {}", e.code, e.message))
 }
+
+/// Whether a process runs whose arguments hold `args` in a row (a boxd call under way: the
+/// call log has its line only once it ends).
+pub fn running(args: &[&str]) -> bool {
+    let want: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
+    std::fs::read_dir("/proc").into_iter().flatten().flatten().any(|p| {
+        let argv = std::fs::read(p.path().join("cmdline")).unwrap_or_default();
+        let argv: Vec<&[u8]> = argv.split(|b| *b == 0).collect();
+        argv.windows(want.len()).any(|w| w == want.as_slice())
+    })
+}
+
+/// Wait until a process runs with `args` in a row (the call under way), at most 60 s.
+pub fn until_running(args: &[&str]) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !running(args) {
+        assert!(std::time::Instant::now() < deadline, "nothing ran {args:?}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}

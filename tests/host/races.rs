@@ -247,26 +247,6 @@ fn races_subset() {
     assert!(rows.iter().all(|r| r.contains(" held (")), "{rows:#?}");
 }
 
-/// Whether a process runs whose arguments hold `args` in a row (a boxd call under way: the
-/// call log has its line only once it ends).
-fn running(args: &[&str]) -> bool {
-    let want: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
-    std::fs::read_dir("/proc").into_iter().flatten().flatten().any(|p| {
-        let argv = std::fs::read(p.path().join("cmdline")).unwrap_or_default();
-        let argv: Vec<&[u8]> = argv.split(|b| *b == 0).collect();
-        argv.windows(want.len()).any(|w| w == want.as_slice())
-    })
-}
-
-/// Wait until a process runs with `args` in a row (the call under way), at most 60 s.
-fn until_running(args: &[&str]) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while !running(args) {
-        assert!(std::time::Instant::now() < deadline, "nothing ran {args:?}");
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-}
-
 /// A work with nothing unaccounted for (ensured, harvested) whose next `machine remove`
 /// takes 4 s; its arguments.
 fn with_a_slow_remove(world: &World, work: &str) -> String {

@@ -130,6 +130,85 @@ fn a_create_refused_outright_never_adopts_a_machine_someone_else_makes_under_the
     assert_eq!(String::from_utf8_lossy(&world.on_machine("oc-w1", "cat theirs.txt").stdout), "mine\n");
 }
 
+/// boxd answers a create with an empty id: nothing is recorded as the id (every later
+/// check of our own machine would then call it another's), the work stays creating, and
+/// the next ensure adopts the machine by the id boxd gives for it.
+#[test]
+fn a_create_that_answers_an_empty_id_is_adopted_by_the_id_boxd_gives_later() {
+    let world = World::new("lies-empty-id");
+    world.faults(r#"[{"verb":"machine new","times":1,"action":"garbage","output":"{\"name\":\"oc-w1\",\"id\":\"\",\"boot\":\"0.1s\"}"}]"#);
+    world.err_call("boxd_ensure", W1, "CREATE_UNCERTAIN");
+    assert_eq!(record(&world, "w1")["state"], "creating");
+    assert!(record(&world, "w1").get("machineId").is_none_or(Value::is_null), "{:#}", record(&world, "w1"));
+    // The create that landed.
+    assert!(world.laptop.boxd(&["machine", "new", "oc-w1", "--from-snapshot", "opencode-golden", "--json"]).status.success());
+    assert_eq!(world.ok_call("boxd_ensure", W1)["adopted"], true);
+    assert_eq!(record(&world, "w1")["machineId"], machine_get(&world, "oc-w1")["id"]);
+    assert_eq!(world.ok_call("boxd_job", W1)["state"], "idle", "our own machine is ours to every tool");
+}
+
+/// A proxy's 404 on the machine, and a listing whose rows have no `name`: the listing
+/// cannot confirm the machine is gone, so the drop closes nothing.
+#[test]
+fn a_listing_without_names_never_confirms_a_machine_gone() {
+    let world = World::new("lies-nameless");
+    world.ok_call("boxd_ensure", W1);
+    world.ok_call("boxd_harvest", W1);
+    world.faults(
+        r#"[{"verb":"machine get","times":1,"action":"fail","message":"VM 'oc-w1' not found"},
+            {"verb":"machine list","times":1,"action":"garbage","output":"[{\"vm\":\"oc-w1\",\"status\":\"running\"}]"}]"#,
+    );
+    world.err_call("boxd_drop", W1, "BOXD_FAILED");
+    assert_ne!(record(&world, "w1")["state"], "closed", "the work is still open");
+    assert_eq!(machine_get(&world, "oc-w1")["status"], "running");
+    assert_eq!(world.calls_starting(&["machine", "remove"]), 0);
+}
+
+/// A proxy's 404 on the machine during a resume, while the listing shows it: nothing is
+/// rebuilt, and no prompt is called lost while the machine that ran it still runs.
+#[test]
+fn a_resume_whose_not_found_the_listing_contradicts_rebuilds_nothing_and_loses_no_prompt() {
+    let world = World::new("lies-resume-404");
+    world.ok_call("boxd_ensure", W1);
+    world.ok_call("boxd_submit", r#"{"work":"w1","prompt":"say hello"}"#);
+    world.job_until_idle("w1");
+    world.faults(r#"[{"verb":"machine get","times":1,"action":"fail","message":"VM 'oc-w1' not found"}]"#);
+    let made = world.calls_starting(&["machine", "new"]);
+    let v = world.err_call("boxd_resume", W1, "BOXD_FAILED");
+    assert!(v["message"].as_str().unwrap().contains("list shows it"), "{v:#}");
+    assert_eq!(world.calls_starting(&["machine", "new"]), made, "nothing rebuilt");
+    let r = record(&world, "w1");
+    assert_eq!(r["state"], "open", "{r:#}");
+    assert_eq!(r["prompts"].as_array().map(Vec::len), Some(1), "{r:#}");
+    assert!(r.get("unrecovered").is_none_or(|u| u.as_array().is_some_and(Vec::is_empty)), "{r:#}");
+    assert_eq!(world.ok_call("boxd_resume", W1)["action"], "already running", "asked again, boxd answers truly");
+}
+
+/// Someone else makes a machine under the work's name between the ensure's look and its
+/// create (no create of this ledger was under way): boxd refuses the create, and the
+/// next ensure refuses their machine instead of adopting it, preparing it or removing it.
+#[test]
+fn a_name_taken_just_before_the_first_create_is_never_adopted() {
+    let world = World::new("lies-taken");
+    world.faults(r#"[{"verb":"snapshots list","times":1,"action":"delay","ms":3000}]"#);
+    let (code, v) = std::thread::scope(|s| {
+        let ensure = s.spawn(|| world.call("boxd_ensure", W1));
+        until_running(&["snapshots", "list"]);
+        assert!(world.laptop.boxd(&["machine", "new", "oc-w1", "--json"]).status.success());
+        assert!(world.on_machine("oc-w1", "echo mine > theirs.txt").status.success());
+        ensure.join().unwrap()
+    });
+    assert_eq!((code, v["error"].as_str()), (1, Some("CREATE_UNCERTAIN")), "{v:#}");
+    let theirs = machine_get(&world, "oc-w1")["id"].clone();
+    world.err_call("boxd_ensure", W1, "NOT_OURS");
+    let (_, dropped) = world.call("boxd_drop", W1);
+    assert_ne!(dropped["dropped"], true, "{dropped:#}");
+    assert_eq!(world.calls_starting(&["machine", "remove"]), 0);
+    assert_eq!(world.calls_starting(&["machine", "exec"]), 1, "only their own echo: nothing was prepared on their machine");
+    assert_eq!(machine_get(&world, "oc-w1")["id"], theirs, "their machine still runs");
+    assert_eq!(String::from_utf8_lossy(&world.on_machine("oc-w1", "cat theirs.txt").stdout), "mine\n");
+}
+
 /// The guest of w2 exports w1's session (with a message added), as a tampered guest could:
 /// a `python3` first on the guest's PATH that rewrites the helper's export of w2.
 #[test]

@@ -34,6 +34,8 @@ pub struct Headroom {
     /// `oc-` machines on the account that are running, starting or on standby.
     account: Vec<String>,
     ledger: Vec<Running>,
+    /// The status the listing shows for the work's own machine, when it shows one.
+    pub own: Option<String>,
 }
 
 /// A status word this plugin does not know counts as up: a cap is never passed on a guess.
@@ -53,6 +55,7 @@ pub fn headroom<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F
     let own = paths::machine_name(work);
     let listing = boxd.list().map_err(Failure::into_error)?;
     let account: Vec<String> = listing.iter().filter(|m| m.name.starts_with("oc-") && m.name != own && machine_is_up(&m.status)).map(|m| m.name.clone()).collect();
+    let own = listing.iter().find(|m| m.name == own).map(|m| m.status.clone());
     let mut running = Vec::new();
     for id in ledger.ids()? {
         // An unreadable record is that work's problem; it cannot be counted, but it is
@@ -62,7 +65,7 @@ pub fn headroom<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F
             running.push(Running::of(ctx, w));
         }
     }
-    Ok(Headroom { account, ledger: running })
+    Ok(Headroom { account, ledger: running, own })
 }
 
 /// What is running as this ledger knows it, with no boxd call: the works whose last run
@@ -79,7 +82,7 @@ pub fn headroom_known<F: Files>(ledger: &mut Ledger<F>, ctx: &Context, work: &st
             running.push(Running::of(ctx, w));
         }
     }
-    Ok(Headroom { account, ledger: running })
+    Ok(Headroom { account, ledger: running, own: None })
 }
 
 impl Headroom {
@@ -144,9 +147,12 @@ fn cap_option(what: &str) -> &'static str {
 
 /// Admit one create or wake of `work` (its record, when the ledger has one, gives its
 /// spend so far), or refuse it before boxd is asked.
-pub fn admit<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F>, ctx: &Context, work: &str, directory: &str) -> ToolResult<()> {
+/// Returns the status the listing shows for the work's own machine, if it shows one.
+pub fn admit<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F>, ctx: &Context, work: &str, directory: &str) -> ToolResult<Option<String>> {
     let spent = ledger.read(work)?.filter(|w| !w.is_closed()).map_or(0, |w| w.spend_micros(&ctx.options.prices, ctx.now_ms));
-    headroom(boxd, ledger, ctx, work)?.check(ctx, work, directory, spent)
+    let room = headroom(boxd, ledger, ctx, work)?;
+    room.check(ctx, work, directory, spent)?;
+    Ok(room.own)
 }
 
 /// Admit one wake of `work` from the ledger's own knowledge (see `headroom_known`). The
@@ -230,7 +236,7 @@ mod tests {
         p.push_exit(0, list, "");
         let mut boxd = Boxd::new(&mut p, 10);
         let mut ledger = Ledger::new(fs, "/l");
-        admit(&mut boxd, &mut ledger, &ctx, "new", dir)
+        admit(&mut boxd, &mut ledger, &ctx, "new", dir).map(drop)
     }
 
     #[test]

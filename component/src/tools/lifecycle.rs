@@ -376,4 +376,100 @@ mod tests {
             }
         }
     }
+
+    const GOLDEN: &str = r#"[{"name":"opencode-golden","version":"1","status":"ready"}]"#;
+    const GONE: &str = "error: VM 'oc-w1' not found";
+
+    /// `get` says the machine is gone but the listing shows it (a proxy's 404): a resume
+    /// rebuilds nothing and names no prompt lost, and an ensure of a new work writes no
+    /// create. Both end before any create, with the record as it was.
+    #[test]
+    fn a_not_found_the_listing_contradicts_creates_and_rebuilds_nothing() {
+        for (tool, new) in [("boxd_resume", false), ("boxd_ensure", true)] {
+            let mut fs = if new { crate::testing::MemFiles::new(&["/p", "/l"]) } else { open_work(None) };
+            if !new {
+                Ledger::new(&mut fs, "/l").update("w1", |w| w.prompts.push(crate::ledger::Prompt { id: "p1".into(), admitted: true, ..Default::default() })).unwrap();
+            }
+            let before = Ledger::new(&mut fs, "/l").read("w1").unwrap();
+            let mut p = Scripted::default();
+            p.push_exit(0, "1.18.33", "");
+            p.push_fail(1, GONE);
+            p.push_exit(0, r#"[{"name":"oc-w1","status":"running"}]"#, "");
+            let e = call(&mut p, &mut fs, tool, r#"{"work":"w1"}"#, crate::testing::raw_context("{}", "{}")).unwrap_err();
+            assert_eq!(e.code, Code::BoxdFailed, "{tool}: {e:?}");
+            assert!(e.message.contains("list shows it (running)"), "{tool}: {}", e.message);
+            assert!(p.commands().iter().all(|c| !c.starts_with("machine new") && !c.starts_with("snapshots")), "{tool}: {:?}", p.commands());
+            assert_eq!(Ledger::new(&mut fs, "/l").read("w1").unwrap(), before, "{tool}: the record is as it was");
+        }
+    }
+
+    /// A create that finds the name taken though the listing did not show it: when no
+    /// create of this ledger was under way, the intent is withdrawn, so the next ensure
+    /// refuses the machine as another's; when one was (a create that answered late), the
+    /// work stays creating for the next ensure to adopt.
+    #[test]
+    fn a_name_taken_under_the_first_create_is_not_adopted_and_under_a_late_one_is() {
+        let facts = r#"{"opencodeVersion":"1.18.33"}"#;
+        for under_way in [false, true] {
+            let mut fs = crate::testing::MemFiles::new(&["/p", "/l"]);
+            if under_way {
+                Ledger::new(&mut fs, "/l").upsert("w1", |_| {
+                    let mut w = Work::new("w1", "/p", "2026-01-01T00:00:00Z");
+                    w.state = WorkState::Creating;
+                    Ok(Some(w))
+                }).unwrap();
+            }
+            let mut p = Scripted::default();
+            p.push_fail(1, GONE);
+            p.push_exit(0, "[]", "");
+            p.push_exit(0, GOLDEN, "");
+            p.push_fail(1, "error: VM 'oc-w1' already exists");
+            let e = call(&mut p, &mut fs, "boxd_ensure", r#"{"work":"w1"}"#, crate::testing::raw_context("{}", facts)).unwrap_err();
+            assert_eq!(e.code, Code::CreateUncertain, "{e:?}");
+            let w = Ledger::new(&mut fs, "/l").require("w1").unwrap();
+            assert_eq!((w.state, w.machine_id.as_deref()), (if under_way { WorkState::Creating } else { WorkState::Open }, None), "under way: {under_way}");
+            let mut p = Scripted::default();
+            p.push_exit(0, r#"{"name":"oc-w1","id":"vm_someone","status":"running","sharing":"private","isolated":"no"}"#, "");
+            p.push_exit(0, "", "");
+            p.push_exit(0, r#"{"ok":true}"#, "");
+            let r = call(&mut p, &mut fs, "boxd_ensure", r#"{"work":"w1"}"#, crate::testing::raw_context("{}", facts));
+            if under_way {
+                assert_eq!(r.unwrap()["adopted"], true);
+            } else {
+                assert_eq!(r.unwrap_err().code, Code::NotOurs);
+                assert_eq!(p.commands(), ["machine get oc-w1 --json"], "nothing reached their machine");
+            }
+        }
+    }
+
+    /// A create whose answer has an empty id recorded no id: the work stays creating and
+    /// the next ensure adopts the machine by the id `get` gives. A `get` without an id (or
+    /// about another name) cannot be checked, so it is boxd's failure, not a machine.
+    #[test]
+    fn an_empty_id_is_no_id() {
+        let facts = r#"{"opencodeVersion":"1.18.33"}"#;
+        let mut fs = crate::testing::MemFiles::new(&["/p", "/l"]);
+        let mut p = Scripted::default();
+        p.push_fail(1, GONE);
+        p.push_exit(0, "[]", "");
+        p.push_exit(0, GOLDEN, "");
+        p.push_exit(0, r#"{"name":"oc-w1","id":"","boot":"0.1s"}"#, "");
+        let e = call(&mut p, &mut fs, "boxd_ensure", r#"{"work":"w1"}"#, crate::testing::raw_context("{}", facts)).unwrap_err();
+        assert_eq!(e.code, Code::CreateUncertain, "{e:?}");
+        let w = Ledger::new(&mut fs, "/l").require("w1").unwrap();
+        assert_eq!((w.state, w.machine_id), (WorkState::Creating, None));
+        for got in [r#"{"name":"oc-w1","id":"","status":"running"}"#, r#"{"name":"oc-w2","id":"vm_2","status":"running"}"#, r#"{"status":"running"}"#] {
+            let mut p = Scripted::default();
+            p.push_exit(0, got, "");
+            let e = call(&mut p, &mut fs, "boxd_ensure", r#"{"work":"w1"}"#, crate::testing::raw_context("{}", facts)).unwrap_err();
+            assert_eq!(e.code, Code::BoxdFailed, "{got}: {e:?}");
+            assert_eq!(p.commands().len(), 1, "{got}");
+        }
+        let mut p = Scripted::default();
+        p.push_exit(0, OURS, "");
+        p.push_exit(0, "", "");
+        p.push_exit(0, r#"{"ok":true}"#, "");
+        let v = call(&mut p, &mut fs, "boxd_ensure", r#"{"work":"w1"}"#, crate::testing::raw_context("{}", facts)).unwrap();
+        assert_eq!((v["adopted"].as_bool(), v["machineId"].as_str()), (Some(true), Some("vm_1")));
+    }
 }

@@ -118,10 +118,21 @@ pub fn create_machine<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Le
         Build::New { directory } => directory.to_string(),
         Build::Rebuild => ledger.read(work)?.map(|w| w.directory).unwrap_or_default(),
     };
-    super::admission::admit(boxd, ledger, ctx, work, &directory)?;
+    // Every create follows a `get` that found no machine. A listing that shows the name
+    // contradicts it (a proxy's 404, or a machine made meanwhile): nothing is decided on
+    // it — a rebuild would call the gone machine's prompts lost while it still runs.
+    if let Some(status) = super::admission::admit(boxd, ledger, ctx, work, &directory)? {
+        return Err(ToolError::new(
+            Code::BoxdFailed,
+            format!("boxd machine get said {machine} does not exist, but boxd machine list shows it ({status}); nothing was created"),
+        ));
+    }
     require_golden(boxd, ctx, &machine, build)?;
     let now = iso8601(ctx.now_ms);
+    // Whether this call's intent is the first: no create of this ledger was under way.
+    let mut first = true;
     ledger.upsert(work, |cur| {
+        first = !cur.as_ref().is_some_and(|w| !w.is_closed() && w.state == WorkState::Creating);
         let mut w = match (cur.filter(|w| !w.is_closed()), build) {
             (Some(w), _) => w,
             (None, Build::New { directory }) => Work::new(work, directory, &now),
@@ -158,7 +169,19 @@ pub fn create_machine<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Le
             Build::Rebuild => format!("rebuilding {machine}: {m}"),
         }),
         Failure::Other(m) if m.contains("already exists") => {
-            ToolError::new(Code::CreateUncertain, format!("boxd says {machine} already exists but did not show it a moment ago"))
+            if first {
+                // The name was taken between the listing and this create, and no create of
+                // this ledger was under way before it: the machine is someone else's,
+                // unless another call of ours started creating it meanwhile (its answer
+                // records the id). The intent is withdrawn, so the next ensure adopts the
+                // machine only by the id that call records, and refuses it otherwise.
+                let _ = ledger.update(work, |w| {
+                    if w.state == WorkState::Creating && w.machine_id.is_none() {
+                        w.state = WorkState::Open;
+                    }
+                });
+            }
+            ToolError::new(Code::CreateUncertain, format!("boxd says {machine} already exists but did not show it a moment ago: another call may be creating this work's machine (boxd_ensure adopts it once that call records it), or someone else took the name (boxd_ensure then refuses it)"))
         }
         e => {
             // Any other failure leaves the create uncertain (boxd may have made the machine
