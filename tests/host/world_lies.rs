@@ -209,6 +209,31 @@ fn a_name_taken_just_before_the_first_create_is_never_adopted() {
     assert_eq!(String::from_utf8_lossy(&world.on_machine("oc-w1", "cat theirs.txt").stdout), "mine\n");
 }
 
+/// The parent's name is taken over while boxd_fork readies its first fork (the parent
+/// removed and someone else's machine made under its name): the second fork is not made
+/// from their machine. It stays queued, and the answer says why.
+#[test]
+fn a_parent_replaced_between_two_forks_is_not_forked_again() {
+    let world = World::new("lies-fork-parent");
+    world.ok_call("boxd_ensure", W1);
+    world.ok_call("boxd_harvest", W1);
+    world.faults(r#"[{"verb":"machine exec","machine":"oc-f1","times":1,"action":"delay","ms":4000}]"#);
+    let (code, v) = std::thread::scope(|s| {
+        let fork = s.spawn(|| world.call("boxd_fork", r#"{"work":"w1","forks":["f1","f2"]}"#));
+        until_running(&["machine", "exec", "oc-f1"]);
+        assert!(world.laptop.boxd(&["machine", "remove", "oc-w1", "-y"]).status.success());
+        assert!(world.laptop.boxd(&["machine", "new", "oc-w1", "--json"]).status.success());
+        assert!(world.on_machine("oc-w1", "echo mine > theirs.txt").status.success());
+        fork.join().unwrap()
+    });
+    assert_eq!(code, 0, "{v:#}");
+    assert_eq!(v["waiting"]["error"], "NOT_OURS", "{v:#}");
+    let state = |id: &str| v["forks"].as_array().unwrap().iter().find(|f| f["work"] == id).map(|f| f["state"].clone()).unwrap_or_default();
+    assert_eq!((state("f1"), state("f2")), (json!("running"), json!("queued")), "{v:#}");
+    assert_eq!(world.calls_starting(&["machine", "fork"]), 1, "one fork, made from our parent");
+    assert!(!world.laptop.boxd(&["machine", "get", "oc-f2", "--json"]).status.success(), "no fork of their machine");
+}
+
 /// The guest of w2 exports w1's session (with a message added), as a tampered guest could:
 /// a `python3` first on the guest's PATH that rewrites the helper's export of w2.
 #[test]

@@ -71,16 +71,10 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
     let mut waiting = None;
     let mut admitted = Vec::new();
     if !waiting_ids.is_empty() {
-        match owned_state(&mut boxd, &parent)? {
-            State::Running | State::Standby => super::machine::require_restored(&parent)?,
-            state => {
-                return Err(ToolError::with_next(
-                    Code::MachineAsleep,
-                    format!("{} is {}: a fork copies a machine that is up", parent.machine, super::status::job_state(state)),
-                    format!("Call boxd_resume for work '{parent_id}', then boxd_fork again (its queued forks wait in the ledger)."),
-                ));
-            }
-        }
+        parent_up(&mut boxd, &parent)?;
+        // `machine fork` names the parent by name; a fork and its guest take seconds to
+        // minutes, so the parent is looked at again (its id too) before each later fork.
+        let mut parent_seen = true;
         let queue: Vec<Work> = waiting_ids.into_iter().cloned().collect();
         // No work is named "": the parent's machine counts like every other.
         let mut room = headroom(&mut boxd, &mut ledger, ctx, "")?;
@@ -100,6 +94,13 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
                                 waiting = Some(e);
                                 break;
                             }
+                            if !parent_seen {
+                                if let Err(e) = parent_up(&mut boxd, &parent) {
+                                    waiting = Some(e);
+                                    break;
+                                }
+                            }
+                            parent_seen = false;
                             fork_machine(&mut boxd, &mut ledger, ctx, &parent, &w)?
                         }
                     }
@@ -119,6 +120,18 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
         return Err(ToolError::with_next(e.code, e.message.clone(), format!("{} The forks stay queued: call boxd_fork for work '{parent_id}' again to admit them.", e.next)));
     }
     answer(&mut ledger, &parent_id, &forks, admitted, waiting)
+}
+
+/// The parent's machine is ours (its id), up, and holds the transcript: a fork copies it.
+fn parent_up<P: Programs>(boxd: &mut Boxd<P>, parent: &Work) -> ToolResult<()> {
+    match owned_state(boxd, parent)? {
+        State::Running | State::Standby => super::machine::require_restored(parent),
+        state => Err(ToolError::with_next(
+            Code::MachineAsleep,
+            format!("{} is {}: a fork copies a machine that is up", parent.machine, super::status::job_state(state)),
+            format!("Call boxd_resume for work '{}', then boxd_fork again (its queued forks wait in the ledger).", parent.work),
+        )),
+    }
 }
 
 /// The `forks` argument: new work ids, each valid, none twice, none the parent.
