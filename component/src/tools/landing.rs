@@ -268,7 +268,9 @@ fn replace_unchanged(env: &mut Env, temp: &str, dest: &str, last: &str) -> Resul
     if !env.files.rename(dest, &aside)? {
         return env.files.place_new(temp, dest);
     }
-    if env.files.sha256(&aside)?.as_deref() != Some(last) {
+    // What cannot be hashed (the user made it a folder or a symlink just now) has changed
+    // too: it goes back where it was, never left aside unnamed.
+    if env.files.sha256(&aside).ok().flatten().as_deref() != Some(last) {
         let _ = env.files.place_new(&aside, dest);
         return Ok(false);
     }
@@ -414,6 +416,43 @@ mod tests {
         assert!(e.code == Code::FileConflict && e.message.contains("changed while this harvest landed"), "{e:?}");
         assert_eq!(files.inner.text("/p/a.txt").as_deref(), Some("the user's edit"), "the edit is back in place");
         assert!(files.inner.files.keys().all(|k| !k.ends_with(".kept")), "nothing left aside");
+    }
+
+    /// The user makes the file this work landed a folder (or a symlink) between the check
+    /// and the replace: it cannot be hashed once aside, so it is put back as changed.
+    #[test]
+    fn a_file_that_stopped_being_a_file_after_the_check_is_put_back_not_left_aside() {
+        use crate::testing::{raw_context, MemFiles, Scripted};
+        struct NoLongerAFile(MemFiles);
+        impl crate::caps::Files for NoLongerAFile {
+            fn read(&mut self, p: &str) -> Result<Option<Vec<u8>>, crate::caps::FsError> { self.0.read(p) }
+            fn sha256(&mut self, p: &str) -> Result<Option<String>, crate::caps::FsError> {
+                if p.ends_with(".kept") { Err(crate::caps::FsError::Io(format!("{p} is not a regular file"))) } else { self.0.sha256(p) }
+            }
+            fn write_atomic(&mut self, p: &str, b: &[u8]) -> Result<(), crate::caps::FsError> { self.0.write_atomic(p, b) }
+            fn create_dir_all(&mut self, p: &str) -> Result<(), crate::caps::FsError> { self.0.create_dir_all(p) }
+            fn list(&mut self, d: &str) -> Result<Vec<String>, crate::caps::FsError> { self.0.list(d) }
+            fn stat(&mut self, p: &str) -> Result<Option<crate::caps::Meta>, crate::caps::FsError> { self.0.stat(p) }
+            fn remove_file(&mut self, p: &str) -> Result<(), crate::caps::FsError> { self.0.remove_file(p) }
+            fn create_new(&mut self, p: &str, b: &[u8]) -> Result<bool, crate::caps::FsError> { self.0.create_new(p, b) }
+            fn rename(&mut self, f: &str, t: &str) -> Result<bool, crate::caps::FsError> { self.0.rename(f, t) }
+            fn place_new(&mut self, f: &str, t: &str) -> Result<bool, crate::caps::FsError> { self.0.place_new(f, t) }
+        }
+        let mut files = NoLongerAFile(MemFiles::new(&["/p", "/l"]));
+        let ctx = crate::tools::context(raw_context("{}", "{}")).unwrap();
+        let mut w = Work { work: "w1".into(), machine: "oc-w1".into(), schema: crate::ledger::SCHEMA, ..Default::default() };
+        w.owed = vec!["a.txt".into()];
+        files.0.put("/p/a.txt", b"v1");
+        w.files_out.push(crate::ledger::FileRecord { guest: "a.txt".into(), laptop: "/p/a.txt".into(), size: 2, sha256: crate::encode::sha256_hex(b"v1"), at: String::new() });
+        let (landing, arrived) = a_txt_arrived(&mut files.0, b"v2");
+        Ledger::new(&mut files, "/l").write(&w).unwrap();
+        let git = json!({ "files": [{ "path": "a.txt" }] });
+        let mut programs = Scripted::default();
+        let mut env = Env { programs: &mut programs, files: &mut files, ctx: &ctx };
+        let e = bring_files(&mut env, w, &git, &landing, arrived).unwrap_err();
+        assert!(e.code == Code::FileConflict && e.message.contains("changed while this harvest landed"), "{e:?}");
+        assert_eq!(files.0.text("/p/a.txt").as_deref(), Some("v1"), "what the user has there is back in place");
+        assert!(files.0.files.keys().all(|k| !k.ends_with(".kept")), "nothing left aside");
     }
 
     #[test]
