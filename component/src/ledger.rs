@@ -124,7 +124,9 @@ pub struct Work {
 }
 
 /// A laptop temp file a harvest recorded before the host made it, and when; `dest` is
-/// the file it lands as (absent in records written before it was kept).
+/// the file it lands as (absent in records written before it was kept); `sha256`, the
+/// bytes that arrived in it, recorded before any is placed: a harvest killed after placing
+/// some left them as this work's, not as a stranger's file.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct TempFile {
@@ -132,6 +134,8 @@ pub struct TempFile {
     pub at_ms: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dest: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
 }
 
 fn is_zero(n: &u64) -> bool {

@@ -156,3 +156,38 @@ fn a_harvest_killed_while_it_replaces_a_file_puts_the_old_bytes_back_and_never_l
     assert!(asides_under(&project).is_empty());
 }
 
+/// A harvest killed after it placed its first file and before it recorded either: the
+/// bytes it placed were recorded as arrived, so once the guest changes that file the next
+/// harvest replaces it as this work's, instead of calling it a file no harvest wrote.
+#[test]
+fn a_file_a_killed_harvest_placed_but_never_recorded_is_this_works_to_replace() {
+    let world = World::new("temps-unrecorded");
+    let work = "t4";
+    world.ok_call("boxd_ensure", &json!({ "work": work }).to_string());
+    let write = |text: &str| {
+        let bash = json!({ "command": format!("echo {text} > a.txt && echo {text} > b.txt"), "description": "write" });
+        world.ok_call("boxd_submit", &json!({ "work": work, "prompt": format!("write @@tool:bash:{bash}@@") }).to_string());
+        assert_eq!(world.job_until_idle(work)["outcome"], "completed");
+        world.ok_call("boxd_harvest", &json!({ "work": work }).to_string());
+    };
+    write("v1");
+    // Which committed write places a.txt, from the audit of the same harvest elsewhere.
+    let log = world.laptop.scratch.0.join("unrecorded-audit.jsonl");
+    let (code, v) = world.call_with(&["--audit-log", log.to_str().unwrap()], "boxd_harvest", &json!({ "work": work, "files": ["a.txt", "b.txt"], "to": "first" }).to_string());
+    assert_eq!(code, 0, "{v:#}");
+    let entry: Value = serde_json::from_str(std::fs::read_to_string(&log).unwrap().lines().last().unwrap()).unwrap();
+    let commits: Vec<&Value> = entry["paths"].as_array().unwrap().iter().filter(|p| p["mode"] == "rename-from" || p["mode"] == "link-from").collect();
+    let k = 1 + commits.iter().position(|p| p["mode"] == "link-from" && p["path"].as_str().is_some_and(|p| p.contains("first/a.txt."))).expect("a.txt is placed by a link") as u32;
+    let files = json!({ "work": work, "files": ["a.txt", "b.txt"] }).to_string();
+    assert!(world.killed_at(&format!("after-rename:{k}"), "boxd_harvest", &files), "killed at after-rename:{k}");
+    let a = world.laptop.project.join("a.txt");
+    assert_eq!(std::fs::read_to_string(&a).unwrap(), "v1\n", "a.txt was placed before the kill");
+    // The guest changes it; the next harvest brings the new bytes over the ones it placed.
+    write("v2");
+    let v = world.ok_call("boxd_harvest", &files);
+    assert_eq!(std::fs::read_to_string(&a).unwrap(), "v2\n", "{v:#}");
+    assert_eq!(std::fs::read_to_string(world.laptop.project.join("b.txt")).unwrap(), "v2\n");
+    // The killed harvest's temp for b.txt goes with the next sweep, once nothing is owed.
+    world.ok_call("boxd_harvest", &json!({ "work": work }).to_string());
+    assert!(temps_under(&world.laptop.project).is_empty(), "no temp file left: {:?}", temps_under(&world.laptop.project));
+}

@@ -58,7 +58,7 @@ pub(super) fn landing(env: &mut Env, w: Work, wanted: &[String], dest_dir: &str)
         return Ok((w, out));
     }
     let at_ms = env.ctx.now_ms;
-    let temps: Vec<TempFile> = out.iter().map(|l| TempFile { path: l.temp.clone(), at_ms, dest: Some(l.dest.clone()) }).collect();
+    let temps: Vec<TempFile> = out.iter().map(|l| TempFile { path: l.temp.clone(), at_ms, dest: Some(l.dest.clone()), sha256: None }).collect();
     let w = Ledger::for_call(&mut env.files, env.ctx).update(&w.work, |w| w.temps.extend(temps))?;
     Ok((w, out))
 }
@@ -198,6 +198,16 @@ pub(super) fn bring_files(env: &mut Env, w: Work, git: &Value, landing: &[Landin
         }
         incoming.push(Incoming { landing: l, size: got.size, sha256: got.sha256 });
     }
+    // What arrived is recorded before anything is placed: a host killed among the
+    // placements leaves files the next harvest knows as this work's (`check_overwrite`).
+    let arrived: Vec<(String, String)> = incoming.iter().map(|f| (f.landing.temp.clone(), f.sha256.clone())).collect();
+    let w = Ledger::for_call(&mut env.files, env.ctx).update(&w.work, |w| {
+        for t in w.temps.iter_mut() {
+            if let Some((_, sha)) = arrived.iter().find(|(temp, _)| *temp == t.path) {
+                t.sha256 = Some(sha.clone());
+            }
+        }
+    })?;
     let mut places = Vec::new();
     for file in &incoming {
         places.push(check_overwrite(env, &w, file)?);
@@ -302,7 +312,10 @@ fn check_overwrite(env: &mut Env, w: &Work, file: &Incoming) -> ToolResult<Place
             // The laptop file is hashed (in pieces, never whole in the component) only when
             // its size could match the incoming bytes or the last ones brought there:
             // another size is a conflict.
-            let may_match = m.size == file.size || last.is_some_and(|r| r.size == m.size);
+            // A harvest killed among its placements recorded what arrived but not what it
+            // placed: bytes one of its temps held for this destination are this work's too.
+            let arrived_here = |sha: &str| w.temps.iter().any(|t| t.dest.as_deref() == Some(dest.as_str()) && t.sha256.as_deref() == Some(sha));
+            let may_match = m.size == file.size || last.is_some_and(|r| r.size == m.size) || w.temps.iter().any(|t| t.dest.as_deref() == Some(dest.as_str()) && t.sha256.is_some());
             let current = match may_match.then(|| env.files.sha256(dest)) {
                 Some(Ok(Some(h))) => h,
                 // Gone between the look and the hash (another harvest of this work moved it
@@ -311,7 +324,7 @@ fn check_overwrite(env: &mut Env, w: &Work, file: &Incoming) -> ToolResult<Place
                 _ => String::new(),
             };
             let last = last.map(|r| r.sha256.clone());
-            if &current != sha && last.as_deref() != Some(current.as_str()) {
+            if &current != sha && last.as_deref() != Some(current.as_str()) && !arrived_here(&current) {
                 let cause = conflict_cause(env, w, dest, m.size, current);
                 return Err(ToolError::with_next(
                     Code::FileConflict,
@@ -514,7 +527,7 @@ mod tests {
     fn killed_mid_replace(files: &mut crate::testing::MemFiles, aside: &[u8]) -> Work {
         let temp = "/p/a.txt.x-0.boxd-tmp";
         let mut w = Work { work: "w1".into(), machine: "oc-w1".into(), schema: crate::ledger::SCHEMA, ..Default::default() };
-        w.temps.push(TempFile { path: temp.into(), at_ms: 1, dest: Some("/p/a.txt".into()) });
+        w.temps.push(TempFile { path: temp.into(), at_ms: 1, dest: Some("/p/a.txt".into()), sha256: None });
         files.put(temp, b"v2");
         files.put(&aside_of(temp), aside);
         Ledger::new(files, "/l").write(&w).unwrap();
@@ -566,8 +579,8 @@ mod tests {
         files.put("/p/notes.md.kept", b"the user's too");
         files.put("/p/sub/x.boxd-tmp.kept", b"elsewhere");
         let mut w = Work { work: "w1".into(), machine: "oc-w1".into(), schema: crate::ledger::SCHEMA, ..Default::default() };
-        w.temps.push(TempFile { path: "/p/notes.md".into(), at_ms: 1, dest: Some("/p/gone.md".into()) });
-        w.temps.push(TempFile { path: "/p/sub/x.boxd-tmp".into(), at_ms: 1, dest: Some("/p/gone.md".into()) });
+        w.temps.push(TempFile { path: "/p/notes.md".into(), at_ms: 1, dest: Some("/p/gone.md".into()), sha256: None });
+        w.temps.push(TempFile { path: "/p/sub/x.boxd-tmp".into(), at_ms: 1, dest: Some("/p/gone.md".into()), sha256: None });
         Ledger::new(&mut files, "/l").write(&w).unwrap();
         let mut programs = Scripted::default();
         let mut env = Env { programs: &mut programs, files: &mut files, ctx: &ctx };
