@@ -29,8 +29,8 @@ function scratch(name) {
   return dir;
 }
 
-async function readPids(file) {
-  while (!fs.existsSync(file) || fs.readFileSync(file, "utf8").trim().split("\n").length < 2) await new Promise((r) => setTimeout(r, 20));
+async function readPids(file, n = 2) {
+  while (!fs.existsSync(file) || fs.readFileSync(file, "utf8").trim().split("\n").length < n) await new Promise((r) => setTimeout(r, 20));
   return fs.readFileSync(file, "utf8").trim().split("\n").map(Number);
 }
 
@@ -149,8 +149,13 @@ describe("the pool's children in its workers", { skip: missingPrerequisite() ?? 
   // grandchild and hangs, as a stuck CLI would.
   function hangingBoxd(dir) {
     const pids = path.join(dir, "pids");
+    return { ...scriptedBoxd(dir, `#!/bin/sh\necho $$ >> ${pids}\nsleep 300 &\necho $! >> ${pids}\nsleep 300\n`), pids };
+  }
+
+  /** Grants and a call context with `script` as the boxd CLI. */
+  function scriptedBoxd(dir, script) {
     const boxd = path.join(dir, "boxd");
-    fs.writeFileSync(boxd, `#!/bin/sh\necho $$ >> ${pids}\nsleep 300 &\necho $! >> ${pids}\nsleep 300\n`, { mode: 0o755 });
+    fs.writeFileSync(boxd, script, { mode: 0o755 });
     fs.mkdirSync(path.join(dir, "proj"));
     const g = policy.resolveGrants({ options: { boxd, ledgerDir: path.join(dir, "ledger") }, directory: path.join(dir, "proj"), env: { PATH: process.env.PATH, HOME: dir } });
     const ctx = () => ({
@@ -158,7 +163,7 @@ describe("the pool's children in its workers", { skip: missingPrerequisite() ?? 
       nowMs: Date.now(), entropy: new Uint8Array(32).fill(7), approved: true, opencodeVersion: "1.18.33",
       opencode: { agentsWithoutRules: [], defaultRulesJson: "{}", toolRules: [], rulesNotAdded: false },
     });
-    return { g, ctx, pids };
+    return { g, ctx };
   }
 
   test("a user abort kills the children the component's worker started", async () => {
@@ -175,6 +180,30 @@ describe("the pool's children in its workers", { skip: missingPrerequisite() ?? 
     assert.ok(await waitGone(child), "the child survived the abort");
     assert.ok(await waitGone(grandchild), "the grandchild survived the abort");
     assert.ok(seen.length >= 1 && seen[0].startsWith("machine list"), `progress heard of the child: ${seen}`);
+  });
+
+  test("an abort of a call already answered does not reach the next call's children on the same worker", async () => {
+    const dir = scratch("pool-stale-abort");
+    const marker = path.join(dir, "hang");
+    const pids = path.join(dir, "pids");
+    // Answers at once until the marker exists; then `machine list` (the child the worker
+    // runs itself) notes its pid and hangs.
+    const boxd = `#!/bin/sh\nif [ -e ${marker} ] && [ "$1" = machine ]; then echo $$ >> ${pids}; exec sleep 300; fi\necho '[]'\n`;
+    const { g, ctx } = scriptedBoxd(dir, boxd);
+    const pool = new poolLib.Pool(g, { max: 1 });
+    cleanup.push(() => pool.close());
+    const a = new AbortController();
+    await pool.call("boxd_status", "{}", ctx(), a.signal);
+    fs.writeFileSync(marker, "");
+    const b = new AbortController();
+    const second = pool.call("boxd_status", "{}", ctx(), b.signal);
+    const [child] = await readPids(pids, 1);
+    a.abort();
+    await new Promise((r) => setTimeout(r, 300));
+    assert.doesNotThrow(() => process.kill(child, 0), "the first call's abort killed the second call's child");
+    b.abort();
+    assert.ok(await waitGone(child), "the second call's own abort left its child");
+    await second;
   });
 
   test("children in a worker are killed when the plugin's process exits", async () => {

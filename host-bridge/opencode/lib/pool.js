@@ -77,15 +77,23 @@ export class Pool {
   // `onSpawn(request)` hears of each child the call starts, as it starts (progress).
   #run(msg, signal, onSpawn) {
     return new Promise((resolve) => {
-      const job = { msg: { ...msg, id: this.#next++ }, resolve, kills: new Set(), aborted: false, onSpawn };
+      const onAbort = () => {
+        job.aborted = true;
+        for (const kill of job.kills) kill();
+      };
+      // Once answered, the call lets go of its signal and kills: OpenCode passes one signal
+      // to every call of a session run, and its abort must not reach a later call's children.
+      const settle = (result) => {
+        signal?.removeEventListener("abort", onAbort);
+        job.kills.clear();
+        resolve(result);
+      };
+      const job = { msg: { ...msg, id: this.#next++ }, resolve: settle, kills: new Set(), aborted: false, onSpawn };
       if (signal) {
         if (signal.aborted) return resolve({ aborted: true });
         // Abort kills the children this call is running; the component then sees them
         // die, and any further spawn of the call is refused.
-        signal.addEventListener("abort", () => {
-          job.aborted = true;
-          for (const kill of job.kills) kill();
-        }, { once: true });
+        signal.addEventListener("abort", onAbort, { once: true });
       }
       this.#queue.push(job);
       this.#pump();
@@ -111,7 +119,9 @@ export class Pool {
         if (slot.tid) {
           // The worker's own children: an abort marks the call (the worker refuses its
           // further spawns) and kills them; the watch kills one it missed by a moment.
+          // Only while the slot is this call's: its next call's children are not ours.
           job.kills.add(() => {
+            if (slot.job !== job) return;
             Atomics.store(slot.shared, ABORTED, job.msg.id);
             killChildrenOf(slot.tid);
           });
