@@ -206,6 +206,20 @@ describe("the pool's children in its workers", { skip: missingPrerequisite() ?? 
     await second;
   });
 
+  test("an abort while a new worker starts answers aborted and starts no child", async () => {
+    const dir = scratch("pool-early-abort");
+    const pids = path.join(dir, "pids");
+    const { g, ctx } = scriptedBoxd(dir, `#!/bin/sh\necho $$ >> ${pids}\nexec sleep 300\n`);
+    const pool = new poolLib.Pool(g);
+    cleanup.push(() => pool.close());
+    const abort = new AbortController();
+    const answer = pool.call("boxd_status", "{}", ctx(), abort.signal);
+    abort.abort();
+    assert.deepEqual(await answer, { aborted: true });
+    await new Promise((r) => setTimeout(r, 300));
+    assert.equal(fs.existsSync(pids), false, "a child of the aborted call ran");
+  });
+
   test("children in a worker are killed when the plugin's process exits", async () => {
     const dir = scratch("pool-exit");
     const script = `

@@ -116,6 +116,13 @@ export class Pool {
       slot.worker.ref();
       slot.ready.then(() => {
         if (slot.job !== job) return;
+        if (job.aborted) {
+          // Aborted while a new worker started: never posted, so no child of it ever runs.
+          slot.job = null;
+          slot.worker.unref();
+          job.resolve({ aborted: true });
+          return this.#pump();
+        }
         if (slot.tid) {
           // The worker's own children: an abort marks the call (the worker refuses its
           // further spawns) and kills them; the watch kills one it missed by a moment.
