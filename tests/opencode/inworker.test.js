@@ -220,6 +220,14 @@ describe("the pool's children in its workers", { skip: missingPrerequisite() ?? 
     assert.equal(fs.existsSync(pids), false, "a child of the aborted call ran");
   });
 
+  test("a call after close answers as a host failure at once", async () => {
+    const { g, ctx } = scriptedBoxd(scratch("pool-closed"), "#!/bin/sh\necho '[]'\n");
+    const pool = new poolLib.Pool(g);
+    pool.close();
+    const late = new Promise((r) => setTimeout(() => r("no answer"), 2000).unref());
+    assert.deepEqual(await Promise.race([pool.call("boxd_status", "{}", ctx()), late]), { trap: "the plugin is shutting down" });
+  });
+
   test("children in a worker are killed when the plugin's process exits", async () => {
     const dir = scratch("pool-exit");
     const script = `

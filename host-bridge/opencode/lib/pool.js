@@ -77,6 +77,8 @@ export class Pool {
   // `onSpawn(request)` hears of each child the call starts, as it starts (progress).
   #run(msg, signal, onSpawn) {
     return new Promise((resolve) => {
+      // A pool closed already answers as close() answers the calls it ends.
+      if (this.#closed) return resolve({ trap: "the plugin is shutting down" });
       const onAbort = () => {
         job.aborted = true;
         for (const kill of job.kills) kill();
