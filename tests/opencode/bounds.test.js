@@ -88,6 +88,24 @@ describe("children under the caps", { skip }, () => {
     process.kill(pid, "SIGKILL");
   });
 
+  test("a first line past the stdout cap found only after the exit: the child's group is killed", async () => {
+    const dir = scratch("late-cap");
+    const g = grants(dir, { boxd: "/bin/sh" });
+    const pidFile = path.join(dir, "pid");
+    // With a file to receive, the watch allows more than the cap in all: the line is found
+    // too long only when it is read, after the exit; the sleep is what is left in the group.
+    const script = `sleep 300 </dev/null >/dev/null 2>&1 & echo $! > ${pidFile}; head -c ${policy.BOUNDS.stdout + 1} /dev/zero; exit 0`;
+    const r = await policy.runChild({ program: "boxd", args: ["-c", script], env: [], timeoutMs: 60000, stdoutFiles: [path.join(dir, "proj/got")] }, g);
+    const pid = Number(fs.readFileSync(pidFile, "utf8").trim());
+    cleanup.push(() => {
+      try {
+        process.kill(pid, "SIGKILL");
+      } catch {}
+    });
+    assert.match(r.val?.val ?? JSON.stringify(r), /printed more than 64 MiB on stdout/);
+    assert.ok(await waitGone(pid, 1000), "what the child left in its group outlived the cap");
+  });
+
   test("an old ledger's world-readable passwords are made owner-only when the plugin starts", () => {
     const dir = scratch("old-ledger");
     const work = path.join(dir, "ledger/works/w1");

@@ -130,6 +130,22 @@ describe("a child run in the worker", { skip }, () => {
     assert.match(r.val.val, /more than 1 MiB on stderr/);
   });
 
+  test("a cap passed only after the child exited: what it left writing in its group is killed", async () => {
+    const dir = scratch("late-cap");
+    const pidFile = path.join(dir, "pid");
+    // The child points its own stdout away, so the watch never sees the flood its
+    // background cat writes; the cap is found when the output is read, after the exit.
+    const r = await (await runner(shGrants(dir))).run(`cat /dev/zero & echo $! > ${pidFile}; exec >/dev/null; sleep 1; exit 0`);
+    const pid = Number(fs.readFileSync(pidFile, "utf8").trim());
+    cleanup.push(() => {
+      try {
+        process.kill(pid, "SIGKILL");
+      } catch {}
+    });
+    assert.match(r.val?.val ?? JSON.stringify(r), /printed more than 64 MiB on stdout/);
+    assert.ok(await waitGone(pid, 1000), "the background cat outlived the cap");
+  });
+
   test("a daemon holding stdout and stderr: the answer is what the child printed, and the daemon is left alone", async () => {
     const dir = scratch("daemon");
     const pidFile = path.join(dir, "pid");

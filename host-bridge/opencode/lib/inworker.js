@@ -77,10 +77,18 @@ export function runInWorker(req, grants, shared, call) {
       Atomics.store(shared, CAPPED_PID, 0);
       return overCap(req.program, STREAMS[Atomics.load(shared, CAPPED_STREAM)]);
     }
+    // Past a cap only now, after the exit: what the child left in its group is still
+    // writing, and is killed as any child past a cap is.
     const stdout = readStart(out, BOUNDS.stdout + 1);
-    if (stdout.length > BOUNDS.stdout) return overCap(req.program, "stdout");
+    if (stdout.length > BOUNDS.stdout) {
+      killGroup(r.pid);
+      return overCap(req.program, "stdout");
+    }
     const stderr = readStart(errOut, BOUNDS.stderr + 1);
-    if (stderr.length > BOUNDS.stderr) return overCap(req.program, "stderr");
+    if (stderr.length > BOUNDS.stderr) {
+      killGroup(r.pid);
+      return overCap(req.program, "stderr");
+    }
     const exitCode = r.status ?? undefined;
     return { tag: "ok", val: { exitCode, stdout: new Uint8Array(stdout), stderr: new Uint8Array(stderr), files: [] } };
   } catch (e) {

@@ -549,13 +549,21 @@ export function runChild(req, grants, track = () => () => {}) {
     };
     const result = () => {
       const val = { exitCode: exitCode ?? undefined, stderr: new Uint8Array(Buffer.concat(errs)), files: [...sent] };
+      // Past a cap only now, after the exit: the group is killed as for any child past a
+      // cap (what the child left in it may still be writing).
       if (!stdoutFiles.length) {
         const stdout = readStart(outFd, BOUNDS.stdout + 1);
-        if (stdout.length > BOUNDS.stdout) return overCap(req.program, "stdout");
+        if (stdout.length > BOUNDS.stdout) {
+          killGroup();
+          return overCap(req.program, "stdout");
+        }
         return { tag: "ok", val: { ...val, stdout: new Uint8Array(stdout) } };
       }
       const got = frames.receive(outFd, BOUNDS.stdout, stdoutFiles, grants.preopens);
-      if (got.line === null) return overCap(req.program, "stdout");
+      if (got.line === null) {
+        killGroup();
+        return overCap(req.program, "stdout");
+      }
       // A child that failed says so in its answer; its files did not come.
       if (got.error && exitCode !== 0) return { tag: "ok", val: { ...val, stdout: new Uint8Array(got.line) } };
       if (got.error) return err("failed", `${req.program}: the files framed on its stdout: ${got.error}`);

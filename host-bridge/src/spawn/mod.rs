@@ -282,34 +282,41 @@ fn run_started_by(s: Spawn<'_>, streams: Streams<'_>, start_child: StartChild) -
         }
     }
     let status = status.expect("the loop ends with a status");
-    // Reaped only now: until here its pid and group were certainly still ours.
-    let _ = child.reap();
     // The writer has finished once the child read all of stdin; a child that stopped
     // reading (or a process it left holding the pipe) leaves it short, and nothing sent.
     let mut files = if has_stdin { sent_rx.recv_timeout(STDIN_SETTLE).unwrap_or_default() } else { Vec::new() };
     // Everything the child wrote is in the file; read at most the cap (a process it left
-    // running may still be writing).
-    let mut f = &out_file;
-    std::io::Seek::seek(&mut f, std::io::SeekFrom::Start(0)).map_err(failed)?;
-    let stdout = if streams.stdout_files.is_empty() {
-        let mut stdout = Vec::new();
-        f.take(s.bounds.stdout_cap as u64 + 1).read_to_end(&mut stdout).map_err(failed)?;
-        if stdout.len() > s.bounds.stdout_cap {
-            return Err(over_cap(Stream::Stdout));
+    // running may still be writing). Past a cap only now, that process is killed with the
+    // group, as for any child past a cap.
+    let mut capped = false;
+    let stdout = (|| {
+        let mut f = &out_file;
+        std::io::Seek::seek(&mut f, std::io::SeekFrom::Start(0)).map_err(failed)?;
+        if streams.stdout_files.is_empty() {
+            let mut stdout = Vec::new();
+            f.take(s.bounds.stdout_cap as u64 + 1).read_to_end(&mut stdout).map_err(failed)?;
+            capped = stdout.len() > s.bounds.stdout_cap;
+            return if capped { Err(over_cap(Stream::Stdout)) } else { Ok(stdout) };
         }
-        stdout
-    } else {
         let mut r = std::io::BufReader::with_capacity(64 * 1024, f.take(stdout_cap + 1));
-        let line = frames::first_line(&mut r, s.bounds.stdout_cap).map_err(|_| over_cap(Stream::Stdout))?;
+        let line = frames::first_line(&mut r, s.bounds.stdout_cap).map_err(|_| {
+            capped = true;
+            over_cap(Stream::Stdout)
+        })?;
         match frames::receive(&mut r, streams.stdout_files, streams.roots) {
             Ok(received) => files.extend(received),
             // A child that failed says so in its answer; its files did not come.
             Err(_) if status.code() != Some(0) => {}
             Err(why) => return Err(SpawnFailure::Failed(format!("{}: the files framed on its stdout: {why}", s.name))),
         }
-        line
-    };
-    Ok(Output { exit_code: status.code(), stdout, stderr, files })
+        Ok(line)
+    })();
+    if capped {
+        kill_group(pgid);
+    }
+    // Reaped only now: until here its pid and group were certainly still ours.
+    let _ = child.reap();
+    Ok(Output { exit_code: status.code(), stdout: stdout?, stderr, files })
 }
 
 /// How long the stdin writer may take to report once the child exited.
@@ -410,6 +417,35 @@ mod tests {
             assert!(alive(daemon), "{how}: the daemon was killed");
             kill_group(daemon);
         });
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A first line past the cap is found only when it is read, after the exit (with a file
+    /// to receive, the watch allows more in all): the group is killed as for any cap.
+    #[test]
+    fn a_cap_found_after_the_exit_kills_the_group() {
+        let dir = std::env::temp_dir().join(format!("spawn-late-cap-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let roots = [dir.clone()];
+        for (how, start) in STARTS {
+            let file = dir.join(how);
+            let script = format!("sleep 60 </dev/null >/dev/null 2>&1 & echo $! > {}; head -c {} /dev/zero; exit 0", file.display(), SMALL.stdout_cap + 1);
+            let args = vec!["-c".to_string(), script];
+            let got = [dir.join("got").display().to_string()];
+            let s = Spawn { name: "sh", binary: Path::new("/bin/sh"), args: &args, env: &[], cwd: None, stdin: None, timeout: Duration::from_secs(30), bounds: SMALL };
+            let r = run_started_by(s, Streams { stdin_files: Vec::new(), stdout_files: &got, roots: &roots }, start);
+            let Err(SpawnFailure::Failed(m)) = r else { panic!("{how}: expected a failure, got {:?}", r.err()) };
+            assert!(m.contains("more than 1 MiB on stdout"), "{how}: {m}");
+            let left = pid_in(&file);
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while alive(left) && std::fs::read_to_string(format!("/proc/{left}/stat")).is_ok_and(|s| !s.contains(") Z ")) {
+                if Instant::now() >= deadline {
+                    kill_group(left);
+                    panic!("{how}: the group's sleep {left} outlived the cap");
+                }
+                thread::sleep(Duration::from_millis(10));
+            }
+        }
         let _ = std::fs::remove_dir_all(&dir);
     }
 
