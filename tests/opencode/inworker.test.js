@@ -195,7 +195,8 @@ describe("the pool's children in its workers", { skip: missingPrerequisite() ?? 
     assert.ok(r.ok !== undefined || r.toolError !== undefined, JSON.stringify(r));
     assert.ok(await waitGone(child), "the child survived the abort");
     assert.ok(await waitGone(grandchild), "the grandchild survived the abort");
-    assert.ok(seen.length >= 1 && seen[0].startsWith("machine list"), `progress heard of the child: ${seen}`);
+    // boxd_status starts two children at once (run-all); the worker runs machine list.
+    assert.ok(seen.some((s) => s.startsWith("machine list")), `progress heard of the child: ${seen}`);
   });
 
   test("an abort of a call already answered does not reach the next call's children on the same worker", async () => {
