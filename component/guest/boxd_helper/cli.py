@@ -252,12 +252,8 @@ def cmd_export(args):
     # one it names is in it: running or waiting (SESSION_BUSY), or its run ended and in the
     # sessions read after. The laptop's proof counts them (tools/harvest.rs, covered).
     resolved = work.resolved(resolve_arg(args))
-    st = work.state()
     sid = work.session_id()
-    smap = api.get("/session/status", timeout=10) or {}
-    pending = work.waiting(st)
-    if st.current or pending or (sid and smap.get(sid)):
-        raise Fail("SESSION_BUSY", "work %s is busy (a run is in flight or %d prompt(s) wait)" % (work.id, len(pending)))
+    st = export_idle(work, api, sid)
     newest = st.newest_prompt
     if not sid:
         return {"ok": True, "sessions": [], "resolved": resolved, "newestPrompt": newest}
@@ -282,7 +278,24 @@ def cmd_export(args):
         for child in sorted(children, key=lambda c: (((c.get("time") or {}).get("created") or 0), c.get("id", ""))):
             if isinstance(child, dict) and child.get("id"):
                 queue.append(child["id"])
+    # A run that started while the sessions were read left them half written: the laptop
+    # would import that, and its import keeps a message id's first version for ever.
+    again = export_idle(work, api, sid)
+    if (again.next_seq, again.dispatched_seq, again.runs) != (st.next_seq, st.dispatched_seq, st.runs):
+        raise Fail("SESSION_BUSY", "work %s took a prompt while it was exported; export again once its run ends" % work.id)
     return {"ok": True, "sessions": sessions, "resolved": resolved, "newestPrompt": newest}
+
+
+def export_idle(work, api, sid):
+    """The state, read under the state lock, when no run is current, no prompt waits and
+    OpenCode's session is not busy; else SESSION_BUSY."""
+    with work.state_lock(30.0):
+        st = work.state()
+        pending = work.waiting(st)
+    smap = api.get("/session/status", timeout=10) or {}
+    if st.current or pending or (sid and smap.get(sid)):
+        raise Fail("SESSION_BUSY", "work %s is busy (a run is in flight or %d prompt(s) wait)" % (work.id, len(pending)))
+    return st
 
 
 def cmd_import(args):
