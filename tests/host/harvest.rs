@@ -304,3 +304,32 @@ fn a_drop_after_the_laptops_session_was_deleted_restores_it_before_the_machine_g
     assert_eq!(after["messages"].as_array().unwrap().len(), before["messages"].as_array().unwrap().len());
     assert_eq!(after["messages"].to_string(), before["messages"].to_string(), "the transcript is back as it was proven");
 }
+
+/// After a harvest the user deletes the session in the laptop's OpenCode, and the ledger's
+/// stored export of it is deleted too. The drop cannot restore it and refuses, naming a
+/// harvest; that harvest finds the transcript unchanged on the guest, but does not trust a
+/// stored export that is gone: it stores it again and imports the session, and the drop
+/// then goes.
+#[test]
+fn a_harvest_stores_a_deleted_export_again_and_imports_the_session_the_drop_could_not_restore() {
+    let world = World::new("harvest-noexport");
+    world.ok_call("boxd_ensure", W1);
+    run(&world, "one");
+    let sid = world.ok_call("boxd_harvest", W1)["sessions"][0]["id"].as_str().unwrap().to_string();
+    let before = laptop_export(&world, &sid);
+    let stored = || {
+        let record: serde_json::Value = serde_json::from_slice(&std::fs::read(world.laptop.ledger.join("works/w1/work.json")).unwrap()).unwrap();
+        world.laptop.ledger.join("works/w1").join(record["proofs"].as_array().unwrap().last().unwrap()["sessions"][0]["file"].as_str().unwrap())
+    };
+    std::fs::remove_file(stored()).unwrap();
+    let out = std::process::Command::new(opencode_bin()).args(["session", "delete", &sid]).current_dir(&world.laptop.project).envs(world.laptop_env()).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let e = world.err_call("boxd_drop", W1, "NOT_PROVEN");
+    assert!(e["next"].as_str().unwrap().contains("boxd_harvest"), "{e:#}");
+    assert!(world.laptop.boxd(&["machine", "get", "oc-w1", "--json"]).status.success(), "a refused drop destroys nothing");
+    let v = world.ok_call("boxd_harvest", W1);
+    assert_eq!(v["sessions"][0]["imported"], true, "{v:#}");
+    assert!(stored().exists(), "the export is stored again");
+    assert_eq!(laptop_export(&world, &sid)["messages"].to_string(), before["messages"].to_string(), "the session is back on the laptop");
+    assert_eq!(world.ok_call("boxd_drop", W1)["dropped"], true);
+}

@@ -116,6 +116,17 @@ pub fn record<F: Files>(ledger: &mut Ledger<F>, w: &Work, git: &Value, now: &str
     }))
 }
 
+/// Whether the ledger still holds `name` (an export, a patch or a bundle, each named
+/// `<kind>-<first 16 hex of its sha256>.<ext>`) with the bytes it was stored with, and, when
+/// `sha256` is given, whether they hash to it. One deleted or damaged since must be stored
+/// again from the machine, not trusted.
+pub fn stored_intact<F: Files>(ledger: &mut Ledger<F>, work: &str, name: &str, sha256: Option<&str>) -> ToolResult<bool> {
+    let Some(named) = name.split_once('-').and_then(|(_, rest)| rest.split_once('.')).map(|(d, _)| d).filter(|d| d.len() == 16) else { return Ok(false) };
+    let Some(bytes) = ledger.get_blob(work, name)? else { return Ok(false) };
+    let sha = sha256_hex(&bytes);
+    Ok(sha.starts_with(named) && sha256.is_none_or(|want| want == sha))
+}
+
 /// Whether a path the user discarded covers `path` (itself, or a folder above it).
 fn discarded(path: &str, discard: &[String]) -> bool {
     let p = path.trim_end_matches('/');
@@ -303,6 +314,24 @@ mod tests {
         assert_eq!(e.code, Code::Untracked);
         assert!(e.message.contains("w1-feature"), "{}", e.message);
         assert!(check_live(&w, &live, &["/home/boxd/work/w1-feature".to_string()]).is_ok());
+    }
+
+    #[test]
+    fn a_stored_file_is_intact_only_while_its_bytes_hash_to_its_name() {
+        let mut fs = crate::testing::MemFiles::new(&["/l"]);
+        fs.create_dir_all("/l/works/w1").unwrap();
+        let mut ledger = Ledger::new(&mut fs, "/l");
+        let sha = sha256_hex(b"PACK");
+        let name = format!("bundle-{}.bundle", &sha[..16]);
+        assert!(!stored_intact(&mut ledger, "w1", &name, None).unwrap(), "missing");
+        ledger.put_blob("w1", &name, b"PACK").unwrap();
+        assert!(stored_intact(&mut ledger, "w1", &name, None).unwrap());
+        assert!(stored_intact(&mut ledger, "w1", &name, Some(&sha)).unwrap());
+        assert!(!stored_intact(&mut ledger, "w1", &name, Some("0000")).unwrap(), "not the full digest recorded");
+        ledger.put_blob("w1", &name, b"PACK, damaged").unwrap();
+        assert!(!stored_intact(&mut ledger, "w1", &name, None).unwrap(), "damaged");
+        ledger.put_blob("w1", "bundle-x.bundle", b"PACK").unwrap();
+        assert!(!stored_intact(&mut ledger, "w1", "bundle-x.bundle", None).unwrap(), "a name that carries no digest");
     }
 
     #[test]

@@ -10,6 +10,7 @@ use alloc::string::{String, ToString};
 use alloc::vec::Vec;
 use serde_json::{json, Value};
 
+use super::account::stored_intact;
 use super::landing::{self, Landing};
 use super::machine::running_state;
 use super::{work_arg, Env};
@@ -126,9 +127,14 @@ fn import_and_prove(env: &mut Env, w: &Work, sessions: &[Exported]) -> ToolResul
     let new: Vec<&str> = sessions.iter().map(|s| s.id.as_str()).filter(|id| !last.contains_key(*id)).collect();
     refuse_foreign_sessions(env, w, &new)?;
     for s in sessions {
-        let previous = last.get(&s.id).filter(|(d, f)| d == &s.digest && f.is_some());
-        if let Some((_, file)) = previous {
-            proofs.push(SessionProof { id: s.id.clone(), parent_id: s.parent.clone(), messages: s.messages, digest: s.digest.clone(), file: file.clone() });
+        // Reused only while the stored export is whole: one deleted or damaged in the ledger
+        // is stored again and imported (an import adds only ids the laptop lacks).
+        let previous = match last.get(&s.id) {
+            Some((d, Some(f))) if *d == s.digest && stored_intact(&mut Ledger::for_call(&mut env.files, env.ctx), &w.work, f, None)? => Some(f.clone()),
+            _ => None,
+        };
+        if let Some(file) = previous {
+            proofs.push(SessionProof { id: s.id.clone(), parent_id: s.parent.clone(), messages: s.messages, digest: s.digest.clone(), file: Some(file) });
             report.push(json!({ "id": s.id, "parentId": s.parent, "messages": s.messages, "digest": s.digest, "imported": false }));
             continue;
         }
@@ -194,12 +200,14 @@ pub(super) fn restore_for_drop(env: &mut Env, w: &Work) -> ToolResult<(Vec<Strin
             Err(e) if e.code != Code::ProofFailed => return Err(e),
             Err(_) => {}
         }
-        let stored = p.file.as_ref().map(|f| format!("{}/{f}", Ledger::for_call(&mut env.files, env.ctx).work_dir(&w.work)));
+        let mut ledger = Ledger::for_call(&mut env.files, env.ctx);
+        let intact = p.file.as_ref().map_or(Ok(false), |f| stored_intact(&mut ledger, &w.work, f, None))?;
+        let stored = p.file.as_ref().filter(|_| intact).map(|f| format!("{}/{f}", ledger.work_dir(&w.work)));
         let json = stored.as_ref().and_then(|path| env.files.read(path).ok().flatten()).and_then(|b| serde_json::from_slice::<Value>(&b).ok());
         let (Some(path), Some(json)) = (stored, json) else {
             return Err(ToolError::with_next(
                 Code::NotProven,
-                format!("session {} of work '{}' is no longer in this laptop's OpenCode and the ledger holds no copy of it; nothing was destroyed", p.id, w.work),
+                format!("session {} of work '{}' is no longer in this laptop's OpenCode and the ledger holds no whole copy of it (its stored export is missing or damaged); nothing was destroyed", p.id, w.work),
                 format!("Call boxd_harvest for work '{}' (it imports the session again from the machine), then boxd_drop.", w.work),
             ));
         };
