@@ -437,3 +437,34 @@ fn a_work_from_another_project_is_said_to_belong_there() {
     // From its own project the work comes home as usual.
     assert_eq!(world.ok_call("boxd_harvest", W1)["proven"], true);
 }
+
+/// A commit and an uncommitted change on the machine, harvested; then the ledger's bundle
+/// (and patch) are deleted. A harvest does not tell the guest it holds a bundle that is
+/// gone, so the bundle is made again; a drop checks the files themselves, not only the
+/// record naming them, and refuses while they are missing.
+#[test]
+fn a_bundle_or_patch_deleted_from_the_ledger_is_made_again_by_a_harvest_and_refuses_a_drop() {
+    let world = World::new("lost-bundle");
+    world.ok_call("boxd_ensure", W1);
+    in_tree(&world, "w1", "echo one > a.txt && git add a.txt && git -c user.email=t@t -c user.name=t commit -qm one && echo two >> a.txt");
+    let dir = world.laptop.ledger.join("works/w1");
+    let v = world.ok_call("boxd_harvest", W1);
+    let (bundle, patch) = (dir.join(v["git"]["bundle"].as_str().unwrap()), dir.join(v["git"]["patch"].as_str().unwrap()));
+    std::fs::remove_file(&bundle).unwrap();
+    let v = world.ok_call("boxd_harvest", W1);
+    assert_eq!(dir.join(v["git"]["bundle"].as_str().unwrap()), bundle, "{v:#}");
+    assert!(bundle.exists(), "the bundle is made again");
+    let head = in_tree(&world, "w1", "git rev-parse HEAD").trim().to_string();
+    git(&world.laptop.scratch.0, &["init", "-q", "verify"]);
+    git(&world.laptop.scratch.0.join("verify"), &["fetch", "-q", bundle.to_str().unwrap(), "HEAD:refs/boxd/w1"]);
+    assert_eq!(git(&world.laptop.scratch.0.join("verify"), &["rev-parse", "refs/boxd/w1"]).trim(), head);
+    for gone in [&bundle, &patch] {
+        std::fs::remove_file(gone).unwrap();
+        let e = world.err_call("boxd_drop", W1, "NOT_PROVEN");
+        assert!(e["next"].as_str().unwrap().contains("boxd_harvest"), "{e:#}");
+        assert!(machine_exists(&world, "oc-w1"), "a refused drop destroys nothing");
+        world.ok_call("boxd_harvest", W1);
+        assert!(gone.exists(), "{} is stored again", gone.display());
+    }
+    assert_eq!(world.ok_call("boxd_drop", W1)["dropped"], true);
+}

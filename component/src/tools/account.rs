@@ -127,6 +127,25 @@ pub fn stored_intact<F: Files>(ledger: &mut Ledger<F>, work: &str, name: &str, s
     Ok(sha.starts_with(named) && sha256.is_none_or(|want| want == sha))
 }
 
+/// Before a drop destroys the machine: the bundle and the patch the record names are whole
+/// in the ledger. The live check compares the machine with the record only, so a file
+/// deleted or damaged since would take those commits or changes with the machine.
+pub fn check_stored<F: Files>(ledger: &mut Ledger<F>, w: &Work) -> ToolResult<()> {
+    let Some(g) = &w.git else { return Ok(()) };
+    let bundle = g.bundle.as_deref().map(|b| (b, None));
+    let patch = g.patch.as_deref().map(|p| (p, Some(g.patch_sha256.as_deref().unwrap_or(""))));
+    for (name, sha256) in bundle.into_iter().chain(patch) {
+        if !stored_intact(ledger, &w.work, name, sha256)? {
+            return Err(ToolError::with_next(
+                Code::NotProven,
+                format!("work '{}': the ledger's {name} is missing or damaged, so the machine holds the only copy of what it held; nothing was destroyed", w.work),
+                format!("Call boxd_harvest for work '{}' (it stores it again from the machine), then boxd_drop.", w.work),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Whether a path the user discarded covers `path` (itself, or a folder above it).
 fn discarded(path: &str, discard: &[String]) -> bool {
     let p = path.trim_end_matches('/');

@@ -279,6 +279,7 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
             ));
         }
         require_proven(&w)?;
+        super::account::check_stored(&mut ledger, &w)?;
         super::account::check_live(&w, &live, &discard)
     })();
     if let Err(e) = checked {
@@ -363,6 +364,46 @@ mod tests {
         assert!(e.message.contains("README.md"), "{}", e.message);
         assert_eq!(p.commands().len(), 2, "get and the sealing exec; nothing removed: {:?}", p.commands());
         assert!(p.commands()[1].contains("seal"), "{:?}", p.commands());
+    }
+
+    #[test]
+    fn a_bundle_or_patch_missing_or_damaged_in_the_ledger_refuses_the_drop_whatever_the_record_says() {
+        use crate::encode::sha256_hex;
+        let head = "0123456789abcdef0123456789abcdef01234567";
+        let (bundle, patch) = (b"# v2 git bundle\n".as_slice(), b"diff".as_slice());
+        let name = |kind: &str, bytes: &[u8], ext: &str| format!("{kind}-{}.{ext}", &sha256_hex(bytes)[..16]);
+        let record = GitRecord {
+            refs: [("HEAD".to_string(), head.to_string())].into_iter().collect(),
+            bundle: Some(name("bundle", bundle, "bundle")),
+            patch: Some(name("patch", patch, "diff")),
+            patch_sha256: Some(sha256_hex(patch)),
+            ..Default::default()
+        };
+        let sealed = format!(r#"{{"ok":true,"repo":true,"refs":{{"HEAD":"{head}"}},"dirty":true,"diffSha256":"{}","untracked":[],"ignored":[]}}"#, sha256_hex(patch));
+        for (bundle_bytes, patch_bytes) in [(None, Some(patch)), (Some(bundle), None), (Some(b"damaged".as_slice()), Some(patch)), (Some(bundle), Some(b"damaged".as_slice()))] {
+            let mut fs = work_with(Some(record.clone()));
+            for (stored, bytes) in [(&record.bundle, bundle_bytes), (&record.patch, patch_bytes)] {
+                if let Some(bytes) = bytes {
+                    fs.put(&format!("/l/works/w1/{}", stored.as_ref().unwrap()), bytes);
+                }
+            }
+            let mut p = Scripted::default();
+            p.push_exit(0, OURS, "");
+            p.push_exit(0, &sealed, "");
+            let e = call(&mut p, &mut fs, "boxd_drop", r#"{"work":"w1"}"#, raw()).unwrap_err();
+            assert_eq!(e.code, Code::NotProven, "{e:?}");
+            assert!(e.next.contains("boxd_harvest"), "{e:?}");
+            assert_eq!(p.commands().len(), 2, "nothing removed: {:?}", p.commands());
+        }
+        // Both whole: the drop goes on.
+        let mut fs = work_with(Some(record.clone()));
+        fs.put(&format!("/l/works/w1/{}", record.bundle.as_ref().unwrap()), bundle);
+        fs.put(&format!("/l/works/w1/{}", record.patch.as_ref().unwrap()), patch);
+        let mut p = Scripted::default();
+        p.push_exit(0, OURS, "");
+        p.push_exit(0, &sealed, "");
+        p.push_exit(0, r#"{"name":"oc-w1","status":"destroyed"}"#, "");
+        assert_eq!(call(&mut p, &mut fs, "boxd_drop", r#"{"work":"w1"}"#, raw()).unwrap()["dropped"], true);
     }
 
     #[test]

@@ -433,8 +433,13 @@ fn prove(env: &mut Env, w: Work, export: &Value, sessions: &[Exported], admitted
 /// the fetch did, and the files that arrived.
 fn record_git(env: &mut Env, w: Work, wanted: &[String], landing: &[Landing]) -> ToolResult<(Work, Value, Option<Value>, Vec<Streamed>)> {
     let (ctx, now) = (env.ctx, env.now());
+    // The guest answers "unchanged" to the refs we say we hold: only while our bundle of them
+    // is whole, so one deleted or damaged in the ledger is made again.
+    let have = match w.git.as_ref().and_then(|g| Some((g, g.bundle.as_deref()?))) {
+        Some((g, b)) if stored_intact(&mut Ledger::for_call(&mut env.files, ctx), &w.work, b, None)? => g.refs.clone(),
+        _ => BTreeMap::new(),
+    };
     let mut boxd = Boxd::new(&mut env.programs, ctx.options.boxd_timeout_seconds);
-    let have = w.git.as_ref().filter(|g| g.bundle.is_some()).map(|g| g.refs.clone()).unwrap_or_default();
     let stdin = serde_json::to_vec(&json!({ "files": wanted, "haveRefs": have })).expect("serialises");
     let streams = Streams { stdin_files: Vec::new(), stdout_files: landing.iter().map(|l| l.temp.clone()).collect() };
     let (git, arrived) = Guest::new(&mut boxd, &w.machine, &w.work).call_streaming("git", &["--files-stdin"], Some(stdin), &streams)?;
