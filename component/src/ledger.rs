@@ -518,6 +518,13 @@ impl<'a, F: Files> Ledger<'a, F> {
         self.files.read(&path).map_err(|e| ledger_error("read a file from the ledger", e))
     }
 
+    /// The sha256 of a file in the work's ledger folder, hashed in pieces by the host (a
+    /// bundle may be tens of MiB: never read whole into the component).
+    pub fn blob_sha256(&mut self, work: &str, name: &str) -> ToolResult<Option<String>> {
+        let path = format!("{}/{name}", self.work_dir(work));
+        self.files.sha256(&path).map_err(|e| ledger_error("hash a file in the ledger", e))
+    }
+
     /// The guest server's password: created once per work, kept in its own file.
     pub fn password(&mut self, work: &str) -> ToolResult<Option<String>> {
         Ok(self.get_blob(work, "password")?.map(|b| String::from_utf8_lossy(&b).trim().to_string()))

@@ -122,8 +122,7 @@ pub fn record<F: Files>(ledger: &mut Ledger<F>, w: &Work, git: &Value, now: &str
 /// again from the machine, not trusted.
 pub fn stored_intact<F: Files>(ledger: &mut Ledger<F>, work: &str, name: &str, sha256: Option<&str>) -> ToolResult<bool> {
     let Some(named) = name.split_once('-').and_then(|(_, rest)| rest.split_once('.')).map(|(d, _)| d).filter(|d| d.len() == 16) else { return Ok(false) };
-    let Some(bytes) = ledger.get_blob(work, name)? else { return Ok(false) };
-    let sha = sha256_hex(&bytes);
+    let Some(sha) = ledger.blob_sha256(work, name)? else { return Ok(false) };
     Ok(sha.starts_with(named) && sha256.is_none_or(|want| want == sha))
 }
 
