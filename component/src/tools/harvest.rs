@@ -129,23 +129,20 @@ fn import_and_prove(env: &mut Env, w: &Work, sessions: &[Exported]) -> ToolResul
     for s in sessions {
         // Reused only while the stored export is whole: one deleted or damaged in the ledger
         // is stored again and imported (an import adds only ids the laptop lacks).
-        let previous = match last.get(&s.id) {
-            Some((d, Some(f))) if *d == s.digest && stored_intact(&mut Ledger::for_call(&mut env.files, env.ctx), &w.work, f, None)? => Some(f.clone()),
-            _ => None,
+        let (name, imported) = match last.get(&s.id) {
+            Some((d, Some(f))) if *d == s.digest && stored_intact(&mut Ledger::for_call(&mut env.files, env.ctx), &w.work, f, None)? => (f.clone(), false),
+            _ => {
+                let bytes = serde_json::to_vec(&s.json).expect("serialises");
+                let name = format!("export-{}.json", &sha256_hex(&bytes)[..16]);
+                let mut ledger = Ledger::for_call(&mut env.files, env.ctx);
+                ledger.put_blob(&w.work, &name, &bytes)?;
+                let file = format!("{}/{name}", ledger.work_dir(&w.work));
+                import_checked(env, &file, s, &w.directory)?;
+                (name, true)
+            }
         };
-        if let Some(file) = previous {
-            proofs.push(SessionProof { id: s.id.clone(), parent_id: s.parent.clone(), messages: s.messages, digest: s.digest.clone(), file: Some(file) });
-            report.push(json!({ "id": s.id, "parentId": s.parent, "messages": s.messages, "digest": s.digest, "imported": false }));
-            continue;
-        }
-        let bytes = serde_json::to_vec(&s.json).expect("serialises");
-        let name = format!("export-{}.json", &sha256_hex(&bytes)[..16]);
-        let mut ledger = Ledger::for_call(&mut env.files, env.ctx);
-        ledger.put_blob(&w.work, &name, &bytes)?;
-        let file = format!("{}/{name}", ledger.work_dir(&w.work));
-        import_checked(env, &file, s, &w.directory)?;
         proofs.push(SessionProof { id: s.id.clone(), parent_id: s.parent.clone(), messages: s.messages, digest: s.digest.clone(), file: Some(name) });
-        report.push(json!({ "id": s.id, "parentId": s.parent, "messages": s.messages, "digest": s.digest, "imported": true }));
+        report.push(json!({ "id": s.id, "parentId": s.parent, "messages": s.messages, "digest": s.digest, "imported": imported }));
     }
     Ok((proofs, report))
 }
