@@ -163,6 +163,10 @@ pub struct MachineInfo {
     pub status: String,
     pub sharing: String,
     pub isolated: bool,
+    /// What it was made from (`snapshot/NAME:v1`, `fork/NAME`, `standalone`), and its
+    /// auto-hibernate bound (`14400s`, `off`): empty when boxd does not say.
+    pub source: String,
+    pub auto_hibernate: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -326,6 +330,8 @@ impl<'a, P: Programs> Boxd<'a, P> {
                 status: str_field(&v, "status"),
                 sharing: str_field(&v, "sharing"),
                 isolated: matches!(str_field(&v, "isolated").as_str(), "yes" | "true"),
+                source: str_field(&v, "source"),
+                auto_hibernate: str_field(&v, "auto_hibernate"),
             })),
             Err(Failure::NotFound(_)) => Ok(None),
             Err(e) => Err(e),

@@ -305,6 +305,38 @@ fn an_ensure_during_a_drops_slow_remove_leaves_the_drop_to_finish() {
     assert_eq!(machines_named(&world, machine), 0);
 }
 
+/// Two ensures of a new work at once. The first one's `machine new` is slow; the second's
+/// lands at once but never answers (boxd stops answering). The first's create then finds
+/// the name taken, by a machine made the way this plugin makes one: it may be this work's
+/// own, so the work stays creating (not withdrawn as someone else's), and the next ensure
+/// adopts the one machine.
+#[test]
+fn two_ensures_of_a_new_work_at_once_leave_the_machine_one_of_them_made_to_adopt() {
+    let world = World::new("races-new");
+    let (w, machine) = (json!({ "work": "rn" }).to_string(), "oc-rn");
+    world.faults(
+        r#"[{"verb":"machine new","times":1,"action":"delay","ms":5000},
+            {"verb":"machine new","times":1,"action":"hang","ms":9000,"land":true}]"#,
+    );
+    let answers: Vec<(i32, Value)> = std::thread::scope(|s| {
+        let first = s.spawn(|| world.call("boxd_ensure", &w));
+        until_running(&["machine", "new", machine]);
+        let second = world.call("boxd_ensure", &w);
+        vec![first.join().unwrap(), second]
+    });
+    let ctx = format!("{:#} / {:#}", answers[0].1, answers[1].1);
+    for (code, v) in &answers {
+        assert_eq!((*code, v["error"].as_str()), (1, Some("CREATE_UNCERTAIN")), "{ctx}");
+    }
+    assert_eq!(ledger_record(&world, "rn")["state"], "creating", "{ctx}");
+    let v = world.ok_call("boxd_ensure", &w);
+    assert_eq!(v["adopted"], true, "{v:#}");
+    assert_eq!(machines_named(&world, machine), 1, "{ctx}");
+    let record = ledger_record(&world, "rn");
+    assert_eq!(record["machineId"], stdout_json(&world.laptop.boxd(&["machine", "get", machine, "--json"]))["id"], "{record:#}");
+    assert_eq!(world.ok_call("boxd_job", &w)["state"], "idle");
+}
+
 /// A submit's exec waits while a sleep puts the machine to sleep: boxd then fails the exec
 /// on a hibernated machine, and the submit says the machine is asleep (boxd_resume next)
 /// rather than passing on boxd's failure. After the resume, the same submit is the same

@@ -185,8 +185,9 @@ fn a_resume_whose_not_found_the_listing_contradicts_rebuilds_nothing_and_loses_n
 }
 
 /// Someone else makes a machine under the work's name between the ensure's look and its
-/// create (no create of this ledger was under way): boxd refuses the create, and the
-/// next ensure refuses their machine instead of adopting it, preparing it or removing it.
+/// create (no create of this ledger was under way; theirs is not made from the golden
+/// image): boxd refuses the create, and neither that ensure nor the next adopts, prepares
+/// or removes their machine.
 #[test]
 fn a_name_taken_just_before_the_first_create_is_never_adopted() {
     let world = World::new("lies-taken");
@@ -198,7 +199,8 @@ fn a_name_taken_just_before_the_first_create_is_never_adopted() {
         assert!(world.on_machine("oc-w1", "echo mine > theirs.txt").status.success());
         ensure.join().unwrap()
     });
-    assert_eq!((code, v["error"].as_str()), (1, Some("CREATE_UNCERTAIN")), "{v:#}");
+    assert_eq!((code, v["error"].as_str()), (1, Some("NOT_OURS")), "{v:#}");
+    assert!(v["next"].as_str().unwrap().contains("Leave oc-w1 alone"), "{v:#}");
     let theirs = machine_get(&world, "oc-w1")["id"].clone();
     world.err_call("boxd_ensure", W1, "NOT_OURS");
     let (_, dropped) = world.call("boxd_drop", W1);

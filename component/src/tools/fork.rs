@@ -95,7 +95,9 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
                                 break;
                             }
                             if !parent_seen {
-                                if let Err(e) = parent_up(&mut boxd, &parent) {
+                                // As the ledger has it now: a resume may have rebuilt it since.
+                                let now = ledger.read(&parent.work)?.unwrap_or_else(|| parent.clone());
+                                if let Err(e) = parent_up(&mut boxd, &now) {
                                     waiting = Some(e);
                                     break;
                                 }
@@ -110,6 +112,8 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
             // A fork another call makes or made runs too: it counts against the caps.
             room.take(ctx, &w.work, &w.directory);
             if let Step::Ready(w) = step {
+                // Readying a fork takes seconds to minutes: the next fork looks again.
+                parent_seen = false;
                 if let Some(guest) = ready_guest(&mut boxd, &mut ledger, ctx, &parent, &w, version.as_deref())? {
                     admitted.push((w.work.clone(), guest));
                 }

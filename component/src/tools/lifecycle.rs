@@ -114,7 +114,11 @@ fn adopt<F: Files>(ledger: &mut Ledger<F>, w: Work, info: &MachineInfo, ctx: &Co
     let (work, machine) = (&w.work, &info.name);
     let adopted = w.machine_id.is_none() || w.state == WorkState::Creating;
     if w.machine_id.is_none() && w.state != WorkState::Creating {
-        return Err(ToolError::new(Code::NotOurs, format!("{machine} exists, but the ledger recorded no create for work '{work}'")));
+        return Err(ToolError::with_next(
+            Code::NotOurs,
+            format!("{machine} exists, but the ledger recorded no create for work '{work}'"),
+            format!("Leave {machine} alone: no create of this ledger made it. Use another work id for this task (boxd_ensure)."),
+        ));
     }
     if info.id.is_empty() {
         return Err(ToolError::new(Code::NotOurs, format!("boxd gave no id for {machine}, so it cannot be checked against the ledger")));
@@ -403,14 +407,18 @@ mod tests {
         }
     }
 
-    /// A create that finds the name taken though the listing did not show it: when no
-    /// create of this ledger was under way, the intent is withdrawn, so the next ensure
-    /// refuses the machine as another's; when one was (a create that answered late), the
-    /// work stays creating for the next ensure to adopt.
+    /// A create that finds the name taken though the listing did not show it. When no
+    /// create of this ledger was under way, one look decides: a machine not made from the
+    /// golden snapshot is someone else's (NOT_OURS, the intent withdrawn, so no ensure
+    /// adopts it); one made like ours may be another call's create of this work at once or
+    /// boxd's retry of this one, and stays creating. A create already under way (one that
+    /// answered late) stays creating without a look. Either way the next ensure adopts.
     #[test]
-    fn a_name_taken_under_the_first_create_is_not_adopted_and_under_a_late_one_is() {
+    fn a_name_taken_under_the_first_create_is_adopted_only_when_made_like_ours() {
         let facts = r#"{"opencodeVersion":"1.18.33"}"#;
-        for under_way in [false, true] {
+        let standalone = r#"{"name":"oc-w1","id":"vm_someone","status":"running","source":"standalone","auto_hibernate":"off","sharing":"private","isolated":"no"}"#;
+        let golden = r#"{"name":"oc-w1","id":"vm_1","status":"running","source":"snapshot/opencode-golden:v1","sharing":"private","isolated":"no"}"#;
+        for (under_way, found, ours) in [(true, None, true), (false, Some(standalone), false), (false, Some(golden), true)] {
             let mut fs = crate::testing::MemFiles::new(&["/p", "/l"]);
             if under_way {
                 Ledger::new(&mut fs, "/l").upsert("w1", |_| {
@@ -424,19 +432,23 @@ mod tests {
             p.push_exit(0, "[]", "");
             p.push_exit(0, GOLDEN, "");
             p.push_fail(1, "error: VM 'oc-w1' already exists");
+            if let Some(found) = found {
+                p.push_exit(0, found, "");
+            }
             let e = call(&mut p, &mut fs, "boxd_ensure", r#"{"work":"w1"}"#, crate::testing::raw_context("{}", facts)).unwrap_err();
-            assert_eq!(e.code, Code::CreateUncertain, "{e:?}");
+            assert_eq!(e.code, if ours { Code::CreateUncertain } else { Code::NotOurs }, "{e:?}");
             let w = Ledger::new(&mut fs, "/l").require("w1").unwrap();
-            assert_eq!((w.state, w.machine_id.as_deref()), (if under_way { WorkState::Creating } else { WorkState::Open }, None), "under way: {under_way}");
+            assert_eq!((w.state, w.machine_id.as_deref()), (if ours { WorkState::Creating } else { WorkState::Open }, None), "{found:?}");
             let mut p = Scripted::default();
-            p.push_exit(0, r#"{"name":"oc-w1","id":"vm_someone","status":"running","sharing":"private","isolated":"no"}"#, "");
+            p.push_exit(0, found.unwrap_or(OURS), "");
             p.push_exit(0, "", "");
             p.push_exit(0, r#"{"ok":true}"#, "");
             let r = call(&mut p, &mut fs, "boxd_ensure", r#"{"work":"w1"}"#, crate::testing::raw_context("{}", facts));
-            if under_way {
+            if ours {
                 assert_eq!(r.unwrap()["adopted"], true);
             } else {
-                assert_eq!(r.unwrap_err().code, Code::NotOurs);
+                let e = r.unwrap_err();
+                assert!(e.code == Code::NotOurs && e.next.contains("Leave oc-w1 alone"), "{e:?}");
                 assert_eq!(p.commands(), ["machine get oc-w1 --json"], "nothing reached their machine");
             }
         }

@@ -25,11 +25,18 @@ pub fn check_machine(w: &Work, info: &MachineInfo) -> ToolResult<()> {
                 format!("Leave that machine alone: this work's own machine is gone, and no tool acts on another's. What work '{}' harvested is on this laptop; start again under another work id (boxd_ensure).", w.work),
             ));
         }
-        None => {
+        None if w.state == WorkState::Creating => {
             return Err(ToolError::with_next(
                 Code::NotOurs,
                 format!("{} exists, but the ledger has no machine id for work '{}' (its create never answered)", info.name, w.work),
                 format!("Call boxd_ensure for work '{}': it adopts the machine its own create made.", w.work),
+            ));
+        }
+        None => {
+            return Err(ToolError::with_next(
+                Code::NotOurs,
+                format!("{} exists, but the ledger recorded no create of it for work '{}'", info.name, w.work),
+                format!("Leave {} alone: no create of this ledger made it. Use another work id for this task (boxd_ensure).", info.name),
             ));
         }
     }
@@ -122,9 +129,10 @@ pub fn create_machine<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Le
     // contradicts it (a proxy's 404, or a machine made meanwhile): nothing is decided on
     // it — a rebuild would call the gone machine's prompts lost while it still runs.
     if let Some(status) = super::admission::admit(boxd, ledger, ctx, work, &directory)? {
-        return Err(ToolError::new(
+        return Err(ToolError::with_next(
             Code::BoxdFailed,
             format!("boxd machine get said {machine} does not exist, but boxd machine list shows it ({status}); nothing was created"),
+            format!("Call boxd_status, then boxd_ensure for work '{work}' again: another call may be creating its machine at this moment, and boxd may have answered one of the two wrongly."),
         ));
     }
     require_golden(boxd, ctx, &machine, build)?;
@@ -169,19 +177,28 @@ pub fn create_machine<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Le
             Build::Rebuild => format!("rebuilding {machine}: {m}"),
         }),
         Failure::Other(m) if m.contains("already exists") => {
-            if first {
-                // The name was taken between the listing and this create, and no create of
-                // this ledger was under way before it: the machine is someone else's,
-                // unless another call of ours started creating it meanwhile (its answer
-                // records the id). The intent is withdrawn, so the next ensure adopts the
-                // machine only by the id that call records, and refuses it otherwise.
-                let _ = ledger.update(work, |w| {
-                    if w.state == WorkState::Creating && w.machine_id.is_none() {
-                        w.state = WorkState::Open;
-                    }
-                });
+            // The name was taken since the listing. When no create of this ledger was under
+            // way before this one, one look tells whose it may be: a machine not made the
+            // way this create makes one (from the golden snapshot, with this idle bound)
+            // is someone else's, and the intent is withdrawn so no ensure adopts it. One
+            // made like ours may be another call's create of this work at once, or boxd
+            // retrying this very create: it stays creating, for ensure to adopt.
+            let info = if first { boxd.get(&machine).ok().flatten() } else { None };
+            match info.filter(|i| !made_like_ours(i, snapshot, ctx.options.idle_seconds())) {
+                Some(i) => {
+                    let _ = ledger.update(work, |w| {
+                        if w.state == WorkState::Creating && w.machine_id.is_none() {
+                            w.state = WorkState::Open;
+                        }
+                    });
+                    ToolError::with_next(
+                        Code::NotOurs,
+                        format!("{machine} was made by someone else just before this create (from '{}', not from '{snapshot}'); boxd refused this create, so nothing was made", i.source),
+                        format!("Leave {machine} alone; use another work id for this task (boxd_ensure)."),
+                    )
+                }
+                None => ToolError::new(Code::CreateUncertain, format!("boxd says {machine} already exists but did not show it a moment ago (another call creating this work's machine at once, or a create of this one boxd made before it answered)")),
             }
-            ToolError::new(Code::CreateUncertain, format!("boxd says {machine} already exists but did not show it a moment ago: another call may be creating this work's machine (boxd_ensure adopts it once that call records it), or someone else took the name (boxd_ensure then refuses it)"))
         }
         e => {
             // Any other failure leaves the create uncertain (boxd may have made the machine
@@ -218,6 +235,18 @@ pub fn create_machine<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Le
         }));
     }
     Ok(w)
+}
+
+/// Whether a machine looks made by this plugin's create: from the golden snapshot, with
+/// the idle bound it sets. A field boxd does not give cannot tell against it.
+fn made_like_ours(info: &MachineInfo, snapshot: &str, idle_seconds: u32) -> bool {
+    let from_golden = info.source.is_empty() || info.source == format!("snapshot/{snapshot}") || info.source.starts_with(&format!("snapshot/{snapshot}:"));
+    // `14400s`, or `off` for a bound of 0; any other form says nothing either way.
+    let bound = match info.auto_hibernate.as_str() {
+        "off" => Some(0),
+        a => a.strip_suffix('s').and_then(|n| n.parse::<u32>().ok()),
+    };
+    from_golden && bound.is_none_or(|b| b == idle_seconds)
 }
 
 /// Make the guest side ready: the helper in place, the work tree a git repository, the
