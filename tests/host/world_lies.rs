@@ -23,6 +23,18 @@ fn verbs(world: &World) -> Vec<String> {
     world.laptop.boxd_calls().iter().map(|c| c.iter().take(2).cloned().collect::<Vec<_>>().join(" ")).collect()
 }
 
+/// Someone else's oc-w1 (id `theirs`, their `theirs.txt` in it) after our create was
+/// refused: ensure refuses it, drop drops nothing, and nothing was removed or prepared.
+fn left_alone(world: &World, theirs: &Value) {
+    world.err_call("boxd_ensure", W1, "NOT_OURS");
+    let (_, dropped) = world.call("boxd_drop", W1);
+    assert_ne!(dropped["dropped"], true, "{dropped:#}");
+    assert_eq!(world.calls_starting(&["machine", "remove"]), 0);
+    assert_eq!(world.calls_starting(&["machine", "exec"]), 1, "only their own echo: nothing was prepared on their machine");
+    assert_eq!(&machine_get(world, "oc-w1")["id"], theirs, "their machine still runs");
+    assert_eq!(String::from_utf8_lossy(&world.on_machine("oc-w1", "cat theirs.txt").stdout), "mine\n");
+}
+
 #[test]
 fn a_status_word_boxd_does_not_know_is_boxd_failed_and_changes_nothing() {
     let world = World::new("lies-status");
@@ -121,13 +133,7 @@ fn a_create_refused_outright_never_adopts_a_machine_someone_else_makes_under_the
     assert!(world.laptop.boxd(&["machine", "new", "oc-w1", "--json"]).status.success());
     let theirs = machine_get(&world, "oc-w1")["id"].clone();
     assert!(world.on_machine("oc-w1", "echo mine > theirs.txt").status.success());
-    world.err_call("boxd_ensure", W1, "NOT_OURS");
-    let (_, dropped) = world.call("boxd_drop", W1);
-    assert_ne!(dropped["dropped"], true, "{dropped:#}");
-    assert_eq!(world.calls_starting(&["machine", "remove"]), 0);
-    assert_eq!(world.calls_starting(&["machine", "exec"]), 1, "only their own echo: nothing was prepared on their machine");
-    assert_eq!(machine_get(&world, "oc-w1")["id"], theirs, "their machine still runs");
-    assert_eq!(String::from_utf8_lossy(&world.on_machine("oc-w1", "cat theirs.txt").stdout), "mine\n");
+    left_alone(&world, &theirs);
 }
 
 /// boxd answers a create with an empty id: nothing is recorded as the id (every later
@@ -202,13 +208,7 @@ fn a_name_taken_just_before_the_first_create_is_never_adopted() {
     assert_eq!((code, v["error"].as_str()), (1, Some("NOT_OURS")), "{v:#}");
     assert!(v["next"].as_str().unwrap().contains("Leave oc-w1 alone"), "{v:#}");
     let theirs = machine_get(&world, "oc-w1")["id"].clone();
-    world.err_call("boxd_ensure", W1, "NOT_OURS");
-    let (_, dropped) = world.call("boxd_drop", W1);
-    assert_ne!(dropped["dropped"], true, "{dropped:#}");
-    assert_eq!(world.calls_starting(&["machine", "remove"]), 0);
-    assert_eq!(world.calls_starting(&["machine", "exec"]), 1, "only their own echo: nothing was prepared on their machine");
-    assert_eq!(machine_get(&world, "oc-w1")["id"], theirs, "their machine still runs");
-    assert_eq!(String::from_utf8_lossy(&world.on_machine("oc-w1", "cat theirs.txt").stdout), "mine\n");
+    left_alone(&world, &theirs);
 }
 
 /// The parent's name is taken over while boxd_fork readies its first fork (the parent
