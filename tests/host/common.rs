@@ -334,7 +334,10 @@ fn dist_is_current(bridge: &Path, wasm: &[u8]) -> bool {
     }
     let built = modified(&bridge.join("dist/build.json"));
     let inputs = ["worker.js", "sandbox.js", "scripts/build.mjs", "package-lock.json", "../policy.json", "../../skills/boxd/SKILL.md"];
-    inputs.iter().all(|i| modified(&bridge.join(i)) <= built)
+    // dist/worker.js bundles lib/ (inworker.js and what it imports): a changed lib/ file is
+    // a stale worker, or the in-worker spawn path is tested with old code.
+    let lib = std::fs::read_dir(bridge.join("lib")).into_iter().flatten().flatten().map(|e| e.path());
+    inputs.iter().map(|i| bridge.join(i)).chain(lib).all(|p| modified(&p) <= built)
 }
 
 /// Build the OpenCode bridge's dist/ when it is missing or stale (serialised: two tests
