@@ -287,8 +287,14 @@ impl Policy {
     pub fn allows_call(&self, program: &str, args: &[String]) -> Result<(&Path, &'static Grant), Refusal> {
         let binary = self.allows(program)?;
         let grants = &file().program(program).expect("a granted program is in the policy").grants;
-        let grant = args::check(program, grants, args).map_err(Refusal::NotAllowed)?;
+        let grant = args::check(program, grants, args, &|p| self.confined(p)).map_err(Refusal::NotAllowed)?;
         Ok((binary, grant))
+    }
+
+    /// Whether a `{path}` argument lands inside a preopen once every symlink on it is
+    /// followed, as the program will open it: else a granted program reads any file.
+    fn confined(&self, path: &str) -> bool {
+        args::landing(Path::new(path)).is_some_and(|p| self.preopens.iter().any(|o| p.starts_with(&o.path)))
     }
 
     /// The binary for a program name, or the refusal naming the missing grant. Arguments

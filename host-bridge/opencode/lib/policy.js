@@ -1,5 +1,5 @@
 // The bridge's grants, mirroring host-bridge/src/policy.rs and spawn/: which binary each
-// program name means and which argument lists it may be given (policy/args.rs), which
+// program name means and which argument lists it may be given (lib/args.js), which
 // folders are preopened, what environment each program's child gets, and running one child
 // (argument list, no shell, its own process group, killed as a group on timeout). Deny by
 // default; the data (programs, grants, env allow-lists, host-made errors) is
@@ -10,82 +10,9 @@ import fs from "node:fs";
 import path from "node:path";
 import * as frames from "./frames.js";
 import { readStart, takeOutputFile } from "./outputs.js";
+import { checkArgs, confinedTo, invalidGrants } from "./args.js";
 
 const HOST_ERRORS = { hostFailed: "HOST_FAILED", optionsInvalid: "OPTIONS_INVALID", ledgerFailed: "LEDGER_FAILED" };
-
-// Argument grants, as host-bridge/src/policy/args.rs: a grant is a list of token
-// patterns, one per argument — a literal, PREFIX{class}, or {rest} (last; every remaining
-// argument). The classes and the refusal's words are args.rs's; the shared vectors hold
-// the two to one outcome.
-const CLASSES = {
-  name: (v) => v.length <= 63 && /^[a-z][a-z0-9-]*$/.test(v) && !v.endsWith("-"),
-  int: (v) => /^[0-9]{1,10}$/.test(v),
-  hex: (v) => /^[0-9a-f]{1,64}$/.test(v),
-  id: (v) => /^[A-Za-z0-9]{1,128}$/.test(v),
-  path: (v) => v.startsWith("/") && Buffer.byteLength(v) <= 4096 && !v.split("/").includes("..") && !/[\x00-\x1f\x7f]/.test(v),
-};
-
-/** A token pattern as [literal prefix, class]; a plain literal has no class. */
-function splitToken(token) {
-  const m = /^(.*)\{([^{}]*)\}$/s.exec(token);
-  return m ? [m[1], m[2]] : [token, undefined];
-}
-
-function tokenMatches(token, arg) {
-  const [prefix, cls] = splitToken(token);
-  if (cls === undefined) return token === arg;
-  return arg.startsWith(prefix) && Object.hasOwn(CLASSES, cls) && CLASSES[cls](arg.slice(prefix.length));
-}
-
-/** [how many leading arguments the grant matches, whether it matches them all]. */
-function matched(grant, args) {
-  for (let i = 0; i < grant.args.length; i++) {
-    if (grant.args[i] === "{rest}") return [args.length, true];
-    if (i >= args.length || !tokenMatches(grant.args[i], args[i])) return [i, false];
-  }
-  return [grant.args.length, args.length === grant.args.length];
-}
-
-/** An argument as a refusal shows it: plain when it is a plain word, else JSON-quoted. */
-const show = (arg) => (/^[A-Za-z0-9_@%+=:,./-]+$/.test(arg) ? arg : JSON.stringify(arg));
-
-/**
- * The first grant that allows `args` ({grant}) or the refusal ({refused}) naming the
- * program, the refused arguments and the nearest grant, as args.rs `check`.
- */
-export function checkArgs(program, grants, args) {
-  let nearest;
-  for (const g of grants) {
-    const [n, whole] = matched(g, args);
-    if (whole) return { grant: g };
-    if (n > 0 && (nearest === undefined || n > nearest[0])) nearest = [n, g];
-  }
-  const asked = [program, ...args.map(show)].join(" ");
-  const names = grants.map((g) => g.name).join(", ");
-  if (nearest) return { refused: `${asked}: no grant allows these arguments; the nearest, ${program} ${nearest[1].name}, allows ${program} ${nearest[1].args.join(" ")}` };
-  if (args.length) return { refused: `${asked}: no grant of ${program} starts with ${show(args[0])}; its grants: ${names}` };
-  return { refused: `${asked}: no grant of ${program} takes no arguments; its grants: ${names}` };
-}
-
-/** Why a program's grants are not a valid list, as args.rs `invalid`; undefined when valid. */
-function invalidGrants(program, grants) {
-  if (!grants.length) return `programs.${program}.grants is empty`;
-  for (const [i, g] of grants.entries()) {
-    const at = `programs.${program}.grants '${g.name}'`;
-    if (typeof g.name !== "string" || !/^[a-z0-9-]+$/.test(g.name) || grants.slice(0, i).some((o) => o.name === g.name)) {
-      return `${at}: a grant name is a lowercase word, given once`;
-    }
-    if (!g.args.length || splitToken(g.args[0])[1] !== undefined) return `${at}: the first token must be a literal`;
-    for (const [j, t] of g.args.entries()) {
-      if (t === "{rest}" && j + 1 !== g.args.length) return `${at}: {rest} may only be the last token`;
-      const [prefix, cls] = splitToken(t);
-      if (t !== "{rest}" && (/[{}]/.test(prefix) || (cls !== undefined && !Object.hasOwn(CLASSES, cls)) || t === "")) {
-        return `${at}: '${t}' is not a literal, PREFIX{class} (class one of ${Object.keys(CLASSES).join(", ")}) or {rest}`;
-      }
-    }
-  }
-  return undefined;
-}
 
 /**
  * Check a policy document has exactly the policy's shape (policy.rs `PolicyFile`, with
@@ -342,7 +269,7 @@ export function allowsCall(grants, program, args) {
   if (found.refused) return found;
   const rules = (grants.programPolicies ?? []).find((p) => p.name === program);
   if (!rules) return { refused: `${program}: the host has no argument grants for it` };
-  const checked = checkArgs(program, rules.grants, args);
+  const checked = checkArgs(program, rules.grants, args, confinedTo(grants.preopens ?? []));
   if (checked.refused) return checked;
   return { binary: found.binary, grant: checked.grant, env: childEnvFor(grants, program) };
 }

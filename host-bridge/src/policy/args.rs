@@ -7,9 +7,13 @@
 //! - `{rest}`, only as the last token, matches every remaining argument (none included).
 //!
 //! The classes are `name` (a lowercase label, as machine and snapshot names are), `int`,
-//! `hex`, `id` (letters and digits) and `path` (absolute, no `..`). The OpenCode bridge
-//! implements the same matcher and refusal in lib/policy.js; tests/vectors/policy.json
+//! `hex`, `id` (letters and digits) and `path` (absolute, no `..`, and landing inside one
+//! of the call's preopens once symlinks are followed: the caller's `confined`, else a
+//! granted program could be pointed at any file on the laptop). The OpenCode bridge
+//! implements the same matcher and refusal in lib/args.js; tests/vectors/policy.json
 //! holds both to one outcome.
+
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
@@ -45,21 +49,24 @@ fn split(token: &str) -> (&str, Option<&str>) {
     }
 }
 
-fn token_matches(token: &str, arg: &str) -> bool {
+/// Whether a `{path}` value resolves inside the call's preopens (Policy::confined).
+pub type Confined<'c> = &'c dyn Fn(&str) -> bool;
+
+fn token_matches(token: &str, arg: &str, confined: Confined) -> bool {
     match split(token) {
         (literal, None) => literal == arg,
-        (prefix, Some(class)) => arg.strip_prefix(prefix).is_some_and(|v| in_class(class, v)),
+        (prefix, Some(class)) => arg.strip_prefix(prefix).is_some_and(|v| in_class(class, v) && (class != "path" || confined(v))),
     }
 }
 
 /// How many leading arguments the grant matches; `{rest}` matches all that remain.
-fn matched(grant: &Grant, args: &[String]) -> (usize, bool) {
+fn matched(grant: &Grant, args: &[String], confined: Confined) -> (usize, bool) {
     for (i, token) in grant.args.iter().enumerate() {
         if token == "{rest}" {
             return (args.len(), true);
         }
         match args.get(i) {
-            Some(a) if token_matches(token, a) => {}
+            Some(a) if token_matches(token, a, confined) => {}
             _ => return (i, false),
         }
     }
@@ -68,11 +75,12 @@ fn matched(grant: &Grant, args: &[String]) -> (usize, bool) {
 
 /// The first grant that allows `args`, or the refusal: the program and the refused
 /// arguments, and the grant nearest to them (the one matching the longest leading run of
-/// arguments; the first such in the file).
-pub fn check<'g>(program: &str, grants: &'g [Grant], args: &[String]) -> Result<&'g Grant, String> {
+/// arguments; the first such in the file). A `{path}` outside the preopens is refused as
+/// any other argument no grant takes.
+pub fn check<'g>(program: &str, grants: &'g [Grant], args: &[String], confined: Confined) -> Result<&'g Grant, String> {
     let mut nearest: Option<(usize, &Grant)> = None;
     for g in grants {
-        let (n, whole) = matched(g, args);
+        let (n, whole) = matched(g, args, confined);
         if whole {
             return Ok(g);
         }
@@ -96,6 +104,25 @@ fn show(arg: &str) -> String {
         arg.to_string()
     } else {
         serde_json::to_string(arg).expect("a string serialises")
+    }
+}
+
+/// Where `path` leads once every symlink on it is followed (lib/args.js `landing`). A path
+/// not there yet leads where its nearest existing parent does, plus the missing names (a
+/// missing bundle is then git's own error, not a refusal); a dangling or looping symlink,
+/// or a name that cannot be looked at, leads nowhere (None).
+pub fn landing(path: &Path) -> Option<PathBuf> {
+    let mut missing = Vec::new();
+    let mut at = path;
+    loop {
+        match std::fs::canonicalize(at) {
+            Ok(real) => return Some(missing.into_iter().rev().fold(real, |p, name| p.join(name))),
+            Err(_) if std::fs::symlink_metadata(at).is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound) => {
+                missing.push(at.file_name()?);
+                at = at.parent()?;
+            }
+            Err(_) => return None,
+        }
     }
 }
 
@@ -135,6 +162,8 @@ mod tests {
         Grant { name: name.into(), args: args.iter().map(|a| a.to_string()).collect() }
     }
 
+    const ANY: Confined = &|_| true;
+
     fn v(args: &[&str]) -> Vec<String> {
         args.iter().map(|a| a.to_string()).collect()
     }
@@ -161,11 +190,11 @@ mod tests {
     #[test]
     fn a_grant_matches_token_for_token_and_rest_takes_the_tail() {
         let grants = [g("get", &["machine", "get", "oc-{name}", "--json"]), g("exec", &["machine", "exec", "oc-{name}", "--", "{rest}"])];
-        assert_eq!(check("boxd", &grants, &v(&["machine", "get", "oc-w1", "--json"])).unwrap().name, "get");
-        assert_eq!(check("boxd", &grants, &v(&["machine", "exec", "oc-w1", "--"])).unwrap().name, "exec");
-        assert_eq!(check("boxd", &grants, &v(&["machine", "exec", "oc-w1", "--", "sh", "-c", "x y"])).unwrap().name, "exec");
+        assert_eq!(check("boxd", &grants, &v(&["machine", "get", "oc-w1", "--json"]), ANY).unwrap().name, "get");
+        assert_eq!(check("boxd", &grants, &v(&["machine", "exec", "oc-w1", "--"]), ANY).unwrap().name, "exec");
+        assert_eq!(check("boxd", &grants, &v(&["machine", "exec", "oc-w1", "--", "sh", "-c", "x y"]), ANY).unwrap().name, "exec");
         for refused in [&["machine", "get", "web", "--json"][..], &["machine", "get", "oc-w1"], &["machine", "get", "oc-w1", "--json", "-v"], &["machine", "get", "oc-", "--json"]] {
-            assert!(check("boxd", &grants, &v(refused)).is_err(), "{refused:?}");
+            assert!(check("boxd", &grants, &v(refused), ANY).is_err(), "{refused:?}");
         }
     }
 
@@ -173,12 +202,25 @@ mod tests {
     fn a_refusal_names_the_arguments_and_the_nearest_grant() {
         let grants = [g("list", &["machine", "list", "--json"]), g("remove", &["machine", "remove", "oc-{name}", "-y"])];
         assert_eq!(
-            check("boxd", &grants, &v(&["machine", "remove", "web", "-y"])).unwrap_err(),
+            check("boxd", &grants, &v(&["machine", "remove", "web", "-y"]), ANY).unwrap_err(),
             "boxd machine remove web -y: no grant allows these arguments; the nearest, boxd remove, allows boxd machine remove oc-{name} -y"
         );
-        assert_eq!(check("boxd", &grants, &v(&["auth", "logout"])).unwrap_err(), "boxd auth logout: no grant of boxd starts with auth; its grants: list, remove");
-        assert_eq!(check("boxd", &grants, &[]).unwrap_err(), "boxd: no grant of boxd takes no arguments; its grants: list, remove");
-        assert_eq!(check("boxd", &grants, &v(&["a b", ""])).unwrap_err(), "boxd \"a b\" \"\": no grant of boxd starts with \"a b\"; its grants: list, remove");
+        assert_eq!(check("boxd", &grants, &v(&["auth", "logout"]), ANY).unwrap_err(), "boxd auth logout: no grant of boxd starts with auth; its grants: list, remove");
+        assert_eq!(check("boxd", &grants, &[], ANY).unwrap_err(), "boxd: no grant of boxd takes no arguments; its grants: list, remove");
+        assert_eq!(check("boxd", &grants, &v(&["a b", ""]), ANY).unwrap_err(), "boxd \"a b\" \"\": no grant of boxd starts with \"a b\"; its grants: list, remove");
+    }
+
+    #[test]
+    fn a_path_outside_the_preopens_is_refused_as_any_argument_no_grant_takes() {
+        let grants = [g("import", &["import", "{path}"])];
+        let inside: Confined = &|p| p.starts_with("/l/");
+        assert_eq!(check("opencode", &grants, &v(&["import", "/l/x.json"]), inside).unwrap().name, "import");
+        assert_eq!(
+            check("opencode", &grants, &v(&["import", "/etc/hostname"]), inside).unwrap_err(),
+            "opencode import /etc/hostname: no grant allows these arguments; the nearest, opencode import, allows opencode import {path}"
+        );
+        // Other classes are never asked about.
+        assert!(check("boxd", &[g("get", &["get", "{name}"])], &v(&["get", "w1"]), &|_| false).is_ok());
     }
 
     #[test]
