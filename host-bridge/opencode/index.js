@@ -6,7 +6,8 @@
 import { randomBytes } from "node:crypto";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
-import { HostProblem, hostFailed, resolveGrants } from "./lib/policy.js";
+import { HostProblem, hostFailed, invalid, resolveGrants } from "./lib/policy.js";
+import { openAuditLog } from "./lib/audit.js";
 import { mayPrompt, opencodeFacts, readAgents } from "./lib/agents.js";
 import { Pool } from "./lib/pool.js";
 import { progressReporter } from "./lib/progress.js";
@@ -48,6 +49,16 @@ async function server(input, options) {
     problem = e;
     grants = { programs: {}, preopens: [], childEnv: {}, componentOptions: {}, project: input.directory, ledger: "" };
   }
+  // Options `auditLog`: one line per tool call (lib/audit.js). A log that cannot be opened
+  // stops every call, as any other bad option: the user asked for an audit.
+  let auditLog;
+  if (grants.auditLog) {
+    try {
+      auditLog = openAuditLog(grants.auditLog);
+    } catch (e) {
+      problem ??= invalid("auditLog", `names ${grants.auditLog}, which cannot be opened: ${e.message}`);
+    }
+  }
   const pool = new Pool(grants);
   const described = await pool.describe();
   if (described.ok === undefined) {
@@ -81,7 +92,27 @@ async function server(input, options) {
     return undefined;
   };
 
+  // With an audit log, one line per tool call, however it ended: the result ("ok", or
+  // {error: CODE}, or {thrown: message} when OpenCode's ask or an abort ended it) and the
+  // spawn records of its check and its call.
   async function execute(spec, rawArgs, ctx) {
+    if (!auditLog) return run(spec, rawArgs, ctx, []);
+    const started = performance.now();
+    const spawns = [];
+    let result;
+    try {
+      const out = await run(spec, rawArgs, ctx, spawns);
+      result = out.metadata?.error ? { error: out.metadata.error } : "ok";
+      return out;
+    } catch (e) {
+      result = { thrown: String(e?.message ?? e) };
+      throw e;
+    } finally {
+      auditLog.record(spec.name, performance.now() - started, result, spawns);
+    }
+  }
+
+  async function run(spec, rawArgs, ctx, spawns) {
     const tool = spec.name;
     const args = rawArgs ?? {};
     const argsJson = JSON.stringify(args);
@@ -110,6 +141,7 @@ async function server(input, options) {
     // fails here, without a prompt.
     if (mayPrompt(opencode, tool)) {
       const checked = await pool.check(tool, argsJson, context(false), ctx.abort);
+      spawns.push(...(checked.spawns ?? []));
       if (checked.aborted) throw new Error(`${tool} was aborted`);
       const refused = failed(tool, checked, extra);
       if (refused) return refused;
@@ -130,6 +162,7 @@ async function server(input, options) {
     });
     reporter?.report(progress, { step: "start" });
     const r = await pool.call(tool, argsJson, context(true), ctx.abort, onSpawn);
+    spawns.push(...(r.spawns ?? []));
     await reporter?.close();
     if (r.aborted) throw new Error(`${tool} was aborted`);
     const refused = failed(tool, r, extra);
@@ -171,7 +204,10 @@ async function server(input, options) {
       state.agentsWithoutRules = r.agentsWithoutRules;
       state.rulesNotAdded = r.rulesNotAdded;
     },
-    dispose: async () => pool.close(),
+    dispose: async () => {
+      pool.close();
+      auditLog?.close();
+    },
   };
 }
 

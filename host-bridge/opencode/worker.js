@@ -18,6 +18,7 @@ import fs from "node:fs";
 import { instantiate } from "./dist/boxd_component.js";
 import { createSandbox } from "./sandbox.js";
 import { REPLY, SHARED_WORDS, runInWorker, runsInWorker, threadId } from "./lib/inworker.js";
+import { spawnRecord } from "./lib/audit.js";
 
 // No stacks: V8 records one for every Error made, and the shim makes one for each path a
 // call finds missing (its stat throws ENOENT, which it turns into `no-entry`): ~50 µs each,
@@ -41,6 +42,9 @@ const tid = threadId();
 parentPort.postMessage({ type: "ready", shared: shared.buffer, port: port2, tid }, [port2]);
 
 let currentCall = 0;
+// The current call's spawn records (lib/audit.js), from both spawn paths: they go back
+// with its answer, for the audit line.
+let spawns = [];
 // Replies taken off the port, ever; the main thread raises REPLY once per reply it posts, so
 // the two differ exactly while a reply is on its way. Neither is reset between calls.
 let taken = 0;
@@ -65,12 +69,17 @@ function run(req) {
  */
 function runAll(reqs) {
   const requests = reqs.map(request);
+  const started = performance.now();
   // Written so a bound that is missing refuses (closed), never lets any size through.
   if (!(requests.length <= workerData.runAllMax)) {
     const why = `run-all takes at most ${workerData.runAllMax} requests at once (host-bridge/policy.json runAll.maxRequests); this one had ${requests.length}, so none ran`;
-    return requests.map(() => ({ tag: "err", val: { tag: "failed", val: why } }));
+    const refused = requests.map(() => ({ tag: "err", val: { tag: "failed", val: why } }));
+    for (const r of requests) spawns.push(spawnRecord(r, undefined, refused[0], 0));
+    return refused;
   }
   const results = new Array(requests.length);
+  const grants = new Array(requests.length);
+  const took = new Array(requests.length);
   const call = currentCall;
   const here = tid ? requests.findIndex(runsInWorker) : -1;
   const posted = requests.length - (here >= 0 ? 1 : 0);
@@ -80,7 +89,8 @@ function runAll(reqs) {
   if (here >= 0) {
     // Told, not asked: the main thread reports progress and watches the output meanwhile.
     parentPort.postMessage({ type: "spawning", call, req: requests[here] });
-    results[here] = runInWorker(requests[here], workerData, shared, call);
+    results[here] = runInWorker(requests[here], workerData, shared, call, (g) => (grants[here] = g));
+    took[here] = performance.now() - started;
   }
   for (let got = 0, tries = 0; got < posted; ) {
     const m = receiveMessageOnPort(replies);
@@ -89,6 +99,8 @@ function runAll(reqs) {
       // A reply to an earlier call, one that gave up waiting for it, is dropped here.
       if (m.message.call === call) {
         results[m.message.seq] = m.message.reply;
+        grants[m.message.seq] = m.message.grant;
+        took[m.message.seq] = performance.now() - started;
         got++;
       }
       continue;
@@ -102,7 +114,9 @@ function runAll(reqs) {
     if (++tries > 1000) break;
     Atomics.wait(shared, REPLY, raised, 10);
   }
-  return results.map((r) => r ?? { tag: "err", val: { tag: "failed", val: "the host did not answer the spawn request" } });
+  const answers = results.map((r) => r ?? { tag: "err", val: { tag: "failed", val: "the host did not answer the spawn request" } });
+  requests.forEach((r, i) => spawns.push(spawnRecord(r, grants[i], answers[i], took[i] ?? performance.now() - started)));
+  return answers;
 }
 
 /** `run` as the glue takes an import's result: the ok value returned, an error thrown as its payload. */
@@ -141,8 +155,9 @@ prepareNext();
 
 parentPort.on("message", async (m) => {
   currentCall = m.id;
+  spawns = [];
   const done = (r) => {
-    parentPort.postMessage({ type: "done", id: m.id, ...r });
+    parentPort.postMessage({ type: "done", id: m.id, ...r, spawns });
     // Made a moment later: instantiating at once delayed the answer reaching the main
     // thread by ~0.5 ms (measured). A call arriving first makes its own.
     setTimeout(prepareNext, 1);

@@ -7,6 +7,7 @@
 //! audit only reads it.
 
 use std::fs::OpenOptions;
+use std::os::unix::fs::OpenOptionsExt;
 use std::io::Write;
 use std::path::Path;
 
@@ -102,7 +103,8 @@ pub struct AuditLog {
 impl AuditLog {
     pub fn open(path: Option<&Path>) -> Result<AuditLog> {
         let file = match path {
-            Some(p) => Some(OpenOptions::new().create(true).append(true).open(p)?),
+            // Owner-only, as the ledger: the lines name works, sessions and paths.
+            Some(p) => Some(OpenOptions::new().create(true).append(true).mode(0o600).open(p)?),
             None => None,
         };
         Ok(AuditLog { file })

@@ -347,6 +347,10 @@ pub fn find_on_path(binary: &str, path_var: Option<&str>) -> Option<PathBuf> {
 /// refuses unknown keys, so they never reach it.
 pub const HOST_ONLY_OPTIONS: [&str; 2] = ["boxd", "opencode"];
 
+/// The plugin option naming the audit log (the OpenCode bridge's only way to ask for one;
+/// boxd-host's `--audit-log` wins over it). Host-only, as HOST_ONLY_OPTIONS.
+pub const AUDIT_LOG_OPTION: &str = "auditLog";
+
 /// What a host is asked to grant: its flags, the plugin options, its environment.
 #[derive(Debug, Default)]
 pub struct GrantRequest {
@@ -374,6 +378,8 @@ pub struct Grants {
     pub ledger: PathBuf,
     /// The options without host-only keys, allowed roots canonical (options_json).
     pub component_options: Value,
+    /// Options `auditLog`: where one JSON line per call is appended.
+    pub audit_log: Option<PathBuf>,
 }
 
 /// A grant the host cannot make, as the tools' error (code, message, next step).
@@ -476,13 +482,14 @@ pub fn resolve(req: &GrantRequest) -> Result<Grants, HostProblem> {
         policy.preopen(r, "allowed").map_err(|e| HostProblem::options("allowedRoots", e))?;
     }
     policy.child_env_from(req.env.iter().cloned());
+    let audit_log = option_path(AUDIT_LOG_OPTION, "must be an absolute path to a file")?;
 
     // What the component gets: the options without host-only keys, roots canonical.
-    opts.retain(|k, _| !HOST_ONLY_OPTIONS.contains(&k.as_str()));
+    opts.retain(|k, _| !HOST_ONLY_OPTIONS.contains(&k.as_str()) && k != AUDIT_LOG_OPTION);
     if !roots.is_empty() {
         opts.insert("allowedRoots".into(), json!(roots.iter().map(|r| r.display().to_string()).collect::<Vec<_>>()));
     }
-    Ok(Grants { policy, project, ledger, component_options: options })
+    Ok(Grants { policy, project, ledger, component_options: options, audit_log })
 }
 
 /// $XDG_DATA_HOME, else $HOME/.local/share (an empty or relative value counts as unset).

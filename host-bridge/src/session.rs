@@ -55,7 +55,7 @@ impl Session {
             env: vars,
             cwd: std::env::current_dir().context("the current directory is gone")?,
         };
-        let crate::policy::Grants { policy, project, ledger, component_options: options } = crate::policy::resolve(&request)?;
+        let crate::policy::Grants { policy, project, ledger, component_options: options, audit_log } = crate::policy::resolve(&request)?;
 
         let cache = (!f.no_cache).then(cache_dir);
         let opencode = OpencodeVersion::new(&policy, cache.as_deref());
@@ -73,7 +73,8 @@ impl Session {
             approved: true,
             opencode_version: None,
         };
-        Ok(Session { runtime, ctx, audit: AuditLog::open(f.audit_log.as_deref())?, opencode })
+        let audit = AuditLog::open(f.audit_log.as_deref().or(audit_log.as_deref()))?;
+        Ok(Session { runtime, ctx, audit, opencode })
     }
 
     /// This call's context: the clock, fresh random bytes, the laptop OpenCode's version.

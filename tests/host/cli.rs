@@ -107,6 +107,22 @@ fn the_audit_log_records_each_spawn_and_path() {
     assert!(paths.iter().any(|p| p["path"] == works.as_str()), "{paths:?}");
 }
 
+/// The plugin option `auditLog` (the OpenCode bridge's only way to ask for a log) asks
+/// boxd-host for the same log when no `--audit-log` is given; either is created owner-only.
+#[test]
+fn the_audit_log_option_opens_the_log_without_the_flag_and_the_log_is_owner_only() {
+    use std::os::unix::fs::PermissionsExt;
+    let laptop = Laptop::new("auditopt");
+    let log = laptop.scratch.0.join("audit.jsonl");
+    let options = serde_json::json!({ "auditLog": log }).to_string();
+    let out = laptop.host(&["--options", &options, "call", "boxd_status"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(text.lines().count(), 1, "{text}");
+    assert_eq!(serde_json::from_str::<serde_json::Value>(&text).unwrap()["tool"], "boxd_status");
+    assert_eq!(std::fs::metadata(&log).unwrap().permissions().mode() & 0o777, 0o600);
+}
+
 /// The laptop OpenCode's version is asked once per binary (path, size, mtime, inode, ctime),
 /// kept in the cache folder, passed to the component, and asked again when the binary changes.
 #[test]

@@ -51,10 +51,11 @@ export function runsInWorker(req) {
  * Run one child on this (worker) thread: the WIT spawn.run's answer. `shared` is the
  * worker's shared words; `call` the id of the call asking.
  */
-export function runInWorker(req, grants, shared, call) {
+export function runInWorker(req, grants, shared, call, onGrant = () => {}) {
   if (Atomics.load(shared, ABORTED) === call) return err("failed", "the user aborted this tool call");
   const launch = checkLaunch(req, grants);
   if (launch.refused) return launch.refused;
+  onGrant(launch.grant);
   const files = [];
   try {
     files.push(takeOutputFile(), takeOutputFile());

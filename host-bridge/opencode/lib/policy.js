@@ -110,6 +110,9 @@ process.once("exit", () => {
 /** Plugin options only the host reads (binary grants); the component refuses unknown keys. */
 export const HOST_ONLY_OPTIONS = ["boxd", "opencode"];
 
+/** The plugin option naming the audit log (lib/audit.js); host-only, as policy.rs AUDIT_LOG_OPTION. */
+export const AUDIT_LOG_OPTION = "auditLog";
+
 /** A problem with the options or the machine that stops every call; shown as a tool error. */
 export class HostProblem extends Error {
   constructor(code, message, next) {
@@ -119,7 +122,7 @@ export class HostProblem extends Error {
   }
 }
 
-const invalid = (field, why) =>
+export const invalid = (field, why) =>
   new HostProblem(POLICY.optionsInvalid.code, `plugin option '${field}' ${why}`, POLICY.optionsInvalid.next.replaceAll("{field}", field));
 
 /**
@@ -231,10 +234,11 @@ export function resolveGrants({ options, directory, env = process.env, insideOpe
     }
   }
   const preopens = [...new Set([ledger, project, ...roots])];
+  const auditLog = optionPath(AUDIT_LOG_OPTION, "must be an absolute path to a file");
 
   // What the component gets as options_json: the user's options without the host-only
   // keys, allowed roots in their canonical form (as boxd-host passes them).
-  const componentOptions = Object.fromEntries(Object.entries(options).filter(([k]) => !HOST_ONLY_OPTIONS.includes(k)));
+  const componentOptions = Object.fromEntries(Object.entries(options).filter(([k]) => !HOST_ONLY_OPTIONS.includes(k) && k !== AUDIT_LOG_OPTION));
   if (roots.length) componentOptions.allowedRoots = roots;
 
   // Every variable some program's child may inherit; runChild gives each program its own.
@@ -242,7 +246,7 @@ export function resolveGrants({ options, directory, env = process.env, insideOpe
   for (const k of [...POLICY.childEnv, ...POLICY.programs.flatMap((p) => p.env)]) if (env[k] !== undefined) childEnv[k] = env[k];
   // Each program's argument grants and variables (policy.json programs).
   const programPolicies = POLICY.programs;
-  return { programs, programPolicies, preopens, ledger, project, roots, childEnv, componentOptions, runAllMax: POLICY.runAll.maxRequests };
+  return { programs, programPolicies, preopens, ledger, project, roots, childEnv, componentOptions, auditLog, runAllMax: POLICY.runAll.maxRequests };
 }
 
 const err = (tag, val) => ({ tag: "err", val: val === undefined ? { tag } : { tag, val } });
@@ -324,7 +328,7 @@ export function checkLaunch(req, grants) {
   }
   const asked = allowsEnv(grants, req.program, req.env ?? []);
   if (asked.refused) return { refused: err("not-allowed", asked.refused) };
-  return { binary: program.binary, cwd, env: { ...program.env, ...Object.fromEntries(req.env ?? []) } };
+  return { binary: program.binary, cwd, env: { ...program.env, ...Object.fromEntries(req.env ?? []) }, grant: `${req.program} ${program.grant.name}` };
 }
 
 /** The spawn's failure when `program` printed past `stream`'s cap and was killed. */
@@ -338,9 +342,10 @@ export function overCap(program, stream) {
  * {tag:"ok", val:{exitCode, stdout, stderr}} or {tag:"err", val:{tag, val?}}; never rejects.
  * `track` receives a kill function while the child runs (for aborts).
  */
-export function runChild(req, grants, track = () => () => {}) {
+export function runChild(req, grants, track = () => () => {}, onGrant = () => {}) {
   const launch = checkLaunch(req, grants);
   if (launch.refused) return Promise.resolve(launch.refused);
+  onGrant(launch.grant);
   const { binary, cwd, env } = launch;
   // Streamed files are checked (and those sent opened) before the child starts.
   const stdoutFiles = req.stdoutFiles ?? [];

@@ -186,15 +186,21 @@ export class Pool {
   async #spawn(slot, m) {
     const job = slot.job;
     let reply;
+    let grant; // the grant it matched, for the audit line (lib/audit.js)
     if (!job || job.aborted) {
       reply = { tag: "err", val: { tag: "failed", val: "the user aborted this tool call" } };
     } else {
       progress(job, m.req);
       try {
-        reply = await runChild(m.req, this.#grants, (kill) => {
-          job.kills.add(kill);
-          return () => job.kills.delete(kill);
-        });
+        reply = await runChild(
+          m.req,
+          this.#grants,
+          (kill) => {
+            job.kills.add(kill);
+            return () => job.kills.delete(kill);
+          },
+          (g) => (grant = g),
+        );
       } catch (e) {
         // runChild never rejects by design; if it ever did, the worker must still get an
         // answer, or it would wait for ever.
@@ -204,11 +210,11 @@ export class Pool {
     const transfer = reply.tag === "ok" ? [reply.val.stdout.buffer, reply.val.stderr.buffer] : [];
     try {
       // The call's id goes back with the reply: a worker drops one that is not its call's.
-      slot.port.postMessage({ call: m.call, seq: m.seq, reply }, transfer);
+      slot.port.postMessage({ call: m.call, seq: m.seq, reply, grant }, transfer);
     } catch (e) {
       // A reply that cannot be posted is still answered, as a failure (nothing to transfer).
       const why = `${m.req.program}: its answer could not reach the component: ${e?.message ?? e}`;
-      slot.port.postMessage({ call: m.call, seq: m.seq, reply: { tag: "err", val: { tag: "failed", val: why } } });
+      slot.port.postMessage({ call: m.call, seq: m.seq, reply: { tag: "err", val: { tag: "failed", val: why } }, grant });
     } finally {
       // One raise per reply: a run-all waits for as many as it posted.
       Atomics.add(slot.shared, REPLY, 1);

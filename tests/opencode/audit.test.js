@@ -1,0 +1,84 @@
+// The bridge's audit log (plugin option `auditLog`, lib/audit.js), as boxd-host's
+// `--audit-log`: one owner-only JSON line per tool call, each spawn request in it once with
+// the grant it matched (null when refused), its outcome and its masked arguments, from both
+// spawn paths (a child run in the worker, one run on the plugin's thread). The test-only
+// probe component ($BOXD_PROBE_WASM) makes the requests, as in policy_vectors.test.js.
+import { test, describe, after } from "node:test";
+import assert from "node:assert/strict";
+import { execFileSync } from "node:child_process";
+import fs from "node:fs";
+import os from "node:os";
+import path from "node:path";
+import { pathToFileURL } from "node:url";
+import { PLUGIN, copyShippedPlugin } from "./harness.mjs";
+
+const PROBE = process.env.BOXD_PROBE_WASM;
+const built = fs.existsSync(path.join(PLUGIN, "dist/policy.json"));
+
+describe("the bridge's audit log", { skip: built && PROBE ? false : "needs dist/ and BOXD_PROBE_WASM (tests/host/opencode.rs sets both)" }, () => {
+  const dir = fs.realpathSync(fs.mkdtempSync(path.join(os.tmpdir(), "boxd-audit-")));
+  const log = path.join(dir, "audit.jsonl");
+  let hooks;
+  after(async () => {
+    await hooks?.dispose();
+    fs.rmSync(dir, { recursive: true, force: true });
+  });
+
+  /** A probe tool as OpenCode calls it, the plugin loaded with `options` on first use. */
+  async function call(tool, args, options = { auditLog: log }) {
+    if (!hooks) {
+      const plugin = copyShippedPlugin(path.join(dir, "plugin"));
+      execFileSync(process.execPath, [path.join(PLUGIN, "scripts/build.mjs")], {
+        env: { ...process.env, BOXD_COMPONENT_WASM: PROBE, BOXD_PLUGIN_DIST: path.join(plugin, "dist") },
+        stdio: ["ignore", "ignore", "inherit"],
+      });
+      const { default: mod } = await import(pathToFileURL(path.join(plugin, "index.js")).href);
+      fs.mkdirSync(path.join(dir, "proj"));
+      const client = { _client: { get: async () => ({ data: { version: "0.0.0" } }) } };
+      hooks = await mod.server({ directory: path.join(dir, "proj"), client }, { boxd: "/bin/true", opencode: "/bin/true", ledgerDir: path.join(dir, "ledger"), ...options });
+    }
+    const ctx = { sessionID: "ses_probe", abort: new AbortController().signal, metadata() {}, async ask() {} };
+    return (await hooks.tool[tool].execute(args, ctx)).output;
+  }
+
+  const lines = () => fs.readFileSync(log, "utf8").trim().split("\n").map((l) => JSON.parse(l));
+  const spawnsOf = (ls) => ls.flatMap((l) => l.spawns);
+  const asked = (argv) => (s) => JSON.stringify([s.program, ...s.args]) === JSON.stringify(argv);
+
+  test("a refused request and an allowed one each appear exactly once, with the grant they matched", { timeout: 120000 }, async () => {
+    const refused = ["boxd", "auth", "logout"];
+    const allowed = ["opencode", "--version"];
+    assert.ok((await call("spawn", { argv: refused })).startsWith("not-allowed: "));
+    assert.equal(await call("spawn", { argv: allowed }), "ok exit=Some(0)");
+    const ls = lines();
+    assert.equal(ls.length, 2, "one line per tool call");
+    assert.deepEqual(ls.map((l) => [l.tool, l.result]), [["spawn", "ok"], ["spawn", "ok"]]);
+    const no = spawnsOf(ls).filter(asked(refused));
+    const yes = spawnsOf(ls).filter(asked(allowed));
+    assert.equal(no.length, 1, JSON.stringify(ls));
+    assert.equal(yes.length, 1, JSON.stringify(ls));
+    assert.deepEqual({ ...no[0], duration_ms: 0 }, { program: "boxd", args: ["auth", "logout"], grant: null, exit_code: null, outcome: "not-allowed", duration_ms: 0 });
+    assert.deepEqual({ ...yes[0], duration_ms: 0 }, { program: "opencode", args: ["--version"], grant: "opencode version", exit_code: 0, outcome: "exited", duration_ms: 0 });
+    assert.equal((fs.statSync(log).mode & 0o777).toString(8), "600", "the log is owner-only");
+  });
+
+  test("a run-all's requests are each recorded once, the one run in the worker and the one run on the plugin's thread", { timeout: 120000 }, async () => {
+    const before = lines().length;
+    const inWorker = ["boxd", "machine", "list", "--json"];
+    const onThread = ["boxd", "env", "list", "--json"];
+    assert.equal(await call("spawn-all", { argvs: [inWorker, onThread] }), "ok exit=Some(0)\nok exit=Some(0)");
+    const ls = lines().slice(before);
+    assert.equal(ls.length, 1, "one line for the one tool call");
+    assert.deepEqual(ls[0].spawns.map((s) => [s.grant, s.outcome]), [["boxd machine-list", "exited"], ["boxd env-list", "exited"]]);
+  });
+
+  test("a credential in a granted request's arguments is masked", { timeout: 120000 }, async () => {
+    const before = lines().length;
+    const argv = ["boxd", "machine", "exec", "oc-w1", "--timeout", "60", "--", "env", "BOXD_TOKEN=bxd_s3cret", "true"];
+    assert.equal(await call("spawn", { argv }), "ok exit=Some(0)");
+    const [line] = lines().slice(before);
+    assert.deepEqual(line.spawns[0].args, ["machine", "exec", "oc-w1", "--timeout", "60", "--", "env", "BOXD_TOKEN=***", "true"]);
+    assert.equal(line.spawns[0].grant, "boxd machine-exec");
+    assert.ok(!fs.readFileSync(log, "utf8").includes("s3cret"));
+  });
+});
