@@ -193,7 +193,12 @@ pub fn create_machine<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Le
                     });
                     ToolError::with_next(
                         Code::NotOurs,
-                        format!("{machine} was made by someone else just before this create (from '{}', not from '{snapshot}'); boxd refused this create, so nothing was made", i.source),
+                        format!(
+                            "{machine} was made by someone else just before this create (source '{}', auto-hibernate '{}'; this create makes one from snapshot '{snapshot}' with {}s); boxd refused this create, so nothing was made",
+                            i.source,
+                            i.auto_hibernate,
+                            ctx.options.idle_seconds()
+                        ),
                         format!("Leave {machine} alone; use another work id for this task (boxd_ensure)."),
                     )
                 }
