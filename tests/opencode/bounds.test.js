@@ -58,12 +58,12 @@ describe("children under the caps", { skip }, () => {
 
   test("2 GB on stdout: the group is killed and the spawn fails naming the cap", async () => {
     const g = grants(scratch("out"), { boxd: "/bin/sh" });
-    const t0 = Date.now();
+    const t0 = performance.now();
     const r = await sh("head -c 2000000000 /dev/zero", g);
     assert.equal(r.tag, "err");
     assert.equal(r.val.tag, "failed");
     assert.match(r.val.val, /printed more than 64 MiB on stdout; the cap is 64 MiB \(host-bridge\/policy.json outputCaps.stdout\)/);
-    assert.ok(Date.now() - t0 < 60000, `took ${Date.now() - t0} ms`);
+    assert.ok(performance.now() - t0 < 60000, `took ${performance.now() - t0} ms`);
   });
 
   test("2 GB on stderr with exit 1: a failure naming the stderr cap", async () => {
@@ -77,12 +77,12 @@ describe("children under the caps", { skip }, () => {
     const dir = scratch("daemon");
     const g = grants(dir, { boxd: "/bin/sh" });
     const pidFile = path.join(dir, "pid");
-    const t0 = Date.now();
+    const t0 = performance.now();
     const r = await sh(`sleep 300 & echo $! > ${pidFile}; echo '{"ok":true}'; exit 0`, g);
     assert.equal(r.tag, "ok", JSON.stringify(r));
     assert.equal(r.val.exitCode, 0);
     assert.equal(Buffer.from(r.val.stdout).toString(), '{"ok":true}\n');
-    assert.ok(Date.now() - t0 < 10000, `took ${Date.now() - t0} ms`);
+    assert.ok(performance.now() - t0 < 10000, `took ${performance.now() - t0} ms`);
     const pid = Number(fs.readFileSync(pidFile, "utf8").trim());
     assert.doesNotThrow(() => process.kill(pid, 0), "the background process was killed; it is not the host's to kill");
     process.kill(pid, "SIGKILL");
@@ -153,10 +153,10 @@ describe("the component in the pool", { skip: missingPrerequisite() ?? false }, 
   test("a FIFO given as a submit file is PATH_REFUSED at once, and nothing reaches boxd", async () => {
     const { dir, g, pool, ctx } = setup("fifo");
     execFileSync("mkfifo", [path.join(g.project, "pipe")]);
-    const t0 = Date.now();
+    const t0 = performance.now();
     const r = await pool.call("boxd_submit", JSON.stringify({ work: "w1", prompt: "hi", files: [{ from: "pipe", to: "pipe" }] }), ctx());
     assert.equal(r.toolError?.code, "PATH_REFUSED", JSON.stringify(r));
-    assert.ok(Date.now() - t0 < 30000, `took ${Date.now() - t0} ms`);
+    assert.ok(performance.now() - t0 < 30000, `took ${performance.now() - t0} ms`);
     assert.ok(!fs.existsSync(path.join(dir, "boxd-local/calls.jsonl")), "no boxd call ran");
   });
 

@@ -221,11 +221,11 @@ export class Laptop {
   }
 
   async waitFor(what, fn, ms = 60000, every = 150) {
-    const end = Date.now() + ms;
+    const end = performance.now() + ms;
     for (;;) {
       const v = await fn();
       if (v) return v;
-      if (Date.now() > end) throw new Error(`timed out waiting for ${what}\n${this.serveLog.slice(-3000)}`);
+      if (performance.now() > end) throw new Error(`timed out waiting for ${what}\n${this.serveLog.slice(-3000)}`);
       await sleep(every);
     }
   }
@@ -335,7 +335,8 @@ export function gone(pid) {
 
 /** Whether `pid` is gone within `ms`. */
 export async function waitGone(pid, ms = 10000) {
-  const until = Date.now() + ms;
-  while (!gone(pid) && Date.now() < until) await sleep(50);
+  // The monotonic clock: this machine's wall clock can jump, which ended a wait at once.
+  const until = performance.now() + ms;
+  while (!gone(pid) && performance.now() < until) await sleep(50);
   return gone(pid);
 }

@@ -149,11 +149,11 @@ describe("a child run in the worker", { skip }, () => {
   test("a daemon holding stdout and stderr: the answer is what the child printed, and the daemon is left alone", async () => {
     const dir = scratch("daemon");
     const pidFile = path.join(dir, "pid");
-    const t0 = Date.now();
+    const t0 = performance.now();
     const r = await (await runner(shGrants(dir))).run(`sleep 300 & echo $! > ${pidFile}; echo '{"ok":true}'; exit 0`);
     assert.equal(r.tag, "ok", JSON.stringify(r));
     assert.equal(Buffer.from(r.val.stdout).toString(), '{"ok":true}\n');
-    assert.ok(Date.now() - t0 < 10000, `took ${Date.now() - t0} ms`);
+    assert.ok(performance.now() - t0 < 10000, `took ${performance.now() - t0} ms`);
     const pid = Number(fs.readFileSync(pidFile, "utf8").trim());
     assert.doesNotThrow(() => process.kill(pid, 0), "the background process was killed; it is not the host's to kill");
     process.kill(pid, "SIGKILL");
