@@ -5,12 +5,10 @@
 // probe component ($BOXD_PROBE_WASM) makes the requests, as in policy_vectors.test.js.
 import { test, describe, after } from "node:test";
 import assert from "node:assert/strict";
-import { execFileSync } from "node:child_process";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
-import { pathToFileURL } from "node:url";
-import { PLUGIN, copyShippedPlugin } from "./harness.mjs";
+import { PLUGIN, probePluginHooks } from "./harness.mjs";
 
 const PROBE = process.env.BOXD_PROBE_WASM;
 const built = fs.existsSync(path.join(PLUGIN, "dist/policy.json"));
@@ -27,15 +25,7 @@ describe("the bridge's audit log", { skip: built && PROBE ? false : "needs dist/
   /** A probe tool as OpenCode calls it, the plugin loaded with `options` on first use. */
   async function call(tool, args, options = { auditLog: log }) {
     if (!hooks) {
-      const plugin = copyShippedPlugin(path.join(dir, "plugin"));
-      execFileSync(process.execPath, [path.join(PLUGIN, "scripts/build.mjs")], {
-        env: { ...process.env, BOXD_COMPONENT_WASM: PROBE, BOXD_PLUGIN_DIST: path.join(plugin, "dist") },
-        stdio: ["ignore", "ignore", "inherit"],
-      });
-      const { default: mod } = await import(pathToFileURL(path.join(plugin, "index.js")).href);
-      fs.mkdirSync(path.join(dir, "proj"));
-      const client = { _client: { get: async () => ({ data: { version: "0.0.0" } }) } };
-      hooks = await mod.server({ directory: path.join(dir, "proj"), client }, { boxd: "/bin/true", opencode: "/bin/true", ledgerDir: path.join(dir, "ledger"), ...options });
+      hooks = await probePluginHooks(dir, PROBE, options);
     }
     const ctx = { sessionID: "ses_probe", abort: new AbortController().signal, metadata() {}, async ask() {} };
     return (await hooks.tool[tool].execute(args, ctx)).output;

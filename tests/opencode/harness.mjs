@@ -8,7 +8,7 @@ import { Worker } from "node:worker_threads";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
-import { fileURLToPath } from "node:url";
+import { fileURLToPath, pathToFileURL } from "node:url";
 
 export const REPO = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../..");
 export const PLUGIN = path.join(REPO, "host-bridge/opencode");
@@ -67,6 +67,20 @@ export function copyShippedPlugin(to) {
     if (fs.existsSync(from)) fs.cpSync(from, path.join(to, f), { recursive: true });
   }
   return to;
+}
+
+/** The shipped plugin in `dir`, built around the probe component (`wasm`), loaded as
+ * OpenCode loads it for a project `dir`/proj with `options` added: its hooks. */
+export async function probePluginHooks(dir, wasm, options = {}) {
+  const plugin = copyShippedPlugin(path.join(dir, "plugin"));
+  execFileSync(process.execPath, [path.join(PLUGIN, "scripts/build.mjs")], {
+    env: { ...process.env, BOXD_COMPONENT_WASM: wasm, BOXD_PLUGIN_DIST: path.join(plugin, "dist") },
+    stdio: ["ignore", "ignore", "inherit"],
+  });
+  const { default: mod } = await import(pathToFileURL(path.join(plugin, "index.js")).href);
+  fs.mkdirSync(path.join(dir, "proj"));
+  const client = { _client: { get: async () => ({ data: { version: "0.0.0" } }) } };
+  return mod.server({ directory: path.join(dir, "proj"), client }, { boxd: "/bin/true", opencode: "/bin/true", ledgerDir: path.join(dir, "ledger"), ...options });
 }
 
 export class Laptop {

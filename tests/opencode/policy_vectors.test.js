@@ -5,12 +5,10 @@
 // the bridge's plugin module, as tests/host/confinement.rs makes them through boxd-host.
 import { test, describe, after } from "node:test";
 import assert from "node:assert/strict";
-import { execFileSync } from "node:child_process";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
-import { pathToFileURL } from "node:url";
-import { PLUGIN, REPO, copyShippedPlugin } from "./harness.mjs";
+import { PLUGIN, REPO, probePluginHooks } from "./harness.mjs";
 
 const built = fs.existsSync(path.join(PLUGIN, "dist/policy.json"));
 // lib/policy.js reads dist/policy.json at import: load it only once it exists.
@@ -151,15 +149,7 @@ describe("the probe's dangerous calls through the bridge", { skip: built && PROB
     if (!hooks) {
       dir = fs.realpathSync(fs.mkdtempSync(path.join(os.tmpdir(), "boxd-probe-grants-")));
       dirs.push(dir);
-      const plugin = copyShippedPlugin(path.join(dir, "plugin"));
-      execFileSync(process.execPath, [path.join(PLUGIN, "scripts/build.mjs")], {
-        env: { ...process.env, BOXD_COMPONENT_WASM: PROBE, BOXD_PLUGIN_DIST: path.join(plugin, "dist") },
-        stdio: ["ignore", "ignore", "inherit"],
-      });
-      const { default: mod } = await import(pathToFileURL(path.join(plugin, "index.js")).href);
-      fs.mkdirSync(path.join(dir, "proj"));
-      const client = { _client: { get: async () => ({ data: { version: "0.0.0" } }) } };
-      hooks = await mod.server({ directory: path.join(dir, "proj"), client }, { boxd: "/bin/true", opencode: "/bin/true", ledgerDir: path.join(dir, "ledger") });
+      hooks = await probePluginHooks(dir, PROBE);
     }
     const ctx = { sessionID: "ses_probe", abort: new AbortController().signal, metadata() {}, async ask() {} };
     return (await hooks.tool[tool].execute(args, ctx)).output;
