@@ -333,3 +333,51 @@ fn a_harvest_stores_a_deleted_export_again_and_imports_the_session_the_drop_coul
     assert_eq!(laptop_export(&world, &sid)["messages"].to_string(), before["messages"].to_string(), "the session is back on the laptop");
     assert_eq!(world.ok_call("boxd_drop", W1)["dropped"], true);
 }
+
+/// A rebuild owes the new guest the proven transcript, from the export the ledger stored.
+/// One damaged there since (its bytes no longer hash to its name) is not imported: the
+/// laptop's copy, still exactly the proven one, goes instead, and a harvest proves it. With
+/// the laptop's copy deleted too, the resume refuses, the transcript stays owed, and the
+/// stored export put back is imported by the next resume (and by the drop onto the laptop).
+#[test]
+fn a_rebuild_imports_the_laptops_copy_for_a_damaged_stored_export_and_refuses_with_neither() {
+    let world = World::new("harvest-damaged");
+    world.ok_call("boxd_ensure", W1);
+    run(&world, "marker-alpha-7");
+    let sid = world.ok_call("boxd_harvest", W1)["sessions"][0]["id"].as_str().unwrap().to_string();
+    let before = laptop_export(&world, &sid)["messages"].to_string();
+    let stored = || {
+        let record: serde_json::Value = serde_json::from_slice(&std::fs::read(world.laptop.ledger.join("works/w1/work.json")).unwrap()).unwrap();
+        world.laptop.ledger.join("works/w1").join(record["proofs"].as_array().unwrap().last().unwrap()["sessions"][0]["file"].as_str().unwrap())
+    };
+    let damage = || {
+        let path = stored();
+        let whole = std::fs::read_to_string(&path).unwrap();
+        assert!(whole.contains("marker-alpha-7"), "the prompt is in the stored export");
+        std::fs::write(&path, whole.replace("marker-alpha-7", "tampered-beta")).unwrap();
+        (path, whole)
+    };
+    damage();
+    assert!(world.laptop.boxd(&["machine", "remove", "oc-w1", "-y"]).status.success());
+    let v = world.ok_call("boxd_resume", W1);
+    assert_eq!((v["action"].as_str(), v["restoredSessions"].as_u64()), (Some("rebuilt"), Some(1)), "{v:#}");
+    let h = world.ok_call("boxd_harvest", W1);
+    assert_eq!(h["sessions"][0]["id"], sid.as_str(), "{h:#}");
+    assert_eq!(laptop_export(&world, &sid)["messages"].to_string(), before, "the laptop's transcript is as it was proven");
+
+    let (path, whole) = damage();
+    let out = std::process::Command::new(opencode_bin()).args(["session", "delete", &sid]).current_dir(&world.laptop.project).envs(world.laptop_env()).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(world.laptop.boxd(&["machine", "remove", "oc-w1", "-y"]).status.success());
+    let e = world.err_call("boxd_resume", W1, "LEDGER_FAILED");
+    assert!(e["message"].as_str().unwrap().contains("no transcript") && e["next"].as_str().unwrap().contains("boxd_resume"), "{e:#}");
+    let e = world.err_call("boxd_submit", r#"{"work":"w1","prompt":"too early"}"#, "MACHINE_GONE");
+    assert!(e["message"].as_str().unwrap().contains("not on it yet"), "{e:#}");
+    std::fs::write(&path, whole).unwrap();
+    let v = world.ok_call("boxd_resume", W1);
+    assert_eq!((v["action"].as_str(), v["restoredSessions"].as_u64()), (Some("already running"), Some(1)), "{v:#}");
+    world.ok_call("boxd_harvest", W1);
+    let dropped = world.ok_call("boxd_drop", W1);
+    assert_eq!(dropped["restoredToLaptop"], json!([sid]), "{dropped:#}");
+    assert_eq!(laptop_export(&world, &sid)["messages"].to_string(), before, "the session is back on the laptop, as proven");
+}

@@ -80,7 +80,7 @@ pub fn ensure(env: &mut Env, args: &Value) -> ToolResult<Value> {
         let (w, guest) = if matches!(st, State::Running | State::Standby) {
             let guest = prepare_fresh_guest(&mut boxd, &mut ledger, ctx, &w, version.as_deref())?;
             // A rebuild whose create answered late: this adoption finishes it.
-            (restore_if_pending(&mut boxd, &mut ledger, w)?.0, guest)
+            (restore_if_pending(env, w)?.0, guest)
         } else {
             (w, Value::Null)
         };
@@ -214,34 +214,60 @@ pub fn sleep(env: &mut Env, args: &Value) -> ToolResult<Value> {
 }
 
 /// Import the proven transcript into a rebuilt guest, parents first (the proof's order).
-fn restore_transcript<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F>, w: &Work) -> ToolResult<usize> {
+/// Each session comes from the export the ledger stored when it was proven, used only while
+/// its bytes still hash to its name; one deleted or damaged there comes from the laptop's
+/// OpenCode instead, when its copy is still exactly the proven one. Neither: refused, and
+/// the transcript stays owed (nothing else would give the rebuilt guest a wrong history).
+fn restore_transcript(env: &mut Env, w: &Work) -> ToolResult<usize> {
     let Some(proof) = w.proofs.last() else { return Ok(0) };
     let mut sessions = Vec::new();
-    for s in &proof.sessions {
-        let Some(file) = &s.file else { continue };
-        let bytes = ledger.get_blob(&w.work, file)?.ok_or_else(|| {
-            ToolError::new(Code::LedgerFailed, format!("the stored export {file} of session {} is missing from the ledger", s.id))
-        })?;
-        sessions.push(serde_json::from_slice::<Value>(&bytes).map_err(|e| ToolError::new(Code::LedgerFailed, format!("{file}: {e}")))?);
+    for s in proof.sessions.iter().filter(|s| s.file.is_some()) {
+        let file = s.file.as_deref().unwrap_or_default();
+        let mut ledger = Ledger::for_call(&mut env.files, env.ctx);
+        let stored = if super::account::stored_intact(&mut ledger, &w.work, file, None)? { ledger.get_blob(&w.work, file)? } else { None };
+        let session = match stored.and_then(|bytes| serde_json::from_slice::<Value>(&bytes).ok()) {
+            Some(v) => v,
+            None => laptop_copy(env, w, s).ok_or_else(|| {
+                ToolError::with_next(
+                    Code::LedgerFailed,
+                    format!("work '{}': the ledger's {file} (session {}) is missing or damaged, and this laptop's OpenCode no longer holds that session as it was proven; the rebuilt machine was given no transcript", w.work, s.id),
+                    format!("Put {file} back in the work's ledger folder (from a backup), or the session back in this laptop's OpenCode as it was proven, then call boxd_resume for work '{}' again.", w.work),
+                )
+            })?,
+        };
+        sessions.push(session);
     }
     if sessions.is_empty() {
         return Ok(0);
     }
     let n = sessions.len();
     let payload = serde_json::to_vec(&json!({ "sessions": sessions })).expect("serialises");
-    crate::guest::Guest::new(boxd, &w.machine, &w.work).call("import", &[], Some(payload))?;
+    let mut boxd = Boxd::new(&mut env.programs, env.ctx.options.boxd_timeout_seconds);
+    crate::guest::Guest::new(&mut boxd, &w.machine, &w.work).call("import", &[], Some(payload))?;
     Ok(n)
+}
+
+/// The laptop OpenCode's copy of a proven session, when it still holds exactly the proven
+/// messages (the user added none since) under the proven parent.
+fn laptop_copy(env: &mut Env, w: &Work, s: &crate::ledger::SessionProof) -> Option<Value> {
+    super::harvest::work_folder_granted(env.ctx, w).ok()?;
+    let back = Opencode::new(&mut env.programs).export(&s.id, &w.directory).ok()?;
+    let messages = back["messages"].as_array()?;
+    let same = messages.len() as u64 == s.messages
+        && super::harvest::canonical_digest(messages) == s.digest
+        && back["info"]["parentID"].as_str() == s.parent_id.as_deref();
+    same.then_some(back)
 }
 
 /// A rebuilt machine gets the proven transcript once: imported, then the record says so.
 /// (Cut short between the two, the next call imports it again; an import of the same
 /// sessions writes the same sessions.)
-fn restore_if_pending<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F>, w: Work) -> ToolResult<(Work, usize)> {
+fn restore_if_pending(env: &mut Env, w: Work) -> ToolResult<(Work, usize)> {
     if !w.restore_pending {
         return Ok((w, 0));
     }
-    let n = restore_transcript(boxd, ledger, &w)?;
-    let w = ledger.update(&w.work, |w| w.restore_pending = false)?;
+    let n = restore_transcript(env, &w)?;
+    let w = Ledger::for_call(&mut env.files, env.ctx).update(&w.work, |w| w.restore_pending = false)?;
     Ok((w, n))
 }
 
@@ -330,7 +356,7 @@ pub fn resume(env: &mut Env, args: &Value) -> ToolResult<Value> {
     // Prepare starts a server that is not running; a run it interrupted is reported once,
     // by the next boxd_job (no status exec here: resume stays within four round trips).
     super::machine::prepare_rebuilt_guest(&mut boxd, &mut ledger, &w, &ctx.entropy, version.as_deref())?;
-    let (w, restored) = restore_if_pending(&mut boxd, &mut ledger, w)?;
+    let (w, restored) = restore_if_pending(env, w)?;
     let mut out = work_json(&w, "running");
     out["action"] = json!(action.word());
     out["restoredSessions"] = json!(restored);
