@@ -155,6 +155,10 @@ pub struct ForkOrigin {
     /// Its place in the fork's queue (forks over a cap wait, admitted in this order).
     #[serde(default)]
     pub order: u64,
+    /// The parent record's `createdAt` when the fork was queued: a dropped parent's id
+    /// ensured again is another work, whose machine its old forks never copy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_created: Option<String>,
 }
 
 /// Where a work is in its life: creating → open → (dropping →) closed. Stored as the

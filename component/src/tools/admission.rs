@@ -129,8 +129,14 @@ impl Headroom {
     }
 
     /// Count one more machine as running for `directory` (a fork admitted in a batch).
+    /// A machine the listing already showed up (a fork adopted, or another call's) was
+    /// counted by `headroom`, and is not counted twice.
     pub fn take(&mut self, ctx: &Context, work: &str, directory: &str) {
-        self.account.push(paths::machine_name(work));
+        let machine = paths::machine_name(work);
+        if self.account.contains(&machine) {
+            return;
+        }
+        self.account.push(machine);
         self.ledger.push(Running { work: work.to_string(), in_project: in_project(ctx, directory), rate: ctx.options.prices.running_rate(MACHINE_SIZE) });
     }
 }

@@ -131,6 +131,9 @@ enum Plan {
     AlreadyDropped(Work),
     /// A queued fork: no machine, nothing on boxd to account for.
     Queued,
+    /// A fork still being made: nothing of its own on it yet. Its machine (the id the plan
+    /// checked), removed; or none, and it closes as a queued one does.
+    Unready(Option<String>),
     /// The machine is gone: close the work, naming what could not be recovered (only while
     /// it still names the machine id the plan read).
     Gone(Option<String>),
@@ -148,11 +151,7 @@ fn plan(env: &mut Env, work: &str, machine: &str) -> ToolResult<Plan> {
         return Ok(Plan::Queued);
     }
     if let (WorkState::Creating, Some(f)) = (w.state, &w.fork) {
-        return Err(ToolError::with_next(
-            Code::CreateUncertain,
-            format!("work '{work}': the fork of {machine} never answered, so it may still appear"),
-            format!("Call boxd_fork for work '{}' (it adopts the fork or makes it), then boxd_drop.", f.parent),
-        ));
+        return unready_fork(env, &w, &f.parent);
     }
     if w.state == WorkState::Creating {
         // Its create never answered: the machine may still appear, and closing the work now
@@ -190,6 +189,40 @@ fn plan(env: &mut Env, work: &str, machine: &str) -> ToolResult<Plan> {
     }
     require_proven(&w)?;
     Ok(Plan::Live(w))
+}
+
+/// A fork still `creating` holds nothing of its own: no prompt reaches a fork before it
+/// opens, and its tree is a copy of the proven parent's. So it is dropped whatever its
+/// parent is now (a dropped parent's boxd_fork would never finish it): its machine removed
+/// once its recorded id is checked, or closed with no machine when boxd has none. Refused
+/// while a boxd_fork may still be making it (a young claim), and for a machine under its
+/// name with no id recorded, which cannot be told from someone else's.
+fn unready_fork(env: &mut Env, w: &Work, parent: &str) -> ToolResult<Plan> {
+    let (work, machine, ctx) = (&w.work, &w.machine, env.ctx);
+    let again = format!("Call boxd_fork for work '{parent}' (it adopts the fork or makes it), or boxd_drop for work '{work}' again in a later turn.");
+    if w.machine_id.is_none() && w.created_ms != 0 && ctx.now_ms.saturating_sub(w.created_ms) < super::fork::FORK_CLAIM_MS {
+        return Err(ToolError::with_next(Code::CreateUncertain, format!("work '{work}': a boxd_fork call may still be making {machine}"), again));
+    }
+    let mut boxd = Boxd::new(&mut env.programs, ctx.options.boxd_timeout_seconds);
+    let Some(info) = boxd.get(machine).map_err(Failure::into_error)? else {
+        if boxd.list().map_err(Failure::into_error)?.iter().any(|m| m.name == *machine) {
+            return Err(ToolError::with_next(
+                Code::BoxdFailed,
+                format!("boxd answered that {machine} was not found, but its machine listing holds it; nothing was changed"),
+                format!("Call boxd_status in a later turn, then boxd_drop for work '{work}' again."),
+            ));
+        }
+        return Ok(Plan::Unready(None));
+    };
+    if w.machine_id.is_none() {
+        return Err(ToolError::with_next(
+            Code::CreateUncertain,
+            format!("work '{work}': {machine} exists, but the fork that may have made it never answered with its id"),
+            format!("Call boxd_fork for work '{parent}' to adopt it, then boxd_drop. If '{parent}' was dropped, remove {machine} yourself if it is yours ('boxd machine remove {machine} -y'), then boxd_drop."),
+        ));
+    }
+    check_machine(w, &info)?;
+    Ok(Plan::Unready(w.machine_id.clone()))
 }
 
 /// The refusals a drop gives before it changes anything (see `plan`).
@@ -240,6 +273,27 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
                     Ok(out)
                 }
                 Err(w) if w.is_closed() => Ok(already_dropped(&w)),
+                Err(w) => Err(changed(&w, "nothing was closed")),
+            };
+        }
+        Plan::Unready(planned) => {
+            let mut boxd = Boxd::new(&mut env.programs, ctx.options.boxd_timeout_seconds);
+            if planned.is_some() {
+                if let Err(f) = boxd.remove(&machine) {
+                    if !gone(&mut boxd, &machine) {
+                        return Err(f.into_error());
+                    }
+                }
+            }
+            // Only while it is still being made on that machine (or none): a boxd_fork at
+            // once may have opened it, and then it closes as a gone machine's.
+            return match close_when(&mut ledger, &work, ctx, |w| w.state == WorkState::Creating && w.machine_id == planned)? {
+                Ok((_, mut out)) => {
+                    out["next"] = json!("Done: the fork was still being made and held nothing of its own; its machine is removed and the work is closed.");
+                    Ok(out)
+                }
+                Err(w) if w.is_closed() => Ok(already_dropped(&w)),
+                Err(_) if planned.is_some() => close_gone(&mut ledger, &work, ctx, &planned),
                 Err(w) => Err(changed(&w, "nothing was closed")),
             };
         }

@@ -40,7 +40,7 @@ fn admit(env: &mut Env, args: &Value) -> ToolResult<(Work, Vec<Work>, Vec<String
     if parent.state != WorkState::Open {
         return Err(ToolError::new(Code::WorkConflict, format!("work '{parent_id}' is {}; only an open work can be forked", parent.state.as_str())));
     }
-    let forks = forks_of(&mut ledger, &parent_id)?;
+    let forks = forks_of(&mut ledger, &parent)?;
     let new: Vec<String> = ids.into_iter().filter(|id| !forks.iter().any(|w| &w.work == id)).collect();
     if !new.is_empty() {
         // Only a proven parent is copied: a fork of an unharvested transcript would hold
@@ -94,16 +94,23 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
                                 waiting = Some(e);
                                 break;
                             }
-                            if !parent_seen {
-                                // As the ledger has it now: a resume may have rebuilt it since.
-                                let now = ledger.read(&parent.work)?.unwrap_or_else(|| parent.clone());
-                                if let Err(e) = parent_up(&mut boxd, &now) {
+                            // The parent as the ledger has it now (a resume may have rebuilt it,
+                            // a prompt may have reached it since the fork was queued): the
+                            // same record, open, proven, and, after the first fork, up.
+                            let now = match parent_now(&mut ledger, &parent) {
+                                Ok(now) if parent_seen => Ok(now),
+                                Ok(now) => parent_up(&mut boxd, &now).map(|_| now),
+                                Err(e) => Err(e),
+                            };
+                            let now = match now {
+                                Ok(now) => now,
+                                Err(e) => {
                                     waiting = Some(e);
                                     break;
                                 }
-                            }
+                            };
                             parent_seen = false;
-                            fork_machine(&mut boxd, &mut ledger, ctx, &parent, &w)?
+                            fork_machine(&mut boxd, &mut ledger, ctx, &now, &w)?
                         }
                     }
                 }
@@ -124,6 +131,17 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
         return Err(ToolError::with_next(e.code, e.message.clone(), format!("{} The forks stay queued: call boxd_fork for work '{parent_id}' again to admit them.", e.next)));
     }
     answer(&mut ledger, &parent_id, &forks, admitted, waiting)
+}
+
+/// The parent's record as it is now, when it is still the record the forks were queued
+/// from, open, and proven since its last prompt: what a fork made now copies.
+fn parent_now<F: Files>(ledger: &mut Ledger<F>, parent: &Work) -> ToolResult<Work> {
+    let now = ledger.require(&parent.work)?;
+    if now.created_at != parent.created_at || now.state != WorkState::Open {
+        return Err(ToolError::new(Code::WorkConflict, format!("work '{}' changed under this boxd_fork (it is {} now); no more forks were made from it", parent.work, now.state.as_str())));
+    }
+    require_proven(&now)?;
+    Ok(now)
 }
 
 /// The parent's machine is ours (its id), up, and holds the transcript: a fork copies it.
@@ -152,11 +170,17 @@ fn fork_ids(args: &Value, parent: &str) -> ToolResult<Vec<String>> {
     Ok(ids)
 }
 
+/// Whether `w` is a fork of this parent record: its id, and (when the fork recorded it) the
+/// same record, not a dropped parent's id ensured again.
+fn fork_of(w: &Work, parent: &Work) -> bool {
+    w.fork.as_ref().is_some_and(|f| f.parent == parent.work && f.parent_created.as_ref().is_none_or(|c| *c == parent.created_at))
+}
+
 /// The parent's forks still open or waiting, oldest first.
-fn forks_of<F: Files>(ledger: &mut Ledger<F>, parent: &str) -> ToolResult<Vec<Work>> {
+fn forks_of<F: Files>(ledger: &mut Ledger<F>, parent: &Work) -> ToolResult<Vec<Work>> {
     let mut forks = Vec::new();
     for id in ledger.ids()? {
-        if let Some(w) = ledger.read(&id)?.filter(|w| !w.is_closed() && w.fork.as_ref().is_some_and(|f| f.parent == parent)) {
+        if let Some(w) = ledger.read(&id)?.filter(|w| !w.is_closed() && fork_of(w, parent)) {
             forks.push(w);
         }
     }
@@ -171,7 +195,7 @@ fn record_fork<F: Files>(ledger: &mut Ledger<F>, ctx: &Context, parent: &Work, i
     let now = iso8601(ctx.now_ms);
     let w = ledger.upsert(id, |cur| {
         if let Some(w) = cur {
-            if !w.is_closed() && w.fork.as_ref().is_some_and(|f| f.parent == parent.work) {
+            if !w.is_closed() && fork_of(&w, parent) {
                 return Ok(None);
             }
             let what = match &w.fork {
@@ -189,6 +213,7 @@ fn record_fork<F: Files>(ledger: &mut Ledger<F>, ctx: &Context, parent: &Work, i
             at_prompt: parent.prompts.last().map(|p| p.id.clone()),
             inherited: parent.proofs.last().map(|p| p.sessions.iter().map(|s| (s.id.clone(), s.messages)).collect()).unwrap_or_default(),
             order,
+            parent_created: Some(parent.created_at.clone()),
         });
         Ok(Some(w))
     })?;
@@ -252,6 +277,11 @@ fn fork_machine<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F
             from_queue = w.state == WorkState::Queued;
             w.state = WorkState::Creating;
             w.created_ms = ctx.now_ms;
+            // What the fork copies is the parent as it is now, not as it was when queued.
+            if let Some(f) = &mut w.fork {
+                f.at_prompt = parent.prompts.last().map(|p| p.id.clone());
+                f.inherited = parent.proofs.last().map(|p| p.sessions.iter().map(|s| (s.id.clone(), s.messages)).collect()).unwrap_or_default();
+            }
             claimed = true;
         }
     })?;
@@ -421,166 +451,4 @@ fn answer<F: Files>(ledger: &mut Ledger<F>, parent: &str, forks: &[Work], admitt
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::testing::{open_work, raw_at, raw_context, MemFiles, Scripted, OURS};
-    use crate::tools::call;
-
-    fn fork_call(fs: &mut MemFiles, running: &[&str], admit: &[&str], options: &str, args: &str) -> (ToolResult<Value>, Vec<String>) {
-        // The parent was prepared: the ledger knows its machine holds this helper, and a
-        // fork's copied home does too.
-        Ledger::new(fs, "/l").update("w1", |w| w.helper_sha256 = Some(crate::encode::sha256_hex(crate::guest::HELPER))).unwrap();
-        let mut p = Scripted::default();
-        p.push_exit(0, "1.18.33", "");
-        p.push_exit(0, OURS, "");
-        let rows: Vec<String> = running.iter().map(|n| format!(r#"{{"name":"{n}","status":"running"}}"#)).collect();
-        p.push_exit(0, &format!("[{}]", rows.join(",")), "");
-        for id in admit {
-            p.push_exit(0, &format!(r#"{{"name":"oc-{id}","id":"vm_{id}","boot":"5ms"}}"#), "");
-            p.push_exit(0, "", "");
-            p.push_exit(0, &format!(r#"{{"ok":true,"work":"{id}"}}"#), "");
-        }
-        let r = call(&mut p, fs, "boxd_fork", args, raw_context(options, "{}"));
-        (r, p.commands())
-    }
-
-    #[test]
-    fn forks_past_a_cap_wait_queued_and_a_later_call_admits_them_in_order() {
-        let mut fs = open_work(None);
-        let cap2 = r#"{"maxRunningPerLedger":2}"#;
-        let (r, cmds) = fork_call(&mut fs, &["oc-w1"], &["fa"], cap2, r#"{"work":"w1","forks":["fa","fb","fc"]}"#);
-        let v = r.unwrap();
-        assert_eq!(v["queued"], json!(["fb", "fc"]), "{v}");
-        assert_eq!(v["waiting"]["error"], "CAP_REACHED", "{v}");
-        assert!(cmds[3].starts_with("machine fork oc-w1 oc-fa --auto-hibernate-timeout "), "{cmds:?}");
-        assert!(cmds[4].contains("cp -a w1 \"$t\"") && cmds[4].contains("t=fa.fork-tmp.$$") && cmds[4].contains("mv -T \"$t\" fa") && cmds[4].contains("rm -rf fa.fork-tmp.* 2>/dev/null; [ -d fa ]"), "{cmds:?}");
-        assert_eq!(cmds.len(), 6, "one fork, one copy, one prepare: {cmds:?}");
-        let fa = Ledger::new(&mut fs, "/l").require("fa").unwrap();
-        assert_eq!((fa.state, fa.machine_id.as_deref(), fa.fork.as_ref().map(|f| f.parent.as_str())), (WorkState::Open, Some("vm_fa"), Some("w1")));
-        assert_eq!(fa.runs.len(), 1, "its run is priced from the fork on");
-
-        // A slot frees (cap 3): the oldest queued fork goes first, the next still waits.
-        let cap3 = r#"{"maxRunningPerLedger":3}"#;
-        let (r, cmds) = fork_call(&mut fs, &["oc-w1", "oc-fa"], &["fb"], cap3, r#"{"work":"w1"}"#);
-        let v = r.unwrap();
-        assert!(cmds[3].starts_with("machine fork oc-w1 oc-fb "), "{cmds:?}");
-        assert_eq!(v["queued"], json!(["fc"]), "{v}");
-        let mut l = Ledger::new(&mut fs, "/l");
-        assert_ne!(l.password("fa").unwrap(), l.password("fb").unwrap(), "each fork has its own server password");
-        assert_eq!(l.require("fc").unwrap().state, WorkState::Queued);
-    }
-
-    #[test]
-    fn a_fork_id_the_ledger_holds_for_another_work_is_a_conflict() {
-        let mut fs = open_work(None);
-        let mut other = Work::new("fa", "/p", "t");
-        other.state = WorkState::Open;
-        Ledger::new(&mut fs, "/l").write(&other).unwrap();
-        let mut p = Scripted::default();
-        p.push_exit(0, "1.18.33", "");
-        let e = call(&mut p, &mut fs, "boxd_fork", r#"{"work":"w1","forks":["fa"]}"#, raw_context("{}", "{}")).unwrap_err();
-        assert_eq!(e.code, Code::WorkConflict, "{e:?}");
-        assert_eq!(p.commands(), ["--version"], "refused before boxd is asked");
-    }
-
-    #[test]
-    fn a_queued_fork_takes_no_prompt_and_drops_without_a_machine() {
-        let mut fs = open_work(None);
-        let (r, _) = fork_call(&mut fs, &["oc-w1"], &[], r#"{"maxRunningPerLedger":1}"#, r#"{"work":"w1","forks":["fa"]}"#);
-        assert_eq!(r.unwrap()["queued"], json!(["fa"]));
-        let mut p = Scripted::default();
-        let e = call(&mut p, &mut fs, "boxd_submit", r#"{"work":"fa","prompt":"x"}"#, raw_context("{}", "{}")).unwrap_err();
-        assert!(e.code == Code::CapReached && e.next.contains("boxd_fork for work 'w1'"), "{e:?}");
-        let v = call(&mut p, &mut fs, "boxd_drop", r#"{"work":"fa"}"#, raw_context("{}", "{}")).unwrap();
-        assert_eq!(v["dropped"], true);
-        assert!(p.commands().iter().all(|c| !c.starts_with("machine")), "{:?}", p.commands());
-    }
-
-    /// `machine fork` that made the fork and then failed: the fork is not put back in the
-    /// queue (which disowned it: NOT_OURS from boxd_fork, "no machine" from drop while it
-    /// ran); it stays creating for the next boxd_fork to adopt. One that made nothing visible
-    /// stays creating too, its claim released (it may land late), and the next call forks
-    /// it again at once; only a failure that made nothing for certain (signed out) puts it
-    /// back in the queue.
-    #[test]
-    fn a_fork_that_landed_and_then_failed_stays_this_works_to_adopt() {
-        // A call's time, long after the epoch (a released claim reads as old).
-        let at = || raw_at(2 * FORK_CLAIM_MS);
-        let landed = OURS.replace("oc-w1", "oc-fa").replace("vm_1", "vm_fa");
-        for (failure, after, state) in [
-            ("error: internal server error", landed.as_str(), WorkState::Creating),
-            ("error: internal server error", "", WorkState::Creating),
-            ("error: not logged in", "", WorkState::Queued),
-        ] {
-            let mut fs = open_work(None);
-            let mut p = Scripted::default();
-            p.push_exit(0, "1.18.33", "");
-            p.push_exit(0, OURS, "");
-            p.push_exit(0, r#"[{"name":"oc-w1","status":"running"}]"#, "");
-            p.push_fail(1, failure);
-            if after.is_empty() {
-                p.push_fail(1, "error: VM 'oc-fa' not found");
-            } else {
-                p.push_exit(0, after, "");
-            }
-            let e = call(&mut p, &mut fs, "boxd_fork", r#"{"work":"w1","forks":["fa"]}"#, at());
-            let fa = Ledger::new(&mut fs, "/l").require("fa").unwrap();
-            assert_eq!(fa.state, state, "{failure} {after:?}: {e:?}");
-            if state == WorkState::Creating {
-                let e = call(&mut Scripted::default(), &mut fs, "boxd_drop", r#"{"work":"fa"}"#, at()).unwrap_err();
-                assert_eq!(e.code, Code::CreateUncertain, "drop does not close it as machineless: {e:?}");
-            }
-            if after.is_empty() && state == WorkState::Creating {
-                assert_eq!(fa.created_ms, 0, "the claim is released");
-                // The next call finds no machine and forks it again at once.
-                Ledger::new(&mut fs, "/l").update("w1", |w| w.helper_sha256 = Some(crate::encode::sha256_hex(crate::guest::HELPER))).unwrap();
-                let mut p = Scripted::default();
-                p.push_exit(0, "1.18.33", "");
-                p.push_exit(0, OURS, "");
-                p.push_exit(0, r#"[{"name":"oc-w1","status":"running"}]"#, "");
-                p.push_fail(1, "error: VM 'oc-fa' not found");
-                p.push_exit(0, r#"{"name":"oc-fa","id":"vm_fa","boot":"5ms"}"#, "");
-                p.push_exit(0, "", "");
-                p.push_exit(0, r#"{"ok":true,"work":"fa"}"#, "");
-                let r = call(&mut p, &mut fs, "boxd_fork", r#"{"work":"w1"}"#, at());
-                let cmds = p.commands();
-                assert!(r.is_ok() && cmds.iter().any(|c| c.starts_with("machine fork oc-w1 oc-fa")), "{r:?} {cmds:?}");
-                assert_eq!(Ledger::new(&mut fs, "/l").require("fa").unwrap().state, WorkState::Open);
-            }
-        }
-    }
-
-    /// A fork claimed by another call (`creating`, no machine yet) is left to it while the
-    /// claim is younger than FORK_CLAIM_MS, and forked again once it is older.
-    #[test]
-    fn a_young_claim_is_left_to_its_holder_and_an_old_one_is_taken_over() {
-        for (age, forked) in [(60_000, false), (FORK_CLAIM_MS, true)] {
-            let mut fs = open_work(None);
-            let (r, _) = fork_call(&mut fs, &["oc-w1"], &[], r#"{"maxRunningPerLedger":1}"#, r#"{"work":"w1","forks":["fa"]}"#);
-            assert_eq!(r.unwrap()["queued"], json!(["fa"]));
-            let now = 20 * 60_000;
-            Ledger::new(&mut fs, "/l").update("fa", |w| (w.state, w.created_ms) = (WorkState::Creating, now - age)).unwrap();
-            let raw = raw_at(now);
-            let mut p = Scripted::default();
-            p.push_exit(0, "1.18.33", "");
-            p.push_exit(0, OURS, "");
-            p.push_exit(0, r#"[{"name":"oc-w1","status":"running"}]"#, "");
-            p.push_fail(1, "error: VM 'oc-fa' not found");
-            if forked {
-                p.push_exit(0, r#"{"name":"oc-fa","id":"vm_fa","boot":"5ms"}"#, "");
-                p.push_exit(0, "", "");
-                p.push_exit(0, r#"{"ok":true,"work":"fa"}"#, "");
-            }
-            let v = call(&mut p, &mut fs, "boxd_fork", r#"{"work":"w1"}"#, raw).unwrap();
-            let forks = p.commands().iter().filter(|c| c.starts_with("machine fork")).count();
-            assert_eq!(forks, usize::from(forked), "{:?}", p.commands());
-            let fa = Ledger::new(&mut fs, "/l").require("fa").unwrap();
-            if forked {
-                assert_eq!((fa.state, fa.machine_id.as_deref()), (WorkState::Open, Some("vm_fa")));
-            } else {
-                assert_eq!((fa.state, fa.created_ms), (WorkState::Creating, now - age), "the holder's claim is left as it is");
-                assert!(v["next"].as_str().unwrap().contains("still being made"), "{v:#}");
-            }
-        }
-    }
-}
+mod tests;

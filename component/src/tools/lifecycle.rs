@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 use super::machine::{check_machine, create_machine, owned_state, prepare_fresh_guest, work_json, Build};
 use super::{work_arg, Env};
 use crate::boxd::{Boxd, Failure, MachineInfo, State};
-use crate::caps::{Files, Kind, Programs};
+use crate::caps::{Files, Kind};
 use crate::errors::{Code, ToolError, ToolResult};
 use crate::ledger::{Ledger, Sleep, Work, WorkState};
 use crate::opencode::Opencode;

@@ -1,0 +1,270 @@
+//! boxd_fork's unit tests: the queue, claims, adoption and the parent as it is now.
+
+use super::*;
+use crate::testing::{open_work, raw_at, raw_context, MemFiles, Scripted, OURS};
+use crate::tools::call;
+
+fn fork_call(fs: &mut MemFiles, running: &[&str], admit: &[&str], options: &str, args: &str) -> (ToolResult<Value>, Vec<String>) {
+    // The parent was prepared: the ledger knows its machine holds this helper, and a
+    // fork's copied home does too.
+    Ledger::new(fs, "/l").update("w1", |w| w.helper_sha256 = Some(crate::encode::sha256_hex(crate::guest::HELPER))).unwrap();
+    let mut p = Scripted::default();
+    p.push_exit(0, "1.18.33", "");
+    p.push_exit(0, OURS, "");
+    let rows: Vec<String> = running.iter().map(|n| format!(r#"{{"name":"{n}","status":"running"}}"#)).collect();
+    p.push_exit(0, &format!("[{}]", rows.join(",")), "");
+    for id in admit {
+        p.push_exit(0, &format!(r#"{{"name":"oc-{id}","id":"vm_{id}","boot":"5ms"}}"#), "");
+        p.push_exit(0, "", "");
+        p.push_exit(0, &format!(r#"{{"ok":true,"work":"{id}"}}"#), "");
+    }
+    let r = call(&mut p, fs, "boxd_fork", args, raw_context(options, "{}"));
+    (r, p.commands())
+}
+
+#[test]
+fn forks_past_a_cap_wait_queued_and_a_later_call_admits_them_in_order() {
+    let mut fs = open_work(None);
+    let cap2 = r#"{"maxRunningPerLedger":2}"#;
+    let (r, cmds) = fork_call(&mut fs, &["oc-w1"], &["fa"], cap2, r#"{"work":"w1","forks":["fa","fb","fc"]}"#);
+    let v = r.unwrap();
+    assert_eq!(v["queued"], json!(["fb", "fc"]), "{v}");
+    assert_eq!(v["waiting"]["error"], "CAP_REACHED", "{v}");
+    assert!(cmds[3].starts_with("machine fork oc-w1 oc-fa --auto-hibernate-timeout "), "{cmds:?}");
+    assert!(cmds[4].contains("cp -a w1 \"$t\"") && cmds[4].contains("t=fa.fork-tmp.$$") && cmds[4].contains("mv -T \"$t\" fa") && cmds[4].contains("rm -rf fa.fork-tmp.* 2>/dev/null; [ -d fa ]"), "{cmds:?}");
+    assert_eq!(cmds.len(), 6, "one fork, one copy, one prepare: {cmds:?}");
+    let fa = Ledger::new(&mut fs, "/l").require("fa").unwrap();
+    assert_eq!((fa.state, fa.machine_id.as_deref(), fa.fork.as_ref().map(|f| f.parent.as_str())), (WorkState::Open, Some("vm_fa"), Some("w1")));
+    assert_eq!(fa.runs.len(), 1, "its run is priced from the fork on");
+
+    // A slot frees (cap 3): the oldest queued fork goes first, the next still waits.
+    let cap3 = r#"{"maxRunningPerLedger":3}"#;
+    let (r, cmds) = fork_call(&mut fs, &["oc-w1", "oc-fa"], &["fb"], cap3, r#"{"work":"w1"}"#);
+    let v = r.unwrap();
+    assert!(cmds[3].starts_with("machine fork oc-w1 oc-fb "), "{cmds:?}");
+    assert_eq!(v["queued"], json!(["fc"]), "{v}");
+    let mut l = Ledger::new(&mut fs, "/l");
+    assert_ne!(l.password("fa").unwrap(), l.password("fb").unwrap(), "each fork has its own server password");
+    assert_eq!(l.require("fc").unwrap().state, WorkState::Queued);
+}
+
+#[test]
+fn a_fork_id_the_ledger_holds_for_another_work_is_a_conflict() {
+    let mut fs = open_work(None);
+    let mut other = Work::new("fa", "/p", "t");
+    other.state = WorkState::Open;
+    Ledger::new(&mut fs, "/l").write(&other).unwrap();
+    let mut p = Scripted::default();
+    p.push_exit(0, "1.18.33", "");
+    let e = call(&mut p, &mut fs, "boxd_fork", r#"{"work":"w1","forks":["fa"]}"#, raw_context("{}", "{}")).unwrap_err();
+    assert_eq!(e.code, Code::WorkConflict, "{e:?}");
+    assert_eq!(p.commands(), ["--version"], "refused before boxd is asked");
+}
+
+#[test]
+fn a_queued_fork_takes_no_prompt_and_drops_without_a_machine() {
+    let mut fs = open_work(None);
+    let (r, _) = fork_call(&mut fs, &["oc-w1"], &[], r#"{"maxRunningPerLedger":1}"#, r#"{"work":"w1","forks":["fa"]}"#);
+    assert_eq!(r.unwrap()["queued"], json!(["fa"]));
+    let mut p = Scripted::default();
+    let e = call(&mut p, &mut fs, "boxd_submit", r#"{"work":"fa","prompt":"x"}"#, raw_context("{}", "{}")).unwrap_err();
+    assert!(e.code == Code::CapReached && e.next.contains("boxd_fork for work 'w1'"), "{e:?}");
+    let v = call(&mut p, &mut fs, "boxd_drop", r#"{"work":"fa"}"#, raw_context("{}", "{}")).unwrap();
+    assert_eq!(v["dropped"], true);
+    assert!(p.commands().iter().all(|c| !c.starts_with("machine")), "{:?}", p.commands());
+}
+
+/// `machine fork` that made the fork and then failed: the fork is not put back in the
+/// queue (which disowned it: NOT_OURS from boxd_fork, "no machine" from drop while it
+/// ran); it stays creating for the next boxd_fork to adopt. One that made nothing visible
+/// stays creating too, its claim released (it may land late), and the next call forks
+/// it again at once; only a failure that made nothing for certain (signed out) puts it
+/// back in the queue.
+#[test]
+fn a_fork_that_landed_and_then_failed_stays_this_works_to_adopt() {
+    // A call's time, long after the epoch (a released claim reads as old).
+    let at = || raw_at(2 * FORK_CLAIM_MS);
+    let landed = OURS.replace("oc-w1", "oc-fa").replace("vm_1", "vm_fa");
+    for (failure, after, state) in [
+        ("error: internal server error", landed.as_str(), WorkState::Creating),
+        ("error: internal server error", "", WorkState::Creating),
+        ("error: not logged in", "", WorkState::Queued),
+    ] {
+        let mut fs = open_work(None);
+        let mut p = Scripted::default();
+        p.push_exit(0, "1.18.33", "");
+        p.push_exit(0, OURS, "");
+        p.push_exit(0, r#"[{"name":"oc-w1","status":"running"}]"#, "");
+        p.push_fail(1, failure);
+        if after.is_empty() {
+            p.push_fail(1, "error: VM 'oc-fa' not found");
+        } else {
+            p.push_exit(0, after, "");
+        }
+        let e = call(&mut p, &mut fs, "boxd_fork", r#"{"work":"w1","forks":["fa"]}"#, at());
+        let fa = Ledger::new(&mut fs, "/l").require("fa").unwrap();
+        assert_eq!(fa.state, state, "{failure} {after:?}: {e:?}");
+        if state == WorkState::Creating && !after.is_empty() {
+            let e = call(&mut Scripted::default(), &mut fs, "boxd_drop", r#"{"work":"fa"}"#, at()).unwrap_err();
+            assert_eq!(e.code, Code::CreateUncertain, "drop does not close it while the claim is this call's: {e:?}");
+        }
+        if after.is_empty() && state == WorkState::Creating {
+            assert_eq!(fa.created_ms, 0, "the claim is released");
+            // The next call finds no machine and forks it again at once.
+            Ledger::new(&mut fs, "/l").update("w1", |w| w.helper_sha256 = Some(crate::encode::sha256_hex(crate::guest::HELPER))).unwrap();
+            let mut p = Scripted::default();
+            p.push_exit(0, "1.18.33", "");
+            p.push_exit(0, OURS, "");
+            p.push_exit(0, r#"[{"name":"oc-w1","status":"running"}]"#, "");
+            p.push_fail(1, "error: VM 'oc-fa' not found");
+            p.push_exit(0, r#"{"name":"oc-fa","id":"vm_fa","boot":"5ms"}"#, "");
+            p.push_exit(0, "", "");
+            p.push_exit(0, r#"{"ok":true,"work":"fa"}"#, "");
+            let r = call(&mut p, &mut fs, "boxd_fork", r#"{"work":"w1"}"#, at());
+            let cmds = p.commands();
+            assert!(r.is_ok() && cmds.iter().any(|c| c.starts_with("machine fork oc-w1 oc-fa")), "{r:?} {cmds:?}");
+            assert_eq!(Ledger::new(&mut fs, "/l").require("fa").unwrap().state, WorkState::Open);
+        }
+    }
+}
+
+/// A fork claimed by another call (`creating`, no machine yet) is left to it while the
+/// claim is younger than FORK_CLAIM_MS, and forked again once it is older.
+#[test]
+fn a_young_claim_is_left_to_its_holder_and_an_old_one_is_taken_over() {
+    for (age, forked) in [(60_000, false), (FORK_CLAIM_MS, true)] {
+        let mut fs = open_work(None);
+        let (r, _) = fork_call(&mut fs, &["oc-w1"], &[], r#"{"maxRunningPerLedger":1}"#, r#"{"work":"w1","forks":["fa"]}"#);
+        assert_eq!(r.unwrap()["queued"], json!(["fa"]));
+        let now = 20 * 60_000;
+        Ledger::new(&mut fs, "/l").update("fa", |w| (w.state, w.created_ms) = (WorkState::Creating, now - age)).unwrap();
+        let raw = raw_at(now);
+        let mut p = Scripted::default();
+        p.push_exit(0, "1.18.33", "");
+        p.push_exit(0, OURS, "");
+        p.push_exit(0, r#"[{"name":"oc-w1","status":"running"}]"#, "");
+        p.push_fail(1, "error: VM 'oc-fa' not found");
+        if forked {
+            p.push_exit(0, r#"{"name":"oc-fa","id":"vm_fa","boot":"5ms"}"#, "");
+            p.push_exit(0, "", "");
+            p.push_exit(0, r#"{"ok":true,"work":"fa"}"#, "");
+        }
+        let v = call(&mut p, &mut fs, "boxd_fork", r#"{"work":"w1"}"#, raw).unwrap();
+        let forks = p.commands().iter().filter(|c| c.starts_with("machine fork")).count();
+        assert_eq!(forks, usize::from(forked), "{:?}", p.commands());
+        let fa = Ledger::new(&mut fs, "/l").require("fa").unwrap();
+        if forked {
+            assert_eq!((fa.state, fa.machine_id.as_deref()), (WorkState::Open, Some("vm_fa")));
+        } else {
+            assert_eq!((fa.state, fa.created_ms), (WorkState::Creating, now - age), "the holder's claim is left as it is");
+            assert!(v["next"].as_str().unwrap().contains("still being made"), "{v:#}");
+        }
+    }
+}
+
+/// A fork queued behind a cap copies the parent as it is when it is made: while a prompt
+/// reached the parent after the last harvest it waits (NOT_PROVEN, nothing forked), and
+/// once proven it is made, its record naming the prompt it was made at.
+#[test]
+fn a_queued_fork_copies_the_parent_as_it_is_now_and_waits_while_it_is_unproven() {
+    let mut fs = open_work(None);
+    let (r, _) = fork_call(&mut fs, &["oc-w1"], &[], r#"{"maxRunningPerLedger":1}"#, r#"{"work":"w1","forks":["fa"]}"#);
+    assert_eq!(r.unwrap()["queued"], json!(["fa"]));
+    Ledger::new(&mut fs, "/l").update("w1", |w| w.prompts.push(crate::ledger::Prompt { id: "p1".into(), admitted: true, ..Default::default() })).unwrap();
+    let cap3 = r#"{"maxRunningPerLedger":3}"#;
+    let (r, cmds) = fork_call(&mut fs, &["oc-w1"], &[], cap3, r#"{"work":"w1"}"#);
+    let v = r.unwrap();
+    assert_eq!((v["queued"].clone(), v["waiting"]["error"].as_str()), (json!(["fa"]), Some("NOT_PROVEN")), "{v:#}");
+    assert!(!cmds.iter().any(|c| c.starts_with("machine fork")), "{cmds:?}");
+    Ledger::new(&mut fs, "/l").update("w1", |w| w.proofs.push(crate::ledger::Proof { prompts: 1, ..Default::default() })).unwrap();
+    let (r, cmds) = fork_call(&mut fs, &["oc-w1"], &["fa"], cap3, r#"{"work":"w1"}"#);
+    assert_eq!(r.unwrap()["queued"], json!([]), "{cmds:?}");
+    let fa = Ledger::new(&mut fs, "/l").require("fa").unwrap();
+    assert_eq!((fa.state, fa.fork.and_then(|f| f.at_prompt)), (WorkState::Open, Some("p1".to_string())));
+}
+
+/// A parent dropped and its id ensured again is another work: the old parent's queued
+/// forks are not made from its machine (they stay queued, to be dropped on their own).
+#[test]
+fn forks_queued_by_a_dropped_parent_are_not_made_from_its_id_ensured_again() {
+    let mut fs = open_work(None);
+    let (r, _) = fork_call(&mut fs, &["oc-w1"], &[], r#"{"maxRunningPerLedger":1}"#, r#"{"work":"w1","forks":["fa"]}"#);
+    assert_eq!(r.unwrap()["queued"], json!(["fa"]));
+    Ledger::new(&mut fs, "/l").update("w1", |w| (w.created_at, w.machine_id) = ("2026-12-02T00:00:00Z".into(), Some("vm_1".into()))).unwrap();
+    let (r, cmds) = fork_call(&mut fs, &["oc-w1"], &[], r#"{"maxRunningPerLedger":3}"#, r#"{"work":"w1"}"#);
+    let v = r.unwrap();
+    assert_eq!(v["forks"], json!([]), "{v:#}");
+    assert!(!cmds.iter().any(|c| c.starts_with("machine fork")), "{cmds:?}");
+    assert_eq!(Ledger::new(&mut fs, "/l").require("fa").unwrap().state, WorkState::Queued);
+    let v = call(&mut Scripted::default(), &mut fs, "boxd_drop", r#"{"work":"fa"}"#, raw_context("{}", "{}")).unwrap();
+    assert_eq!(v["dropped"], true);
+}
+
+/// A fork whose machine landed but was never readied is adopted and counted once against
+/// the caps (the listing already shows it): the fork queued behind it is admitted.
+#[test]
+fn an_adopted_fork_counts_once_against_the_caps() {
+    let mut fs = open_work(None);
+    let (r, _) = fork_call(&mut fs, &["oc-w1"], &[], r#"{"maxRunningPerLedger":1}"#, r#"{"work":"w1","forks":["fa","fb"]}"#);
+    assert_eq!(r.unwrap()["queued"], json!(["fa", "fb"]));
+    Ledger::new(&mut fs, "/l").update("fa", |w| (w.state, w.machine_id) = (WorkState::Creating, Some("vm_fa".into()))).unwrap();
+    let mut p = Scripted::default();
+    p.push_exit(0, "1.18.33", "");
+    p.push_exit(0, OURS, "");
+    p.push_exit(0, r#"[{"name":"oc-w1","status":"running"},{"name":"oc-fa","status":"running"}]"#, "");
+    p.push_exit(0, &OURS.replace("oc-w1", "oc-fa").replace("vm_1", "vm_fa"), "");
+    p.push_exit(0, "", "");
+    p.push_exit(0, r#"{"ok":true,"work":"fa"}"#, "");
+    p.push_exit(0, OURS, "");
+    p.push_exit(0, r#"{"name":"oc-fb","id":"vm_fb","boot":"5ms"}"#, "");
+    p.push_exit(0, "", "");
+    p.push_exit(0, r#"{"ok":true,"work":"fb"}"#, "");
+    Ledger::new(&mut fs, "/l").update("w1", |w| w.helper_sha256 = Some(crate::encode::sha256_hex(crate::guest::HELPER))).unwrap();
+    let v = call(&mut p, &mut fs, "boxd_fork", r#"{"work":"w1"}"#, raw_context(r#"{"maxRunningPerLedger":3}"#, "{}")).unwrap();
+    assert_eq!((v["queued"].clone(), v["waiting"].clone()), (json!([]), Value::Null), "{v:#} {:?}", p.commands());
+    assert_eq!(Ledger::new(&mut fs, "/l").require("fb").unwrap().state, WorkState::Open);
+}
+
+/// A fork still being made holds nothing of its own, and its parent may be dropped (whose
+/// boxd_fork would then never finish it): drop removes its machine by the recorded id, or
+/// closes it when boxd has none; a machine under its name with no id recorded, or another
+/// id, is left alone.
+#[test]
+fn a_fork_still_being_made_is_dropped_whatever_its_parent_is_now() {
+    let landed = OURS.replace("oc-w1", "oc-fa").replace("vm_1", "vm_fa");
+    let cases: [(Option<&str>, Option<&str>, Result<&[&str], Code>); 4] = [
+        (Some("vm_fa"), Some(landed.as_str()), Ok(&["machine get oc-fa --json", "machine remove oc-fa -y --json"])),
+        (None, None, Ok(&["machine get oc-fa --json", "machine list --json"])),
+        (None, Some(landed.as_str()), Err(Code::CreateUncertain)),
+        (Some("vm_other"), Some(landed.as_str()), Err(Code::NotOurs)),
+    ];
+    for (id, get, want) in cases {
+        let mut fs = open_work(None);
+        let mut fa = Work::new("fa", "/p", "t");
+        (fa.state, fa.machine_id) = (WorkState::Creating, id.map(String::from));
+        fa.fork = Some(ForkOrigin { parent: "w1".into(), ..Default::default() });
+        Ledger::new(&mut fs, "/l").write(&fa).unwrap();
+        Ledger::new(&mut fs, "/l").update("w1", |w| w.state = WorkState::Closed).unwrap();
+        let mut p = Scripted::default();
+        match get {
+            Some(g) => p.push_exit(0, g, ""),
+            None => p.push_fail(1, "error: VM 'oc-fa' not found"),
+        }
+        p.push_exit(0, if id.is_some() { r#"{"name":"oc-fa","status":"destroyed"}"# } else { "[]" }, "");
+        let r = call(&mut p, &mut fs, "boxd_drop", r#"{"work":"fa"}"#, raw_at(2 * FORK_CLAIM_MS));
+        let state = Ledger::new(&mut fs, "/l").require("fa").unwrap().state;
+        match want {
+            Ok(cmds) => {
+                assert_eq!(r.map(|v| v["dropped"].clone()).ok(), Some(json!(true)), "{id:?} {:?}", p.commands());
+                assert_eq!(p.commands(), cmds, "{id:?}");
+                assert_eq!(state, WorkState::Closed);
+            }
+            Err(code) => {
+                let e = r.unwrap_err();
+                assert_eq!(e.code, code, "{id:?} {e:?}");
+                assert!(!p.commands().iter().any(|c| c.contains("remove")), "{id:?} {:?}", p.commands());
+                assert_eq!(state, WorkState::Creating);
+            }
+        }
+    }
+}
