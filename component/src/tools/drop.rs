@@ -194,9 +194,10 @@ fn plan(env: &mut Env, work: &str, machine: &str) -> ToolResult<Plan> {
 /// A fork still `creating` holds nothing of its own: no prompt reaches a fork before it
 /// opens, and its tree is a copy of the proven parent's. So it is dropped whatever its
 /// parent is now (a dropped parent's boxd_fork would never finish it): its machine removed
-/// once its recorded id is checked, or closed with no machine when boxd has none. Refused
-/// while a boxd_fork may still be making it (a young claim), and for a machine under its
-/// name with no id recorded, which cannot be told from someone else's.
+/// once its recorded id is checked, or closed with no machine when boxd has none (or the
+/// machine under its name was plainly not forked from the parent by us: left alone).
+/// Refused while a boxd_fork may still be making it (a young claim), and for a machine
+/// under its name with no id recorded that looks like our fork: only boxd_fork adopts it.
 fn unready_fork(env: &mut Env, w: &Work, parent: &str) -> ToolResult<Plan> {
     let (work, machine, ctx) = (&w.work, &w.machine, env.ctx);
     let again = format!("Call boxd_fork for work '{parent}' (it adopts the fork or makes it), or boxd_drop for work '{work}' again in a later turn.");
@@ -214,6 +215,11 @@ fn unready_fork(env: &mut Env, w: &Work, parent: &str) -> ToolResult<Plan> {
         }
         return Ok(Plan::Unready(None));
     };
+    if w.machine_id.is_none() && !super::machine::made_like_ours(&info, &format!("fork/{}", crate::paths::machine_name(parent)), ctx.options.idle_seconds()) {
+        // Not forked from the parent the way this plugin forks: someone else's, left alone;
+        // the fork never got a machine of its own.
+        return Ok(Plan::Unready(None));
+    }
     if w.machine_id.is_none() {
         return Err(ToolError::with_next(
             Code::CreateUncertain,
@@ -289,7 +295,11 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
             // once may have opened it, and then it closes as a gone machine's.
             return match close_when(&mut ledger, &work, ctx, |w| w.state == WorkState::Creating && w.machine_id == planned)? {
                 Ok((_, mut out)) => {
-                    out["next"] = json!("Done: the fork was still being made and held nothing of its own; its machine is removed and the work is closed.");
+                    out["next"] = json!(if planned.is_some() {
+                        "Done: the fork was still being made and held nothing of its own; its machine is removed and the work is closed."
+                    } else {
+                        "Done: the fork was still being made and had no machine of its own; the work is closed."
+                    });
                     Ok(out)
                 }
                 Err(w) if w.is_closed() => Ok(already_dropped(&w)),

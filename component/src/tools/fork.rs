@@ -85,7 +85,7 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
             let step = match w.state {
                 WorkState::Closed => continue,
                 WorkState::Queued | WorkState::Creating => {
-                    let adopted = if w.state == WorkState::Creating || w.machine_id.is_some() { adopt_fork(&mut boxd, &mut ledger, ctx, &w)? } else { None };
+                    let adopted = if w.state == WorkState::Creating || w.machine_id.is_some() { adopt_fork(&mut boxd, &mut ledger, ctx, &parent.machine, &w)? } else { None };
                     match adopted {
                         Some(step) => step,
                         None => {
@@ -236,13 +236,22 @@ pub const FORK_CLAIM_MS: u64 = crate::ledger::IN_FLIGHT_MS;
 /// A fork that is `creating` (a `machine fork` under way, or one that never answered), or
 /// whose machine is recorded: take up the machine under its name. None when there is none
 /// and no other call may still be making it (it is forked again).
-fn adopt_fork<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F>, ctx: &Context, w: &Work) -> ToolResult<Option<Step>> {
+fn adopt_fork<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F>, ctx: &Context, parent_machine: &str, w: &Work) -> ToolResult<Option<Step>> {
     let Some(info) = boxd.get(&w.machine).map_err(Failure::into_error)? else {
         let held = w.state == WorkState::Creating && w.machine_id.is_none() && ctx.now_ms.saturating_sub(w.created_ms) < FORK_CLAIM_MS;
         return Ok(held.then_some(Step::Elsewhere));
     };
     if info.id.is_empty() {
         return Err(ToolError::new(Code::NotOurs, format!("boxd gave no id for {}, so it cannot be checked against the ledger", info.name)));
+    }
+    // Taken by its name alone (no id recorded): only a machine forked from this parent with
+    // our idle bound can be the fork a call of ours made; another under the name is not.
+    if w.machine_id.is_none() && !super::machine::made_like_ours(&info, &format!("fork/{}", parent_machine), ctx.options.idle_seconds()) {
+        return Err(ToolError::with_next(
+            Code::NotOurs,
+            format!("{} exists, but it was not forked from {parent_machine} the way this plugin forks (source '{}', auto-hibernate '{}'); it is not adopted", info.name, info.source, info.auto_hibernate),
+            format!("Leave {} alone; drop fork '{}' (boxd_drop) and fork again under another id.", info.name, w.work),
+        ));
     }
     let mut owned = w.clone();
     owned.machine_id.get_or_insert_with(|| info.id.clone());

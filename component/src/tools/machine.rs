@@ -184,7 +184,7 @@ pub fn create_machine<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Le
             // made like ours may be another call's create of this work at once, or boxd
             // retrying this very create: it stays creating, for ensure to adopt.
             let info = if first { boxd.get(&machine).ok().flatten() } else { None };
-            match info.filter(|i| !made_like_ours(i, snapshot, ctx.options.idle_seconds())) {
+            match info.filter(|i| !made_like_ours(i, &format!("snapshot/{snapshot}"), ctx.options.idle_seconds())) {
                 Some(i) => {
                     let _ = ledger.update(work, |w| {
                         if w.state == WorkState::Creating && w.machine_id.is_none() {
@@ -242,10 +242,11 @@ pub fn create_machine<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Le
     Ok(w)
 }
 
-/// Whether a machine looks made by this plugin's create: from the golden snapshot, with
-/// the idle bound it sets. A field boxd does not give cannot tell against it.
-fn made_like_ours(info: &MachineInfo, snapshot: &str, idle_seconds: u32) -> bool {
-    let from_golden = info.source.is_empty() || info.source == format!("snapshot/{snapshot}") || info.source.starts_with(&format!("snapshot/{snapshot}:"));
+/// Whether a machine looks made by this plugin: from `source` (`snapshot/<golden>` for a
+/// create, any version of it; `fork/<parent's machine>` for a fork), with the idle bound it
+/// sets. A field boxd does not give cannot tell against it.
+pub(super) fn made_like_ours(info: &MachineInfo, source: &str, idle_seconds: u32) -> bool {
+    let from_golden = info.source.is_empty() || info.source == source || info.source.strip_prefix(source).is_some_and(|v| v.starts_with(':'));
     // `14400s`, or `off` for a bound of 0; any other form says nothing either way.
     let bound = match info.auto_hibernate.as_str() {
         "off" => Some(0),

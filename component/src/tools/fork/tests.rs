@@ -232,9 +232,11 @@ fn an_adopted_fork_counts_once_against_the_caps() {
 #[test]
 fn a_fork_still_being_made_is_dropped_whatever_its_parent_is_now() {
     let landed = OURS.replace("oc-w1", "oc-fa").replace("vm_1", "vm_fa");
-    let cases: [(Option<&str>, Option<&str>, Result<&[&str], Code>); 4] = [
+    let theirs = r#"{"name":"oc-fa","id":"vm_x","status":"running","source":"standalone"}"#;
+    let cases: [(Option<&str>, Option<&str>, Result<&[&str], Code>); 5] = [
         (Some("vm_fa"), Some(landed.as_str()), Ok(&["machine get oc-fa --json", "machine remove oc-fa -y --json"])),
         (None, None, Ok(&["machine get oc-fa --json", "machine list --json"])),
+        (None, Some(theirs), Ok(&["machine get oc-fa --json"])),
         (None, Some(landed.as_str()), Err(Code::CreateUncertain)),
         (Some("vm_other"), Some(landed.as_str()), Err(Code::NotOurs)),
     ];
@@ -265,6 +267,40 @@ fn a_fork_still_being_made_is_dropped_whatever_its_parent_is_now() {
                 assert!(!p.commands().iter().any(|c| c.contains("remove")), "{id:?} {:?}", p.commands());
                 assert_eq!(state, WorkState::Creating);
             }
+        }
+    }
+}
+
+/// A fork left `creating` with no machine id (its `machine fork` failed, the claim
+/// released) is adopted by name only when the machine there was forked from its parent
+/// with our idle bound: one made otherwise under that name is someone else's, refused
+/// untouched (no copy, no password).
+#[test]
+fn a_machine_under_a_forks_name_not_forked_from_its_parent_is_never_adopted() {
+    for (source, adopted) in [("fork/oc-w1", true), ("snapshot/other:v1", false), ("standalone", false)] {
+        let mut fs = open_work(None);
+        let mut fa = Work::new("fa", "/p", "t");
+        fa.state = WorkState::Creating;
+        fa.fork = Some(ForkOrigin { parent: "w1".into(), ..Default::default() });
+        Ledger::new(&mut fs, "/l").write(&fa).unwrap();
+        Ledger::new(&mut fs, "/l").update("w1", |w| w.helper_sha256 = Some(crate::encode::sha256_hex(crate::guest::HELPER))).unwrap();
+        let mut p = Scripted::default();
+        p.push_exit(0, "1.18.33", "");
+        p.push_exit(0, OURS, "");
+        p.push_exit(0, r#"[{"name":"oc-w1","status":"running"},{"name":"oc-fa","status":"running"}]"#, "");
+        p.push_exit(0, &format!(r#"{{"name":"oc-fa","id":"vm_fa","status":"running","source":"{source}"}}"#), "");
+        p.push_exit(0, "", "");
+        p.push_exit(0, r#"{"ok":true,"work":"fa"}"#, "");
+        let r = call(&mut p, &mut fs, "boxd_fork", r#"{"work":"w1"}"#, raw_at(2 * FORK_CLAIM_MS));
+        let fa = Ledger::new(&mut fs, "/l").require("fa").unwrap();
+        if adopted {
+            assert!(r.is_ok(), "{source}: {r:?}");
+            assert_eq!((fa.state, fa.machine_id.as_deref()), (WorkState::Open, Some("vm_fa")), "{source}");
+        } else {
+            let e = r.unwrap_err();
+            assert!(e.code == Code::NotOurs && e.message.contains(source), "{source}: {e:?}");
+            assert_eq!((fa.state, fa.machine_id), (WorkState::Creating, None), "{source}");
+            assert_eq!(p.commands().len(), 4, "nothing reached the machine: {:?}", p.commands());
         }
     }
 }
