@@ -12,11 +12,12 @@ import sys
 import traceback
 
 from .disk import FileLock, atomic_write, now_iso, read_json, read_text, sha256_hex, write_json
-from .files import discard, plan_files, read_requested, receive_files, send_requested, write_files
+from .files import discard, plan_files, read_requested, receive_files, send_requested, sweep_temps, write_files
 from .gitstate import ensure_git_exclude, ensure_repo, inventory, make_bundle
 from .opencode import Api, ApiError, find_opencode, opencode_env, opencode_version
 from .procs import kill_group, owned_alive
-from .protocol import EXIT_CRASH, EXIT_DOMAIN, EXIT_OK, EXIT_USAGE, PROMPT_MAX, Fail, Usage, emit, failure, mib
+from .protocol import (EXIT_CRASH, EXIT_DOMAIN, EXIT_OK, EXIT_USAGE, PROMPT_MAX, Fail, Usage, disk_full, emit,
+                       failure, mib, workspace_failure)
 from .pump import ensure_pump, run_pump, tick
 from .server import LISTEN_TIMEOUT, ensure_server
 from .state import PROMPT_ID_RE, SEEN_PROMPTS, SESSION_ID_RE, Work
@@ -79,6 +80,7 @@ def cmd_submit(args):
     work.require()
     if work.sealed_recently():
         raise Fail("SESSION_BUSY", "work %s was sealed for a drop moments ago; nothing was written or admitted" % work.id)
+    sweep_temps(work)
     # One line of JSON, then the files' frames (frames.py): the line is at most the prompt,
     # each character escaped (\uXXXX), and the file list.
     raw = sys.stdin.buffer.readline(6 * PROMPT_MAX + (1 << 20))
@@ -125,8 +127,11 @@ def cmd_submit(args):
         else:
             seq = st.next_seq
             entry = {"seq": seq, "promptId": prompt_id, "prompt": prompt, "admittedAt": now_iso()}
-            atomic_write(os.path.join(work.inbox, "%012d-%s.json" % (seq, prompt_id)),
-                         json.dumps(entry, ensure_ascii=True).encode("ascii"))
+            try:
+                atomic_write(os.path.join(work.inbox, "%012d-%s.json" % (seq, prompt_id)),
+                             json.dumps(entry, ensure_ascii=True).encode("ascii"))
+            except OSError as e:
+                raise workspace_failure(e, "admitting prompt %s" % prompt_id)
             st.next_seq = seq + 1
             st.seen = (st.seen + [prompt_id])[-SEEN_PROMPTS:]
             st.last_activity_at = now_iso()
@@ -473,5 +478,8 @@ def main(argv):
     except (TimeoutError, ApiError) as e:
         return emit(failure("GUEST_FAILED", str(e)), EXIT_DOMAIN)
     except Exception as e:  # a crash: say so on stdout too, so the laptop sees one JSON object
+        if disk_full(e):  # not a bug: the guest's disk is full wherever the write was
+            f = workspace_failure(e, "writing on the guest")
+            return emit(failure(f.kind, f.message), EXIT_DOMAIN)
         traceback.print_exc(file=sys.stderr)
         return emit(failure("GUEST_FAILED", "helper crashed: %s: %s" % (type(e).__name__, e)), EXIT_CRASH)

@@ -6,9 +6,14 @@ bytes travel as frames (frames.py), never in the JSON."""
 import errno
 import os
 import tempfile
+import time
 
 from .frames import copy_frame, send_frame
-from .protocol import CALL_MAX, FILE_MAX, Fail, mib
+from .protocol import CALL_MAX, FILE_MAX, Fail, mib, workspace_failure
+
+NAME_MAX = 255                      # bytes in one path component (Linux)
+PATH_MAX = 4096                     # bytes in a path, its terminating NUL included (Linux)
+TEMP_MAX_AGE = 3600                 # seconds: a receive temp older than this was left by a killed helper
 
 
 def safe_rel(rel):
@@ -25,6 +30,11 @@ def safe_rel(rel):
     return parts
 
 
+def too_long(parts):
+    """The first component longer than a file name may be, or None."""
+    return next((c for c in parts if len(c.encode("utf-8")) > NAME_MAX), None)
+
+
 def check_target(work, parts, kind):
     """Refuse symlinks and non-directories on the way to tree/parts; returns the absolute path."""
     cur = work.tree
@@ -34,6 +44,10 @@ def check_target(work, parts, kind):
             os.lstat(cur)
         except FileNotFoundError:
             return cur if i == len(parts) - 1 else os.path.join(cur, *parts[i + 1:])
+        except OSError as e:
+            if e.errno == errno.ENAMETOOLONG:  # no such file can exist
+                raise Fail("NAME_INVALID", "%s is too long a path for the guest's file system" % "/".join(parts), path="/".join(parts))
+            raise
         if os.path.islink(cur):
             raise Fail(kind, "%s is a symlink; refusing %s" % ("/".join(parts[:i + 1]), "/".join(parts)), path="/".join(parts))
         last = i == len(parts) - 1
@@ -106,12 +120,27 @@ def plan_files(work, files):
         parts = safe_rel(rel)
         if parts is None:
             raise Fail("NAME_INVALID", "files[%d].to %r must be a relative path inside the work tree (no '..', not under .boxd)" % (i, rel), path=rel)
+        long_name = too_long(parts)
+        if long_name is not None:
+            raise Fail("NAME_INVALID", "files[%d].to has a name of %d bytes; a file or folder name may have at most %d"
+                       % (i, len(long_name.encode("utf-8")), NAME_MAX), path=rel)
         key = "/".join(parts)
+        if len(os.path.join(work.tree, key).encode("utf-8")) >= PATH_MAX:
+            raise Fail("NAME_INVALID", "files[%d].to is too long a path: the work tree and it may have at most %d bytes"
+                       % (i, PATH_MAX - 1), path=rel)
         if key in seen_paths:
             raise Fail("NAME_INVALID", "%s is listed twice" % key, path=rel)
         seen_paths.add(key)
         target = check_target(work, parts, "NAME_INVALID")
         planned.append((parts, target))
+    # One target may not be a folder on the way to another: placing both would replace the
+    # first and then fail on the second, with the work tree half written.
+    for parts, _ in planned:
+        for j in range(1, len(parts)):
+            folder = "/".join(parts[:j])
+            if folder in seen_paths:
+                raise Fail("NAME_INVALID", "%s is both a file of this submit and a folder on the way to %s"
+                           % (folder, "/".join(parts)), path=folder)
     return planned
 
 
@@ -121,12 +150,15 @@ def receive_files(work, planned, stream):
     received, total = [], 0
     try:
         for parts, target in planned:
-            fd, temp = tempfile.mkstemp(prefix="in-", suffix=".boxd-tmp", dir=work.p("tmp"))
-            received.append((parts, target, temp))
             try:
-                size, _ = copy_frame(stream, fd, "/".join(parts))
-            finally:
-                os.close(fd)
+                fd, temp = tempfile.mkstemp(prefix="in-", suffix=".boxd-tmp", dir=work.p("tmp"))
+                received.append((parts, target, temp))
+                try:
+                    size, _ = copy_frame(stream, fd, "/".join(parts))
+                finally:
+                    os.close(fd)
+            except OSError as e:
+                raise workspace_failure(e, "receiving %s" % "/".join(parts))
             total += size
             if total > CALL_MAX:
                 raise Fail("FILE_TOO_LARGE", "the files add up to more than %s" % mib(CALL_MAX), path="/".join(parts))
@@ -134,6 +166,25 @@ def receive_files(work, planned, stream):
         discard(received)
         raise
     return received
+
+
+def sweep_temps(work, max_age=TEMP_MAX_AGE):
+    """Remove receive temps (.boxd/tmp/in-*) older than `max_age` seconds: a helper killed
+    while it received a submit's files (up to 32 MiB) left them. A live submit's are new."""
+    folder, now = work.p("tmp"), time.time()
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return
+    for name in names:
+        if not (name.startswith("in-") and name.endswith(".boxd-tmp")):
+            continue
+        path = os.path.join(folder, name)
+        try:
+            if now - os.lstat(path).st_mtime > max_age:
+                os.unlink(path)
+        except OSError:
+            pass
 
 
 def discard(received):
@@ -151,8 +202,13 @@ def write_files(work, received):
     flush per file costs ten times as much for many small files."""
     tree_real = os.path.realpath(work.tree)
     try:
+        # every target is checked before anything is placed (the agent may have changed the
+        # tree since plan_files), then each again right before its own rename
+        for parts, _, _ in received:
+            check_target(work, parts, "NAME_INVALID")
         for parts, target, temp in received:
             parent = os.path.dirname(target)
+            check_target(work, parts, "NAME_INVALID")
             os.makedirs(parent, exist_ok=True)
             check_target(work, parts, "NAME_INVALID")
             real_parent = os.path.realpath(parent)
@@ -168,6 +224,6 @@ def write_files(work, received):
         if received:
             os.sync()
     except OSError as e:
-        raise Fail("GUEST_WORKSPACE", "cannot write into the work tree: %s" % e)
+        raise workspace_failure(e, "writing into the work tree")
     finally:
         discard(received)  # those not moved: a failure part way

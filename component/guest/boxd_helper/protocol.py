@@ -2,6 +2,7 @@
 protocol.json (beside this package, at the root of the zipapp), the one file the component
 checks its own constants against. Also the way every command answers: one JSON object."""
 
+import errno
 import json
 import os
 import re
@@ -57,6 +58,19 @@ class Fail(Exception):
         self.kind = known_kind(kind)
         self.message = message
         self.extra = extra
+
+
+def disk_full(e):
+    """True for an OSError that says the guest's disk (or the user's quota) is full."""
+    return isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def workspace_failure(e, doing):
+    """The GUEST_WORKSPACE failure for an OSError met while `doing` something in the work."""
+    if disk_full(e):
+        return Fail("GUEST_WORKSPACE", "the guest's disk is full (%s while %s): free space on the machine, "
+                                       "then try again" % (e.strerror or e, doing))
+    return Fail("GUEST_WORKSPACE", "%s failed: %s" % (doing, e.strerror or e))
 
 
 class Usage(Exception):

@@ -1,0 +1,226 @@
+"""The inbox and a submit's files, in process against a fake OpenCode: every admitted prompt
+runs once and is reported as reached, whatever was killed where; a refused submit writes
+nothing; the failures a guest can meet (a name too long, a full disk) answer their kind.
+
+    python3 -m unittest discover -s tests/guest -p test_inbox.py -v
+"""
+
+import errno
+import hashlib
+import io
+import json
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+import types
+import unittest
+from pathlib import Path
+from unittest import mock
+
+SOURCE = Path(__file__).resolve().parents[2] / "component" / "guest"
+sys.dont_write_bytecode = True  # the folder build.rs watches stays unchanged
+sys.path.insert(0, str(SOURCE))
+from boxd_helper import cli, files, protocol, pump  # noqa: E402
+from boxd_helper.protocol import Fail  # noqa: E402
+from boxd_helper.state import Work  # noqa: E402
+
+SID = "ses_root1"
+
+
+def frame(data):
+    return b"%d\n" % len(data) + data + hashlib.sha256(data).hexdigest().encode() + b"\n"
+
+
+class ThreadSys:
+    """Stands in for `sys` in cli and protocol: stdin and stdout per thread, so two
+    submits can run at once in one process."""
+
+    def __init__(self):
+        self._t = threading.local()
+        self.stderr = io.StringIO()
+
+    def use(self, stdin):
+        self._t.stdin = types.SimpleNamespace(buffer=io.BytesIO(stdin))
+        self._t.stdout = types.SimpleNamespace(buffer=io.BytesIO())
+
+    @property
+    def stdin(self):
+        return self._t.stdin
+
+    @property
+    def stdout(self):
+        return self._t.stdout
+
+
+class FakeOpencode:
+    """Just enough of OpenCode's API for the pump: each prompt is a run that ends at once."""
+
+    def __init__(self):
+        self.sent, self.msgs = [], []
+
+    def __call__(self, port, password):
+        return self
+
+    def get(self, path, timeout=15.0):
+        if path == "/session/status":
+            return {}
+        if path.endswith("/message"):
+            return list(self.msgs)
+        if path in ("/permission", "/question"):
+            return []
+        return {"id": SID, "time": {}}
+
+    def call(self, method, path, body=None, timeout=15.0):
+        if path.endswith("/prompt_async"):
+            text = body["parts"][0]["text"]
+            self.sent.append(text)
+            self.msgs += [{"info": {"role": "user"}, "parts": []},
+                          {"info": {"role": "assistant", "time": {"completed": 1}, "finish": "stop"},
+                           "parts": [{"type": "text", "text": "done: " + text}]}]
+            return 204, None
+        raise AssertionError("unexpected call %s %s" % (method, path))
+
+
+class Inbox(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="boxd-inbox-")
+        self.addCleanup(shutil.rmtree, self.tmp, ignore_errors=True)
+        for patcher in (mock.patch.dict(os.environ, {"HOME": self.tmp}),
+                        mock.patch.object(cli, "ensure_server", lambda work, password, **kw: ("up", {"port": 1})),
+                        mock.patch.object(cli, "ensure_pump", lambda work: False),
+                        mock.patch.object(cli, "tick", lambda work, lock_timeout=10.0: None),
+                        mock.patch.object(cli, "opencode_busy", lambda work, password: False),
+                        mock.patch.object(cli, "ensure_git_exclude", lambda work: None)):
+            patcher.start()
+            self.addCleanup(patcher.stop)
+        self.sys = ThreadSys()
+        for module in (cli, protocol):
+            patcher = mock.patch.object(module, "sys", self.sys)
+            patcher.start()
+            self.addCleanup(patcher.stop)
+        self.work = Work("w1")
+        self.work.create()
+        with open(self.work.p("password"), "w") as f:
+            f.write("pw")
+        self.work.set_session_id(SID)
+        self.work.save_state(self.work.state())
+        self.tree = Path(self.work.tree)
+
+    # -- helpers
+    def submit(self, prompt_id, prompt="do it", files=(), frames=None):
+        """cli.main("submit"): (exit code, answer). files: [(to, bytes)]."""
+        payload = {"promptId": prompt_id, "prompt": prompt, "files": [{"to": to} for to, _ in files]}
+        body = b"".join(frame(data) for _, data in files) if frames is None else frames
+        self.sys.use(json.dumps(payload).encode() + b"\n" + body)
+        code = cli.main(["submit", "--work", "w1"])
+        return code, json.loads(self.sys.stdout.buffer.getvalue().decode())
+
+    def inbox(self):
+        return sorted(os.listdir(self.work.inbox))
+
+    def entry(self, seq, prompt_id, prompt="left by a killed submit"):
+        """An inbox entry as an admission writes it before its state write."""
+        path = os.path.join(self.work.inbox, "%012d-%s.json" % (seq, prompt_id))
+        with open(path, "w") as f:
+            json.dump({"seq": seq, "promptId": prompt_id, "prompt": prompt, "admittedAt": "t"}, f)
+
+    def pump(self, ticks=6):
+        """Run the pump against a fake OpenCode whose runs end at once: all it was sent."""
+        fake = self.opencode = getattr(self, "opencode", None) or FakeOpencode()
+        info = {"port": 1, "ready": True, "pid": 1}
+        with open(self.work.p("server.json"), "w") as f:
+            json.dump(info, f)
+        with mock.patch.object(pump, "Api", fake), mock.patch.object(pump, "owned_alive", lambda info, cwd: True):
+            for _ in range(ticks):
+                pump.tick(self.work, lock_timeout=5.0)
+        return fake.sent
+
+    def temps(self):
+        return sorted(os.listdir(self.work.p("tmp")))
+
+    # -- 2. a refused submit writes nothing
+    def test_a_target_that_is_a_folder_of_another_is_refused_before_any_frame(self):
+        (self.tree / "x.txt").write_bytes(b"the agent's edit\n")
+        both = [("x.txt", b"sent\n"), ("n", b"x"), ("n/b", b"y")]
+        code, out = self.submit("p1", files=both, frames=b"")
+        self.assertEqual((code, out["error"], out["path"]), (3, "NAME_INVALID", "n"), out)
+        code, out = self.submit("p1", files=both)
+        self.assertEqual((code, out["error"]), (3, "NAME_INVALID"), out)
+        code, out = self.submit("p1", files=[("x.txt", b"sent\n"), ("d/e/f", b"x"), ("d/e", b"y")])
+        self.assertEqual((code, out["error"]), (3, "NAME_INVALID"), out)
+        self.assertEqual((self.tree / "x.txt").read_bytes(), b"the agent's edit\n")
+        self.assertFalse((self.tree / "n").exists())
+        self.assertFalse((self.tree / "d").exists())
+        self.assertEqual((self.inbox(), self.temps()), ([], []))
+        code, out = self.submit("p1", files=[("n2", b"x"), ("n2b/c", b"y")])  # a shared prefix is no folder
+        self.assertEqual(code, 0, out)
+
+    def test_nothing_is_placed_until_every_target_is_checked(self):
+        outside = Path(self.tmp) / "outside"
+        outside.mkdir()
+        planned = files.plan_files(self.work, [{"to": "a.txt"}, {"to": "d/x.txt"}])
+        received = files.receive_files(self.work, planned, io.BytesIO(frame(b"a") + frame(b"x")))
+        os.symlink(str(outside), str(self.tree / "d"))  # the agent, meanwhile
+        with self.assertRaises(Fail) as e:
+            files.write_files(self.work, received)
+        self.assertEqual(e.exception.kind, "NAME_INVALID")
+        self.assertFalse((self.tree / "a.txt").exists())
+        self.assertEqual((os.listdir(outside), self.temps()), ([], []))
+
+    # -- 3. the kinds of the failures a guest meets
+    def test_a_name_too_long_is_name_invalid(self):
+        long_name = "x" * 256
+        for to in (long_name, "a/" + long_name + "/b", "\u00e9" * 128):
+            code, out = self.submit("p1", files=[(to, b"x")])
+            self.assertEqual((code, out["error"]), (3, "NAME_INVALID"), (to, out))
+        code, out = self.submit("p1", files=[("y" * 255, b"x")])
+        self.assertEqual(code, 0, out)
+        with self.assertRaises(Fail) as e:
+            files.read_requested(self.work, [long_name])
+        self.assertEqual(e.exception.kind, "NAME_INVALID")
+        code, out = self.submit("p1", files=[("/".join(["z" * 200] * 25), b"x")])  # past PATH_MAX
+        self.assertEqual((code, out["error"]), (3, "NAME_INVALID"), out)
+        self.assertEqual(self.inbox(), ["000000000001-p1.json"])
+
+    def test_a_full_disk_while_receiving_is_guest_workspace(self):
+        def full(stream, fd, what):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        with mock.patch.object(files, "copy_frame", full):
+            code, out = self.submit("p1", files=[("a.txt", b"a")])
+        self.assertEqual((code, out["error"]), (3, "GUEST_WORKSPACE"), out)
+        self.assertIn("disk is full", out["message"])
+        self.assertEqual((self.inbox(), self.temps()), ([], []))
+
+    def test_a_full_disk_writing_the_inbox_entry_is_guest_workspace(self):
+        real = cli.atomic_write
+
+        def atomic_write(path, data, **kw):
+            if "/inbox/" in path:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            return real(path, data, **kw)
+
+        with mock.patch.object(cli, "atomic_write", atomic_write):
+            code, out = self.submit("p1")
+        self.assertEqual((code, out["error"]), (3, "GUEST_WORKSPACE"), out)
+        self.assertIn("disk is full", out["message"])
+        self.assertEqual(self.work.resolved(["p1"]), {"p1": False})
+
+    # -- 4. receive temps a killed helper left
+    def test_a_submit_sweeps_old_receive_temps(self):
+        old, new, other = (Path(self.work.p("tmp")) / n for n in ("in-old.boxd-tmp", "in-new.boxd-tmp", "import-x.json"))
+        for p in (old, new, other):
+            p.write_bytes(b"x" * 1024)
+        two_hours_ago = time.time() - 7200
+        os.utime(old, (two_hours_ago, two_hours_ago))
+        os.utime(other, (two_hours_ago, two_hours_ago))
+        code, out = self.submit("p1")
+        self.assertEqual(code, 0, out)
+        self.assertEqual(self.temps(), ["import-x.json", "in-new.boxd-tmp"])
+
+
+if __name__ == "__main__":
+    unittest.main()
