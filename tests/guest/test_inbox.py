@@ -141,6 +141,99 @@ class Inbox(unittest.TestCase):
     def temps(self):
         return sorted(os.listdir(self.work.p("tmp")))
 
+    # -- 1. an admission killed between its inbox entry and its state write
+    def test_an_entry_left_by_a_killed_admission_is_numbered_past_and_counts_as_admitted(self):
+        self.entry(1, "p1", "first")  # state.json still says nextSeq 1 and has not seen p1
+        code, out = self.submit("p2", "second")
+        self.assertEqual(code, 0, out)
+        self.assertEqual(self.inbox(), ["000000000001-p1.json", "000000000002-p2.json"])
+        # a retry of the half-admitted prompt is a duplicate: its files are not written again
+        (self.tree / "f.txt").write_bytes(b"the agent's edit\n")
+        code, out = self.submit("p1", "first", files=[("f.txt", b"as sent\n")])
+        self.assertEqual((code, out.get("duplicate")), (0, True), out)
+        self.assertEqual((self.tree / "f.txt").read_bytes(), b"the agent's edit\n")
+        self.assertEqual(len(self.inbox()), 2)
+        self.assertEqual(self.work.resolved(["p1", "p2", "p3"]), {"p1": True, "p2": True, "p3": False})
+        self.assertEqual(self.pump(), ["first", "second"])
+        self.assertEqual(self.inbox(), [])
+        self.assertEqual(self.work.resolved(["p1", "p2"]), {"p1": True, "p2": True})
+
+    def test_the_pump_runs_entries_that_share_a_number_and_remembers_them(self):
+        # what an older helper left: two entries with one number, one of them never in `seen`
+        self.entry(1, "p1", "first")
+        self.entry(1, "p2", "second")
+        st = self.work.state()
+        st.next_seq, st.seen = 2, ["p1"]
+        self.work.save_state(st)
+        self.assertEqual(self.pump(), ["first", "second"])
+        self.assertEqual(self.inbox(), [])
+        st = self.work.state()
+        self.assertEqual((st.runs, st.current, st.dispatched_seq), (2, None, 1))
+        self.assertIn("p2", st.seen)
+        self.assertEqual(self.work.resolved(["p1", "p2"]), {"p1": True, "p2": True})
+        code, out = self.submit("p3", "third")
+        self.assertEqual(code, 0, out)
+        self.assertEqual(self.inbox(), ["000000000002-p3.json"])
+
+    def test_a_prompt_dispatched_from_a_half_admitted_entry_is_reported_as_reached(self):
+        self.entry(1, "p1", "first")
+        self.assertEqual(self.pump(ticks=1), ["first"])
+        self.assertEqual(self.work.resolved(["p1"]), {"p1": True}, "running")
+        self.assertEqual(self.pump(ticks=2), ["first"])
+        self.assertIsNone(self.work.state().current)
+        self.assertEqual(self.work.resolved(["p1"]), {"p1": True}, "ran")
+        self.assertEqual(self.work.state().newest_prompt, "p1")
+        code, out = self.submit("p1", "first")
+        self.assertEqual((code, out.get("duplicate")), (0, True), out)
+
+    def test_an_entry_dispatched_just_before_a_crash_is_removed_not_sent_again(self):
+        self.entry(1, "p1", "first")
+        st = self.work.state()
+        st.next_seq, st.dispatched_seq, st.runs, st.seen = 2, 1, 1, ["p1"]
+        st.current = {"seq": 1, "promptId": "p1", "sessionId": SID, "sentAt": "t", "baseCount": 0}
+        self.work.save_state(st)
+        self.assertEqual(self.pump(ticks=1), [])
+        self.assertEqual(self.inbox(), [])
+
+    def test_a_full_disk_at_the_state_write_answers_guest_workspace_and_admits_nothing(self):
+        def full(st):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        with mock.patch.object(Work, "save_state", lambda self, st: full(st)):
+            code, out = self.submit("p1")
+        self.assertEqual((code, out["error"]), (3, "GUEST_WORKSPACE"), out)
+        self.assertIn("disk is full", out["message"])
+        self.assertEqual(self.inbox(), [])
+        self.assertEqual(self.work.resolved(["p1"]), {"p1": False})
+
+    # -- 5. the duplicate check and the admission are one critical section
+    def test_two_simultaneous_submits_of_one_id_write_its_files_once(self):
+        real_write, placed, other = files.write_files, [], {}
+
+        def second_submit():
+            other["answer"] = self.submit("p1", files=[("f.txt", b"second\n")])
+
+        def write_files(work, received):
+            if received and not placed:
+                # the first submit is about to place its files: the same id arrives again
+                t = threading.Thread(target=second_submit)
+                t.start()
+                t.join(1.5)
+                other["thread"] = t
+            if received:
+                placed.append([r[0] for r in received])
+            return real_write(work, received)
+
+        with mock.patch.object(cli, "write_files", write_files):
+            code, out = self.submit("p1", files=[("f.txt", b"first\n")])
+            other["thread"].join(60)
+        self.assertEqual(code, 0, out)
+        self.assertEqual(len(placed), 1, "the files of one prompt are written once")
+        self.assertEqual(other["answer"][0], 0, other)
+        self.assertEqual([out.get("duplicate", False), other["answer"][1].get("duplicate", False)].count(True), 1)
+        self.assertEqual(len(self.inbox()), 1)
+        self.assertEqual(self.temps(), [])
+
     # -- 2. a refused submit writes nothing
     def test_a_target_that_is_a_folder_of_another_is_refused_before_any_frame(self):
         (self.tree / "x.txt").write_bytes(b"the agent's edit\n")

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import traceback
 
-from .disk import FileLock, atomic_write, now_iso, read_json, read_text, sha256_hex, write_json
+from .disk import FileLock, atomic_write, fsync_dir, now_iso, read_json, read_text, sha256_hex, write_json
 from .files import discard, plan_files, read_requested, receive_files, send_requested, sweep_temps, write_files
 from .gitstate import ensure_git_exclude, ensure_repo, inventory, make_bundle
 from .opencode import Api, ApiError, find_opencode, opencode_env, opencode_version
@@ -20,7 +20,7 @@ from .protocol import (EXIT_CRASH, EXIT_DOMAIN, EXIT_OK, EXIT_USAGE, PROMPT_MAX,
                        failure, mib, workspace_failure)
 from .pump import ensure_pump, run_pump, tick
 from .server import LISTEN_TIMEOUT, ensure_server
-from .state import PROMPT_ID_RE, SEEN_PROMPTS, SESSION_ID_RE, Work
+from .state import PROMPT_ID_RE, SESSION_ID_RE, Work
 
 
 def read_stdin():
@@ -104,38 +104,29 @@ def cmd_submit(args):
         raise Fail("ARGS_INVALID", "prompt is not valid Unicode (it holds a lone surrogate)")
     if len(prompt.encode("utf-8")) > PROMPT_MAX:
         raise Fail("FILE_TOO_LARGE", "the prompt is %d bytes; the limit is %s" % (len(prompt.encode("utf-8")), mib(PROMPT_MAX)))
-    received = receive_files(work, plan_files(work, files), sys.stdin.buffer)
-    if prompt_id in work.state().seen:
-        # A retry of a submit whose answer was lost: its files were placed then, and the
-        # agent may have changed them since. Putting them back would undo that work.
-        discard(received)
-    else:
-        write_files(work, received)
-    ensure_git_exclude(work)
-    # admit: durable before anything else can go wrong; "queued" is decided under the same
-    # lock the pump dispatches under, so the pump cannot start this prompt in between
     password = work.password()
+    received = receive_files(work, plan_files(work, files), sys.stdin.buffer)
+    # admit: the duplicate check, the files and the inbox entry are one critical section
+    # under the lock the pump dispatches under, so two submits of one id cannot both write
+    # files and the pump cannot start this prompt in between; "queued" is decided there too
     duplicate = False
-    with work.state_lock(30.0):
-        if work.sealed_recently():
-            raise Fail("SESSION_BUSY", "work %s was sealed for a drop moments ago; nothing was admitted" % work.id)
-        st = work.state()
-        waiting = work.waiting(st)
-        queued = bool(st.current) or bool(waiting) or opencode_busy(work, password)
-        if prompt_id in st.seen:
-            duplicate = True
-        else:
-            seq = st.next_seq
-            entry = {"seq": seq, "promptId": prompt_id, "prompt": prompt, "admittedAt": now_iso()}
-            try:
-                atomic_write(os.path.join(work.inbox, "%012d-%s.json" % (seq, prompt_id)),
-                             json.dumps(entry, ensure_ascii=True).encode("ascii"))
-            except OSError as e:
-                raise workspace_failure(e, "admitting prompt %s" % prompt_id)
-            st.next_seq = seq + 1
-            st.seen = (st.seen + [prompt_id])[-SEEN_PROMPTS:]
-            st.last_activity_at = now_iso()
-            work.save_state(st)
+    try:
+        with work.state_lock(30.0):
+            if work.sealed_recently():
+                raise Fail("SESSION_BUSY", "work %s was sealed for a drop moments ago; nothing was admitted" % work.id)
+            st = work.state()
+            entries = work.inbox_entries()
+            queued = bool(st.current) or bool(work.waiting(st)) or opencode_busy(work, password)
+            if prompt_id in work.admitted(st, entries):
+                # A retry of a submit whose answer was lost: its files were placed then, and
+                # the agent may have changed them since. Putting them back would undo that work.
+                duplicate = True
+            else:
+                write_files(work, received)
+                admit(work, st, entries, prompt_id, prompt)
+    finally:
+        discard(received)  # those not placed (a refusal, a duplicate, a failure part way)
+    ensure_git_exclude(work)
     # then start it now when nothing runs (else the pump does, within half a second)
     try:
         ensure_server(work, password)
@@ -155,6 +146,33 @@ def cmd_submit(args):
     if to_resolve:
         out["resolved"] = work.resolved(to_resolve)
     return out
+
+
+def admit(work, st, entries, prompt_id, prompt):
+    """Write the prompt's inbox entry durably, then the state that counts it. The entry is
+    the admission: a helper killed before the state write leaves it, and the next admission
+    numbers past it and counts its id as admitted (Work.admission_seq, Work.admitted)."""
+    seq = work.admission_seq(st, entries)
+    entry = {"seq": seq, "promptId": prompt_id, "prompt": prompt, "admittedAt": now_iso()}
+    path = os.path.join(work.inbox, "%012d-%s.json" % (seq, prompt_id))
+    try:
+        atomic_write(path, json.dumps(entry, ensure_ascii=True).encode("ascii"))
+    except OSError as e:
+        raise workspace_failure(e, "admitting prompt %s" % prompt_id)
+    st.next_seq = seq + 1
+    st.remember(prompt_id)
+    st.last_activity_at = now_iso()
+    try:
+        work.save_state(st)
+    except OSError as e:
+        # Answered as not admitted, so the entry goes too (if it cannot, it is admitted
+        # all the same: it runs, and resolve says so).
+        try:
+            os.unlink(path)
+            fsync_dir(work.inbox)
+        except OSError:
+            pass
+        raise workspace_failure(e, "admitting prompt %s" % prompt_id)
 
 
 def opencode_busy(work, password):

@@ -136,10 +136,11 @@ def tick(work, lock_timeout=10.0):
     """One step of the pump: follow the run in flight, or start the oldest queued prompt."""
     with work.state_lock(lock_timeout):
         st = work.state()
-        # drop inbox files that were already sent (a crash between send and unlink)
+        # drop inbox files that were already sent (a crash between send and unlink); only
+        # those this pump recorded as dispatched, never one because of its number alone
         entries = []
         for seq, name in work.inbox_entries():
-            if seq <= st.dispatched_seq:
+            if st.dispatched(seq, name):
                 try:
                     os.unlink(os.path.join(work.inbox, name))
                 except OSError:
@@ -260,7 +261,7 @@ def dispatch(work, st, info, entry):
     item = read_json(path)
     if not isinstance(item, dict) or not isinstance(item.get("prompt"), str):
         work.log("helper.log", "dropping unreadable inbox entry %s" % name)
-        st.dispatched_seq = max(st.dispatched_seq, seq)
+        st.mark_dispatched(seq, name)
         work.save_state(st)
         os.unlink(path)
         return
@@ -278,7 +279,7 @@ def dispatch(work, st, info, entry):
             # OpenCode will never take this prompt: record it as a failed run instead of looping
             st.current = {"seq": seq, "promptId": item.get("promptId"), "sessionId": work.session_id(), "sentAt": now_iso()}
             st.runs += 1
-            st.dispatched_seq = max(st.dispatched_seq, seq)
+            st.mark_dispatched(seq, name)
             work.finish_run(st, "failed", {"kind": "other", "message": "OpenCode refused the prompt: %s" % e}, "")
             work.save_state(st)
             os.unlink(path)
@@ -290,7 +291,7 @@ def dispatch(work, st, info, entry):
                      "baseCount": base_count, "idleTicks": 0, "idleSince": None,
                      "server": {k: info.get(k) for k in ("pid", "boot", "start", "cwd")}}
     st.runs += 1
-    st.dispatched_seq = max(st.dispatched_seq, seq)
+    st.mark_dispatched(seq, name)
     st.last_activity_at = now_iso(ts)
     work.save_state(st)
     try:

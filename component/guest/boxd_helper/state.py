@@ -13,6 +13,7 @@ from .protocol import LAST_TEXT_MAX, WORK_ID_MAX, WORK_RE, Fail
 
 STATE_VERSION = 1                   # the format of state.json
 SEEN_PROMPTS = 500                  # promptIds remembered for duplicate submits
+RAN_KEPT = 50                       # inbox entries the pump dispatched, remembered by name
 SEAL_HOLD_SECONDS = 60              # how long a seal refuses new prompts
 PROMPT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,79}$")
 SESSION_ID_RE = re.compile(r"^ses_[A-Za-z0-9]{1,64}$")
@@ -58,11 +59,12 @@ class State:
     last_activity_at: Optional[str] = None
     interrupt_pending: bool = False
     seen: list = field(default_factory=list)
+    ran: list = field(default_factory=list)     # names (without .json) of inbox entries dispatched
 
     # attribute -> key in state.json
     KEYS = {"next_seq": "nextSeq", "dispatched_seq": "dispatchedSeq", "runs": "runs", "current": "current",
             "last": "last", "last_activity_at": "lastActivityAt", "interrupt_pending": "interruptPending",
-            "seen": "seen"}
+            "seen": "seen", "ran": "ran"}
 
     @classmethod
     def from_json(cls, doc):
@@ -77,6 +79,34 @@ class State:
     @property
     def newest_prompt(self):
         return self.seen[-1] if self.seen else None
+
+    def remember(self, prompt_id):
+        """Add a promptId to `seen` (the newest last) unless it is there."""
+        if prompt_id not in self.seen:
+            self.seen = (self.seen + [prompt_id])[-SEEN_PROMPTS:]
+
+    def dispatched(self, seq, name):
+        """True when the pump has handed this inbox entry to OpenCode (or given up on it):
+        it is named in `ran`, or it is the run in flight or the last one. An entry whose
+        sequence number is at most dispatchedSeq is not therefore sent: entries admitted by
+        an older helper could share a number."""
+        if name[:-len(".json")] in self.ran:
+            return True
+        pid = entry_id(name)
+        return any(r and r.get("seq") == seq and r.get("promptId") == pid for r in (self.current, self.last))
+
+    def mark_dispatched(self, seq, name):
+        """Record that the pump handed the inbox entry `name` to OpenCode (or gave up on it)."""
+        self.dispatched_seq = max(self.dispatched_seq, seq)
+        key = name[:-len(".json")]
+        if key not in self.ran:
+            self.ran = (self.ran + [key])[-RAN_KEPT:]
+        self.remember(entry_id(name))
+
+
+def entry_id(name):
+    """The promptId of an inbox entry's file name (<seq>-<promptId>.json)."""
+    return name.split("-", 1)[1][:-len(".json")]
 
 
 def cut_text(text, limit):
@@ -165,7 +195,21 @@ class Work:
 
     def waiting(self, st):
         """The inbox entries OpenCode has not accepted yet."""
-        return [e for e in self.inbox_entries() if e[0] > st.dispatched_seq]
+        return [e for e in self.inbox_entries() if not st.dispatched(*e)]
+
+    def admitted(self, st, entries=None):
+        """Every promptId this work has admitted that it still remembers: those in `seen`,
+        those in the inbox (an admission killed before its state write left only its entry),
+        the run in flight and the last one."""
+        ids = set(st.seen)
+        ids.update(entry_id(name) for _, name in (self.inbox_entries() if entries is None else entries))
+        ids.update(r["promptId"] for r in (st.current, st.last) if r and isinstance(r.get("promptId"), str))
+        return ids
+
+    def admission_seq(self, st, entries):
+        """The sequence number of the next admission: past every number state.json knows
+        and past every entry in the inbox, so no two entries ever share one."""
+        return max([st.next_seq, st.dispatched_seq + 1] + [seq + 1 for seq, _ in entries])
 
     def state_lock(self, timeout=30.0):
         return FileLock(self.p("state.lock"), timeout)
@@ -208,10 +252,13 @@ class Work:
         about, and (export) the newest since its last proof."""
         if not ids:
             return {}
-        seen = set(self.state().seen) if self.exists() else set()
-        for _, name in self.inbox_entries():
-            seen.add(name.split("-", 1)[1][:-len(".json")])
-        return {i: i in seen for i in ids if isinstance(i, str) and PROMPT_ID_RE.match(i)}
+        if not self.exists():
+            return {i: False for i in ids if isinstance(i, str) and PROMPT_ID_RE.match(i)}
+        # The inbox first, then the state: the pump records an entry it dispatched in the
+        # state before it removes the entry, so a prompt is found in one or the other.
+        entries = self.inbox_entries()
+        known = self.admitted(self.state(), entries)
+        return {i: i in known for i in ids if isinstance(i, str) and PROMPT_ID_RE.match(i)}
 
     def sealed_recently(self):
         """A seal younger than SEAL_HOLD_SECONDS: a drop may be removing this machine."""
