@@ -6,6 +6,7 @@
 import { test, describe, after } from "node:test";
 import assert from "node:assert/strict";
 import { execFileSync } from "node:child_process";
+import dc from "node:diagnostics_channel";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
@@ -235,6 +236,26 @@ describe("the pool's children in its workers", { skip: missingPrerequisite() ?? 
     assert.deepEqual(await answer, { aborted: true });
     await new Promise((r) => setTimeout(r, 300));
     assert.equal(fs.existsSync(pids), false, "a child of the aborted call ran");
+  });
+
+  test("a worker that stops mid-call takes the children its call started on the plugin's thread", async () => {
+    const dir = scratch("pool-lost");
+    const pids = path.join(dir, "pids");
+    // `machine list` (the worker's own child) answers at once; `snapshots list`, started on
+    // the plugin's thread beside it, notes its pid and hangs.
+    const { g, ctx } = scriptedBoxd(dir, `#!/bin/sh\nif [ "$1" = snapshots ]; then echo $$ >> ${pids}; exec sleep 300; fi\necho '[]'\n`);
+    const workers = [];
+    const onWorker = ({ worker }) => workers.push(worker);
+    dc.subscribe("worker_threads", onWorker);
+    const pool = new poolLib.Pool(g, { max: 1 });
+    cleanup.push(() => pool.close());
+    const answer = pool.call("boxd_status", "{}", ctx());
+    const [child] = await readPids(pids, 1);
+    dc.unsubscribe("worker_threads", onWorker);
+    assert.equal(workers.length, 1, "the pool started one worker");
+    await workers[0].terminate();
+    assert.match((await answer).trap ?? "", /the component worker stopped/);
+    assert.ok(await waitGone(child), "the child outlived the worker that asked for it");
   });
 
   test("a call after close answers as a host failure at once", async () => {

@@ -171,6 +171,9 @@ export class Pool {
     const lost = (why) => {
       if (!this.#workers.includes(slot)) return;
       this.#workers = this.#workers.filter((s) => s !== slot);
+      // Its call's children go with it (those started here for it, and its own): nothing
+      // would read their answers, and once the call is answered no abort reaches them.
+      for (const kill of slot.job?.kills ?? []) kill();
       childThreads.delete(slot.tid);
       slot.job?.unwatch?.();
       if (slot.job) slot.job.resolve({ trap: `the component worker stopped: ${why}` });
