@@ -88,6 +88,8 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
         "lastText": last_text,
         "lastActivityAt": s.get("lastActivityAt").cloned().unwrap_or(Value::Null),
         "pending": pending,
+        // Which prompt the state and outcome are about: the run in flight's, else the last.
+        "promptId": if busy { s.pointer("/running/promptId") } else { s.get("promptId") }.cloned().unwrap_or(Value::Null),
         "spend": spend,
         "next": if busy {
             format!("Call boxd_job for work '{work}' again in a later turn.")
@@ -151,6 +153,24 @@ mod tests {
         p.push_exit(0, r#"{"state":"idle","outcome":"aborted","lastText":"stopped","pending":0}"#, "");
         let v = call(&mut p, &mut fs, "boxd_job", r#"{"work":"w1"}"#, raw_context("{}", "{}")).unwrap();
         assert_eq!((v["state"].as_str(), v["outcome"].as_str(), v["taskState"].as_str()), (Some("idle"), Some("aborted"), Some("cancelled")));
+    }
+
+    /// The answer names the prompt its state is about: the run in flight's while busy, the
+    /// last run's once idle (an outcome is never read as a later prompt's answer).
+    #[test]
+    fn the_job_answer_names_the_prompt_its_state_is_about() {
+        for (status, prompt) in [
+            (r#"{"state":"busy","promptId":"p1","running":{"promptId":"p2"}}"#, json!("p2")),
+            (r#"{"state":"idle","outcome":"completed","promptId":"p2"}"#, json!("p2")),
+            (r#"{"state":"idle"}"#, Value::Null),
+        ] {
+            let mut fs = open_work(None);
+            let mut p = Scripted::default();
+            p.push_exit(0, OURS, "");
+            p.push_exit(0, status, "");
+            let v = call(&mut p, &mut fs, "boxd_job", r#"{"work":"w1"}"#, raw_context("{}", "{}")).unwrap();
+            assert_eq!(v["promptId"], prompt, "{status}");
+        }
     }
 
     #[test]
