@@ -10,7 +10,7 @@ use super::machine::{owned_state, work_json};
 use super::{require_proven, work_arg, Env};
 use crate::boxd::{Boxd, Failure, State};
 use crate::errors::{Code, ToolError, ToolResult};
-use crate::ledger::{Ledger, Work};
+use crate::ledger::{Ledger, Work, WorkState};
 use crate::paths;
 
 /// What an image will do, decided from reads only (the ledger, the snapshot list, one
@@ -18,7 +18,32 @@ use crate::paths;
 enum Plan {
     /// This work's own save whose answer was lost (recorded before it ran).
     AlreadyMade(Work),
+    /// This work's own save whose answer was lost, and boxd holds it as `failed`: `run`
+    /// clears the name from `imagesPending` and refuses. Not a refusal in `check`, which
+    /// changes nothing: the call must reach `run` to settle the name.
+    Failed,
     Save(Work),
+}
+
+/// What boxd's listing says of a snapshot's capture, from its `status`.
+enum Capture {
+    /// `ready`, or no status at all (as an older CLI gives it): made.
+    Made,
+    Pending,
+    Failed,
+}
+
+fn capture(status: &str, name: &str) -> ToolResult<Capture> {
+    match status {
+        "" | "ready" => Ok(Capture::Made),
+        "pending" => Ok(Capture::Pending),
+        "failed" => Ok(Capture::Failed),
+        other => Err(ToolError::with_next(
+            Code::BoxdFailed,
+            format!("boxd lists snapshot '{name}' as {:?}, a status this plugin does not know; nothing was changed", crate::redact::redact(other, 40)),
+            format!("Call boxd_image again with name '{name}' in a later turn; if boxd keeps reporting it, look at it with 'boxd snapshots list'."),
+        )),
+    }
 }
 
 fn plan(env: &mut Env, work: &str, machine: &str, name: &str) -> ToolResult<Plan> {
@@ -30,14 +55,26 @@ fn plan(env: &mut Env, work: &str, machine: &str, name: &str) -> ToolResult<Plan
     super::require_open(&w)?;
     require_proven(&w)?;
     let mut boxd = Boxd::new(&mut env.programs, ctx.options.boxd_timeout_seconds);
-    if boxd.snapshots().map_err(Failure::into_error)?.iter().any(|s| s.name == name) {
-        // A rerun of this work's own save (its answer lost) is answered as made; the same
-        // name asked for after a later prompt would be a new save, which an existing
-        // snapshot cannot take (snapshots are immutable).
+    if let Some(listed) = boxd.snapshots().map_err(Failure::into_error)?.into_iter().find(|s| s.name == name) {
+        // A rerun of this work's own save (its answer lost) is answered as made once boxd
+        // holds it ready; the same name asked for after a later prompt would be a new save,
+        // which an existing snapshot cannot take (snapshots are immutable).
         let prompts = w.prompts.len() as u64;
         let made_at = w.images.iter().any(|n| n == name).then(|| w.images_at.get(name).copied());
         match made_at {
-            _ if w.images_pending.iter().any(|n| n == name) => return Ok(Plan::AlreadyMade(w)),
+            _ if w.images_pending.iter().any(|n| n == name) => {
+                return match capture(&listed.status, name)? {
+                    Capture::Made => Ok(Plan::AlreadyMade(w)),
+                    Capture::Failed => Ok(Plan::Failed),
+                    // The CLI blocks until the capture lands, so a save whose answer was
+                    // lost (a timeout) may still be landing.
+                    Capture::Pending => Err(ToolError::with_next(
+                        Code::SessionBusy,
+                        format!("work '{work}': boxd is still saving snapshot '{name}' (its status is pending); the save stays recorded as under way"),
+                        format!("Call boxd_image again for work '{work}' with name '{name}' in a minute: it answers the snapshot as made once boxd holds it ready."),
+                    )),
+                };
+            }
             Some(None) => return Ok(Plan::AlreadyMade(w)),
             Some(Some(at)) if at == prompts => return Ok(Plan::AlreadyMade(w)),
             Some(Some(at)) => {
@@ -64,7 +101,8 @@ fn plan(env: &mut Env, work: &str, machine: &str, name: &str) -> ToolResult<Plan
     Ok(Plan::Save(w))
 }
 
-/// The refusals an image gives before it records the save (see `plan`).
+/// The refusals an image gives before it records the save (see `plan`; a failed save of
+/// this work's own is refused by `run`, which clears its name).
 pub fn check(env: &mut Env, args: &Value) -> ToolResult<()> {
     let (work, machine) = work_arg(args)?;
     plan(env, &work, &machine, args.get("name").and_then(Value::as_str).unwrap_or_default()).map(|_| ())
@@ -93,14 +131,32 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
             out["next"] = json!(format!("Set \"snapshot\": \"{name}\" in the plugin options to boot new works from it."));
             return Ok(out);
         }
+        Plan::Failed => {
+            let n = name.clone();
+            ledger.update(&work, |w| w.images_pending.retain(|p| p != &n))?;
+            return Err(ToolError::with_next(
+                Code::SnapshotExists,
+                format!("boxd holds a failed save under the name '{name}' (this work's own, whose answer was lost): no snapshot was made, and the name is no longer recorded as under way"),
+                "Call boxd_image again with another name: boxd still holds the failed save under this one.",
+            ));
+        }
         Plan::Save(w) => w,
     };
-    let n = name.clone();
+    // Not while a drop is under way: its machine may be removed under the capture.
+    let (n, mut dropping) = (name.clone(), false);
     ledger.update(&work, |w| {
-        if !w.images_pending.contains(&n) {
+        dropping = w.state == WorkState::Dropping;
+        if !dropping && !w.images_pending.contains(&n) {
             w.images_pending.push(n);
         }
     })?;
+    if dropping {
+        return Err(ToolError::with_next(
+            Code::SessionBusy,
+            format!("work '{work}' is being dropped; no snapshot was saved"),
+            format!("Call boxd_status; if work '{work}' is still open, call boxd_image again."),
+        ));
+    }
     if let Err(f) = boxd.snapshot_save(&machine, &name) {
         return Err(crate::guest::failed_on(&mut boxd, &machine, &work, f));
     }
@@ -135,5 +191,72 @@ mod tests {
         let e = call(&mut p, &mut fs, "boxd_image", r#"{"work":"w1","name":"img"}"#, raw_context("{}", "{}")).unwrap_err();
         assert!(e.code == Code::MachineAsleep && e.message.contains("is hibernated") && e.next.contains("boxd_resume for work 'w1'"), "{e:?}");
         assert_eq!(Ledger::new(&mut fs, "/l").require("w1").unwrap().images_pending, ["img"]);
+    }
+
+    /// open_work with a save of "img" recorded as under way (its answer lost).
+    fn pending_img() -> crate::testing::MemFiles {
+        let mut fs = open_work(None);
+        let mut w = Ledger::new(&mut fs, "/l").require("w1").unwrap();
+        w.images_pending.push("img".into());
+        Ledger::new(&mut fs, "/l").write(&w).unwrap();
+        fs
+    }
+
+    /// A lost save's rerun is made only when boxd holds the snapshot ready (or, as an older
+    /// CLI lists it, with no status): one still pending is SESSION_BUSY and stays recorded
+    /// as under way; one boxd holds as failed is refused and its name cleared.
+    #[test]
+    fn a_lost_save_is_made_only_once_boxd_holds_it_ready() {
+        for listed in [r#"[{"name":"img","version":"v1","status":"ready"}]"#, r#"[{"name":"img"}]"#] {
+            let mut fs = pending_img();
+            let mut p = Scripted::default();
+            p.push_exit(0, listed, "");
+            let v = call(&mut p, &mut fs, "boxd_image", r#"{"work":"w1","name":"img"}"#, raw_context("{}", "{}")).unwrap();
+            assert_eq!(v["alreadyMade"], true, "{listed}");
+            let w = Ledger::new(&mut fs, "/l").require("w1").unwrap();
+            assert!(w.images_pending.is_empty() && w.images == ["img"], "{w:?}");
+        }
+
+        let mut fs = pending_img();
+        let mut p = Scripted::default();
+        p.push_exit(0, r#"[{"name":"img","version":"v1","status":"pending"}]"#, "");
+        let e = call(&mut p, &mut fs, "boxd_image", r#"{"work":"w1","name":"img"}"#, raw_context("{}", "{}")).unwrap_err();
+        assert!(e.code == Code::SessionBusy && e.message.contains("still saving") && e.next.contains("boxd_image again for work 'w1' with name 'img' in a minute"), "{e:?}");
+        let w = Ledger::new(&mut fs, "/l").require("w1").unwrap();
+        assert!(w.images_pending == ["img"] && w.images.is_empty(), "{w:?}");
+        assert_eq!(p.commands(), ["snapshots list --json"], "nothing saved");
+
+        let mut fs = pending_img();
+        let mut p = Scripted::default();
+        p.push_exit(0, r#"[{"name":"img","version":"v1","status":"failed"}]"#, "");
+        p.push_exit(0, r#"[{"name":"img","version":"v1","status":"failed"}]"#, "");
+        assert_eq!(crate::tools::check(&mut p, &mut fs, "boxd_image", r#"{"work":"w1","name":"img"}"#, raw_context("{}", "{}")), Ok(()), "the call must reach run to clear the name");
+        let e = call(&mut p, &mut fs, "boxd_image", r#"{"work":"w1","name":"img"}"#, raw_context("{}", "{}")).unwrap_err();
+        assert!(e.code == Code::SnapshotExists && e.message.contains("failed save") && e.next.contains("another name"), "{e:?}");
+        let w = Ledger::new(&mut fs, "/l").require("w1").unwrap();
+        assert!(w.images_pending.is_empty() && w.images.is_empty(), "{w:?}");
+
+        let mut fs = pending_img();
+        let mut p = Scripted::default();
+        p.push_exit(0, r#"[{"name":"img","status":"archiving-ish"}]"#, "");
+        let e = call(&mut p, &mut fs, "boxd_image", r#"{"work":"w1","name":"img"}"#, raw_context("{}", "{}")).unwrap_err();
+        assert_eq!(e.code, Code::BoxdFailed, "{e:?}");
+        assert_eq!(Ledger::new(&mut fs, "/l").require("w1").unwrap().images_pending, ["img"]);
+    }
+
+    /// A save is not started on a work a drop has marked: its remove would abort the capture.
+    #[test]
+    fn no_save_starts_while_the_work_is_being_dropped() {
+        let mut fs = open_work(None);
+        let mut w = Ledger::new(&mut fs, "/l").require("w1").unwrap();
+        w.state = crate::ledger::WorkState::Dropping;
+        Ledger::new(&mut fs, "/l").write(&w).unwrap();
+        let mut p = Scripted::default();
+        p.push_exit(0, "[]", "");
+        p.push_exit(0, OURS, "");
+        let e = call(&mut p, &mut fs, "boxd_image", r#"{"work":"w1","name":"img"}"#, raw_context("{}", "{}")).unwrap_err();
+        assert_eq!(e.code, Code::SessionBusy, "{e:?}");
+        assert!(!p.commands().iter().any(|c| c.starts_with("snapshots save")), "{:?}", p.commands());
+        assert!(Ledger::new(&mut fs, "/l").require("w1").unwrap().images_pending.is_empty());
     }
 }
