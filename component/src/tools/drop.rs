@@ -187,6 +187,7 @@ fn plan(env: &mut Env, work: &str, machine: &str) -> ToolResult<Plan> {
             ));
         }
     }
+    require_saving(&w)?;
     require_proven(&w)?;
     Ok(Plan::Live(w))
 }
@@ -229,6 +230,18 @@ fn unready_fork(env: &mut Env, w: &Work, parent: &str) -> ToolResult<Plan> {
     }
     check_machine(w, &info)?;
     Ok(Plan::Unready(w.machine_id.clone()))
+}
+
+/// SESSION_BUSY while a snapshot save of the work is recorded as under way (its answer was
+/// lost): the capture may still be landing, and removing the machine would abort it and
+/// leave the name stuck pending on boxd. boxd_image for that name settles it.
+fn require_saving(w: &Work) -> ToolResult<()> {
+    let Some(name) = w.images_pending.first() else { return Ok(()) };
+    Err(ToolError::with_next(
+        Code::SessionBusy,
+        format!("work '{}': the save of snapshot '{name}' never answered, so boxd may still be capturing {}; nothing was destroyed", w.work, w.machine),
+        format!("Call boxd_image for work '{}' with name '{name}' again (it answers it made, still saving, or failed and cleared), then boxd_drop.", w.work),
+    ))
 }
 
 /// The refusals a drop gives before it changes anything (see `plan`).
@@ -317,9 +330,10 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
     // a prompt, and one recorded since the plan must be asked about and checked. Only an
     // open (or half-dropped) work is marked: another drop at once may have closed it since
     // the plan, and the work may even have been ensured again, on another machine.
+    // A save recorded since the plan (a boxd_image at once) holds the work too.
     let planned = w.machine_id.clone();
     let w = ledger.update(&work, |w| {
-        if matches!(w.state, WorkState::Open | WorkState::Dropping) && w.machine_id == planned {
+        if matches!(w.state, WorkState::Open | WorkState::Dropping) && w.machine_id == planned && w.images_pending.is_empty() {
             w.state = WorkState::Dropping;
             w.dropping_ms = ctx.now_ms;
         }
@@ -327,6 +341,7 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
     if w.is_closed() {
         return Ok(already_dropped(&w));
     }
+    require_saving(&w)?;
     if w.state != WorkState::Dropping {
         return Err(changed(&w, "nothing was destroyed"));
     }
@@ -544,6 +559,27 @@ mod tests {
         assert_eq!(v["dropped"], true, "{v:#}");
         assert!(v.get("unrecovered").is_none(), "everything was checked before the machine went: {v:#}");
         assert!(Ledger::new(&mut fs, "/l").require("w1").unwrap().is_closed());
+    }
+
+    /// A save whose answer was lost may still be capturing the machine: drop refuses before
+    /// anything is sealed or removed, naming boxd_image to settle it, in its one `get`. A
+    /// gone machine has no capture left to abort: its work closes as any gone one does.
+    #[test]
+    fn a_drop_waits_for_a_save_recorded_as_under_way() {
+        let mut fs = work_with(Some(GitRecord::default()));
+        let mut w = Ledger::new(&mut fs, "/l").require("w1").unwrap();
+        w.images_pending.push("img".into());
+        Ledger::new(&mut fs, "/l").write(&w).unwrap();
+        let mut p = Scripted::default();
+        p.push_exit(0, OURS, "");
+        let e = call(&mut p, &mut fs, "boxd_drop", r#"{"work":"w1"}"#, raw()).unwrap_err();
+        assert!(e.code == Code::SessionBusy && e.message.contains("'img'") && e.next.contains("boxd_image for work 'w1' with name 'img' again"), "{e:?}");
+        assert_eq!(p.commands(), ["machine get oc-w1 --json"], "nothing sealed or removed");
+        assert_eq!(Ledger::new(&mut fs, "/l").require("w1").unwrap().state, WorkState::Open);
+        let mut p = Scripted::default();
+        p.push_fail(1, "error: VM 'oc-w1' not found");
+        p.push_exit(0, "[]", "");
+        assert_eq!(call(&mut p, &mut fs, "boxd_drop", r#"{"work":"w1"}"#, raw()).unwrap()["dropped"], true);
     }
 
     #[test]
