@@ -176,6 +176,38 @@ pub struct Snapshot {
     pub status: String,
 }
 
+/// Where a listed snapshot's capture is, from its `status` (`pending|ready|failed`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Capture {
+    /// `ready`, or no status at all (as an older CLI may list it).
+    Ready,
+    /// Still being captured: a machine removed now aborts it, and nothing boots from it yet.
+    Pending,
+    Failed,
+    /// A status word this plugin does not know: nothing is decided on it.
+    Unknown,
+}
+
+impl Snapshot {
+    pub fn capture(&self) -> Capture {
+        match self.status.as_str() {
+            "" | "ready" => Capture::Ready,
+            "pending" => Capture::Pending,
+            "failed" => Capture::Failed,
+            _ => Capture::Unknown,
+        }
+    }
+
+    /// BOXD_FAILED for a status this plugin does not know; nothing was changed.
+    pub fn unknown_status(&self) -> ToolError {
+        ToolError::with_next(
+            Code::BoxdFailed,
+            format!("boxd lists snapshot '{}' as {:?}, a status this plugin does not know; nothing was changed", self.name, crate::redact::redact(&self.status, 40)),
+            "Call again in a later turn; if boxd keeps reporting it, look at the snapshot with 'boxd snapshots list'.",
+        )
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Created {
     pub id: Option<String>,

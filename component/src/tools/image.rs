@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 
 use super::machine::{owned_state, work_json};
 use super::{require_proven, work_arg, Env};
-use crate::boxd::{Boxd, Failure, State};
+use crate::boxd::{Boxd, Capture, Failure, State};
 use crate::errors::{Code, ToolError, ToolResult};
 use crate::ledger::{Ledger, Work, WorkState};
 use crate::paths;
@@ -23,27 +23,6 @@ enum Plan {
     /// changes nothing: the call must reach `run` to settle the name.
     Failed,
     Save(Work),
-}
-
-/// What boxd's listing says of a snapshot's capture, from its `status`.
-enum Capture {
-    /// `ready`, or no status at all (as an older CLI gives it): made.
-    Made,
-    Pending,
-    Failed,
-}
-
-fn capture(status: &str, name: &str) -> ToolResult<Capture> {
-    match status {
-        "" | "ready" => Ok(Capture::Made),
-        "pending" => Ok(Capture::Pending),
-        "failed" => Ok(Capture::Failed),
-        other => Err(ToolError::with_next(
-            Code::BoxdFailed,
-            format!("boxd lists snapshot '{name}' as {:?}, a status this plugin does not know; nothing was changed", crate::redact::redact(other, 40)),
-            format!("Call boxd_image again with name '{name}' in a later turn; if boxd keeps reporting it, look at it with 'boxd snapshots list'."),
-        )),
-    }
 }
 
 fn plan(env: &mut Env, work: &str, machine: &str, name: &str) -> ToolResult<Plan> {
@@ -63,9 +42,10 @@ fn plan(env: &mut Env, work: &str, machine: &str, name: &str) -> ToolResult<Plan
         let made_at = w.images.iter().any(|n| n == name).then(|| w.images_at.get(name).copied());
         match made_at {
             _ if w.images_pending.iter().any(|n| n == name) => {
-                return match capture(&listed.status, name)? {
-                    Capture::Made => Ok(Plan::AlreadyMade(w)),
+                return match listed.capture() {
+                    Capture::Ready => Ok(Plan::AlreadyMade(w)),
                     Capture::Failed => Ok(Plan::Failed),
+                    Capture::Unknown => Err(listed.unknown_status()),
                     // The CLI blocks until the capture lands, so a save whose answer was
                     // lost (a timeout) may still be landing.
                     Capture::Pending => Err(ToolError::with_next(

@@ -7,7 +7,7 @@ use alloc::string::ToString;
 use alloc::vec::Vec;
 use serde_json::{json, Value};
 
-use crate::boxd::{Boxd, Failure, MachineInfo, State};
+use crate::boxd::{Boxd, Capture, Failure, MachineInfo, State};
 use crate::caps::{Files, Programs};
 use crate::errors::{Code, ToolError, ToolResult};
 use crate::ledger::{iso8601, Ledger, Work, WorkState};
@@ -103,16 +103,35 @@ pub enum Build<'d> {
     Rebuild,
 }
 
-/// SNAPSHOT_MISSING unless the golden snapshot (the `snapshot` option) exists.
+/// SNAPSHOT_MISSING unless the golden snapshot (the `snapshot` option) exists and boxd
+/// holds it ready: nothing boots from a capture still `pending` or one that `failed`.
 pub fn require_golden<P: Programs>(boxd: &mut Boxd<P>, ctx: &Context, machine: &str, build: Build) -> ToolResult<()> {
     let snapshot = &ctx.options.snapshot;
-    if boxd.snapshots().map_err(Failure::into_error)?.iter().any(|s| &s.name == snapshot) {
-        return Ok(());
+    let nothing = match build {
+        Build::New { .. } => "so no machine was created".to_string(),
+        Build::Rebuild => format!("so {machine}, which is gone, was not rebuilt"),
+    };
+    let listed = boxd.snapshots().map_err(Failure::into_error)?.into_iter().find(|s| &s.name == snapshot);
+    let Some(listed) = listed else {
+        return Err(ToolError::new(Code::SnapshotMissing, match build {
+            Build::New { .. } => format!("the golden snapshot '{snapshot}' does not exist, so no machine was created"),
+            Build::Rebuild => format!("{machine} is gone and the golden snapshot '{snapshot}' does not exist to rebuild it"),
+        }));
+    };
+    match listed.capture() {
+        Capture::Ready => Ok(()),
+        Capture::Pending => Err(ToolError::with_next(
+            Code::SnapshotMissing,
+            format!("boxd is still saving the golden snapshot '{snapshot}' (its status is pending), {nothing}"),
+            "Call again in a minute, once boxd_status shows the golden snapshot ready; if it stays pending, build the golden image again under another name (boxd-host golden --name) and set the snapshot option to it.",
+        )),
+        Capture::Failed => Err(ToolError::with_next(
+            Code::SnapshotMissing,
+            format!("boxd holds the golden snapshot '{snapshot}' as failed: its capture never landed, {nothing}"),
+            "Build the golden image again under another name (boxd-host golden --name, see docs/golden-image.md), then set the snapshot option to it.",
+        )),
+        Capture::Unknown => Err(listed.unknown_status()),
     }
-    Err(ToolError::new(Code::SnapshotMissing, match build {
-        Build::New { .. } => format!("the golden snapshot '{snapshot}' does not exist, so no machine was created"),
-        Build::Rebuild => format!("{machine} is gone and the golden snapshot '{snapshot}' does not exist to rebuild it"),
-    }))
 }
 
 /// Create the work's machine from the golden snapshot. Intent before effect: the work is
@@ -352,6 +371,31 @@ mod tests {
     use crate::ledger::GitRecord;
     use crate::testing::{open_work, raw_context, Scripted, OURS};
     use crate::tools::call;
+
+    /// A golden snapshot boots a machine only once boxd holds it ready (or lists it with no
+    /// status, as an older CLI may): a capture still pending or one that failed is
+    /// SNAPSHOT_MISSING saying which, and a status this plugin does not know BOXD_FAILED.
+    #[test]
+    fn only_a_ready_golden_snapshot_boots_a_machine() {
+        let ctx = crate::tools::context(raw_context("{}", "{}")).unwrap();
+        let golden = |status: &str| {
+            let mut p = Scripted::default();
+            p.push_exit(0, &alloc::format!(r#"[{{"name":"opencode-golden","version":"v1"{status}}}]"#), "");
+            let mut boxd = Boxd::new(&mut p, 10);
+            require_golden(&mut boxd, &ctx, "oc-w1", Build::New { directory: "" })
+        };
+        assert_eq!(golden(r#","status":"ready""#), Ok(()));
+        assert_eq!(golden(""), Ok(()));
+        let e = golden(r#","status":"pending""#).unwrap_err();
+        assert!(e.code == Code::SnapshotMissing && e.message.contains("still saving") && e.message.contains("no machine was created") && e.next.contains("in a minute"), "{e:?}");
+        let e = golden(r#","status":"failed""#).unwrap_err();
+        assert!(e.code == Code::SnapshotMissing && e.message.contains("as failed") && e.next.contains("another name"), "{e:?}");
+        assert_eq!(golden(r#","status":"weird""#).unwrap_err().code, Code::BoxdFailed);
+        let mut p = Scripted::default();
+        p.push_exit(0, r#"[{"name":"opencode-golden","status":"pending"}]"#, "");
+        let e = require_golden(&mut Boxd::new(&mut p, 10), &ctx, "oc-w1", Build::Rebuild).unwrap_err();
+        assert!(e.message.contains("oc-w1, which is gone, was not rebuilt"), "{e:?}");
+    }
 
     /// Every tool that acts on a work's machine, with arguments that pass their own checks.
     const MACHINE_TOOLS: [(&str, &str); 7] = [

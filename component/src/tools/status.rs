@@ -39,7 +39,19 @@ pub fn run(env: &mut Env, _args: &Value) -> ToolResult<Value> {
     let snapshot = if listing.is_ok() {
         match snapshots {
             Ok(list) => match list.iter().find(|s| s.name == opts.snapshot) {
-                Some(s) => json!({ "name": opts.snapshot, "present": true, "version": s.version, "status": s.status }),
+                Some(s) => {
+                    // Present, but nothing boots from it yet (or ever): say so in `next`.
+                    match s.capture() {
+                        crate::boxd::Capture::Pending => {
+                            next.get_or_insert_with(|| "boxd is still saving the golden snapshot: call boxd_status again in a minute, before creating a machine.".into());
+                        }
+                        crate::boxd::Capture::Failed => {
+                            next.get_or_insert_with(|| "The golden snapshot's capture failed: build the golden image again under another name (boxd-host golden --name), then set the snapshot option to it.".into());
+                        }
+                        _ => {}
+                    }
+                    json!({ "name": opts.snapshot, "present": true, "version": s.version, "status": s.status })
+                }
                 None => {
                     next.get_or_insert_with(|| Code::SnapshotMissing.next().into());
                     json!({ "name": opts.snapshot, "present": false })
