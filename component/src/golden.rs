@@ -14,7 +14,7 @@ use alloc::vec::Vec;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::boxd::{sh_quote, Boxd};
+use crate::boxd::{sh_quote, Boxd, Capture, Failure};
 use crate::caps::{Files, Programs};
 use crate::errors::{Code, ToolError, ToolResult};
 use crate::ledger::{BuildMachine, Ledger};
@@ -216,21 +216,31 @@ pub fn build<P: Programs, F: Files>(programs: &mut P, files: &mut F, ctx: &Conte
     // next build can find and remove (remove_left_behind).
     let mut record = BuildMachine { machine: machine.clone(), id: None, started_at_ms: ctx.now_ms, ended: false };
     ledger.note_build_machine(&record)?;
-    record.id = boxd.create_bare(&machine).map_err(|f| f.into_error())?;
+    record.id = match boxd.create_bare(&machine) {
+        Ok(id) => id,
+        Err(f) => return Err(create_failed(&mut boxd, &mut ledger, &record, f)),
+    };
     if record.id.is_some() {
         ledger.note_build_machine(&record)?;
     }
     steps.push(format!("writing the OpenCode config, then installing OpenCode {version}"));
     let installed = install(&mut boxd, &machine, &spec, &version, &config, &mut steps);
+    if let Err(Stop { error, landing: true }) = installed {
+        // A capture may still be landing: removing the machine would abort it and leave the
+        // name stuck pending. Its record stays as it is (not ended), so a later build removes
+        // it once this build is certainly over (`abandoned_after_ms`).
+        steps.push(format!("leaving build machine {machine}: its capture may still be landing"));
+        return Err(error);
+    }
     steps.push(format!("removing build machine {machine}"));
     let removed = boxd.remove(&machine).is_ok();
     // A record that stays is handled by the next build: found gone and forgotten, or removed.
     let _ = if removed { ledger.forget_build_machine(&machine) } else { ledger.note_build_machine(&BuildMachine { ended: true, ..record }) };
-    let installed = installed.map_err(|mut e| {
+    let installed = installed.map_err(|Stop { mut error, .. }| {
         if !removed {
-            e.message = format!("{}; the build machine {machine} could not be removed: remove it with 'boxd machine remove {machine} -y'", e.message);
+            error.message = format!("{}; the build machine {machine} could not be removed: remove it with 'boxd machine remove {machine} -y'", error.message);
         }
-        e
+        error
     })?;
     Ok(json!({
         "snapshot": spec.snapshot,
@@ -243,12 +253,54 @@ pub fn build<P: Programs, F: Files>(programs: &mut P, files: &mut F, ctx: &Conte
     }))
 }
 
+/// How many times a save that timed out is looked for in the listing before the build
+/// gives up on knowing how it ended.
+const SAVE_LOOKS: u32 = 3;
+
 /// A build's recorded machine is certainly abandoned once this long has passed: the sum of
-/// the timeouts of a build's own calls (new, the install, the snapshot, remove), plus a
-/// margin for the host's own work. A younger one may belong to a build still running.
+/// the timeouts of a build's own calls (new and its `get`, the install, the second look at
+/// the snapshot name, the save (five) and its looks, remove), plus a margin for the host's
+/// own work. A younger one may belong to a build still running.
 fn abandoned_after_ms(ctx: &Context) -> u64 {
     let boxd = u64::from(ctx.options.boxd_timeout_seconds);
-    (u64::from(INSTALL_SECONDS) + 7 * boxd + 600) * 1000
+    (u64::from(INSTALL_SECONDS) + (9 + u64::from(SAVE_LOOKS)) * boxd + 600) * 1000
+}
+
+/// A `machine new` of the build machine that failed or timed out may have landed all the
+/// same: one `get` of its name, and it is removed when it is there (the name is this
+/// build's own `golden-build-<hex>`, made a moment ago). The error names the machine either
+/// way; the record stays for the next build whenever the machine may still be there.
+fn create_failed<P: Programs, F: Files>(boxd: &mut Boxd<'_, P>, ledger: &mut Ledger<'_, F>, record: &BuildMachine, f: Failure) -> ToolError {
+    let machine = &record.machine;
+    let timed_out = matches!(f, Failure::Timeout(_));
+    let mut e = f.into_error();
+    let fate = match boxd.get(machine) {
+        Ok(Some(_)) if is_build_machine_name(machine) => match boxd.remove(machine) {
+            Ok(()) => {
+                let _ = ledger.forget_build_machine(machine);
+                format!("build machine {machine} had been made all the same, and was removed")
+            }
+            Err(r) => {
+                let _ = ledger.note_build_machine(&BuildMachine { ended: true, ..record.clone() });
+                format!("build machine {machine} had been made all the same, and could not be removed ({}): remove it with 'boxd machine remove {machine} -y' (the next golden build tries too)", r.into_error().message)
+            }
+        },
+        Ok(None) if !timed_out => {
+            let _ = ledger.forget_build_machine(machine);
+            format!("build machine {machine} was not made")
+        }
+        // A create that timed out may still land after the look.
+        Ok(_) => {
+            let _ = ledger.note_build_machine(&BuildMachine { ended: true, ..record.clone() });
+            format!("build machine {machine} was not there yet and may still appear: the next golden build removes it, or remove it with 'boxd machine remove {machine} -y'")
+        }
+        Err(g) => {
+            let _ = ledger.note_build_machine(&BuildMachine { ended: true, ..record.clone() });
+            format!("whether build machine {machine} was made is not known ({}): the next golden build removes it, or remove it with 'boxd machine remove {machine} -y'", g.into_error().message)
+        }
+    };
+    e.message = format!("creating the build machine failed: {}; {fate}", e.message);
+    e
 }
 
 /// Only names a build makes: a record edited to name another machine is never acted on.
@@ -305,18 +357,85 @@ fn laptop_opencode<P: Programs>(programs: &mut P, ctx: &Context) -> ToolResult<S
     })
 }
 
-fn install<P: Programs>(boxd: &mut Boxd<'_, P>, machine: &str, spec: &Spec, version: &str, config: &str, steps: &mut Vec<String>) -> ToolResult<String> {
+/// Why the install (or its save) stopped; `landing`: the save's capture may still be
+/// landing, so the build machine must not be removed yet.
+struct Stop {
+    error: ToolError,
+    landing: bool,
+}
+
+impl From<ToolError> for Stop {
+    fn from(error: ToolError) -> Self {
+        Stop { error, landing: false }
+    }
+}
+
+fn install<P: Programs>(boxd: &mut Boxd<'_, P>, machine: &str, spec: &Spec, version: &str, config: &str, steps: &mut Vec<String>) -> Result<String, Stop> {
     let run = boxd.exec(machine, &["sh", "-c", &script(spec, version)], Some(config.as_bytes().to_vec()), INSTALL_SECONDS).map_err(|f| f.into_error())?;
     if run.exit_code != Some(0) {
         let said = String::from_utf8_lossy(&run.stderr);
         return Err(ToolError::new(
             Code::GoldenFailed,
             format!("installing OpenCode on the build machine failed ({}): {}", crate::guest::exit_words(run.exit_code), crate::guest::tail(said.trim().as_bytes())),
-        ));
+        )
+        .into());
     }
-    steps.push(format!("saving snapshot {}", spec.snapshot));
-    boxd.snapshot_save(machine, &spec.snapshot).map_err(|f| f.into_error())?;
-    Ok(String::from_utf8_lossy(&run.stdout).trim().to_string())
+    let out = String::from_utf8_lossy(&run.stdout).trim().to_string();
+    let name = &spec.snapshot;
+    // A second look: the install took up to half an hour, and a save under a name someone
+    // made meanwhile would become a new version of their snapshot.
+    if boxd.snapshots().map_err(|f| f.into_error())?.iter().any(|s| s.name == *name) {
+        return Err(ToolError::with_next(
+            Code::SnapshotExists,
+            format!("a snapshot named '{name}' appeared while OpenCode was installed on the build machine; nothing was saved"),
+            "Snapshots are immutable: pick another name with --name (and set the snapshot option to it).",
+        )
+        .into());
+    }
+    steps.push(format!("saving snapshot {name}"));
+    match boxd.snapshot_save(machine, name) {
+        Ok(()) => Ok(out),
+        Err(Failure::Timeout(m)) => save_timed_out(boxd, machine, name, m, steps).map(|()| out),
+        Err(f) => Err(f.into_error().into()),
+    }
+}
+
+/// A save that timed out may still be landing: its snapshot is looked for in the listing
+/// (up to `SAVE_LOOKS` times, each bounded by the boxd timeout) until boxd holds it ready
+/// (the build goes on) or failed (the build machine is removed). Otherwise the machine is
+/// left for the capture, which removing it would abort.
+fn save_timed_out<P: Programs>(boxd: &mut Boxd<'_, P>, machine: &str, name: &str, why: String, steps: &mut Vec<String>) -> Result<(), Stop> {
+    let mut seen = String::from("no answer");
+    for n in 1..=SAVE_LOOKS {
+        steps.push(format!("the save did not answer ({why}); looking for snapshot {name} in boxd's listing ({n} of {SAVE_LOOKS})"));
+        match boxd.snapshots() {
+            Ok(list) => match list.iter().find(|s| s.name == name) {
+                Some(s) if s.capture() == Capture::Ready => {
+                    steps.push(format!("snapshot {name} is ready"));
+                    return Ok(());
+                }
+                Some(s) if s.capture() == Capture::Failed => {
+                    return Err(ToolError::with_next(
+                        Code::GoldenFailed,
+                        format!("saving snapshot '{name}' timed out ({why}), and boxd lists it as failed: no snapshot was saved"),
+                        "Build again under another name (--name): boxd holds the failed save under this one.",
+                    )
+                    .into());
+                }
+                Some(s) => seen = format!("status {:?}", crate::redact::redact(&s.status, 40)),
+                None => seen = "not listed".into(),
+            },
+            Err(f) => seen = format!("the listing failed: {}", f.into_error().message),
+        }
+    }
+    Err(Stop {
+        error: ToolError::with_next(
+            Code::Timeout,
+            format!("saving snapshot '{name}' timed out ({why}), and boxd's listing did not show it ready or failed ({seen}); the build machine {machine} was left running, since removing it would abort a capture still landing"),
+            format!("Look at 'boxd snapshots list' in a few minutes: once '{name}' shows ready it is made (failed or absent: build again under another name). Then remove {machine} with 'boxd machine remove {machine} -y'; the next golden build removes it too, once this build is certainly over."),
+        ),
+        landing: true,
+    })
 }
 
 #[cfg(test)]
@@ -420,6 +539,113 @@ mod tests {
         let asked = build_at(10 * HOUR_MS, &mut p, &mut fs);
         assert_eq!(asked.len(), 4, "{asked:?}");
         assert_eq!(left(&mut fs), ["golden-build-e0"], "a failed remove keeps the record for the next build");
+    }
+
+    const MACHINE: &str = "golden-build-010101010101";
+
+    /// A build that runs to its save: no leftovers, the name free at the first look, the
+    /// build machine made and OpenCode installed. The caller scripts the rest.
+    fn to_the_second_look(p: &mut Scripted) {
+        p.push_exit(0, "[]", "");
+        p.push_exit(0, &alloc::format!(r#"{{"name":"{MACHINE}","id":"vm_b"}}"#), "");
+        p.push_exit(0, "golden: OpenCode 1.18.33 installed after 1 attempt(s)\n", "");
+    }
+
+    fn run_build(p: &mut Scripted, fs: &mut MemFiles) -> ToolResult<Value> {
+        let ctx = crate::tools::context(raw_context("{}", "{}")).unwrap();
+        build(p, fs, &ctx, r#"{"opencodeVersion":"1.18.33"}"#)
+    }
+
+    /// The name is looked at again just before the save: one someone made during the
+    /// install is refused (nothing saved into their snapshot), and the machine removed.
+    #[test]
+    fn a_name_taken_during_the_install_is_not_saved_into() {
+        let (mut p, mut fs) = (Scripted::default(), MemFiles::new(&["/p", "/l"]));
+        to_the_second_look(&mut p);
+        p.push_exit(0, r#"[{"name":"opencode-golden","status":"ready"}]"#, "");
+        p.push_exit(0, "{}", "");
+        let e = run_build(&mut p, &mut fs).unwrap_err();
+        assert!(e.code == Code::SnapshotExists && e.message.contains("appeared while"), "{e:?}");
+        let asked = p.commands();
+        assert!(!asked.iter().any(|c| c.starts_with("snapshots save")), "{asked:?}");
+        assert_eq!(asked.last().unwrap(), &alloc::format!("machine remove {MACHINE} -y --json"));
+        assert!(left(&mut fs).is_empty());
+    }
+
+    /// A save that timed out is looked for until boxd holds it ready (the build is done) or
+    /// failed (GOLDEN_FAILED); the build machine is removed only then. Still pending after
+    /// every look, the machine is left for the capture, and its record stays for a later
+    /// build (not ended: swept only once this build is certainly over).
+    #[test]
+    fn a_save_that_timed_out_is_settled_before_the_build_machine_goes() {
+        let pending = r#"[{"name":"opencode-golden","status":"pending"}]"#;
+        let (mut p, mut fs) = (Scripted::default(), MemFiles::new(&["/p", "/l"]));
+        to_the_second_look(&mut p);
+        p.push_exit(0, "[]", "");
+        p.push_spawn_error(crate::caps::SpawnError::TimedOut);
+        p.push_exit(0, pending, "");
+        p.push_exit(0, r#"[{"name":"opencode-golden","status":"ready"}]"#, "");
+        p.push_exit(0, "{}", "");
+        let v = run_build(&mut p, &mut fs).unwrap();
+        assert_eq!(v["buildMachineRemoved"], true, "{v:#}");
+        let asked = p.commands();
+        assert_eq!(asked[asked.len() - 3..], ["snapshots list --json", "snapshots list --json", &alloc::format!("machine remove {MACHINE} -y --json")]);
+
+        let (mut p, mut fs) = (Scripted::default(), MemFiles::new(&["/p", "/l"]));
+        to_the_second_look(&mut p);
+        p.push_exit(0, "[]", "");
+        p.push_fail(124, "error: timed out waiting for boxd.sh");
+        p.push_exit(0, r#"[{"name":"opencode-golden","status":"failed"}]"#, "");
+        p.push_exit(0, "{}", "");
+        let e = run_build(&mut p, &mut fs).unwrap_err();
+        assert!(e.code == Code::GoldenFailed && e.message.contains("failed") && e.next.contains("another name"), "{e:?}");
+        assert!(p.commands().last().unwrap().starts_with("machine remove"), "{:?}", p.commands());
+        assert!(left(&mut fs).is_empty());
+
+        let (mut p, mut fs) = (Scripted::default(), MemFiles::new(&["/p", "/l"]));
+        to_the_second_look(&mut p);
+        p.push_exit(0, "[]", "");
+        p.push_spawn_error(crate::caps::SpawnError::TimedOut);
+        for _ in 0..SAVE_LOOKS {
+            p.push_exit(0, pending, "");
+        }
+        let e = run_build(&mut p, &mut fs).unwrap_err();
+        assert!(e.code == Code::Timeout && e.message.contains(MACHINE) && e.message.contains("left running"), "{e:?}");
+        assert!(!p.commands().iter().any(|c| c.starts_with("machine remove")), "{:?}", p.commands());
+        let kept = Ledger::new(&mut fs, "/l").build_machines().unwrap();
+        assert!(kept.len() == 1 && kept[0].machine == MACHINE && !kept[0].ended, "{kept:?}");
+    }
+
+    /// A `machine new` that fails or times out may have landed: one `get`, and the build
+    /// machine is removed when it is there; the message names it either way.
+    #[test]
+    fn a_build_machine_whose_create_failed_is_looked_for_and_removed() {
+        let (mut p, mut fs) = (Scripted::default(), MemFiles::new(&["/p", "/l"]));
+        p.push_exit(0, "[]", "");
+        p.push_spawn_error(crate::caps::SpawnError::TimedOut);
+        p.push_exit(0, &alloc::format!(r#"{{"name":"{MACHINE}","id":"vm_b","status":"running"}}"#), "");
+        p.push_exit(0, "{}", "");
+        let e = run_build(&mut p, &mut fs).unwrap_err();
+        assert!(e.code == Code::Timeout && e.message.contains(&alloc::format!("{MACHINE} had been made all the same, and was removed")), "{e:?}");
+        assert_eq!(p.commands()[2..], [alloc::format!("machine get {MACHINE} --json"), alloc::format!("machine remove {MACHINE} -y --json")]);
+        assert!(left(&mut fs).is_empty());
+
+        // Refused outright and not there: forgotten. Timed out and not there (yet): the
+        // record stays for the next build.
+        let (mut p, mut fs) = (Scripted::default(), MemFiles::new(&["/p", "/l"]));
+        p.push_exit(0, "[]", "");
+        p.push_fail(1, "error: quota exceeded");
+        p.push_fail(1, &alloc::format!("error: VM '{MACHINE}' not found"));
+        let e = run_build(&mut p, &mut fs).unwrap_err();
+        assert!(e.code == Code::BoxdFailed && e.message.contains(&alloc::format!("{MACHINE} was not made")), "{e:?}");
+        assert!(left(&mut fs).is_empty());
+        let (mut p, mut fs) = (Scripted::default(), MemFiles::new(&["/p", "/l"]));
+        p.push_exit(0, "[]", "");
+        p.push_spawn_error(crate::caps::SpawnError::TimedOut);
+        p.push_fail(1, &alloc::format!("error: VM '{MACHINE}' not found"));
+        let e = run_build(&mut p, &mut fs).unwrap_err();
+        assert!(e.message.contains("may still appear") && e.message.contains(MACHINE), "{e:?}");
+        assert_eq!(left(&mut fs), [MACHINE]);
     }
 
     #[test]
