@@ -230,6 +230,38 @@ fn image_after_a_proof_makes_an_immutable_snapshot() {
     assert_eq!(world.calls_starting(&["snapshots", "save"]), 0, "nothing saved");
 }
 
+/// A save whose answer was lost (boxd-local saved, then answered a timeout) is settled by
+/// the status boxd lists for it: pending holds both the image's rerun (SESSION_BUSY, still
+/// recorded) and a drop (nothing removed); failed clears the name (SNAPSHOT_EXISTS) and
+/// lets the drop go on.
+#[test]
+fn a_lost_save_is_settled_by_its_listed_status_and_holds_the_drop_meanwhile() {
+    let world = World::new("harvest-image-lost");
+    world.ok_call("boxd_ensure", W1);
+    world.ok_call("boxd_harvest", W1);
+    world.faults(r#"[{"verb":"snapshots save","times":1,"action":"fail","land":true,"exit_code":124,"message":"timed out waiting for boxd.sh"}]"#);
+    world.err_call("boxd_image", r#"{"work":"w1","name":"w1-img"}"#, "TIMEOUT");
+    world.faults("[]");
+    // boxd-local lists the status its version's meta.json holds.
+    let meta = world.laptop.boxd_home.join("snapshots/w1-img/v1/meta.json");
+    let set_status = |status: &str| {
+        let mut m: serde_json::Value = serde_json::from_slice(&std::fs::read(&meta).unwrap()).unwrap();
+        m["status"] = json!(status);
+        std::fs::write(&meta, m.to_string()).unwrap();
+    };
+    set_status("pending");
+    let v = world.err_call("boxd_image", r#"{"work":"w1","name":"w1-img"}"#, "SESSION_BUSY");
+    assert!(v["next"].as_str().unwrap().contains("in a minute"), "{v:#}");
+    world.forget_calls();
+    let v = world.err_call("boxd_drop", W1, "SESSION_BUSY");
+    assert!(v["next"].as_str().unwrap().contains("boxd_image for work 'w1' with name 'w1-img'"), "{v:#}");
+    assert_eq!(world.calls_starting(&["machine", "remove"]) + world.calls_starting(&["machine", "exec"]), 0, "nothing sealed or removed");
+    set_status("failed");
+    let v = world.err_call("boxd_image", r#"{"work":"w1","name":"w1-img"}"#, "SNAPSHOT_EXISTS");
+    assert!(v["message"].as_str().unwrap().contains("failed save"), "{v:#}");
+    assert_eq!(world.ok_call("boxd_drop", W1)["dropped"], true);
+}
+
 #[test]
 fn a_transcript_larger_than_a_pipe_buffer_is_proven() {
     // The laptop's `opencode export` delivers only 64 KiB of a larger session through a
