@@ -205,6 +205,11 @@ pub struct Prompt {
     /// `IN_FLIGHT_MS` may still be on its way, so the guest's "never saw it" is not final.
     #[serde(default)]
     pub at_ms: u64,
+    /// The digest of the submit's file list (each target, laptop path and size, as checked
+    /// before streaming); empty for a submit without files. With `sha256` it is the key a
+    /// later submit is taken as this one's retry by.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub files_sha256: String,
 }
 
 /// Longer than any submit's exec may take (the helper's 120 s bound plus the host's 30 s

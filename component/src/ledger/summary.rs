@@ -118,7 +118,7 @@ mod tests {
             w.machine_id = Some("m-1".into());
             w.created_ms = variant * H;
             for i in 0..variant * 3 {
-                w.prompts.push(Prompt { id: format!("p{i}"), at: "t".into(), sha256: "0".repeat(64), bytes: 9, admitted: i % 2 == 0, at_ms: (variant + i) * H });
+                w.prompts.push(Prompt { id: format!("p{i}"), at: "t".into(), sha256: "0".repeat(64), bytes: 9, admitted: i % 2 == 0, at_ms: (variant + i) * H, ..Default::default() });
             }
             for i in 0..variant {
                 let session = SessionProof { id: "ses_1".into(), parent_id: None, messages: i, digest: "d".repeat(64), file: Some("export-1.json".into()) };

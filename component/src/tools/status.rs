@@ -308,7 +308,7 @@ mod tests {
         }
         w.open_run(300_000);
         for i in 0..200u64 {
-            w.prompts.push(Prompt { id: format!("p{i}"), at: "t".into(), sha256: "0".repeat(64), bytes: 3, admitted: true, at_ms: 300_000 + i });
+            w.prompts.push(Prompt { id: format!("p{i}"), at: "t".into(), sha256: "0".repeat(64), bytes: 3, admitted: true, at_ms: 300_000 + i, ..Default::default() });
             w.proofs.push(Proof { at: "t".into(), prompts: i + 1, ..Default::default() });
         }
         Ledger::new(&mut f, "/l").write(&w).unwrap();
