@@ -96,6 +96,38 @@ pub struct Outgoing {
     path: String,
     file: File,
     size: u64,
+    /// What fstat said at the open: compared again after the last read.
+    seen: Seen,
+}
+
+/// The words a stream stopped for a file that changed under it carries (the component
+/// looks for them: component/src/tools/submit.rs CHANGED_MARK).
+pub const CHANGED: &str = "changed while it was sent";
+
+/// What tells a file rewritten in place: size, mtime and ctime, to the nanosecond the file
+/// system keeps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Seen {
+    size: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+impl Seen {
+    fn of(meta: &std::fs::Metadata) -> Seen {
+        use std::os::unix::fs::MetadataExt;
+        Seen { size: meta.size(), mtime: (meta.mtime(), meta.mtime_nsec()), ctime: (meta.ctime(), meta.ctime_nsec()) }
+    }
+}
+
+/// The error a stream stops with when `path` changed while it was read.
+fn changed(path: &str) -> io::Error {
+    io::Error::other(format!("{path} {CHANGED} (its size, mtime or ctime is not what it was when it was opened), so its frame was cut before its digest"))
+}
+
+/// True when `e` is the stream stopping for a file that changed under it.
+pub fn is_changed(e: &io::Error) -> bool {
+    e.to_string().contains(CHANGED)
 }
 
 /// Open every file to be sent on stdin, checking each (and their total) first: a refusal
@@ -120,7 +152,7 @@ pub fn open_outgoing(paths: &[String], preopens: &[PathBuf]) -> Result<Vec<Outgo
         if total > call_max {
             return Err(format!("FILE_TOO_LARGE: the files add up to more than {call_max} bytes (protocol.json), at {p}"));
         }
-        out.push(Outgoing { path: p.clone(), file, size: meta.len() });
+        out.push(Outgoing { path: p.clone(), file, size: meta.len(), seen: Seen::of(&meta) });
     }
     Ok(out)
 }
@@ -137,24 +169,32 @@ pub fn check_incoming(paths: &[String], preopens: &[PathBuf]) -> Result<(), Stri
     Ok(())
 }
 
-/// Write each file as one frame to `w`, reading it once. A file that is not its checked
-/// size by the end fails the stream: the receiver sees the frame cut short.
+/// Write each file as one frame to `w`, reading it once. A file that changed between its
+/// open and its last read (fstat again then: size, mtime or ctime differ; or it ended
+/// early) fails the stream before its digest is written: the receiver sees the frame cut
+/// short and keeps nothing, and the error says so (`is_changed`). Bytes rewritten in place
+/// at the same size would otherwise arrive as a mix of old and new under a digest of that
+/// mix. A rewrite within the file system's timestamp granularity that keeps the size is
+/// beyond what fstat can tell.
 pub fn send(w: &mut impl Write, files: Vec<Outgoing>) -> io::Result<Vec<Streamed>> {
     let mut sent = Vec::new();
     let mut chunk = vec![0u8; CHUNK];
-    for Outgoing { path, file, size } in files {
+    for Outgoing { path, file, size, seen } in files {
         w.write_all(format!("{size}\n").as_bytes())?;
         let mut digest = Sha256::new();
         let mut left = size;
-        let mut r = file.take(size);
+        let mut r = (&file).take(size);
         while left > 0 {
             let n = r.read(&mut chunk)?;
             if n == 0 {
-                return Err(io::Error::other(format!("{path} shrank while it was streamed")));
+                return Err(changed(&path));
             }
             digest.update(&chunk[..n]);
             w.write_all(&chunk[..n])?;
             left -= n as u64;
+        }
+        if Seen::of(&file.metadata()?) != seen {
+            return Err(changed(&path));
         }
         let sha256 = super::hex(&digest.finalize());
         w.write_all(format!("{sha256}\n").as_bytes())?;
@@ -302,6 +342,60 @@ mod tests {
         let got = receive(&mut &wire[..], &out, std::slice::from_ref(&d)).unwrap();
         assert_eq!(got.iter().map(|g| &g.sha256).collect::<Vec<_>>(), sent.iter().map(|s| &s.sha256).collect::<Vec<_>>());
         assert_eq!(std::fs::read(d.join("a.out")).unwrap(), std::fs::read(&a).unwrap());
+    }
+
+    /// A pipe that runs `meddle` once, when the first bytes of a file's frame went out
+    /// (after its size header): the file changes between its open and its last read.
+    struct Meddler<F: FnMut()> {
+        wire: Vec<u8>,
+        meddle: Option<F>,
+    }
+
+    impl<F: FnMut()> Write for Meddler<F> {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            let header = self.wire.is_empty();
+            self.wire.extend_from_slice(buf);
+            if !header {
+                if let Some(mut m) = self.meddle.take() {
+                    m();
+                }
+            }
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// A file rewritten in place at the same size while it is streamed (its mtime moved),
+    /// or grown: the stream fails saying it changed, before the digest, so the receiver
+    /// keeps nothing, never a mix of old and new bytes under a digest of the mix.
+    #[test]
+    fn a_file_changed_while_it_is_streamed_fails_the_stream_before_its_digest() {
+        let (d, _cleanup) = dir("changed");
+        let a = d.join("a.bin");
+        let rewrite_in_place = |a: &Path| {
+            let mut f = OpenOptions::new().write(true).open(a).unwrap();
+            f.write_all(&vec![b'n'; 200_000]).unwrap();
+            f.set_modified(std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000)).unwrap();
+        };
+        let grow = |a: &Path| OpenOptions::new().append(true).open(a).unwrap().write_all(b"more").unwrap();
+        for meddle in [&rewrite_in_place as &dyn Fn(&Path), &grow] {
+            std::fs::write(&a, vec![b'o'; 200_000]).unwrap();
+            let paths = vec![a.display().to_string()];
+            let files = open_outgoing(&paths, std::slice::from_ref(&d)).unwrap();
+            let mut pipe = Meddler { wire: Vec::new(), meddle: Some(|| meddle(&a)) };
+            let e = send(&mut pipe, files).unwrap_err();
+            assert!(is_changed(&e) && e.to_string().contains(&paths[0]), "{e}");
+            let out = vec![d.join("a.out").display().to_string()];
+            assert!(receive(&mut &pipe.wire[..], &out, std::slice::from_ref(&d)).is_err());
+            assert!(!d.join("a.out").exists());
+        }
+        // Untouched, the same file goes through whole.
+        std::fs::write(&a, vec![b'o'; 200_000]).unwrap();
+        let files = open_outgoing(&[a.display().to_string()], std::slice::from_ref(&d)).unwrap();
+        let mut pipe = Meddler { wire: Vec::new(), meddle: None::<fn()> };
+        assert_eq!(send(&mut pipe, files).unwrap()[0].size, 200_000);
     }
 
     #[test]

@@ -189,12 +189,17 @@ fn run_started_by(s: Spawn<'_>, streams: Streams<'_>, start_child: StartChild) -
         let files = streams.stdin_files;
         // A child that exits without reading gives EPIPE; that is not our failure (it
         // answered without the files, and none is reported sent). A writer blocked by a
-        // child that never reads ends when the group is killed; a file that changed
-        // while it was sent cuts the stream short, which the child sees.
+        // child that never reads ends when the group is killed. A file that changed while
+        // it was sent cuts the stream short before its digest, which the child sees and
+        // refuses; the spawn then fails saying which file changed.
         thread::spawn(move || {
             let sent = pipe.write_all(&bytes).and_then(|()| frames::send(&mut pipe, files));
             drop(pipe);
-            let _ = sent_tx.send(sent.unwrap_or_default());
+            let _ = sent_tx.send(match sent {
+                Ok(files) => Ok(files),
+                Err(e) if frames::is_changed(&e) => Err(e.to_string()),
+                Err(_) => Ok(Vec::new()),
+            });
         });
     }
     let stdout_cap = s.bounds.stdout_cap as u64 + frames::stdout_allowance(streams.stdout_files.len());
@@ -284,7 +289,15 @@ fn run_started_by(s: Spawn<'_>, streams: Streams<'_>, start_child: StartChild) -
     let status = status.expect("the loop ends with a status");
     // The writer has finished once the child read all of stdin; a child that stopped
     // reading (or a process it left holding the pipe) leaves it short, and nothing sent.
-    let mut files = if has_stdin { sent_rx.recv_timeout(STDIN_SETTLE).unwrap_or_default() } else { Vec::new() };
+    let mut files = match has_stdin.then(|| sent_rx.recv_timeout(STDIN_SETTLE)) {
+        Some(Ok(Ok(files))) => files,
+        Some(Ok(Err(changed))) => {
+            // The child saw the frame cut short; its answer is not the call's.
+            let _ = child.reap();
+            return Err(SpawnFailure::Failed(format!("{}: {changed}", s.name)));
+        }
+        _ => Vec::new(),
+    };
     // Everything the child wrote is in the file; read at most the cap (a process it left
     // running may still be writing). Past a cap only now, that process is killed with the
     // group, as for any child past a cap.
@@ -445,6 +458,31 @@ mod tests {
                 }
                 thread::sleep(Duration::from_millis(10));
             }
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A file that grows while it is sent: the child reads the frame's first bytes, then
+    /// appends to the file; the writer, held back by the full pipe, still has most of the
+    /// 4 MiB to read, so the change is always before its last read. The spawn fails saying
+    /// which file changed, whatever the child answered.
+    #[test]
+    fn a_file_changed_while_it_is_sent_fails_the_spawn_saying_so() {
+        let dir = std::env::temp_dir().join(format!("spawn-changed-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let dir = std::fs::canonicalize(dir).unwrap();
+        let roots = [dir.clone()];
+        for (how, start) in STARTS {
+            let file = dir.join(format!("{how}.bin"));
+            std::fs::write(&file, vec![b'o'; 4 << 20]).unwrap();
+            let paths = [file.display().to_string()];
+            let files = frames::open_outgoing(&paths, &roots).unwrap();
+            let script = format!("head -c 100 >/dev/null; printf more >> {}; cat >/dev/null; echo '{{}}'", file.display());
+            let args = vec!["-c".to_string(), script];
+            let s = Spawn { name: "sh", binary: Path::new("/bin/sh"), args: &args, env: &[], cwd: None, stdin: None, timeout: Duration::from_secs(30), bounds: SMALL };
+            let r = run_started_by(s, Streams { stdin_files: files, stdout_files: &[], roots: &roots }, start);
+            let Err(SpawnFailure::Failed(m)) = r else { panic!("{how}: expected a failure, got {:?}", r.err()) };
+            assert!(m.contains(&format!("{} {}", paths[0], frames::CHANGED)), "{how}: {m}");
         }
         let _ = std::fs::remove_dir_all(&dir);
     }
