@@ -88,6 +88,20 @@ describe("children under the caps", { skip }, () => {
     process.kill(pid, "SIGKILL");
   });
 
+  test("a file that changes while it is sent fails the spawn saying so", async () => {
+    const dir = scratch("changed");
+    const g = grants(dir, { boxd: "/bin/sh" });
+    const file = path.join(dir, "proj/big.bin");
+    fs.writeFileSync(file, Buffer.alloc(4 << 20, "o"));
+    // The child reads the first bytes of the frame, then grows the file: the writer, held
+    // back by the full pipe, has 4 MiB still to read, so the change is always before its
+    // last read.
+    const script = `head -c 100 >/dev/null; printf more >> ${file}; cat >/dev/null; echo '{"ok":true}'`;
+    const r = await policy.runChild({ program: "boxd", args: ["-c", script], env: [], timeoutMs: 60000, stdinFiles: [file] }, g);
+    assert.equal(r.tag, "err", JSON.stringify(r));
+    assert.match(r.val?.val ?? "", new RegExp(`${file} changed while it was sent`));
+  });
+
   test("a first line past the stdout cap found only after the exit: the child's group is killed", async () => {
     const dir = scratch("late-cap");
     const g = grants(dir, { boxd: "/bin/sh" });

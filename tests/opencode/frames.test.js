@@ -7,7 +7,7 @@ import { createHash } from "node:crypto";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
-import { PassThrough } from "node:stream";
+import { PassThrough, Writable } from "node:stream";
 import { PLUGIN } from "./harness.mjs";
 
 const built = fs.existsSync(path.join(PLUGIN, "dist/protocol.json"));
@@ -61,6 +61,47 @@ describe("frames", { skip }, () => {
     assert.equal(got.line.toString(), '{"x":1}\n');
     assert.deepEqual(got.files.map((f) => f.sha256), report.map((f) => f.sha256));
     assert.deepEqual(fs.readFileSync(path.join(d, "a.out")), big);
+  });
+
+  test("a file changed while it is streamed stops the stream before its digest, saying so", async () => {
+    const d = tmp();
+    const a = path.join(d, "a.bin");
+    const rewriteInPlace = () => {
+      const fd = fs.openSync(a, "r+");
+      fs.writeSync(fd, Buffer.alloc(200_000, "n"), 0, 200_000, 0);
+      fs.closeSync(fd);
+      fs.utimesSync(a, 1_000_000, 1_000_000);
+    };
+    const grow = () => fs.appendFileSync(a, "more");
+    for (const meddle of [rewriteInPlace, grow]) {
+      fs.writeFileSync(a, Buffer.alloc(200_000, "o"));
+      const files = frames.openOutgoing([a], [d]);
+      // A pipe that changes the file once the first bytes of its frame went out: between
+      // its open and its last read, every time.
+      const chunks = [];
+      let once = meddle;
+      const pipe = new Writable({
+        write(chunk, _enc, cb) {
+          chunks.push(chunk);
+          if (chunks.length > 1 && once) {
+            once();
+            once = null;
+          }
+          cb();
+        },
+      });
+      const report = await frames.send(pipe, null, files);
+      assert.deepEqual([...report], []);
+      assert.ok(report.changed?.includes(`${a} ${frames.CHANGED}`), report.changed);
+      const out = path.join(d, "a.out");
+      assert.ok(received(d, Buffer.concat([Buffer.from("{}\n"), ...chunks]), [out]).error);
+      assert.ok(!fs.existsSync(out));
+    }
+    // Untouched, the same file goes through whole.
+    fs.writeFileSync(a, Buffer.alloc(200_000, "o"));
+    const { report } = await sent(null, frames.openOutgoing([a], [d]));
+    assert.equal(report[0].size, 200_000n);
+    assert.equal(report.changed, undefined);
   });
 
   test("a damaged, short or extra frame keeps no file", () => {

@@ -78,12 +78,13 @@ export function openOutgoing(paths, preopens) {
       const fd = fs.openSync(p, fs.constants.O_RDONLY | fs.constants.O_NOFOLLOW | fs.constants.O_NONBLOCK);
       openedWhereChecked(fd, p, preopens, "file", false);
       out.push({ path: p, fd, size: 0 });
-      const st = fs.fstatSync(fd);
+      const st = fs.fstatSync(fd, { bigint: true });
       if (!st.isFile()) throw new Error(`${p} cannot be streamed: it is not a regular file`);
       if (st.size > fileMax) throw new Error(`FILE_TOO_LARGE: ${p} is ${st.size} bytes; the cap is ${fileMax} bytes a file (protocol.json)`);
-      total += st.size;
+      total += Number(st.size);
       if (total > callMax) throw new Error(`FILE_TOO_LARGE: the files add up to more than ${callMax} bytes (protocol.json), at ${p}`);
-      out[out.length - 1].size = st.size;
+      out[out.length - 1].size = Number(st.size);
+      out[out.length - 1].seen = seen(st);
     }
   } catch (e) {
     closeAll(out);
@@ -91,6 +92,17 @@ export function openOutgoing(paths, preopens) {
   }
   return out;
 }
+
+/** The words a stream stopped for a file that changed under it carries (the component
+ * looks for them: component/src/tools/submit.rs CHANGED_MARK; frames.rs CHANGED). */
+export const CHANGED = "changed while it was sent";
+
+/** What tells a file rewritten in place: size, mtime and ctime, to the nanosecond. */
+const seen = (st) => `${st.size}:${st.mtimeNs}:${st.ctimeNs}`;
+
+class Changed extends Error {}
+const changed = (p) =>
+  new Changed(`${p} ${CHANGED} (its size, mtime or ctime is not what it was when it was opened), so its frame was cut before its digest`);
 
 export function closeAll(files) {
   for (const f of files) {
@@ -112,6 +124,11 @@ export function checkIncoming(paths, preopens) {
  * Write `bytes`, then each file as one frame, to the child's stdin; resolves to the files
  * sent ({path, size: BigInt, sha256}), or [] when the stream stopped (the child stopped
  * reading, or a file changed: the child sees the frame cut short). Closes the files.
+ * A file that changed between its open and its last read (fstat again then: size, mtime
+ * or ctime differ; or it ended early) stops the stream before its digest, so the child
+ * refuses the frame; the [] then carries `changed`, the message saying which file. A
+ * rewrite within the file system's timestamp granularity that keeps the size is beyond
+ * what fstat can tell.
  */
 export async function send(pipe, bytes, files) {
   const write = (chunk) => new Promise((resolve, reject) => pipe.write(chunk, (e) => (e ? reject(e) : resolve())));
@@ -125,21 +142,22 @@ export async function send(pipe, bytes, files) {
       for (let off = 0; off < f.size; ) {
         const buf = Buffer.allocUnsafe(Math.min(CHUNK, f.size - off));
         const n = await read(f.fd, buf, buf.length, off);
-        if (n === 0) throw new Error(`${f.path} shrank while it was streamed`);
+        if (n === 0) throw changed(f.path);
         const chunk = buf.subarray(0, n);
         hash.update(chunk);
         await write(chunk);
         off += n;
       }
+      if (seen(fs.fstatSync(f.fd, { bigint: true })) !== f.seen) throw changed(f.path);
       const sha256 = hash.digest("hex");
       await write(Buffer.from(`${sha256}\n`));
       sent.push({ path: f.path, size: BigInt(f.size), sha256 });
     }
     pipe.end();
     return sent;
-  } catch {
+  } catch (e) {
     pipe.destroy();
-    return [];
+    return e instanceof Changed ? Object.assign([], { changed: e.message }) : [];
   } finally {
     closeAll(files);
   }

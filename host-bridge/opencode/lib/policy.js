@@ -480,6 +480,9 @@ export function runChild(req, grants, track = () => () => {}, onGrant = () => {}
       Promise.race([sending, new Promise((r) => setTimeout(r, 1000).unref?.())]).then(() => finish(result, drain));
     };
     const result = () => {
+      // A file changed while it was sent: the child saw its frame cut short and refused;
+      // the spawn fails saying which file (as spawn/ does).
+      if (sent.changed) return err("failed", `${req.program}: ${sent.changed}`);
       const val = { exitCode: exitCode ?? undefined, stderr: new Uint8Array(Buffer.concat(errs)), files: [...sent] };
       // Past a cap only now, after the exit: the group is killed as for any child past a
       // cap (what the child left in it may still be writing).
