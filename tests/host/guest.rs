@@ -204,3 +204,36 @@ fn an_ask_nobody_on_the_guest_can_answer_is_declined_and_the_work_comes_home() {
     let h = world.ok_call("boxd_harvest", W1);
     assert_eq!(h["proven"], true, "{h:#}");
 }
+
+/// A submit whose answer was lost (the host killed right after the exec) and then sent
+/// again: with a file of another size it is a new prompt, admitted with the new bytes;
+/// with the same text and files it is the lost one's retry, which the guest answers as a
+/// duplicate: no file is claimed placed or recorded in files_in again.
+#[test]
+fn a_resubmit_with_other_files_is_a_new_prompt_and_a_duplicate_places_no_file() {
+    let world = World::new("guest-resubmit");
+    world.ok_call("boxd_ensure", W1);
+    let file = world.laptop.project.join("a.txt");
+    let args = |prompt: &str| json!({ "work": "w1", "prompt": prompt, "files": [{ "from": "a.txt", "to": "in/a.txt" }] }).to_string();
+    let record = || -> serde_json::Value { serde_json::from_slice(&std::fs::read(world.laptop.ledger.join("works/w1/work.json")).unwrap()).unwrap() };
+    let on_guest = || String::from_utf8_lossy(&world.on_machine("oc-w1", "cat work/w1/in/a.txt").stdout).into_owned();
+
+    std::fs::write(&file, "one").unwrap();
+    assert!(world.killed_at("after-spawn:2", "boxd_submit", &args("first")), "the host was killed after the submit's exec");
+    let lost = record()["prompts"][0]["id"].as_str().unwrap().to_string();
+    assert_eq!(on_guest(), "one", "the lost submit landed");
+    std::fs::write(&file, "one, edited").unwrap();
+    let v = world.ok_call("boxd_submit", &args("first"));
+    assert_ne!(v["promptId"], lost.as_str(), "{v:#}");
+    assert_eq!((v["duplicate"].as_bool(), v["files"][0]["size"].as_u64()), (Some(false), Some(11)), "{v:#}");
+    assert_eq!(on_guest(), "one, edited", "the new file was placed");
+
+    // Lost again, then sent again unchanged: the guest has it, and says so.
+    std::fs::write(&file, "two").unwrap();
+    assert!(world.killed_at("after-spawn:2", "boxd_submit", &args("second")));
+    let before = record()["filesIn"].as_array().map_or(0, |f| f.len());
+    let v = world.ok_call("boxd_submit", &args("second"));
+    assert_eq!((v["duplicate"].as_bool(), v["files"].as_array().map(|f| f.len())), (Some(true), Some(0)), "{v:#}");
+    assert_eq!(record()["filesIn"].as_array().map_or(0, |f| f.len()), before, "a duplicate records no file");
+    assert_eq!(on_guest(), "two");
+}
