@@ -130,6 +130,19 @@ pub trait Files {
     fn sha256(&mut self, path: &str) -> Result<Option<String>, FsError> {
         Ok(self.read(path)?.map(|b| crate::encode::sha256_hex(&b)))
     }
+    /// `read`, refused (Io) once the file holds more than `max` bytes. An implementation
+    /// may stop reading there, so a huge file never fills the component's memory.
+    fn read_at_most(&mut self, path: &str, max: usize) -> Result<Option<Vec<u8>>, FsError> {
+        match self.read(path)? {
+            Some(b) if b.len() > max => Err(too_large(path, max)),
+            b => Ok(b),
+        }
+    }
+}
+
+/// The refusal of a file larger than a reader takes.
+pub fn too_large(path: &str, max: usize) -> FsError {
+    FsError::Io(alloc::format!("{path} holds more than {} MiB, more than it may", max >> 20))
 }
 
 impl<T: Files + ?Sized> Files for &mut T {
@@ -138,6 +151,9 @@ impl<T: Files + ?Sized> Files for &mut T {
     }
     fn sha256(&mut self, path: &str) -> Result<Option<String>, FsError> {
         (**self).sha256(path)
+    }
+    fn read_at_most(&mut self, path: &str, max: usize) -> Result<Option<Vec<u8>>, FsError> {
+        (**self).read_at_most(path, max)
     }
     fn write_atomic(&mut self, path: &str, bytes: &[u8]) -> Result<(), FsError> {
         (**self).write_atomic(path, bytes)

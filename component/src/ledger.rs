@@ -11,7 +11,10 @@
 //! create of `lock` naming its owner, held only for the read and the write — never across
 //! a remote call. The component has no clock, so a dead owner is recognised by a lock
 //! whose content stays the same through `LOCK_PATIENCE` attempts; it is then renamed away
-//! (only one breaker can win the rename) and the attempt starts over.
+//! (only one breaker can win the rename) and the attempt starts over. A live owner taken
+//! for dead (a sync that stalled for seconds) never writes over the breaker's change: its
+//! record is staged and synced first, then renamed into place only while the lock still
+//! names it (otherwise the write fails as a killed host's would).
 
 use alloc::collections::BTreeMap;
 use alloc::format;
@@ -35,6 +38,8 @@ pub const SCHEMA: u32 = 1;
 /// holds the lock for one read and one write (milliseconds); this many attempts take
 /// seconds on either host.
 pub const LOCK_PATIENCE: u32 = 100_000;
+/// The largest record a call reads (a record of thousands of prompts is a few MiB).
+pub const RECORD_MAX: usize = 64 << 20;
 /// Attempts in all before the call gives up with LEDGER_FAILED.
 const LOCK_GIVE_UP: u32 = 4_000_000;
 
@@ -418,10 +423,8 @@ impl<'a, F: Files> Ledger<'a, F> {
     }
 
     fn unlock(&mut self, work: &str) {
-        let path = self.lock_path(work);
-        let ours = self.files.read(&path).ok().flatten().is_some_and(|b| b.windows(self.owner.len()).any(|w| w == self.owner.as_bytes()));
-        if ours {
-            let _ = self.files.remove_file(&path);
+        if self.holds_lock(work) {
+            let _ = self.files.remove_file(&self.lock_path(work));
         }
     }
 
@@ -484,8 +487,10 @@ impl<'a, F: Files> Ledger<'a, F> {
         }
     }
 
+    /// A record's bytes, up to RECORD_MAX: one grown past that (or replaced by a huge file)
+    /// is that work's error, never the whole call's (the component's memory is bounded).
     fn record_bytes(&mut self, path: &str) -> ToolResult<Option<Vec<u8>>> {
-        self.files.read(path).map_err(|e| ledger_error("read the ledger", e))
+        self.files.read_at_most(path, RECORD_MAX).map_err(|e| ledger_error("read the ledger", e))
     }
 
     /// A work the tool needs to exist.
@@ -501,12 +506,40 @@ impl<'a, F: Files> Ledger<'a, F> {
         self.upsert(&w.work.clone(), move |_| Ok(Some(w))).map(|_| ())
     }
 
+    /// Whether the work's lock file still names this call.
+    fn holds_lock(&mut self, work: &str) -> bool {
+        let path = self.lock_path(work);
+        self.files.read(&path).ok().flatten().is_some_and(|b| b.windows(self.owner.len()).any(|w| w == self.owner.as_bytes()))
+    }
+
+    /// The record written in two steps: a staged copy made durable (the slow part: its
+    /// sync), then renamed over the record only while the lock is still this call's. A
+    /// waiter that took a slow holder for a dead one and broke its lock may have written
+    /// since; the holder then writes nothing and fails as a host killed before its write
+    /// would (every caller already recovers from that), never over the other's change.
     fn write_unlocked(&mut self, w: &Work) -> ToolResult<()> {
         let dir = self.work_dir(&w.work);
         self.files.create_dir_all(&dir).map_err(|e| ledger_error("create the work's ledger folder", e))?;
         let mut bytes = serde_json::to_vec_pretty(w).expect("a ledger record always serialises");
         bytes.push(b'\n');
-        self.files.write_atomic(&self.record_path(&w.work), &bytes).map_err(|e| ledger_error("write the ledger", e))
+        let path = self.record_path(&w.work);
+        let staged = format!("{path}.{}.next", self.owner.replace(':', "-"));
+        self.files.write_atomic(&staged, &bytes).map_err(|e| ledger_error("write the ledger", e))?;
+        if !self.holds_lock(&w.work) {
+            let _ = self.files.remove_file(&staged);
+            return Err(ToolError::new(
+                Code::LedgerFailed,
+                format!("another call took {}'s lock while this one wrote it (its write was slow), so this change was not written", path),
+            ));
+        }
+        match self.files.rename(&staged, &path) {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(ToolError::new(Code::LedgerFailed, format!("could not write the ledger: {staged} vanished before it was renamed"))),
+            Err(e) => {
+                let _ = self.files.remove_file(&staged);
+                Err(ledger_error("write the ledger", e))
+            }
+        }
     }
 
     /// Every work id in the ledger, sorted.

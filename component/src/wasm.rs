@@ -210,6 +210,22 @@ impl Files for WitFiles {
         Ok(Some(out))
     }
 
+    fn read_at_most(&mut self, path: &str, max: usize) -> Result<Option<Vec<u8>>, FsError> {
+        let Some(fd) = self.open_file(path)? else { return Ok(None) };
+        let mut out = Vec::new();
+        let mut over = false;
+        each_chunk(&fd, |chunk| {
+            over |= out.len() + chunk.len() > max;
+            if !over {
+                out.extend_from_slice(chunk);
+            }
+        })?;
+        if over {
+            return Err(crate::caps::too_large(path, max));
+        }
+        Ok(Some(out))
+    }
+
     /// Hashed a megabyte at a time: a laptop file compared at harvest never sits in the
     /// component's memory as a whole.
     fn sha256(&mut self, path: &str) -> Result<Option<String>, FsError> {
@@ -233,14 +249,20 @@ impl Files for WitFiles {
         let fd = dir
             .open_at(PathFlags::empty(), &tmp, OpenFlags::CREATE | OpenFlags::EXCLUSIVE, DescriptorFlags::WRITE)
             .map_err(io)?;
-        let mut off = 0usize;
-        while off < bytes.len() {
-            let n = fd.write(&bytes[off..], off as u64).map_err(io)? as usize;
-            off += n;
-        }
-        fd.sync_data().map_err(io)?;
+        let written = (|| {
+            let mut off = 0usize;
+            while off < bytes.len() {
+                off += fd.write(&bytes[off..], off as u64)? as usize;
+            }
+            fd.sync_data()
+        })();
         drop(fd);
-        dir.rename_at(&tmp, dir, rel).map_err(io)
+        // A full disk (or any failure) leaves no temp behind: each retry would add another.
+        if let Err(e) = written.and_then(|()| dir.rename_at(&tmp, dir, rel)) {
+            let _ = dir.unlink_file_at(&tmp);
+            return Err(io(e));
+        }
+        Ok(())
     }
 
     fn create_dir_all(&mut self, path: &str) -> Result<(), FsError> {
@@ -326,9 +348,18 @@ impl Files for WitFiles {
             Err(ErrorCode::Exist) => return Ok(false),
             Err(e) => return Err(io(e)),
         };
-        let mut off = 0usize;
-        while off < bytes.len() {
-            off += fd.write(&bytes[off..], off as u64).map_err(io)? as usize;
+        let written = (|| {
+            let mut off = 0usize;
+            while off < bytes.len() {
+                off += fd.write(&bytes[off..], off as u64)? as usize;
+            }
+            Ok(())
+        })();
+        drop(fd);
+        // Not left half-made: an empty lock would read as another call's until it aged out.
+        if let Err(e) = written {
+            let _ = dir.unlink_file_at(rel);
+            return Err(io(e));
         }
         Ok(true)
     }

@@ -130,3 +130,73 @@ fn a_password_is_placed_whole_and_the_first_one_stands() {
     assert_eq!(Ledger::new(&mut fs, "/l").password_or_create("w2", &"c".repeat(32)).unwrap(), "c".repeat(32), "a crash's empty file is replaced");
     assert!(fs.files.keys().all(|k| !k.contains("boxd-tmp")), "{:?}", fs.files.keys().collect::<Vec<_>>());
 }
+
+/// Files whose staged record write is slow enough that a waiter takes the holder's lock
+/// for a dead one's, breaks it, and writes its own change in the meantime.
+struct LockBrokenMidWrite(MemFiles);
+
+impl crate::caps::Files for LockBrokenMidWrite {
+    fn read(&mut self, path: &str) -> Result<Option<Vec<u8>>, FsError> {
+        self.0.read(path)
+    }
+    fn write_atomic(&mut self, path: &str, bytes: &[u8]) -> Result<(), FsError> {
+        self.0.write_atomic(path, bytes)?;
+        if path.ends_with(".next") {
+            self.0.remove_file("/l/works/w1/lock")?;
+            let mut other = Ledger { files: &mut self.0, root: "/l".into(), owner: "test:the-waiter".into() };
+            other.update("w1", |w| w.warnings.push("the waiter's change".into())).unwrap();
+        }
+        Ok(())
+    }
+    fn create_dir_all(&mut self, path: &str) -> Result<(), FsError> {
+        self.0.create_dir_all(path)
+    }
+    fn list(&mut self, dir: &str) -> Result<Vec<String>, FsError> {
+        self.0.list(dir)
+    }
+    fn stat(&mut self, path: &str) -> Result<Option<crate::caps::Meta>, FsError> {
+        self.0.stat(path)
+    }
+    fn remove_file(&mut self, path: &str) -> Result<(), FsError> {
+        self.0.remove_file(path)
+    }
+    fn create_new(&mut self, path: &str, bytes: &[u8]) -> Result<bool, FsError> {
+        self.0.create_new(path, bytes)
+    }
+    fn rename(&mut self, from: &str, to: &str) -> Result<bool, FsError> {
+        self.0.rename(from, to)
+    }
+    fn place_new(&mut self, from: &str, to: &str) -> Result<bool, FsError> {
+        self.0.place_new(from, to)
+    }
+}
+
+/// A holder whose lock was broken while it wrote (a slow sync taken for a dead call) does
+/// not rename its record over the change the breaker wrote meanwhile: it fails as a host
+/// killed before its write, and leaves no staged copy behind.
+#[test]
+fn a_write_whose_lock_was_broken_meanwhile_never_lands_over_the_breakers_change() {
+    let mut fs = MemFiles::new(&["/l"]);
+    Ledger::new(&mut fs, "/l").write(&Work::new("w1", "/p", "t")).unwrap();
+    let mut slow = LockBrokenMidWrite(fs);
+    let e = Ledger { files: &mut slow, root: "/l".into(), owner: "test:the-holder".into() }.update("w1", |w| w.warnings.push("the holder's change".into())).unwrap_err();
+    assert!(e.code == Code::LedgerFailed && e.message.contains("not written"), "{e:?}");
+    let mut fs = slow.0;
+    assert_eq!(Ledger::new(&mut fs, "/l").require("w1").unwrap().warnings, ["the waiter's change"]);
+    assert_eq!(fs.list("/l/works/w1").unwrap(), ["work.json"], "no staged copy or lock is left");
+}
+
+/// A record grown (or replaced) past RECORD_MAX is that work's LEDGER_FAILED, named, and
+/// never read into memory whole; the other works still read.
+#[test]
+fn a_record_past_the_size_bound_is_that_works_error_alone() {
+    let mut fs = MemFiles::new(&["/l"]);
+    Ledger::new(&mut fs, "/l").write(&Work::new("w1", "/p", "t")).unwrap();
+    let mut huge = b"{\"schema\":1,\"work\":\"w2\",\"x\":\"".to_vec();
+    huge.resize(RECORD_MAX + 1, b'a');
+    fs.put("/l/works/w2/work.json", &huge);
+    let mut l = Ledger::new(&mut fs, "/l");
+    let e = l.summary("w2").unwrap_err();
+    assert!(e.code == Code::LedgerFailed && e.message.contains("/l/works/w2/work.json holds more than 64 MiB"), "{e:?}");
+    assert!(l.read("w1").unwrap().is_some());
+}
