@@ -512,16 +512,32 @@ fn canonical_dir(p: &Path, field: &str) -> Result<PathBuf, HostProblem> {
 fn ensure_private_dir(dir: &Path) -> Result<PathBuf, HostProblem> {
     use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
     std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(|e| HostProblem::ledger(dir, e))?;
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(|e| HostProblem::ledger(dir, e))?;
+    // Narrowed, not set: group and other lose their bits, the owner's stay as the user left them.
+    let mode = std::fs::metadata(dir).map_err(|e| HostProblem::ledger(dir, e))?.permissions().mode();
+    if mode & 0o077 != 0 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode & 0o7700)).map_err(|e| HostProblem::ledger(dir, e))?;
+    }
     private_passwords(dir);
     std::fs::canonicalize(dir).map_err(|e| HostProblem::ledger(dir, e))
 }
 
 /// Every file the component creates in the ledger is made 0600 as it is created (audit.rs);
 /// a ledger written before that kept each work's server password 0644: make those 0600.
+/// Only in the ledger's own work folders: a name that is no work id, or a symlink (to
+/// anywhere), is the user's, and nothing under it is touched.
 fn private_passwords(ledger: &Path) {
     use std::os::unix::fs::PermissionsExt;
-    for work in std::fs::read_dir(ledger.join("works")).into_iter().flatten().flatten() {
+    let works = ledger.join("works");
+    if !std::fs::symlink_metadata(&works).is_ok_and(|m| m.is_dir()) {
+        return;
+    }
+    for work in std::fs::read_dir(works).into_iter().flatten().flatten() {
+        let id = work.file_name();
+        // Work ids are [a-z0-9-] (the component's rule, narrower still).
+        let is_work_id = id.to_str().is_some_and(|id| !id.is_empty() && id.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-'));
+        if !is_work_id || !work.file_type().is_ok_and(|t| t.is_dir()) {
+            continue;
+        }
         let p = work.path().join("password");
         match std::fs::symlink_metadata(&p) {
             Ok(m) if m.is_file() && m.permissions().mode() & 0o077 != 0 => {

@@ -355,7 +355,22 @@ fn an_old_ledgers_world_readable_passwords_are_made_owner_only() {
     std::fs::create_dir_all(&work).unwrap();
     std::fs::write(work.join("password"), "pw").unwrap();
     std::fs::set_permissions(work.join("password"), std::fs::Permissions::from_mode(0o644)).unwrap();
+    // Not the ledger's: a folder whose name is no work id, and a symlink to a folder outside.
+    let outside = laptop.scratch.0.join("outside");
+    std::fs::create_dir_all(&outside).unwrap();
+    std::os::unix::fs::symlink(&outside, laptop.ledger.join("works/w2")).unwrap();
+    std::fs::create_dir_all(laptop.ledger.join("works/my backup")).unwrap();
+    for p in [outside.join("password"), laptop.ledger.join("works/my backup/password")] {
+        std::fs::write(&p, "theirs").unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
+    }
+    // The owner's own bits on the ledger folder are theirs; group and other lose theirs.
+    std::fs::set_permissions(&laptop.ledger, std::fs::Permissions::from_mode(0o750)).unwrap();
     let out = laptop.host(&["audit", "--json"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(std::fs::metadata(work.join("password")).unwrap().permissions().mode() & 0o777, 0o600);
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&work.join("password")), 0o600);
+    assert_eq!(mode(&outside.join("password")), 0o644, "a file outside the ledger, through a symlink, is untouched");
+    assert_eq!(mode(&laptop.ledger.join("works/my backup/password")), 0o644, "a folder that is no work's is untouched");
+    assert_eq!(mode(&laptop.ledger), 0o700);
 }

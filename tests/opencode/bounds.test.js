@@ -126,8 +126,21 @@ describe("children under the caps", { skip }, () => {
     fs.mkdirSync(work, { recursive: true });
     fs.writeFileSync(path.join(work, "password"), "pw", { mode: 0o644 });
     fs.chmodSync(path.join(work, "password"), 0o644);
+    // Not the ledger's: a folder whose name is no work id, and a symlink to a folder outside.
+    const outside = path.join(dir, "outside");
+    fs.mkdirSync(outside);
+    fs.symlinkSync(outside, path.join(dir, "ledger/works/w2"));
+    fs.mkdirSync(path.join(dir, "ledger/works/my backup"));
+    for (const p of [path.join(outside, "password"), path.join(dir, "ledger/works/my backup/password")]) {
+      fs.writeFileSync(p, "theirs");
+      fs.chmodSync(p, 0o644);
+    }
+    fs.chmodSync(path.join(dir, "ledger"), 0o750);
     grants(dir, { boxd: "/bin/sh" });
     assert.equal(fs.statSync(path.join(work, "password")).mode & 0o777, 0o600);
+    assert.equal(fs.statSync(path.join(outside, "password")).mode & 0o777, 0o644, "a file outside the ledger, through a symlink, is untouched");
+    assert.equal(fs.statSync(path.join(dir, "ledger/works/my backup/password")).mode & 0o777, 0o644, "a folder that is no work's is untouched");
+    assert.equal(fs.statSync(path.join(dir, "ledger")).mode & 0o777, 0o700);
   });
 
   test("children are killed when the plugin's process exits", async () => {

@@ -145,7 +145,9 @@ export function findOnPath(binary, pathVar) {
 export function ensurePrivateDir(dir) {
   try {
     fs.mkdirSync(dir, { recursive: true, mode: 0o700 });
-    fs.chmodSync(dir, 0o700);
+    // Narrowed, not set: group and other lose their bits, the owner's stay as the user left them.
+    const mode = fs.statSync(dir).mode & 0o7777;
+    if (mode & 0o077) fs.chmodSync(dir, mode & 0o7700);
     privatePasswords(dir);
     return fs.realpathSync(dir);
   } catch (e) {
@@ -155,13 +157,16 @@ export function ensurePrivateDir(dir) {
 
 // Every file the component creates in the ledger is made 0600 as it is created (sandbox.js);
 // a ledger written before that kept each work's server password 0644: make those 0600.
+// Only in the ledger's own work folders: a name that is no work id ([a-z0-9-]), or a
+// symlink (to anywhere), is the user's, and nothing under it is touched.
 function privatePasswords(ledger) {
   let works = [];
   try {
-    works = fs.readdirSync(path.join(ledger, "works"));
+    if (fs.lstatSync(path.join(ledger, "works")).isDirectory()) works = fs.readdirSync(path.join(ledger, "works"), { withFileTypes: true });
   } catch {}
   for (const w of works) {
-    const p = path.join(ledger, "works", w, "password");
+    if (!/^[a-z0-9-]+$/.test(w.name) || !w.isDirectory()) continue;
+    const p = path.join(ledger, "works", w.name, "password");
     try {
       const st = fs.lstatSync(p);
       if (st.isFile() && st.mode & 0o077) fs.chmodSync(p, 0o600);
