@@ -126,6 +126,10 @@ pub struct Work {
     /// behind is exactly these, and the next harvest or drop removes them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub temps: Vec<TempFile>,
+    /// Fields this version does not know (a newer host wrote them): kept as they are, so
+    /// an older host's read-modify-write never drops what a newer one recorded.
+    #[serde(flatten)]
+    pub unknown: BTreeMap<String, serde_json::Value>,
 }
 
 /// A laptop temp file a harvest recorded before the host made it, and when; `dest` is
@@ -141,6 +145,10 @@ pub struct TempFile {
     pub dest: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sha256: Option<String>,
+    /// Fields this version does not know (a newer host wrote them): kept as they are, so
+    /// an older host's read-modify-write never drops what a newer one recorded.
+    #[serde(flatten)]
+    pub unknown: BTreeMap<String, serde_json::Value>,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -164,6 +172,10 @@ pub struct ForkOrigin {
     /// ensured again is another work, whose machine its old forks never copy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent_created: Option<String>,
+    /// Fields this version does not know (a newer host wrote them): kept as they are, so
+    /// an older host's read-modify-write never drops what a newer one recorded.
+    #[serde(flatten)]
+    pub unknown: BTreeMap<String, serde_json::Value>,
 }
 
 /// Where a work is in its life: creating → open → (dropping →) closed. Stored as the
@@ -215,6 +227,10 @@ pub struct Prompt {
     /// later submit is taken as this one's retry by.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub files_sha256: String,
+    /// Fields this version does not know (a newer host wrote them): kept as they are, so
+    /// an older host's read-modify-write never drops what a newer one recorded.
+    #[serde(flatten)]
+    pub unknown: BTreeMap<String, serde_json::Value>,
 }
 
 /// Longer than any submit's exec may take (the helper's 120 s bound plus the host's 30 s
@@ -256,6 +272,10 @@ pub struct Proof {
     /// whose newest prompt is another (one admitted after this proof).
     #[serde(default)]
     pub newest_prompt: Option<String>,
+    /// Fields this version does not know (a newer host wrote them): kept as they are, so
+    /// an older host's read-modify-write never drops what a newer one recorded.
+    #[serde(flatten)]
+    pub unknown: BTreeMap<String, serde_json::Value>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -295,6 +315,10 @@ pub struct GitRecord {
     /// The git bundle in the work's folder that holds every one of `refs`.
     #[serde(default)]
     pub bundle: Option<String>,
+    /// Fields this version does not know (a newer host wrote them): kept as they are, so
+    /// an older host's read-modify-write never drops what a newer one recorded.
+    #[serde(flatten)]
+    pub unknown: BTreeMap<String, serde_json::Value>,
 }
 
 impl Work {

@@ -122,7 +122,7 @@ mod tests {
             }
             for i in 0..variant {
                 let session = SessionProof { id: "ses_1".into(), parent_id: None, messages: i, digest: "d".repeat(64), file: Some("export-1.json".into()) };
-                w.proofs.push(Proof { at: "t".into(), prompts: i * 2, sessions: vec![session], newest_prompt: Some(format!("p{i}")) });
+                w.proofs.push(Proof { at: "t".into(), prompts: i * 2, sessions: vec![session], newest_prompt: Some(format!("p{i}")), ..Default::default() });
             }
             for i in 0..variant * 50 {
                 w.open_run(variant * H + i * 1000);
@@ -135,7 +135,7 @@ mod tests {
             w.warnings = (0..variant).map(|i| format!("warning {i}")).collect();
             w.owed = (0..variant % 3).map(|i| format!("out/{i}.txt")).collect();
             w.temps = (0..variant % 2).map(|i| TempFile { path: format!("/p/.t{i}"), at_ms: i, ..TempFile::default() }).collect();
-            w.fork = (variant == 3).then(|| ForkOrigin { parent: "w0".into(), at_prompt: Some("p1".into()), inherited: [("ses_1".to_string(), 4)].into_iter().collect(), order: 2, parent_created: None });
+            w.fork = (variant == 3).then(|| ForkOrigin { parent: "w0".into(), at_prompt: Some("p1".into()), inherited: [("ses_1".to_string(), 4)].into_iter().collect(), order: 2, parent_created: None, ..Default::default() });
             w.settled = (variant == 4).then_some(Settled { closed_ms: 9 * H, lifetime_ms: 5 * H, running_ms: H, cost_micros: 123_456 });
             w.git = Some(GitRecord { head: "abc".into(), prompts: variant, ..Default::default() });
             w.files_in.push(FileRecord { guest: "a".into(), laptop: "/p/a".into(), size: 1, sha256: "0".repeat(64), at: "t".into() });

@@ -200,3 +200,30 @@ fn a_record_past_the_size_bound_is_that_works_error_alone() {
     assert!(e.code == Code::LedgerFailed && e.message.contains("/l/works/w2/work.json holds more than 64 MiB"), "{e:?}");
     assert!(l.read("w1").unwrap().is_some());
 }
+
+/// A record a newer host wrote, with fields this version does not know (at the top and in
+/// a prompt, a proof, a temp, the git record and the fork origin): a change made here
+/// writes them back as they were.
+#[test]
+fn fields_a_newer_host_wrote_survive_this_versions_change() {
+    let mut fs = MemFiles::new(&["/l"]);
+    let mut w = Work::new("w1", "/p", "t");
+    w.prompts.push(Prompt { id: "p1".into(), ..Default::default() });
+    w.proofs.push(Proof::default());
+    w.temps.push(TempFile::default());
+    w.git = Some(GitRecord::default());
+    w.fork = Some(ForkOrigin::default());
+    let mut v = serde_json::to_value(&w).unwrap();
+    v["futureTop"] = serde_json::json!({"kept": [1, 2]});
+    for at in ["/prompts/0", "/proofs/0", "/temps/0", "/git", "/fork"] {
+        v.pointer_mut(at).unwrap()["futureInner"] = serde_json::json!(at);
+    }
+    fs.put("/l/works/w1/work.json", &serde_json::to_vec(&v).unwrap());
+    Ledger::new(&mut fs, "/l").update("w1", |w| w.warnings.push("changed here".into())).unwrap();
+    let back: serde_json::Value = serde_json::from_slice(&fs.read("/l/works/w1/work.json").unwrap().unwrap()).unwrap();
+    assert_eq!(back["futureTop"], serde_json::json!({"kept": [1, 2]}));
+    for at in ["/prompts/0", "/proofs/0", "/temps/0", "/git", "/fork"] {
+        assert_eq!(back.pointer(at).unwrap()["futureInner"], serde_json::json!(at), "{at}");
+    }
+    assert_eq!(back["warnings"], serde_json::json!(["changed here"]));
+}

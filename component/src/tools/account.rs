@@ -113,6 +113,7 @@ pub fn record<F: Files>(ledger: &mut Ledger<F>, w: &Work, git: &Value, now: &str
         prompts: w.prompts.len() as u64,
         refs: live_refs,
         bundle,
+        ..Default::default()
     }))
 }
 

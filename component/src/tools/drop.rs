@@ -507,7 +507,7 @@ mod tests {
     fn a_drop_says_where_a_file_an_interrupted_harvest_moved_aside_is() {
         let mut fs = work_with(Some(GitRecord::default()));
         let mut w = Ledger::new(&mut fs, "/l").require("w1").unwrap();
-        w.temps.push(crate::ledger::TempFile { path: "/p/a.md.x-0.boxd-tmp".into(), at_ms: 0, dest: Some("/p/a.md".into()), sha256: None });
+        w.temps.push(crate::ledger::TempFile { path: "/p/a.md.x-0.boxd-tmp".into(), at_ms: 0, dest: Some("/p/a.md".into()), sha256: None, ..Default::default() });
         Ledger::new(&mut fs, "/l").write(&w).unwrap();
         fs.put("/p/a.md.x-0.boxd-tmp.kept", b"the user's edit");
         fs.put("/p/a.md", b"written since");

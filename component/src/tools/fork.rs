@@ -214,6 +214,7 @@ fn record_fork<F: Files>(ledger: &mut Ledger<F>, ctx: &Context, parent: &Work, i
             inherited: parent.proofs.last().map(|p| p.sessions.iter().map(|s| (s.id.clone(), s.messages)).collect()).unwrap_or_default(),
             order,
             parent_created: Some(parent.created_at.clone()),
+            ..Default::default()
         });
         Ok(Some(w))
     })?;

@@ -416,7 +416,7 @@ fn prove(env: &mut Env, w: Work, export: &Value, sessions: &[Exported], admitted
     let now = env.now();
     let w = Ledger::for_call(&mut env.files, env.ctx).update(&w.work, |w| {
         let prompts = covered(w, &known, admitted_before);
-        w.proofs.push(Proof { at: now, prompts, sessions: proofs, newest_prompt: newest });
+        w.proofs.push(Proof { at: now, prompts, sessions: proofs, newest_prompt: newest, ..Default::default() });
         if w.proven() {
             w.warnings.retain(|t| !t.contains(UNHARVESTED_SLEEP));
         }

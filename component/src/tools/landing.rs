@@ -58,7 +58,7 @@ pub(super) fn landing(env: &mut Env, w: Work, wanted: &[String], dest_dir: &str)
         return Ok((w, out));
     }
     let at_ms = env.ctx.now_ms;
-    let temps: Vec<TempFile> = out.iter().map(|l| TempFile { path: l.temp.clone(), at_ms, dest: Some(l.dest.clone()), sha256: None }).collect();
+    let temps: Vec<TempFile> = out.iter().map(|l| TempFile { path: l.temp.clone(), at_ms, dest: Some(l.dest.clone()), sha256: None, ..Default::default() }).collect();
     let w = Ledger::for_call(&mut env.files, env.ctx).update(&w.work, |w| w.temps.extend(temps))?;
     Ok((w, out))
 }
@@ -527,7 +527,7 @@ mod tests {
     fn killed_mid_replace(files: &mut crate::testing::MemFiles, aside: &[u8]) -> Work {
         let temp = "/p/a.txt.x-0.boxd-tmp";
         let mut w = Work { work: "w1".into(), machine: "oc-w1".into(), schema: crate::ledger::SCHEMA, ..Default::default() };
-        w.temps.push(TempFile { path: temp.into(), at_ms: 1, dest: Some("/p/a.txt".into()), sha256: None });
+        w.temps.push(TempFile { path: temp.into(), at_ms: 1, dest: Some("/p/a.txt".into()), sha256: None, ..Default::default() });
         files.put(temp, b"v2");
         files.put(&aside_of(temp), aside);
         Ledger::new(files, "/l").write(&w).unwrap();
@@ -579,8 +579,8 @@ mod tests {
         files.put("/p/notes.md.kept", b"the user's too");
         files.put("/p/sub/x.boxd-tmp.kept", b"elsewhere");
         let mut w = Work { work: "w1".into(), machine: "oc-w1".into(), schema: crate::ledger::SCHEMA, ..Default::default() };
-        w.temps.push(TempFile { path: "/p/notes.md".into(), at_ms: 1, dest: Some("/p/gone.md".into()), sha256: None });
-        w.temps.push(TempFile { path: "/p/sub/x.boxd-tmp".into(), at_ms: 1, dest: Some("/p/gone.md".into()), sha256: None });
+        w.temps.push(TempFile { path: "/p/notes.md".into(), at_ms: 1, dest: Some("/p/gone.md".into()), sha256: None, ..Default::default() });
+        w.temps.push(TempFile { path: "/p/sub/x.boxd-tmp".into(), at_ms: 1, dest: Some("/p/gone.md".into()), sha256: None, ..Default::default() });
         Ledger::new(&mut files, "/l").write(&w).unwrap();
         let mut programs = Scripted::default();
         let mut env = Env { programs: &mut programs, files: &mut files, ctx: &ctx };

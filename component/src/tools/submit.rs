@@ -171,6 +171,7 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
         admitted: false,
         at_ms: ctx.now_ms,
         files_sha256: files_sha,
+        ..Default::default()
     });
     if retry.is_none() {
         // Intent before effect: a prompt whose fate is unknown still needs a harvest.
