@@ -382,7 +382,7 @@ impl Work {
 
 fn ledger_error(what: &str, e: FsError) -> ToolError {
     let detail = match e {
-        FsError::Refused(p) => format!("{p} is outside the ledger folder the host granted"),
+        FsError::Refused(p) => format!("{p} was refused: it is outside the ledger folder the host granted, a symlink, not a regular file, or not permitted"),
         FsError::Io(m) => m,
     };
     ToolError::new(Code::LedgerFailed, format!("could not {what}: {detail}"))
@@ -588,7 +588,11 @@ impl<'a, F: Files> Ledger<'a, F> {
     /// bundle may be tens of MiB: never read whole into the component).
     pub fn blob_sha256(&mut self, work: &str, name: &str) -> ToolResult<Option<String>> {
         let path = format!("{}/{name}", self.work_dir(work));
-        self.files.sha256(&path).map_err(|e| ledger_error("hash a file in the ledger", e))
+        match self.files.sha256(&path) {
+            // A symlink, folder or FIFO where the blob was is no stored copy of it.
+            Err(FsError::Refused(_)) => Ok(None),
+            r => r.map_err(|e| ledger_error("hash a file in the ledger", e)),
+        }
     }
 
     /// The guest server's password: created once per work, kept in its own file.

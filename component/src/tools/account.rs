@@ -351,6 +351,9 @@ mod tests {
         assert!(!stored_intact(&mut ledger, "w1", &name, None).unwrap(), "damaged");
         ledger.put_blob("w1", "bundle-x.bundle", b"PACK").unwrap();
         assert!(!stored_intact(&mut ledger, "w1", "bundle-x.bundle", None).unwrap(), "a name that carries no digest");
+        fs.remove_file(&format!("/l/works/w1/{name}")).unwrap();
+        fs.symlinks.insert(format!("/l/works/w1/{name}"));
+        assert!(!stored_intact(&mut Ledger::new(&mut fs, "/l"), "w1", &name, None).unwrap(), "a symlink where it was is no stored copy");
     }
 
     #[test]
