@@ -9,7 +9,7 @@
 use std::fs::OpenOptions;
 use std::os::unix::fs::OpenOptionsExt;
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::Result;
 use serde_json::{json, Value};
@@ -95,23 +95,81 @@ pub fn render(reach: &Value) -> String {
     s
 }
 
-/// One JSON line per tool call, appended to `--audit-log FILE`.
+/// One JSON line per tool call, appended to `--audit-log FILE` (or the option `auditLog`).
+///
+/// Each line goes out whole in one `write` on an `O_APPEND` descriptor, so lines from hosts
+/// writing at once (several `boxd-host call`s, an MCP server beside them) never interleave.
+/// The path must name a regular file: it is opened without following a symbolic link and
+/// without blocking (a FIFO there would block the open forever), and made owner-only.
+/// Before each line the path is looked at again: a log deleted or rotated away is
+/// reopened (created) by its path, so lines never go to an unlinked file. A line that cannot
+/// be written is said on stderr and remembered (`failed`): `call` then exits 2.
 pub struct AuditLog {
-    file: Option<std::fs::File>,
+    /// The path and its open file.
+    file: Option<(PathBuf, std::fs::File)>,
+    /// What went wrong with the last line that could not be written.
+    failed: Option<String>,
+}
+
+/// Open `path` for appending: create it 0600, never through a symbolic link, never
+/// blocking; refuse anything but a regular file; narrow a file already there to 0600.
+fn open_log(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::PermissionsExt;
+    let file = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) => std::io::Error::other("it is a symbolic link"),
+            Some(libc::ENXIO) => std::io::Error::other("it is a FIFO or socket, not a regular file"),
+            _ => e,
+        })?;
+    let meta = file.metadata()?;
+    if !meta.file_type().is_file() {
+        return Err(std::io::Error::other("it is not a regular file"));
+    }
+    // A log made by an older host (or by hand) 0644 is narrowed: the lines name works,
+    // sessions and paths.
+    file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+    Ok(file)
+}
+
+/// Whether `file` is still the file at `path` (not deleted, not rotated away).
+fn still_at(file: &std::fs::File, path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (file.metadata(), std::fs::symlink_metadata(path)) {
+        (Ok(a), Ok(b)) => a.nlink() > 0 && a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
+    }
 }
 
 impl AuditLog {
+    /// The log at `path` (none: nothing is audited). A path that cannot be opened is a
+    /// grant problem (OPTIONS_INVALID naming the path and the flag or option it came from),
+    /// answered on every call as the other grant problems are.
     pub fn open(path: Option<&Path>) -> Result<AuditLog> {
+        Self::open_from(path, "--audit-log")
+    }
+
+    /// As `open`; `from` names where the path came from (`--audit-log`, or the plugin
+    /// option `auditLog`), for the message.
+    pub fn open_from(path: Option<&Path>, from: &str) -> Result<AuditLog> {
         let file = match path {
-            // Owner-only, as the ledger: the lines name works, sessions and paths.
-            Some(p) => Some(OpenOptions::new().create(true).append(true).mode(0o600).open(p)?),
+            Some(p) => Some((p.to_path_buf(), open_log(p).map_err(|e| problem(p, from, e))?)),
             None => None,
         };
-        Ok(AuditLog { file })
+        Ok(AuditLog { file, failed: None })
+    }
+
+    /// What went wrong with the last line that could not be written, if one could not.
+    pub fn failed(&self) -> Option<&str> {
+        self.failed.as_deref()
     }
 
     pub fn record(&mut self, tool: &str, duration_ms: u64, result: &std::result::Result<(), String>, trace: &Trace) {
-        let Some(f) = &mut self.file else { return };
+        let Some((path, f)) = &mut self.file else { return };
         let line = json!({
             "tool": tool,
             "duration_ms": duration_ms,
@@ -119,6 +177,34 @@ impl AuditLog {
             "spawns": trace.spawns,
             "paths": trace.paths,
         });
-        let _ = writeln!(f, "{line}");
+        // The whole line, newline included, in one buffer and one write.
+        let mut buf = line.to_string().into_bytes();
+        buf.push(b'\n');
+        let written = (|| {
+            if !still_at(f, path) {
+                *f = open_log(path)?;
+            }
+            f.write_all(&buf)
+        })();
+        if let Err(e) = written {
+            let why = format!("cannot write the audit log {}: {e}; the line for {tool} is lost", path.display());
+            eprintln!("boxd-host: {why}");
+            self.failed = Some(why);
+        }
     }
+}
+
+/// An audit log that cannot be opened, as a grant problem: OPTIONS_INVALID, naming the
+/// path and what to do.
+fn problem(path: &Path, from: &str, e: std::io::Error) -> crate::policy::HostProblem {
+    let invalid = &crate::policy::file().options_invalid;
+    let (message, next) = if from == "--audit-log" {
+        (
+            format!("--audit-log {}: cannot open it for appending ({e})", path.display()),
+            "Give --audit-log the path of a regular file (or of none yet) in a folder that exists and you can write, then run again.".to_string(),
+        )
+    } else {
+        (format!("plugin option '{from}' names {}, which cannot be opened for appending ({e})", path.display()), invalid.next.replace("{field}", from))
+    };
+    crate::policy::HostProblem { code: invalid.code.clone(), message, next }
 }

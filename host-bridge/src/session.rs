@@ -73,7 +73,10 @@ impl Session {
             approved: true,
             opencode_version: None,
         };
-        let audit = AuditLog::open(f.audit_log.as_deref().or(audit_log.as_deref()))?;
+        let audit = match (&f.audit_log, &audit_log) {
+            (Some(flag), _) => AuditLog::open(Some(flag))?,
+            (None, option) => AuditLog::open_from(option.as_deref(), crate::policy::AUDIT_LOG_OPTION)?,
+        };
         Ok(Session { runtime, ctx, audit, opencode })
     }
 

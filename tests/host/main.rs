@@ -32,3 +32,4 @@ mod boxd_local_remove;
 mod warm;
 mod world_lies;
 mod side_by_side;
+mod audit_log;

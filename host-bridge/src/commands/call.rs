@@ -1,5 +1,6 @@
 //! `boxd-host call TOOL [ARGS_JSON]`: one tool call; the result or the error object on
-//! stdout, exit 1 for a tool error; on a terminal, a spinner on stderr while a long tool runs.
+//! stdout, exit 1 for a tool error, 2 when its audit line could not be written; on a
+//! terminal, a spinner on stderr while a long tool runs.
 
 use anyhow::{Context as _, Result};
 
@@ -34,6 +35,11 @@ pub fn run(grants: &Grants, tool: &str, mut args: String) -> Result<u8> {
         Err(e) => (e, 1),
     };
     crate::outln!("{}", serde_json::to_string_pretty(&answer)?);
+    // The call ran and its answer stands, but the record of it asked for is missing
+    // (stderr said why): a host failure, not a success.
+    if session.audit.failed().is_some() {
+        return Ok(2);
+    }
     Ok(code)
 }
 

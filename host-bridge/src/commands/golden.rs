@@ -44,5 +44,6 @@ pub fn run(grants: &Grants, args: &GoldenArgs) -> Result<u8> {
         Err(e) => (e, 1),
     };
     crate::outln!("{}", serde_json::to_string_pretty(&answer)?);
-    Ok(code)
+    // As `call`: an audit line that could not be written (stderr said why) is a host failure.
+    Ok(if session.audit.failed().is_some() { 2 } else { code })
 }
