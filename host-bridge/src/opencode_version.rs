@@ -6,12 +6,14 @@
 //! folder (`opencode-versions.json`), and a long-lived host (MCP) stats the binary before
 //! each call, so an upgrade is seen at once. A launcher that picks the real binary itself
 //! (a version manager's shim) is the one file whatever it runs: its version is the one
-//! first asked (docs/architecture.md).
+//! first asked (docs/architecture.md). A lookup is the host's own call, run by the one
+//! process runner and written to the audit log as `host:opencode` (session::host_call).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, UNIX_EPOCH};
 
+use crate::audit::AuditLog;
 use crate::policy::Policy;
 
 /// What identifies one build of the binary.
@@ -38,7 +40,7 @@ impl OpencodeVersion {
 
     /// The version, or None when the binary does not answer with one (the component then
     /// says what it needs, e.g. OPENCODE_MISSING for harvest).
-    pub fn get(&mut self, policy: &Policy) -> Option<String> {
+    pub fn get(&mut self, policy: &Policy, audit: &mut AuditLog) -> Option<String> {
         let binary = self.binary.clone()?;
         let key = key(&binary)?;
         if let Some((k, v)) = &self.known {
@@ -50,7 +52,7 @@ impl OpencodeVersion {
         let version = match cached.get(&key) {
             Some(v) => v.clone(),
             None => {
-                let v = ask(&binary, policy)?;
+                let v = ask(&binary, policy, audit)?;
                 cached.retain(|k, _| !k.starts_with(&format!("{}|", binary.display())));
                 cached.insert(key.clone(), v.clone());
                 self.write_cache(&cached);
@@ -77,9 +79,10 @@ impl OpencodeVersion {
     }
 }
 
-/// `opencode --version` through the one process runner, with the policy's environment.
-fn ask(binary: &Path, policy: &Policy) -> Option<String> {
-    let out = crate::spawn::run(crate::spawn::Spawn {
+/// `opencode --version` through the one process runner, with the policy's environment,
+/// written to the audit log as the host's own call (`host:opencode`), as the tour's are.
+fn ask(binary: &Path, policy: &Policy, audit: &mut AuditLog) -> Option<String> {
+    let spawn = crate::spawn::Spawn {
         name: "opencode",
         binary,
         args: &["--version".to_string()],
@@ -88,9 +91,9 @@ fn ask(binary: &Path, policy: &Policy) -> Option<String> {
         stdin: None,
         timeout: Duration::from_secs(60),
         bounds: crate::policy::bounds(),
-    })
-    .ok()
-    .filter(|o| o.exit_code == Some(0))?;
+    };
+    let grant = "host: opencode --version (the host's own call: the laptop OpenCode's version, for the call context)".to_string();
+    let out = crate::session::host_call(audit, "host:opencode", grant, spawn).ok().filter(|o| o.exit_code == Some(0))?;
     let text = String::from_utf8_lossy(&out.stdout);
     let v = text.lines().next().unwrap_or("").trim();
     let plausible = !v.is_empty() && v.len() <= 40 && v.starts_with(|c: char| c.is_ascii_digit()) && v.bytes().all(|c| c.is_ascii_alphanumeric() || b".-+".contains(&c));

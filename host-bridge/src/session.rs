@@ -83,7 +83,7 @@ impl Session {
     /// This call's context: the clock, fresh random bytes, the laptop OpenCode's version.
     fn fresh_ctx(&mut self) -> CallContext {
         let mut ctx = self.ctx.clone();
-        ctx.opencode_version = self.opencode.get(self.runtime.policy());
+        ctx.opencode_version = self.opencode.get(self.runtime.policy(), &mut self.audit);
         ctx.now_ms = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
         ctx.entropy = entropy();
         ctx

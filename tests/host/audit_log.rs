@@ -1,6 +1,7 @@
 //! The audit log (`--audit-log`, audit.rs) against the real binaries: whole lines from many
 //! writers at once, a line that cannot be written, paths that cannot be opened (named, not
-//! fatal to the MCP server, no hang on a FIFO, no symbolic link followed, narrowed to 0600).
+//! fatal to the MCP server, no hang on a FIFO, no symbolic link followed, narrowed to 0600),
+//! the host's own `opencode --version` audited.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
@@ -151,6 +152,29 @@ fn an_audit_log_that_cannot_be_opened_is_named_and_refused() {
     assert_eq!(call["result"]["structuredContent"]["error"], "OPTIONS_INVALID", "{call:#}");
     assert!(call["result"]["structuredContent"]["message"].as_str().unwrap().contains(&fifo_s), "{call:#}");
     mcp.close();
+}
+
+#[test]
+fn the_hosts_own_opencode_version_lookup_is_audited() {
+    let laptop = Laptop::new("audit-opencode");
+    // A fresh binary: its version is in no cache yet.
+    let oc = laptop.scratch.0.join("opencode");
+    std::fs::write(&oc, "#!/bin/sh\necho 1.2.3\n").unwrap();
+    std::fs::set_permissions(&oc, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let log = laptop.scratch.0.join("audit.jsonl");
+    let args = ["--opencode", oc.to_str().unwrap(), "--audit-log", log.to_str().unwrap(), "call", "boxd_status"];
+    let out = laptop.host(&args);
+    assert!(matches!(out.status.code(), Some(0 | 1)), "{}", String::from_utf8_lossy(&out.stderr));
+    let all = lines(&log);
+    let host: Vec<&Value> = all.iter().filter(|l| l["tool"] == "host:opencode").collect();
+    assert_eq!(host.len(), 1, "{all:#?}");
+    let spawn = &host[0]["spawns"][0];
+    assert_eq!((spawn["program"].as_str(), &spawn["args"], spawn["outcome"].as_str()), (Some("opencode"), &json!(["--version"]), Some("exited")), "{all:#?}");
+    assert!(spawn["grant"].as_str().unwrap().starts_with("host: opencode"), "{all:#?}");
+    // Known now (cached): the next call asks no more.
+    let out = laptop.host(&args);
+    assert!(matches!(out.status.code(), Some(0 | 1)));
+    assert_eq!(lines(&log).iter().filter(|l| l["tool"] == "host:opencode").count(), 1);
 }
 
 /// `boxd-host mcp` driven with raw JSON-RPC on stdio.
