@@ -1,7 +1,8 @@
 //! The audit log (`--audit-log`, audit.rs) against the real binaries: whole lines from many
 //! writers at once, a line that cannot be written, paths that cannot be opened (named, not
 //! fatal to the MCP server, no hang on a FIFO, no symbolic link followed, narrowed to 0600),
-//! the host's own `opencode --version` audited.
+//! the host's own `opencode --version` audited; and the MCP server's queue: a queued call
+//! that was cancelled or whose client hung up never runs, and pipelined calls run in order.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
@@ -243,4 +244,59 @@ impl Mcp {
         assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
         out
     }
+}
+
+/// The `works/<id>` a boxd_job line read, which tells the calls apart.
+fn job_work(line: &Value) -> Option<String> {
+    let paths = line["paths"].as_array()?;
+    paths.iter().filter_map(|p| p["path"].as_str()).find_map(|p| {
+        let rest = &p[p.find("works/")? + "works/".len()..];
+        Some(rest.split('/').next()?.to_string())
+    })
+}
+
+#[test]
+fn mcp_queued_calls_run_in_order_and_a_cancelled_one_never_runs() {
+    let laptop = Laptop::new("audit-mcp-queue");
+    let log = laptop.scratch.0.join("audit.jsonl");
+    // The first call's first boxd call sleeps: the calls after it queue.
+    std::fs::write(laptop.boxd_home.join("faults.json"), r#"[{"verb":"*","times":1,"action":"delay","ms":2500}]"#).unwrap();
+    let mut mcp = Mcp::start(&laptop, &["--audit-log", log.to_str().unwrap()]);
+    mcp.call(2, "boxd_status", json!({}));
+    std::thread::sleep(Duration::from_millis(300));
+    mcp.call(3, "boxd_status", json!({}));
+    let jobs: Vec<u64> = (4..34).collect();
+    for &i in &jobs {
+        mcp.call(i, "boxd_job", json!({ "work": format!("w{i}") }));
+    }
+    mcp.send(json!({ "jsonrpc": "2.0", "method": "notifications/cancelled", "params": { "requestId": 3, "reason": "test" } }));
+    let mut want = vec![2];
+    want.extend(&jobs);
+    let got = mcp.responses(&want);
+    for (id, v) in &got {
+        assert!(v["result"].is_object(), "{id}: {v:#}");
+    }
+    mcp.close();
+    let all = lines(&log);
+    let order: Vec<String> = all.iter().filter(|l| l["tool"] == "boxd_job").map(|l| job_work(l).unwrap_or_else(|| panic!("{l:#}"))).collect();
+    let sent: Vec<String> = jobs.iter().map(|i| format!("w{i}")).collect();
+    assert_eq!(order, sent, "pipelined calls ran out of order");
+    assert_eq!(all.iter().filter(|l| l["tool"] == "boxd_status").count(), 1, "the cancelled call ran: {all:#?}");
+}
+
+#[test]
+fn mcp_a_call_queued_when_the_client_hangs_up_never_runs() {
+    let laptop = Laptop::new("audit-mcp-hangup");
+    let log = laptop.scratch.0.join("audit.jsonl");
+    std::fs::write(laptop.boxd_home.join("faults.json"), r#"[{"verb":"*","times":1,"action":"delay","ms":2000}]"#).unwrap();
+    let mut mcp = Mcp::start(&laptop, &["--audit-log", log.to_str().unwrap()]);
+    mcp.call(2, "boxd_status", json!({}));
+    std::thread::sleep(Duration::from_millis(300));
+    mcp.call(3, "boxd_job", json!({ "work": "w3" }));
+    std::thread::sleep(Duration::from_millis(300));
+    mcp.close();
+    let all = lines(&log);
+    // The call that had started ran to its end; the queued one did not start.
+    assert_eq!(all.iter().filter(|l| l["tool"] == "boxd_status").count(), 1, "{all:#?}");
+    assert_eq!(all.iter().filter(|l| l["tool"] == "boxd_job").count(), 0, "the queued call ran for nobody: {all:#?}");
 }

@@ -10,7 +10,8 @@
 //! a run's `taskState` (boxd_job) is the component's own field, passed on as is.
 
 use std::collections::BTreeSet;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use anyhow::{Context as _, Result};
 use rmcp::model::{
@@ -51,7 +52,7 @@ pub fn serve(grants: &Grants) -> Result<u8> {
         Ok(session) => {
             let described = session.runtime.describe()?;
             session.ready_next();
-            (Host::Ready(Arc::new(Mutex::new(session))), described)
+            (Host::Ready(Arc::new(tokio::sync::Mutex::new(session))), described)
         }
         Err(e) => match e.downcast::<HostProblem>() {
             Ok(problem) => (Host::Refused(problem), crate::session::ungranted_runtime(grants)?.describe()?),
@@ -61,19 +62,45 @@ pub fn serve(grants: &Grants) -> Result<u8> {
     let manifest: Value = serde_json::from_str(&described).context("the component's manifest is not JSON")?;
     let tools = tools_from_manifest(&manifest)?;
     let long_running = Arc::new(long_running_from_manifest(&manifest));
-    let server = Server { host: Arc::new(host), tools: Arc::new(tools), long_running };
+    let hung_up = Arc::new(AtomicBool::new(false));
+    let server = Server { host: Arc::new(host), tools: Arc::new(tools), long_running, hung_up: hung_up.clone() };
 
     // One thread drives the protocol; tool calls run on tokio's blocking pool.
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("cannot start the async runtime")?;
     runtime.block_on(async move {
-        let running = server.serve(rmcp::transport::stdio()).await.context("the MCP handshake failed")?;
+        let (stdin, stdout) = rmcp::transport::stdio();
+        let running = server.serve((Watched { inner: stdin, hung_up }, stdout)).await.context("the MCP handshake failed")?;
         running.waiting().await.context("the MCP session ended with an error")?;
         anyhow::Ok(())
     })?;
     // Dropping the runtime waits for a call still running in the blocking pool: a client
-    // that hangs up mid-call must not leave the ledger or a boxd command half done.
+    // that hangs up mid-call must not leave the ledger or a boxd command half done. Calls
+    // still queued behind it never start (Server::run).
     drop(runtime);
     Ok(0)
+}
+
+/// stdin, noting when the client hangs up (end of file or a read error), so a call still
+/// queued then is not started for nobody (Server::run).
+struct Watched {
+    inner: tokio::io::Stdin,
+    hung_up: Arc<AtomicBool>,
+}
+
+impl tokio::io::AsyncRead for Watched {
+    fn poll_read(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>, buf: &mut tokio::io::ReadBuf<'_>) -> std::task::Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = std::pin::Pin::new(&mut self.inner).poll_read(cx, buf);
+        let ended = match &polled {
+            std::task::Poll::Ready(Ok(())) => buf.filled().len() == before && buf.remaining() > 0,
+            std::task::Poll::Ready(Err(_)) => true,
+            std::task::Poll::Pending => false,
+        };
+        if ended {
+            self.hung_up.store(true, Ordering::SeqCst);
+        }
+        polled
+    }
 }
 
 /// The MCP tool list from the component's manifest: name, description, the JSON Schema
@@ -115,6 +142,12 @@ pub fn host_failed(tool: &str, message: impl std::fmt::Display) -> Value {
     crate::policy::host_failed(tool, message)
 }
 
+/// The answer to a call that was cancelled, or whose client hung up, before its turn came:
+/// it never ran. No client reads it (rmcp drops the answer to a cancelled request).
+fn not_started(tool: &str) -> Value {
+    host_failed(tool, "the call was cancelled (or its client went away) before it started; it did not run")
+}
+
 /// The MCP result for one answer: pretty JSON text plus the same value structured.
 pub fn to_result(answer: std::result::Result<Value, Value>) -> CallToolResult {
     let (value, is_error) = match answer {
@@ -132,9 +165,12 @@ pub fn to_result(answer: std::result::Result<Value, Value>) -> CallToolResult {
 
 /// What answers the tool calls: the session, or the grant problem that refuses every one.
 enum Host {
-    /// Calls run one at a time: one agent's calls on one work (submit, then drop) must not
-    /// interleave; the ledger's per-work lock keeps each write whole, not their order.
-    Ready(Arc<Mutex<Session>>),
+    /// Calls run one at a time, in the order they came: one agent's calls on one work
+    /// (submit, then drop) must not interleave; the ledger's per-work lock keeps each
+    /// write whole, not their order. tokio's mutex is fair (first come, first served),
+    /// and it is taken before the call goes to the blocking pool, so pipelined calls run
+    /// in the order the client sent them.
+    Ready(Arc<tokio::sync::Mutex<Session>>),
     Refused(HostProblem),
 }
 
@@ -143,6 +179,8 @@ struct Server {
     host: Arc<Host>,
     tools: Arc<Vec<Tool>>,
     long_running: Arc<BTreeSet<String>>,
+    /// The client closed stdin (Watched).
+    hung_up: Arc<AtomicBool>,
 }
 
 impl Server {
@@ -156,6 +194,11 @@ impl Server {
     /// One call on the blocking pool (the wasmtime call is synchronous and may run for
     /// minutes). Progress starts at the call's first spawn, which comes only after the
     /// component's argument, option and access checks: a refused call reports none.
+    ///
+    /// A call waits its turn for the session; when its turn comes it starts only if the
+    /// client still wants it: one cancelled meanwhile (notifications/cancelled) or whose
+    /// client hung up is answered without running (nobody reads that answer). A call that
+    /// has started runs to its end whatever the client does (serve says why).
     async fn run(&self, ctx: &RequestContext<RoleServer>, tool: &str, args: String) -> std::result::Result<Value, Value> {
         let session = match self.host.as_ref() {
             Host::Refused(problem) => return Err(problem.to_json()),
@@ -168,9 +211,15 @@ impl Server {
             let _ = spawned.send(());
         }) as OnFirstSpawn);
         let name = tool.to_string();
+        let mut session = tokio::select! {
+            session = session.lock_owned() => session,
+            () = ctx.ct.cancelled() => return Err(not_started(tool)),
+        };
+        if ctx.ct.is_cancelled() || self.hung_up.load(Ordering::SeqCst) {
+            return Err(not_started(tool));
+        }
         let (answered, answer) = tokio::sync::oneshot::channel();
         let call = tokio::task::spawn_blocking(move || {
-            let mut session = session.lock().unwrap_or_else(PoisonError::into_inner);
             let _ = answered.send(session.call_watched(&name, &args, hook));
             // While the answer goes out: the next call's instance (Session::ready_next).
             session.ready_next();
