@@ -72,3 +72,52 @@ describe("the bridge's audit log", { skip: built && PROBE ? false : "needs dist/
     assert.ok(!fs.readFileSync(log, "utf8").includes("s3cret"));
   });
 });
+
+// lib/audit.js's file handling alone (no probe needed): whole lines from several processes
+// at once, a removed log made again, and the paths it refuses.
+describe("the bridge's audit log file", () => {
+  const dir = fs.realpathSync(fs.mkdtempSync(path.join(os.tmpdir(), "boxd-auditfile-")));
+  const lib = path.join(PLUGIN, "lib/audit.js");
+  after(() => fs.rmSync(dir, { recursive: true, force: true }));
+
+  test("lines from eight processes writing at once are each whole", { timeout: 60000 }, async () => {
+    const log = path.join(dir, "many.jsonl");
+    const { spawn } = await import("node:child_process");
+    const writer = `import { openAuditLog } from ${JSON.stringify(lib)};
+      const l = openAuditLog(${JSON.stringify(log)});
+      const spawns = Array.from({ length: 40 }, (_, i) => ({ program: "boxd", args: ["machine", "get", "oc-" + "x".repeat(i)], grant: "boxd machine-get", exit_code: 0, outcome: "exited", duration_ms: i }));
+      for (let i = 0; i < 50; i++) l.record("boxd_status", i, "ok", spawns);`;
+    const runs = Array.from({ length: 8 }, () => new Promise((resolve) => spawn(process.execPath, ["--input-type=module", "-e", writer], { stdio: "inherit" }).on("exit", resolve)));
+    assert.deepEqual(await Promise.all(runs), Array(8).fill(0));
+    const text = fs.readFileSync(log, "utf8").trim().split("\n");
+    assert.equal(text.length, 400);
+    for (const l of text) assert.equal(JSON.parse(l).tool, "boxd_status");
+  });
+
+  test("a removed log is made again at its path; a FIFO, a device or a symbolic link is refused; a 0644 log becomes 0600", async () => {
+    const { openAuditLog } = await import(lib);
+    const log = path.join(dir, "gone.jsonl");
+    const l = openAuditLog(log);
+    l.record("one", 1, "ok", []);
+    fs.rmSync(log);
+    l.record("two", 1, "ok", []);
+    l.close();
+    assert.deepEqual(fs.readFileSync(log, "utf8").trim().split("\n").map((x) => JSON.parse(x).tool), ["two"]);
+    assert.equal(fs.statSync(log).mode & 0o777, 0o600);
+
+    const fifo = path.join(dir, "fifo");
+    (await import("node:child_process")).execFileSync("mkfifo", [fifo]);
+    assert.throws(() => openAuditLog(fifo), /FIFO/);
+    assert.throws(() => openAuditLog("/dev/full"), /not a regular file/);
+    const link = path.join(dir, "link.jsonl");
+    fs.symlinkSync(path.join(dir, "target.jsonl"), link);
+    assert.throws(() => openAuditLog(link), /symbolic link/);
+    assert.equal(fs.existsSync(path.join(dir, "target.jsonl")), false);
+
+    const old = path.join(dir, "old.jsonl");
+    fs.writeFileSync(old, "", { mode: 0o644 });
+    fs.chmodSync(old, 0o644);
+    openAuditLog(old).close();
+    assert.equal(fs.statSync(old).mode & 0o777, 0o600);
+  });
+});

@@ -53,19 +53,67 @@ export function spawnRecord(req, grant, answer, durationMs) {
 }
 
 /**
- * The log at `file`, created 0600 (a file there already is narrowed to 0600) and appended
- * to; throws when it cannot be opened. `record` never throws: a full disk must not fail
- * the tool call it describes.
+ * Open `file` to append, as audit.rs `open_log`: created 0600, never through a symbolic
+ * link, never blocking (a FIFO there would block the open forever), only a regular file;
+ * a file there already is narrowed to 0600. Throws with the reason.
+ */
+function openLog(file) {
+  const { O_WRONLY, O_APPEND, O_CREAT, O_NOFOLLOW, O_NONBLOCK } = fs.constants;
+  let fd;
+  try {
+    fd = fs.openSync(file, O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_NONBLOCK, 0o600);
+  } catch (e) {
+    if (e.code === "ELOOP") throw new Error("it is a symbolic link");
+    if (e.code === "ENXIO") throw new Error("it is a FIFO or socket, not a regular file");
+    throw e;
+  }
+  try {
+    if (!fs.fstatSync(fd).isFile()) throw new Error("it is not a regular file");
+    fs.fchmodSync(fd, 0o600);
+  } catch (e) {
+    fs.closeSync(fd);
+    throw e;
+  }
+  return fd;
+}
+
+/** Whether `fd` is still the file at `file` (not deleted, not rotated away). */
+function stillAt(fd, file) {
+  try {
+    const a = fs.fstatSync(fd);
+    const b = fs.lstatSync(file);
+    return a.nlink > 0 && a.dev === b.dev && a.ino === b.ino;
+  } catch {
+    return false;
+  }
+}
+
+/**
+ * The log at `file` (openLog); throws when it cannot be opened. Each line goes out whole
+ * in one write on an O_APPEND descriptor, so lines from several hosts at once never
+ * interleave; a log deleted or rotated away is made again at its path. `record` never
+ * throws: a full disk must not fail the tool call it describes, so a line that cannot be
+ * written is said on stderr.
  */
 export function openAuditLog(file) {
-  const fd = fs.openSync(file, "a", 0o600);
-  fs.fchmodSync(fd, 0o600);
+  let fd = openLog(file);
   return {
     record(tool, durationMs, result, spawns) {
       const line = { tool, duration_ms: Math.max(0, Math.round(durationMs)), result, spawns };
+      const bytes = Buffer.from(`${JSON.stringify(line)}\n`);
       try {
-        fs.writeSync(fd, `${JSON.stringify(line)}\n`);
-      } catch {}
+        if (!stillAt(fd, file)) {
+          const fresh = openLog(file);
+          try {
+            fs.closeSync(fd);
+          } catch {}
+          fd = fresh;
+        }
+        const n = fs.writeSync(fd, bytes);
+        if (n !== bytes.length) throw new Error(`only ${n} of ${bytes.length} bytes were written`);
+      } catch (e) {
+        console.error(`opencode-boxd: cannot write the audit log ${file}: ${e.message}; the line for ${tool} is lost`);
+      }
     },
     close() {
       try {
