@@ -111,6 +111,23 @@ fn gone<P: crate::caps::Programs>(boxd: &mut Boxd<P>, machine: &str) -> bool {
     matches!(boxd.get(machine), Ok(None)) && boxd.list().is_ok_and(|l| !l.iter().any(|m| m.name == machine))
 }
 
+/// The work's machine as boxd has it, or None when it is gone. Closing forgets the machine,
+/// so one "not found" (which a proxy's 404 also reads as) is checked against the account's
+/// listing first: a machine the listing holds is BOXD_FAILED, and nothing is changed.
+fn look<P: crate::caps::Programs>(boxd: &mut Boxd<P>, machine: &str, work: &str) -> ToolResult<Option<crate::boxd::MachineInfo>> {
+    if let Some(info) = boxd.get(machine).map_err(Failure::into_error)? {
+        return Ok(Some(info));
+    }
+    if boxd.list().map_err(Failure::into_error)?.iter().any(|m| m.name == machine) {
+        return Err(ToolError::with_next(
+            Code::BoxdFailed,
+            format!("boxd answered that {machine} was not found, but its machine listing holds it; nothing was changed"),
+            format!("Call boxd_status in a later turn, then boxd_drop for work '{work}' again."),
+        ));
+    }
+    Ok(None)
+}
+
 /// The answer for a work a drop finds closed: by an earlier drop, or by one at once.
 fn already_dropped(w: &Work) -> Value {
     let mut out = work_json(w, "gone");
@@ -163,18 +180,7 @@ fn plan(env: &mut Env, work: &str, machine: &str) -> ToolResult<Plan> {
         ));
     }
     let mut boxd = Boxd::new(&mut env.programs, ctx.options.boxd_timeout_seconds);
-    let Some(info) = boxd.get(machine).map_err(Failure::into_error)? else {
-        // Closing forgets the machine, so one "not found" (which a proxy's 404 also reads
-        // as) is checked against the account's listing before the work is closed.
-        if boxd.list().map_err(Failure::into_error)?.iter().any(|m| m.name == *machine) {
-            return Err(ToolError::with_next(
-                Code::BoxdFailed,
-                format!("boxd answered that {machine} was not found, but its machine listing holds it; nothing was changed"),
-                format!("Call boxd_status in a later turn, then boxd_drop for work '{work}' again."),
-            ));
-        }
-        return Ok(Plan::Gone(w.machine_id));
-    };
+    let Some(info) = look(&mut boxd, machine, work)? else { return Ok(Plan::Gone(w.machine_id)) };
     check_machine(&w, &info)?;
     match crate::boxd::known_state(&info)? {
         State::Running | State::Standby => {}
@@ -206,16 +212,7 @@ fn unready_fork(env: &mut Env, w: &Work, parent: &str) -> ToolResult<Plan> {
         return Err(ToolError::with_next(Code::CreateUncertain, format!("work '{work}': a boxd_fork call may still be making {machine}"), again));
     }
     let mut boxd = Boxd::new(&mut env.programs, ctx.options.boxd_timeout_seconds);
-    let Some(info) = boxd.get(machine).map_err(Failure::into_error)? else {
-        if boxd.list().map_err(Failure::into_error)?.iter().any(|m| m.name == *machine) {
-            return Err(ToolError::with_next(
-                Code::BoxdFailed,
-                format!("boxd answered that {machine} was not found, but its machine listing holds it; nothing was changed"),
-                format!("Call boxd_status in a later turn, then boxd_drop for work '{work}' again."),
-            ));
-        }
-        return Ok(Plan::Unready(None));
-    };
+    let Some(info) = look(&mut boxd, machine, work)? else { return Ok(Plan::Unready(None)) };
     if w.machine_id.is_none() && !super::machine::made_like_ours(&info, &format!("fork/{}", crate::paths::machine_name(parent)), ctx.options.idle_seconds()) {
         // Not forked from the parent the way this plugin forks: someone else's, left alone;
         // the fork never got a machine of its own.
