@@ -149,8 +149,9 @@ enum Plan {
     /// A queued fork: no machine, nothing on boxd to account for.
     Queued,
     /// A fork still being made: nothing of its own on it yet. Its machine (the id the plan
-    /// checked), removed; or none, and it closes as a queued one does.
-    Unready(Option<String>),
+    /// checked), removed; or none, and it closes as a queued one does. With the claim
+    /// time the plan saw: a boxd_fork that claims it since is left to make it.
+    Unready(Option<String>, u64),
     /// The machine is gone: close the work, naming what could not be recovered (only while
     /// it still names the machine id the plan read).
     Gone(Option<String>),
@@ -212,11 +213,11 @@ fn unready_fork(env: &mut Env, w: &Work, parent: &str) -> ToolResult<Plan> {
         return Err(ToolError::with_next(Code::CreateUncertain, format!("work '{work}': a boxd_fork call may still be making {machine}"), again));
     }
     let mut boxd = Boxd::new(&mut env.programs, ctx.options.boxd_timeout_seconds);
-    let Some(info) = look(&mut boxd, machine, work)? else { return Ok(Plan::Unready(None)) };
+    let Some(info) = look(&mut boxd, machine, work)? else { return Ok(Plan::Unready(None, w.created_ms)) };
     if w.machine_id.is_none() && !super::machine::made_like_ours(&info, &format!("fork/{}", crate::paths::machine_name(parent)), ctx.options.idle_seconds()) {
         // Not forked from the parent the way this plugin forks: someone else's, left alone;
         // the fork never got a machine of its own.
-        return Ok(Plan::Unready(None));
+        return Ok(Plan::Unready(None, w.created_ms));
     }
     if w.machine_id.is_none() {
         return Err(ToolError::with_next(
@@ -226,7 +227,7 @@ fn unready_fork(env: &mut Env, w: &Work, parent: &str) -> ToolResult<Plan> {
         ));
     }
     check_machine(w, &info)?;
-    Ok(Plan::Unready(w.machine_id.clone()))
+    Ok(Plan::Unready(w.machine_id.clone(), w.created_ms))
 }
 
 /// SESSION_BUSY while a snapshot save of the work is recorded as under way (its answer was
@@ -292,7 +293,25 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
                 Err(w) => Err(changed(&w, "nothing was closed")),
             };
         }
-        Plan::Unready(planned) => {
+        Plan::Unready(planned, claimed) => {
+            // Intent before effect, as a live drop marks `dropping`: from this write no
+            // boxd_fork claims, adopts or opens the fork (they leave one a drop marked), and
+            // only while it is as the plan saw it (a boxd_fork may have claimed it since,
+            // and its `machine fork` may land after any close).
+            let as_planned = |w: &Work| w.state == WorkState::Creating && w.machine_id == planned && w.created_ms == claimed;
+            let mut marked = false;
+            let w = ledger.update(&work, |w| {
+                if as_planned(w) && w.dropping_ms == 0 {
+                    w.dropping_ms = ctx.now_ms;
+                    marked = true;
+                } else if as_planned(w) {
+                    // An earlier drop of it, killed after its mark: this one finishes it.
+                    marked = true;
+                }
+            })?;
+            if !marked {
+                return if w.is_closed() { Ok(already_dropped(&w)) } else { Err(changed(&w, "nothing was removed or closed")) };
+            }
             let mut boxd = Boxd::new(&mut env.programs, ctx.options.boxd_timeout_seconds);
             if planned.is_some() {
                 if let Err(f) = boxd.remove(&machine) {
@@ -301,9 +320,7 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
                     }
                 }
             }
-            // Only while it is still being made on that machine (or none): a boxd_fork at
-            // once may have opened it, and then it closes as a gone machine's.
-            return match close_when(&mut ledger, &work, ctx, |w| w.state == WorkState::Creating && w.machine_id == planned)? {
+            return match close_when(&mut ledger, &work, ctx, as_planned)? {
                 Ok((_, mut out)) => {
                     out["next"] = json!(if planned.is_some() {
                         "Done: the fork was still being made and held nothing of its own; its machine is removed and the work is closed."
@@ -313,7 +330,6 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
                     Ok(out)
                 }
                 Err(w) if w.is_closed() => Ok(already_dropped(&w)),
-                Err(_) if planned.is_some() => close_gone(&mut ledger, &work, ctx, &planned),
                 Err(w) => Err(changed(&w, "nothing was closed")),
             };
         }

@@ -261,7 +261,7 @@ fn adopt_fork<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F>,
     // may have opened it, recorded another, or a drop closed it since.
     let mut took = false;
     let w = ledger.update(&w.work, |w| {
-        if matches!(w.state, WorkState::Queued | WorkState::Creating) && w.machine_id.as_ref().is_none_or(|id| *id == info.id) {
+        if matches!(w.state, WorkState::Queued | WorkState::Creating) && w.dropping_ms == 0 && w.machine_id.as_ref().is_none_or(|id| *id == info.id) {
             w.machine_id = Some(info.id.clone());
             w.state = WorkState::Creating;
             w.open_run(ctx.now_ms);
@@ -283,7 +283,8 @@ fn fork_machine<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F
     let (mut claimed, mut from_queue) = (false, false);
     ledger.update(&w.work, |w| {
         let stale = w.state == WorkState::Creating && ctx.now_ms.saturating_sub(w.created_ms) >= FORK_CLAIM_MS;
-        if w.machine_id.is_none() && (w.state == WorkState::Queued || stale) {
+        // A fork a drop marked is the drop's to close: never claimed again.
+        if w.machine_id.is_none() && w.dropping_ms == 0 && (w.state == WorkState::Queued || stale) {
             from_queue = w.state == WorkState::Queued;
             w.state = WorkState::Creating;
             w.created_ms = ctx.now_ms;
@@ -414,7 +415,7 @@ fn ready_guest<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F>
     let guest = prepare_guest(boxd, ledger, &w, &entropy, version)?;
     let mut opened = false;
     ledger.update(to, |w| {
-        if w.state == WorkState::Creating {
+        if w.state == WorkState::Creating && w.dropping_ms == 0 {
             w.state = WorkState::Open;
             opened = true;
         }

@@ -156,9 +156,13 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
     // timed out) is the same prompt when it is sent again with the same files: it keeps its
     // id, and the guest, which remembers the ids it admitted, does not admit it twice. The
     // same text with another file list (a file edited, added or left out) is a new prompt.
+    // A prompt recorded with no file key (none, or by a version before the key) matches any
+    // list: taken for new, one the guest already ran would run twice, over the files it
+    // changed; taken for a retry, the guest's duplicate answer says nothing was placed.
     let prompt_sha = sha256_hex(prompt.as_bytes());
     let files_sha = files_key(&files);
-    let retry = w.prompts.iter().find(|p| !p.admitted && p.sha256 == prompt_sha && p.files_sha256 == files_sha).map(|p| p.id.clone());
+    let same_files = |p: &Prompt| p.files_sha256 == files_sha || p.files_sha256.is_empty();
+    let retry = w.prompts.iter().find(|p| !p.admitted && p.sha256 == prompt_sha && same_files(p)).map(|p| p.id.clone());
     let id = match &retry {
         Some(id) => id.clone(),
         None => format!("p{}", &sha256_hex(&[ctx.entropy.as_slice(), b"prompt-id"].concat())[..12]),
@@ -323,6 +327,14 @@ mod tests {
         lost(&mut fs, r#"{"work":"w1","prompt":"fix it"}"#, 5);
         let w = Ledger::new(&mut fs, "/l").require("w1").unwrap();
         assert_eq!(w.prompts.len(), 4, "{:?}", w.prompts);
+        // A lost prompt an older version recorded (no file key) is retried by the same text
+        // whatever its files: a new id would run it twice if the guest already had it.
+        let older = lost(&mut fs, r#"{"work":"w1","prompt":"older","files":[{"from":"a.txt","to":"src/a.txt"}]}"#, 6);
+        Ledger::new(&mut fs, "/l").update("w1", |w| w.prompts.iter_mut().for_each(|p| if p.id == older { p.files_sha256.clear() })).unwrap();
+        let mut p = Scripted::default();
+        answered(&mut p, ADMITTED, &[("/p/a.txt", b"one, edited")]);
+        let v = call(&mut p, &mut fs, "boxd_submit", r#"{"work":"w1","prompt":"older","files":[{"from":"a.txt","to":"src/a.txt"}]}"#, raw(7)).unwrap();
+        assert_eq!(v["promptId"], older.as_str(), "{v:#}");
     }
 
     /// A guest that answers duplicate discarded the frames: the answer places no file and

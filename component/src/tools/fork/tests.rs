@@ -304,3 +304,107 @@ fn a_machine_under_a_forks_name_not_forked_from_its_parent_is_never_adopted() {
         }
     }
 }
+
+/// Files and programs sharing one in-memory ledger, so a scripted boxd answer can act as
+/// another call changing the ledger at that moment.
+struct Shared(alloc::rc::Rc<core::cell::RefCell<MemFiles>>);
+
+impl Files for Shared {
+    fn read(&mut self, p: &str) -> Result<Option<Vec<u8>>, crate::caps::FsError> {
+        self.0.borrow_mut().read(p)
+    }
+    fn write_atomic(&mut self, p: &str, b: &[u8]) -> Result<(), crate::caps::FsError> {
+        self.0.borrow_mut().write_atomic(p, b)
+    }
+    fn create_dir_all(&mut self, p: &str) -> Result<(), crate::caps::FsError> {
+        self.0.borrow_mut().create_dir_all(p)
+    }
+    fn list(&mut self, p: &str) -> Result<Vec<String>, crate::caps::FsError> {
+        self.0.borrow_mut().list(p)
+    }
+    fn stat(&mut self, p: &str) -> Result<Option<crate::caps::Meta>, crate::caps::FsError> {
+        self.0.borrow_mut().stat(p)
+    }
+    fn remove_file(&mut self, p: &str) -> Result<(), crate::caps::FsError> {
+        self.0.borrow_mut().remove_file(p)
+    }
+    fn create_new(&mut self, p: &str, b: &[u8]) -> Result<bool, crate::caps::FsError> {
+        self.0.borrow_mut().create_new(p, b)
+    }
+    fn rename(&mut self, a: &str, b: &str) -> Result<bool, crate::caps::FsError> {
+        self.0.borrow_mut().rename(a, b)
+    }
+    fn place_new(&mut self, a: &str, b: &str) -> Result<bool, crate::caps::FsError> {
+        self.0.borrow_mut().place_new(a, b)
+    }
+}
+
+/// Scripted boxd, but a boxd_fork of the parent claims fork `fa` as boxd answers the
+/// drop's `machine list` (after its `get` said not found).
+struct ClaimedDuringTheLook {
+    inner: Scripted,
+    fs: alloc::rc::Rc<core::cell::RefCell<MemFiles>>,
+    now: u64,
+}
+
+impl Programs for ClaimedDuringTheLook {
+    fn run(&mut self, r: &crate::caps::RunRequest) -> Result<crate::caps::RunOutput, crate::caps::SpawnError> {
+        if r.args.iter().take(2).map(String::as_str).eq(["machine", "list"]) {
+            let now = self.now;
+            Ledger::new(&mut *self.fs.borrow_mut(), "/l").update("fa", |w| w.created_ms = now).unwrap();
+        }
+        self.inner.run(r)
+    }
+}
+
+/// A drop of a fork whose claim was released, racing a boxd_fork that claims it while the
+/// drop looks: the drop closes nothing (that call's `machine fork` may land after any close,
+/// with no record to own it), and the claim stands.
+#[test]
+fn a_drop_leaves_a_fork_claimed_while_it_looked_to_the_claiming_call() {
+    let mut fs = open_work(None);
+    let mut fa = Work::new("fa", "/p", "t");
+    fa.state = WorkState::Creating;
+    fa.fork = Some(ForkOrigin { parent: "w1".into(), ..Default::default() });
+    Ledger::new(&mut fs, "/l").write(&fa).unwrap();
+    let now = 3 * FORK_CLAIM_MS;
+    let shared = alloc::rc::Rc::new(core::cell::RefCell::new(fs));
+    let mut p = ClaimedDuringTheLook { inner: Scripted::default(), fs: shared.clone(), now };
+    p.inner.push_fail(1, "error: VM 'oc-fa' not found");
+    p.inner.push_exit(0, "[]", "");
+    let e = call(&mut p, &mut Shared(shared.clone()), "boxd_drop", r#"{"work":"fa"}"#, raw_at(now)).unwrap_err();
+    assert_eq!(e.code, Code::SessionBusy, "{e:?}");
+    let w = Ledger::new(&mut *shared.borrow_mut(), "/l").require("fa").unwrap();
+    assert_eq!((w.state, w.created_ms, w.dropping_ms), (WorkState::Creating, now, 0), "the claim stands, unmarked");
+}
+
+/// A fork a drop marked (then killed before its remove) is the drop's: boxd_fork neither
+/// opens nor claims it, and the next drop finishes it.
+#[test]
+fn a_fork_a_drop_marked_is_never_opened_and_the_next_drop_finishes_it() {
+    let mut fs = open_work(None);
+    let mut fa = Work::new("fa", "/p", "t");
+    (fa.state, fa.machine_id, fa.dropping_ms) = (WorkState::Creating, Some("vm_fa".into()), 1);
+    fa.fork = Some(ForkOrigin { parent: "w1".into(), ..Default::default() });
+    Ledger::new(&mut fs, "/l").write(&fa).unwrap();
+    let landed = OURS.replace("oc-w1", "oc-fa").replace("vm_1", "vm_fa");
+    let (r, cmds) = {
+        Ledger::new(&mut fs, "/l").update("w1", |w| w.helper_sha256 = Some(crate::encode::sha256_hex(crate::guest::HELPER))).unwrap();
+        let mut p = Scripted::default();
+        p.push_exit(0, "1.18.33", "");
+        p.push_exit(0, OURS, "");
+        p.push_exit(0, r#"[{"name":"oc-w1","status":"running"},{"name":"oc-fa","status":"running"}]"#, "");
+        p.push_exit(0, &landed, "");
+        let r = call(&mut p, &mut fs, "boxd_fork", r#"{"work":"w1"}"#, raw_at(2 * FORK_CLAIM_MS));
+        (r, p.commands())
+    };
+    assert!(r.is_ok(), "{r:?}");
+    assert!(!cmds.iter().any(|c| c.starts_with("machine exec") || c.starts_with("machine fork")), "{cmds:?}");
+    assert_eq!(Ledger::new(&mut fs, "/l").require("fa").unwrap().state, WorkState::Creating);
+    let mut p = Scripted::default();
+    p.push_exit(0, &landed, "");
+    p.push_exit(0, r#"{"name":"oc-fa","status":"destroyed"}"#, "");
+    let v = call(&mut p, &mut fs, "boxd_drop", r#"{"work":"fa"}"#, raw_at(2 * FORK_CLAIM_MS)).unwrap();
+    assert_eq!(v["dropped"], true, "{v:#}");
+    assert_eq!(p.commands(), ["machine get oc-fa --json", "machine remove oc-fa -y --json"]);
+}
