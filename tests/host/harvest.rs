@@ -41,6 +41,18 @@ pub(crate) fn laptop_export(world: &World, id: &str) -> serde_json::Value {
     serde_json::from_str(&text[text.find('{').unwrap()..]).unwrap()
 }
 
+/// The ledger's stored export of w1's first session, as its last proof names it.
+fn stored_export(world: &World) -> std::path::PathBuf {
+    let record: serde_json::Value = serde_json::from_slice(&std::fs::read(world.laptop.ledger.join("works/w1/work.json")).unwrap()).unwrap();
+    world.laptop.ledger.join("works/w1").join(record["proofs"].as_array().unwrap().last().unwrap()["sessions"][0]["file"].as_str().unwrap())
+}
+
+/// The user deletes a session in the laptop's OpenCode.
+fn delete_laptop_session(world: &World, sid: &str) {
+    let out = std::process::Command::new(opencode_bin()).args(["session", "delete", sid]).current_dir(&world.laptop.project).envs(world.laptop_env()).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
 #[test]
 fn the_session_tree_comes_home_parents_first_and_a_second_harvest_adds_only_the_new() {
     let world = World::new("harvest-tree");
@@ -325,8 +337,7 @@ fn a_drop_after_the_laptops_session_was_deleted_restores_it_before_the_machine_g
     let v = world.ok_call("boxd_harvest", W1);
     let sid = v["sessions"][0]["id"].as_str().unwrap().to_string();
     let before = laptop_export(&world, &sid);
-    let out = std::process::Command::new(opencode_bin()).args(["session", "delete", &sid]).current_dir(&world.laptop.project).envs(world.laptop_env()).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    delete_laptop_session(&world, &sid);
     let gone = std::process::Command::new(opencode_bin()).args(["export", &sid]).current_dir(&world.laptop.project).envs(world.laptop_env()).output().unwrap();
     assert!(!gone.status.success(), "the laptop's copy is deleted");
     let dropped = world.ok_call("boxd_drop", W1);
@@ -349,13 +360,9 @@ fn a_harvest_stores_a_deleted_export_again_and_imports_the_session_the_drop_coul
     run(&world, "one");
     let sid = world.ok_call("boxd_harvest", W1)["sessions"][0]["id"].as_str().unwrap().to_string();
     let before = laptop_export(&world, &sid);
-    let stored = || {
-        let record: serde_json::Value = serde_json::from_slice(&std::fs::read(world.laptop.ledger.join("works/w1/work.json")).unwrap()).unwrap();
-        world.laptop.ledger.join("works/w1").join(record["proofs"].as_array().unwrap().last().unwrap()["sessions"][0]["file"].as_str().unwrap())
-    };
+    let stored = || stored_export(&world);
     std::fs::remove_file(stored()).unwrap();
-    let out = std::process::Command::new(opencode_bin()).args(["session", "delete", &sid]).current_dir(&world.laptop.project).envs(world.laptop_env()).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    delete_laptop_session(&world, &sid);
     let e = world.err_call("boxd_drop", W1, "NOT_PROVEN");
     assert!(e["next"].as_str().unwrap().contains("boxd_harvest"), "{e:#}");
     assert!(world.laptop.boxd(&["machine", "get", "oc-w1", "--json"]).status.success(), "a refused drop destroys nothing");
@@ -378,10 +385,7 @@ fn a_rebuild_imports_the_laptops_copy_for_a_damaged_stored_export_and_refuses_wi
     run(&world, "marker-alpha-7");
     let sid = world.ok_call("boxd_harvest", W1)["sessions"][0]["id"].as_str().unwrap().to_string();
     let before = laptop_export(&world, &sid)["messages"].to_string();
-    let stored = || {
-        let record: serde_json::Value = serde_json::from_slice(&std::fs::read(world.laptop.ledger.join("works/w1/work.json")).unwrap()).unwrap();
-        world.laptop.ledger.join("works/w1").join(record["proofs"].as_array().unwrap().last().unwrap()["sessions"][0]["file"].as_str().unwrap())
-    };
+    let stored = || stored_export(&world);
     let damage = || {
         let path = stored();
         let whole = std::fs::read_to_string(&path).unwrap();
@@ -398,8 +402,7 @@ fn a_rebuild_imports_the_laptops_copy_for_a_damaged_stored_export_and_refuses_wi
     assert_eq!(laptop_export(&world, &sid)["messages"].to_string(), before, "the laptop's transcript is as it was proven");
 
     let (path, whole) = damage();
-    let out = std::process::Command::new(opencode_bin()).args(["session", "delete", &sid]).current_dir(&world.laptop.project).envs(world.laptop_env()).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    delete_laptop_session(&world, &sid);
     assert!(world.laptop.boxd(&["machine", "remove", "oc-w1", "-y"]).status.success());
     let e = world.err_call("boxd_resume", W1, "LEDGER_FAILED");
     assert!(e["message"].as_str().unwrap().contains("no transcript") && e["next"].as_str().unwrap().contains("boxd_resume"), "{e:#}");
