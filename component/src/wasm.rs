@@ -186,14 +186,14 @@ impl WitFiles {
 /// Every byte of an open file, in order, a chunk at a time. The host allocates (and
 /// zeroes) each read's whole length before it reads, so chunks start small (a ledger
 /// record is a few KiB) and double up to 1 MiB for a big file; the read that finds the
-/// end asks for the current chunk size and gets nothing.
-fn each_chunk(fd: &Descriptor, mut take: impl FnMut(&[u8])) -> Result<(), FsError> {
+/// end asks for the current chunk size and gets nothing. `take` answers false to stop.
+fn each_chunk(fd: &Descriptor, mut take: impl FnMut(&[u8]) -> bool) -> Result<(), FsError> {
     let (mut at, mut len) = (0u64, 16u64 << 10);
     loop {
         let (chunk, eof) = fd.read(len, at).map_err(io)?;
-        take(&chunk);
+        let more = take(&chunk);
         at += chunk.len() as u64;
-        if eof || chunk.is_empty() {
+        if !more || eof || chunk.is_empty() {
             return Ok(());
         }
         if chunk.len() as u64 == len {
@@ -204,21 +204,20 @@ fn each_chunk(fd: &Descriptor, mut take: impl FnMut(&[u8])) -> Result<(), FsErro
 
 impl Files for WitFiles {
     fn read(&mut self, path: &str) -> Result<Option<Vec<u8>>, FsError> {
-        let Some(fd) = self.open_file(path)? else { return Ok(None) };
-        let mut out = Vec::new();
-        each_chunk(&fd, |chunk| out.extend_from_slice(chunk))?;
-        Ok(Some(out))
+        self.read_at_most(path, usize::MAX)
     }
 
+    /// Stops at the first chunk past `max`: a huge file is neither kept nor read through.
     fn read_at_most(&mut self, path: &str, max: usize) -> Result<Option<Vec<u8>>, FsError> {
         let Some(fd) = self.open_file(path)? else { return Ok(None) };
         let mut out = Vec::new();
         let mut over = false;
         each_chunk(&fd, |chunk| {
-            over |= out.len() + chunk.len() > max;
+            over = out.len().saturating_add(chunk.len()) > max;
             if !over {
                 out.extend_from_slice(chunk);
             }
+            !over
         })?;
         if over {
             return Err(crate::caps::too_large(path, max));
@@ -232,7 +231,10 @@ impl Files for WitFiles {
         use sha2::{Digest, Sha256};
         let Some(fd) = self.open_file(path)? else { return Ok(None) };
         let mut hasher = Sha256::new();
-        each_chunk(&fd, |chunk| hasher.update(chunk))?;
+        each_chunk(&fd, |chunk| {
+            hasher.update(chunk);
+            true
+        })?;
         Ok(Some(crate::encode::hex(&hasher.finalize())))
     }
 
@@ -328,7 +330,10 @@ impl Files for WitFiles {
         };
         let mut size = 0u64;
         if kind == Kind::File {
-            each_chunk(d, |chunk| size += chunk.len() as u64)?;
+            each_chunk(d, |chunk| {
+                size += chunk.len() as u64;
+                true
+            })?;
         }
         Ok(Some(Meta { kind, size }))
     }

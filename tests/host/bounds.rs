@@ -374,3 +374,25 @@ fn an_old_ledgers_world_readable_passwords_are_made_owner_only() {
     assert_eq!(mode(&laptop.ledger.join("works/my backup/password")), 0o644, "a folder that is no work's is untouched");
     assert_eq!(mode(&laptop.ledger), 0o700);
 }
+
+/// A work.json grown (or replaced) past the 64 MiB a record may be, here a sparse 1 GiB
+/// file: boxd_status answers that work's row LEDGER_FAILED, naming the file, and shows the
+/// others; the component stops reading at the bound (its memory is capped).
+#[test]
+fn a_huge_record_is_its_own_works_error_and_status_shows_the_others() {
+    let laptop = Laptop::new("huge-record");
+    for work in ["w1", "whuge"] {
+        std::fs::create_dir_all(laptop.ledger.join("works").join(work)).unwrap();
+    }
+    std::fs::write(laptop.ledger.join("works/w1/work.json"), r#"{"schema":1,"work":"w1","machine":"oc-w1","directory":"/nowhere","createdAt":"t","state":"open"}"#).unwrap();
+    let huge = std::fs::File::create(laptop.ledger.join("works/whuge/work.json")).unwrap();
+    huge.set_len(1 << 30).unwrap();
+    let out = laptop.host(&["call", "boxd_status", "{}"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("{}", String::from_utf8_lossy(&out.stderr)));
+    assert!(out.status.success(), "{v:#}");
+    let rows = v["works"].as_array().unwrap();
+    let huge = rows.iter().find(|r| r["work"] == "whuge").unwrap_or_else(|| panic!("{v:#}"));
+    assert_eq!(huge["error"], "LEDGER_FAILED", "{v:#}");
+    assert!(huge["message"].as_str().unwrap().contains("holds more than 64 MiB"), "{v:#}");
+    assert!(rows.iter().any(|r| r["work"] == "w1" && r.get("error").is_none()), "{v:#}");
+}
