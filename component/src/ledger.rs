@@ -247,6 +247,9 @@ pub struct FileRecord {
     pub size: u64,
     pub sha256: String,
     pub at: String,
+    /// Fields this version does not know: kept through every write (see Work::unknown).
+    #[serde(flatten)]
+    pub unknown: BTreeMap<String, serde_json::Value>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -259,6 +262,9 @@ pub struct SessionProof {
     /// The stored export (in the work's ledger folder) this proof was made from.
     #[serde(default)]
     pub file: Option<String>,
+    /// Fields this version does not know: kept through every write (see Work::unknown).
+    #[serde(flatten)]
+    pub unknown: BTreeMap<String, serde_json::Value>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -283,6 +289,9 @@ pub struct Proof {
 pub struct Sleep {
     pub by: String,
     pub at: String,
+    /// Fields this version does not know: kept through every write (see Work::unknown).
+    #[serde(flatten)]
+    pub unknown: BTreeMap<String, serde_json::Value>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -290,6 +299,9 @@ pub struct Sleep {
 pub struct GitEntry {
     pub path: String,
     pub sha256: String,
+    /// Fields this version does not know: kept through every write (see Work::unknown).
+    #[serde(flatten)]
+    pub unknown: BTreeMap<String, serde_json::Value>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -27,6 +27,9 @@ pub struct RunInterval {
     /// What closed it: "boxd_sleep", "boxd_drop", "seen asleep", "seen gone".
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ended_by: Option<String>,
+    /// Fields this version does not know: kept through every write (see Work::unknown).
+    #[serde(flatten)]
+    pub unknown: BTreeMap<String, serde_json::Value>,
 }
 
 /// What a dropped work cost, written once when the drop closes it.
@@ -38,6 +41,9 @@ pub struct Settled {
     pub running_ms: u64,
     /// Millionths of the price table's currency.
     pub cost_micros: u64,
+    /// Fields this version does not know: kept through every write (see Work::unknown).
+    #[serde(flatten)]
+    pub unknown: BTreeMap<String, serde_json::Value>,
 }
 
 /// The price table (options `prices`), in millionths of a currency unit.
@@ -98,7 +104,7 @@ impl Work {
     /// The machine started running (create, wake, or a call found it running).
     pub fn open_run(&mut self, now_ms: u64) {
         if self.running_since().is_none() {
-            self.runs.push(RunInterval { from_ms: now_ms, to_ms: None, size: MACHINE_SIZE.to_string(), ended_by: None });
+            self.runs.push(RunInterval { from_ms: now_ms, to_ms: None, size: MACHINE_SIZE.to_string(), ended_by: None, unknown: BTreeMap::new() });
         }
     }
 
@@ -164,7 +170,7 @@ impl Work {
     pub fn settle(&mut self, prices: &Prices, now_ms: u64) {
         self.close_run(now_ms, "boxd_drop");
         let cost = self.spend_micros(prices, now_ms);
-        self.settled = Some(Settled { closed_ms: now_ms, lifetime_ms: self.lifetime_ms(now_ms), running_ms: self.running_ms(now_ms), cost_micros: cost });
+        self.settled = Some(Settled { closed_ms: now_ms, lifetime_ms: self.lifetime_ms(now_ms), running_ms: self.running_ms(now_ms), cost_micros: cost, unknown: BTreeMap::new() });
     }
 }
 

@@ -121,13 +121,13 @@ mod tests {
                 w.prompts.push(Prompt { id: format!("p{i}"), at: "t".into(), sha256: "0".repeat(64), bytes: 9, admitted: i % 2 == 0, at_ms: (variant + i) * H, ..Default::default() });
             }
             for i in 0..variant {
-                let session = SessionProof { id: "ses_1".into(), parent_id: None, messages: i, digest: "d".repeat(64), file: Some("export-1.json".into()) };
+                let session = SessionProof { id: "ses_1".into(), parent_id: None, messages: i, digest: "d".repeat(64), file: Some("export-1.json".into()), ..Default::default() };
                 w.proofs.push(Proof { at: "t".into(), prompts: i * 2, sessions: vec![session], newest_prompt: Some(format!("p{i}")), ..Default::default() });
             }
             for i in 0..variant * 50 {
                 w.open_run(variant * H + i * 1000);
                 w.close_run(variant * H + i * 1000 + 500, "boxd_sleep");
-                w.sleeps.push(Sleep { by: "boxd_sleep".into(), at: "t".into() });
+                w.sleeps.push(Sleep { by: "boxd_sleep".into(), at: "t".into(), ..Default::default() });
             }
             if variant % 2 == 1 {
                 w.open_run(variant * 2 * H); // still running
@@ -136,9 +136,9 @@ mod tests {
             w.owed = (0..variant % 3).map(|i| format!("out/{i}.txt")).collect();
             w.temps = (0..variant % 2).map(|i| TempFile { path: format!("/p/.t{i}"), at_ms: i, ..TempFile::default() }).collect();
             w.fork = (variant == 3).then(|| ForkOrigin { parent: "w0".into(), at_prompt: Some("p1".into()), inherited: [("ses_1".to_string(), 4)].into_iter().collect(), order: 2, parent_created: None, ..Default::default() });
-            w.settled = (variant == 4).then_some(Settled { closed_ms: 9 * H, lifetime_ms: 5 * H, running_ms: H, cost_micros: 123_456 });
+            w.settled = (variant == 4).then_some(Settled { closed_ms: 9 * H, lifetime_ms: 5 * H, running_ms: H, cost_micros: 123_456, ..Default::default() });
             w.git = Some(GitRecord { head: "abc".into(), prompts: variant, ..Default::default() });
-            w.files_in.push(FileRecord { guest: "a".into(), laptop: "/p/a".into(), size: 1, sha256: "0".repeat(64), at: "t".into() });
+            w.files_in.push(FileRecord { guest: "a".into(), laptop: "/p/a".into(), size: 1, sha256: "0".repeat(64), at: "t".into(), ..Default::default() });
             out.push(w);
         }
         out

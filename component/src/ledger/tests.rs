@@ -206,6 +206,9 @@ fn a_record_past_the_size_bound_is_that_works_error_alone() {
 /// writes them back as they were.
 #[test]
 fn fields_a_newer_host_wrote_survive_this_versions_change() {
+    // Every record the ledger keeps, down to the smallest.
+    const AT: [&str; 13] = ["/prompts/0", "/proofs/0", "/temps/0", "/git", "/fork", "/filesIn/0", "/filesOut/0",
+        "/proofs/0/sessions/0", "/sleeps/0", "/git/untracked/0", "/git/ignored/0", "/runs/0", "/settled"];
     let mut fs = MemFiles::new(&["/l"]);
     let mut w = Work::new("w1", "/p", "t");
     w.prompts.push(Prompt { id: "p1".into(), ..Default::default() });
@@ -213,16 +216,24 @@ fn fields_a_newer_host_wrote_survive_this_versions_change() {
     w.temps.push(TempFile::default());
     w.git = Some(GitRecord::default());
     w.fork = Some(ForkOrigin::default());
+    w.files_in.push(FileRecord::default());
+    w.files_out.push(FileRecord::default());
+    w.proofs[0].sessions.push(SessionProof::default());
+    w.sleeps.push(Sleep::default());
+    w.git.as_mut().unwrap().untracked.push(GitEntry::default());
+    w.git.as_mut().unwrap().ignored.push(GitEntry::default());
+    w.open_run(1);
+    w.settled = Some(Default::default());
     let mut v = serde_json::to_value(&w).unwrap();
     v["futureTop"] = serde_json::json!({"kept": [1, 2]});
-    for at in ["/prompts/0", "/proofs/0", "/temps/0", "/git", "/fork"] {
+    for at in AT {
         v.pointer_mut(at).unwrap()["futureInner"] = serde_json::json!(at);
     }
     fs.put("/l/works/w1/work.json", &serde_json::to_vec(&v).unwrap());
     Ledger::new(&mut fs, "/l").update("w1", |w| w.warnings.push("changed here".into())).unwrap();
     let back: serde_json::Value = serde_json::from_slice(&fs.read("/l/works/w1/work.json").unwrap().unwrap()).unwrap();
     assert_eq!(back["futureTop"], serde_json::json!({"kept": [1, 2]}));
-    for at in ["/prompts/0", "/proofs/0", "/temps/0", "/git", "/fork"] {
+    for at in AT {
         assert_eq!(back.pointer(at).unwrap()["futureInner"], serde_json::json!(at), "{at}");
     }
     assert_eq!(back["warnings"], serde_json::json!(["changed here"]));

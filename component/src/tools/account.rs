@@ -21,7 +21,7 @@ fn entries(v: &Value) -> Vec<GitEntry> {
     v.as_array()
         .into_iter()
         .flatten()
-        .map(|e| GitEntry { path: e["path"].as_str().unwrap_or("").into(), sha256: e["sha256"].as_str().unwrap_or("").into() })
+        .map(|e| GitEntry { path: e["path"].as_str().unwrap_or("").into(), sha256: e["sha256"].as_str().unwrap_or("").into(), unknown: BTreeMap::new() })
         .collect()
 }
 

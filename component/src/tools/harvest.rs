@@ -141,7 +141,7 @@ fn import_and_prove(env: &mut Env, w: &Work, sessions: &[Exported]) -> ToolResul
                 (name, true)
             }
         };
-        proofs.push(SessionProof { id: s.id.clone(), parent_id: s.parent.clone(), messages: s.messages, digest: s.digest.clone(), file: Some(name) });
+        proofs.push(SessionProof { id: s.id.clone(), parent_id: s.parent.clone(), messages: s.messages, digest: s.digest.clone(), file: Some(name), ..Default::default() });
         report.push(json!({ "id": s.id, "parentId": s.parent, "messages": s.messages, "digest": s.digest, "imported": imported }));
     }
     Ok((proofs, report))

@@ -248,7 +248,7 @@ pub(super) fn bring_files(env: &mut Env, w: Work, git: &Value, landing: &[Landin
                 break;
             }
         }
-        records.push(FileRecord { guest: rel.clone(), laptop: dest.clone(), size, sha256: sha256.clone(), at: now.clone() });
+        records.push(FileRecord { guest: rel.clone(), laptop: dest.clone(), size, sha256: sha256.clone(), at: now.clone(), ..Default::default() });
         written.push(json!({ "path": rel, "laptop": dest, "size": size, "sha256": sha256 }));
     }
     // What landed is recorded even when a later file stopped the harvest: those files are
@@ -419,7 +419,7 @@ mod tests {
         w.owed = vec!["a.txt".into()];
         // This work brought "v1" home there last; the guest now has "v2".
         files.inner.put("/p/a.txt", b"v1");
-        w.files_out.push(crate::ledger::FileRecord { guest: "a.txt".into(), laptop: "/p/a.txt".into(), size: 2, sha256: crate::encode::sha256_hex(b"v1"), at: String::new() });
+        w.files_out.push(crate::ledger::FileRecord { guest: "a.txt".into(), laptop: "/p/a.txt".into(), size: 2, sha256: crate::encode::sha256_hex(b"v1"), at: String::new(), ..Default::default() });
         let (landing, arrived) = a_txt_arrived(&mut files.inner, b"v2");
         Ledger::new(&mut files, "/l").write(&w).unwrap();
         let git = json!({ "files": [{ "path": "a.txt" }] });
@@ -456,7 +456,7 @@ mod tests {
         let mut w = Work { work: "w1".into(), machine: "oc-w1".into(), schema: crate::ledger::SCHEMA, ..Default::default() };
         w.owed = vec!["a.txt".into()];
         files.0.put("/p/a.txt", b"v1");
-        w.files_out.push(crate::ledger::FileRecord { guest: "a.txt".into(), laptop: "/p/a.txt".into(), size: 2, sha256: crate::encode::sha256_hex(b"v1"), at: String::new() });
+        w.files_out.push(crate::ledger::FileRecord { guest: "a.txt".into(), laptop: "/p/a.txt".into(), size: 2, sha256: crate::encode::sha256_hex(b"v1"), at: String::new(), ..Default::default() });
         let (landing, arrived) = a_txt_arrived(&mut files.0, b"v2");
         Ledger::new(&mut files, "/l").write(&w).unwrap();
         let git = json!({ "files": [{ "path": "a.txt" }] });
@@ -507,7 +507,7 @@ mod tests {
             w.owed = vec!["a.txt".into()];
             if let Some(b) = before {
                 files.inner.put("/p/a.txt", b);
-                w.files_out.push(crate::ledger::FileRecord { guest: "a.txt".into(), laptop: "/p/a.txt".into(), size: 2, sha256: crate::encode::sha256_hex(b), at: String::new() });
+                w.files_out.push(crate::ledger::FileRecord { guest: "a.txt".into(), laptop: "/p/a.txt".into(), size: 2, sha256: crate::encode::sha256_hex(b), at: String::new(), ..Default::default() });
             }
             let (landing, arrived) = a_txt_arrived(&mut files.inner, b"a.txt");
             Ledger::new(&mut files, "/l").write(&w).unwrap();

@@ -197,7 +197,7 @@ pub fn sleep(env: &mut Env, args: &Value) -> ToolResult<Value> {
             warning = Some(text);
         }
         if !already {
-            w.sleeps.push(Sleep { by: "boxd_sleep".into(), at: now.clone() });
+            w.sleeps.push(Sleep { by: "boxd_sleep".into(), at: now.clone(), ..Default::default() });
             w.asleep_by_tool = true;
             w.close_run(ctx.now_ms, "boxd_sleep");
         } else {

@@ -225,7 +225,7 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
         w.resolve_prompts(&known, &now, ctx.now_ms);
         if !duplicate {
             for (f, s) in files.iter().zip(&sent_files) {
-                w.files_in.push(FileRecord { guest: f.to.clone(), laptop: f.from.clone(), size: s.size, sha256: s.sha256.clone(), at: now.clone() });
+                w.files_in.push(FileRecord { guest: f.to.clone(), laptop: f.from.clone(), size: s.size, sha256: s.sha256.clone(), at: now.clone(), ..Default::default() });
             }
         }
     })?;
