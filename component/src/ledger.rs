@@ -469,6 +469,7 @@ impl<'a, F: Files> Ledger<'a, F> {
     /// nothing. Returns what was written (or read).
     pub fn upsert(&mut self, work: &str, f: impl FnOnce(Option<Work>) -> ToolResult<Option<Work>>) -> ToolResult<Option<Work>> {
         self.lock(work)?;
+        self.sweep_staged(work);
         let result = (|| {
             let current = self.read(work)?;
             let before = current.clone();
@@ -540,6 +541,20 @@ impl<'a, F: Files> Ledger<'a, F> {
     pub fn write(&mut self, w: &Work) -> ToolResult<()> {
         let w = w.clone();
         self.upsert(&w.work.clone(), move |_| Ok(Some(w))).map(|_| ())
+    }
+
+    /// Remove staged copies of the record (and their temps) another writer left: only a
+    /// lock holder stages one, so while this call holds the lock they are a killed host's
+    /// (never renamed) or a broken-lock holder's (refused at its rename anyway).
+    fn sweep_staged(&mut self, work: &str) {
+        let dir = self.work_dir(work);
+        let own = format!("work.json.{}.next", self.owner.replace(':', "-"));
+        for name in self.files.list(&dir).unwrap_or_default() {
+            let staged = name.strip_prefix("work.json.").is_some_and(|rest| rest.ends_with(".next") || rest.contains(".next.") && rest.ends_with(".boxd-tmp"));
+            if staged && name != own {
+                let _ = self.files.remove_file(&format!("{dir}/{name}"));
+            }
+        }
     }
 
     /// Whether the work's lock file still names this call.

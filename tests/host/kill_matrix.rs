@@ -152,6 +152,16 @@ fn recover_and_check(world: &World, tool: Tool, work: &str, args: &str, point: &
     } else {
         assert!(last.get("error").is_none(), "the rerun recovers: {ctx}");
     }
+    // A record staged and never renamed (killed between the two) is gone once a call has
+    // written the work again.
+    if last.get("error").is_none() {
+        let dir = world.laptop.ledger.join(format!("works/{work}"));
+        let staged: Vec<String> = std::fs::read_dir(&dir).into_iter().flatten().flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("work.json.") && n.contains(".next"))
+            .collect();
+        assert!(staged.is_empty(), "staged records left behind: {staged:?}: {ctx}");
+    }
     // Prompts: every one the ledger holds is admitted once on the guest, none twice.
     if !closed {
         let seen = guest_seen(world, work);

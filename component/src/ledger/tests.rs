@@ -238,3 +238,24 @@ fn fields_a_newer_host_wrote_survive_this_versions_change() {
     }
     assert_eq!(back["warnings"], serde_json::json!(["changed here"]));
 }
+
+/// A host killed between staging a record and renaming it leaves the staged copy (or its
+/// temp); the next writer of that work removes them, and nothing else in the folder.
+#[test]
+fn a_staged_record_a_killed_host_left_is_removed_by_the_next_write() {
+    let mut fs = MemFiles::new(&["/l"]);
+    Ledger::new(&mut fs, "/l").write(&Work::new("w1", "/p", "t")).unwrap();
+    let left = ["/l/works/w1/work.json.host-dead.next", "/l/works/w1/work.json.host-dead.next.ab12-3.boxd-tmp"];
+    let kept = ["/l/works/w1/export-ses_1.json", "/l/works/w1/work.json.bak", "/l/works/w1/notes.next"];
+    for p in left.iter().chain(&kept) {
+        fs.put(p, b"{}");
+    }
+    Ledger::new(&mut fs, "/l").update("w1", |w| w.warnings.push("x".into())).unwrap();
+    for p in left {
+        assert!(fs.read(p).unwrap().is_none(), "{p} stayed");
+    }
+    for p in kept {
+        assert!(fs.read(p).unwrap().is_some(), "{p} was removed");
+    }
+    assert_eq!(Ledger::new(&mut fs, "/l").require("w1").unwrap().warnings, ["x"]);
+}
