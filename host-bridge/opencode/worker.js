@@ -5,7 +5,8 @@
 // Why a worker: the component's `spawn.run` import is synchronous, so a boxd CLI call of
 // minutes would block whatever thread runs the component. Here it blocks only this worker.
 // A child with nothing to stream runs here (lib/inworker.js: spawnSync, its own process
-// group, the main thread watching for abort and the output caps). One with stdin or files
+// group, the main thread watching for abort and the output caps), under Node only: Bun's
+// spawnSync gives it no group of its own, so there every child goes to the main thread. One with stdin or files
 // is started by the plugin's main thread (lib/policy.js runChild, async, streaming); this
 // thread posts the request and sleeps on an Atomics word until the reply is on its port
 // (the synckit pattern the shim uses).

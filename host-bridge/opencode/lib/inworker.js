@@ -15,7 +15,8 @@
 //   them cannot hold the answer), whose sizes the main thread checks every 50 ms through
 //   /proc/PID/fd, killing the group past a cap;
 // - children die with the plugin's process (the main thread's exit handler).
-// Where /proc/thread-self/children is missing, every request takes the plugin's thread.
+// Where /proc/thread-self/children is missing, or spawnSync does not give the child its
+// own group, every request takes the plugin's thread (threadId below).
 import { spawnSync } from "node:child_process";
 import fs from "node:fs";
 import { OUTPUT_FILE_MARK, readStart, takeOutputFile } from "./outputs.js";
@@ -31,11 +32,24 @@ export const SHARED_WORDS = 4;
 const STREAMS = { 1: "stdout", 2: "stderr" };
 const err = (tag, val) => ({ tag: "err", val: val === undefined ? { tag } : { tag, val } });
 
-/** This thread's id when its children can be listed, else undefined. */
+/**
+ * This thread's id when it may run children itself, else undefined (all go to the plugin's
+ * thread). It may when a child spawnSync starts here leads its own process group and is
+ * listed among this thread's children, the two things every kill above relies on. Bun
+ * (OpenCode's runtime) ignores `detached` in spawnSync: its child stays in OpenCode's
+ * group, where killing "its group" kills nothing and the caps, the abort and the exit
+ * handler all miss it. So Bun never runs them here; elsewhere a probe child checks both.
+ */
 export function threadId() {
+  if (process.versions.bun) return undefined;
   try {
     const tid = fs.readlinkSync("/proc/thread-self").split("/").pop();
-    fs.readFileSync(`/proc/self/task/${tid}/children`);
+    // Shell builtins only: the child's own stat line and this thread's children, as it sees them.
+    const probe = 'read -r s < /proc/$$/stat; read -r c < "/proc/$PPID/task/$1/children"; echo "${s##*)}|$c"';
+    const r = spawnSync("/bin/sh", ["-c", probe, "probe", tid], { cwd: "/", env: {}, detached: true, encoding: "utf8", timeout: 5000, killSignal: "SIGKILL" });
+    const [stat, children] = (r.stdout ?? "").split("|");
+    const pgrp = Number(stat?.trim().split(" ")[2]);
+    if (!(r.pid > 0) || pgrp !== r.pid || !children?.split(" ").map(Number).includes(r.pid)) return undefined;
     return tid;
   } catch {
     return undefined;
@@ -99,10 +113,17 @@ export function runInWorker(req, grants, shared, call, onGrant = () => {}) {
   }
 }
 
-function killGroup(pid) {
+// `alsoPid` for a child still running (listed, not yet reaped): should it not lead its
+// group after all, it dies anyway. Once spawnSync returned, the pid is reaped and may
+// already be another process's, so only the group is killed then.
+function killGroup(pid, alsoPid = false) {
   if (!(pid > 0)) return; // kill(-0) would be our own group: OpenCode's
   try {
     process.kill(-pid, "SIGKILL");
+  } catch {}
+  if (!alsoPid) return;
+  try {
+    process.kill(pid, "SIGKILL");
   } catch {}
 }
 
@@ -117,7 +138,7 @@ export function childrenOf(tid) {
 
 /** Kill the process group of every child the worker thread `tid` runs. */
 export function killChildrenOf(tid) {
-  for (const pid of childrenOf(tid)) killGroup(pid);
+  for (const pid of childrenOf(tid)) killGroup(pid, true);
 }
 
 /**
@@ -138,7 +159,7 @@ export function watchOutput(tid, shared, aborted) {
         if (size > BOUNDS[stream]) {
           Atomics.store(shared, CAPPED_STREAM, Number(fd));
           Atomics.store(shared, CAPPED_PID, pid);
-          killGroup(pid);
+          killGroup(pid, true);
         }
       }
     }

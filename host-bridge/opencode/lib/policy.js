@@ -396,6 +396,12 @@ export function runChild(req, grants, track = () => () => {}, onGrant = () => {}
       try {
         process.kill(-child.pid, "SIGKILL");
       } catch {}
+      // And the child itself, should it not lead its group (it moved itself, or a runtime
+      // ignored `detached`); only until it is reaped, after which its pid may be another's.
+      if (child.exitCode !== null || child.signalCode !== null) return;
+      try {
+        process.kill(child.pid, "SIGKILL");
+      } catch {}
     };
     const untrack = track(killGroup);
     live.add(killGroup);
@@ -448,9 +454,6 @@ export function runChild(req, grants, track = () => () => {}, onGrant = () => {}
       if (exitCode !== undefined) return finish(result, true);
       timedOut = true;
       killGroup();
-      try {
-        process.kill(child.pid, "SIGKILL"); // a child that left its group (setsid)
-      } catch {}
       // Settle even if no exit event ever comes.
       setTimeout(() => finish(err("timed-out")), 2000).unref?.();
     }, Math.max(1, req.timeoutMs));
