@@ -20,7 +20,8 @@ import { types as shimTypes } from "@bytecodealliance/preview2-shim/filesystem";
 //   refuses with `access`.
 // - A file created in the ledger is owner-only (it may be a work's server password): WASI
 //   cannot set modes, so the host chmods it to 0600 before the component has written a
-//   byte. Files created elsewhere (a harvest into the project) keep the usual mode.
+//   byte. Files created elsewhere (a harvest into the project) keep the usual mode. A
+//   chmod that fails answers the open `access` (ownerOnly below).
 const P = shimTypes.Descriptor.prototype;
 // Descriptor → the laptop path it names (preopens and what was opened from them).
 const hostPaths = new WeakMap();
@@ -36,12 +37,14 @@ if (!P.__boxdPatched) {
   const openAt = P.openAt;
   P.openAt = function (pathFlags, path, openFlags, descriptorFlags) {
     let type;
+    let missing = false;
     try {
       type = this.statAt(pathFlags, path).type;
     } catch (e) {
       // Nothing there and nothing to create: the open would fail the same way, and each
       // open is a round trip to the shim's I/O thread (a ledger's missing files are many).
       if (e === "no-entry" && !openFlags?.create) throw e;
+      missing = e === "no-entry";
     }
     if (type !== undefined && !["regular-file", "directory", "symbolic-link"].includes(type)) throw "access";
     const fd = openAt.call(this, pathFlags, path, openFlags, { ...descriptorFlags, mutateDirectory: false });
@@ -49,11 +52,37 @@ if (!P.__boxdPatched) {
     if (base !== undefined) {
       const full = path === "" || path === "." ? base : `${base.replace(/\/+$/, "")}/${path}`;
       hostPaths.set(fd, full);
-      if (openFlags?.create && inLedger(full)) fs.chmodSync(full, 0o600);
+      if (openFlags?.create && inLedger(full)) ownerOnly(fd, full, missing || Boolean(openFlags.exclusive));
     }
     return fd;
   };
   Object.defineProperty(P, "__boxdPatched", { value: true });
+}
+
+const dispose = Symbol.dispose || Symbol.for("dispose"); // as the shim names it
+
+/**
+ * chmod 0600 the ledger file just opened with `create`. boxd-host fchmods its own
+ * descriptor and ignores a failure that cannot really happen; a chmod by path can fail
+ * (the name removed or replaced meanwhile, a file system that refuses modes), and a
+ * ledger file left at the usual mode could be a password others read. So a failure is
+ * not ignored, and not thrown either (that was a wasm trap, HOST_FAILED, leaving e.g. the
+ * work's lock for the next call to wait out): the descriptor is closed, a file this open
+ * `created` is removed while its name still holds it (never one that was there before),
+ * and the open answers `access`, which the component reports as a refused path.
+ */
+function ownerOnly(fd, full, created) {
+  try {
+    fs.chmodSync(full, 0o600);
+    return;
+  } catch {}
+  try {
+    if (created && fs.lstatSync(full, { bigint: true }).ino === fd.metadataHash().lower) fs.unlinkSync(full);
+  } catch {}
+  try {
+    fd[dispose]();
+  } catch {}
+  throw "access";
 }
 
 /**

@@ -213,6 +213,14 @@ describe("the component in the pool", { skip: missingPrerequisite() ?? false }, 
     assert.notEqual(inProject.mode, 0o600);
   });
 
+  test("a ledger file that cannot be made 0600 answers access and leaves nothing it created", async () => {
+    const { g } = setup("chmod-fails");
+    const r = await probeWrite(g, g.ledger, "chmod-fails");
+    // Before: the chmod's error was thrown through the glue (a trap, HOST_FAILED) and the
+    // new file stayed, a lock the next call waited out.
+    assert.deepEqual(r, { lock: "access", lockLeft: false, existing: "access", existingLeft: "kept" });
+  });
+
   test("a trap is HOST_FAILED with errors.rs's one next step, as in boxd-host", async () => {
     const { pool, ctx } = setup("trap");
     // A context the glue cannot lower fails inside the call, as a trap would.

@@ -327,10 +327,11 @@ export function changeCommands(calls) {
 
 /**
  * A write through the bridge's patched filesystem shim into preopen `dir` of `grants`, in
- * a worker as the component's calls run: {ok: the bytes read back, mode} or {error}.
+ * a worker as the component's calls run: {ok: the bytes read back, mode} or {error}; job
+ * "chmod-fails" instead opens files there with the 0600 chmod failing (probe-worker.mjs).
  */
-export function probeWrite(grants, dir) {
-  const worker = new Worker(new URL("./probe-worker.mjs", import.meta.url), { workerData: { grants: { preopens: grants.preopens, ledger: grants.ledger }, dir } });
+export function probeWrite(grants, dir, job = "write") {
+  const worker = new Worker(new URL("./probe-worker.mjs", import.meta.url), { workerData: { grants: { preopens: grants.preopens, ledger: grants.ledger }, dir, job } });
   return new Promise((resolve, reject) => {
     worker.once("message", resolve);
     worker.once("error", reject);
