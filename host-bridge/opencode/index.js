@@ -130,7 +130,7 @@ async function server(input, options) {
       optionsJson: JSON.stringify(grants.componentOptions),
       project: grants.project,
       ledger: grants.ledger,
-      nowMs: Date.now(),
+      nowMs: Date.now(), // read again by the pool as the call reaches its worker
       entropy: new Uint8Array(randomBytes(32)),
       approved,
       opencodeVersion: hostVersion,

@@ -258,6 +258,32 @@ describe("the pool's children in its workers", { skip: missingPrerequisite() ?? 
     assert.ok(await waitGone(child), "the child outlived the worker that asked for it");
   });
 
+  test("a call that waited in the queue carries the time it reached its worker, not the time it was asked", async () => {
+    // Every boxd command takes 1.5 s: the first call holds the only worker that long.
+    const { g, ctx } = scriptedBoxd(scratch("pool-queued-clock"), "#!/bin/sh\nsleep 1.5\necho '[]'\n");
+    const posted = [];
+    const onWorker = ({ worker }) => {
+      const post = worker.postMessage.bind(worker);
+      worker.postMessage = (m, ...rest) => {
+        if (m?.ctx) posted.push({ nowMs: m.ctx.nowMs, at: Date.now() });
+        return post(m, ...rest);
+      };
+    };
+    dc.subscribe("worker_threads", onWorker);
+    const pool = new poolLib.Pool(g, { max: 1 });
+    cleanup.push(() => pool.close());
+    const first = pool.call("boxd_status", "{}", ctx());
+    const asked = ctx();
+    const second = pool.call("boxd_status", "{}", asked);
+    await Promise.all([first, second]);
+    dc.unsubscribe("worker_threads", onWorker);
+    assert.equal(posted.length, 2, "both calls reached the one worker");
+    const queued = posted[1];
+    assert.ok(queued.at - asked.nowMs >= 1000, "the second call waited in the queue");
+    // Before: it carried the time it was asked, 1.5 s old (a submit's at_ms in the past).
+    assert.ok(queued.at - queued.nowMs < 100, `the queued call's time was ${queued.at - queued.nowMs} ms old when it was posted`);
+  });
+
   test("a call after close answers as a host failure at once", async () => {
     const { g, ctx } = scriptedBoxd(scratch("pool-closed"), "#!/bin/sh\necho '[]'\n");
     const pool = new poolLib.Pool(g);

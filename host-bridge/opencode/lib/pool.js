@@ -136,6 +136,11 @@ export class Pool {
           });
           job.unwatch = watchOutput(slot.tid, slot.shared, () => job.aborted);
         }
+        // The call's clock is read as it reaches its worker, not when it was asked: a call
+        // that waited in the queue behind slow ones would carry a past time (a submit's
+        // at_ms, which another call could take for a lost prompt and retry). Its entropy
+        // is fresh per call already and does not age.
+        if (job.msg.ctx) job.msg.ctx = { ...job.msg.ctx, nowMs: Date.now() };
         slot.worker.postMessage(job.msg);
       });
     }
