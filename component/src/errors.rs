@@ -53,6 +53,7 @@ codes! {
     GuestFailed = "GUEST_FAILED" => "Call boxd_status; if the guest keeps failing, rebuild the machine with boxd_resume.";
     GuestUnresponsive = "GUEST_UNRESPONSIVE" => "Tell the user: the machine is short of memory or overloaded (the message names the largest processes); waiting a turn will not help.";
     GuestServerDown = "GUEST_SERVER_DOWN" => "Call boxd_job in a later turn: it starts the guest's OpenCode server again.";
+    GuestStateLost = "GUEST_STATE_LOST" => "Call boxd_ensure for this work (boxd_resume if it sleeps): it prepares the work on its machine again and finds its OpenCode session, so it harvests as before; prompts that had not started when the state went do not run: submit them again.";
     BoxdFailed = "BOXD_FAILED" => "Read the boxd CLI's own message above, then run boxd_status before trying again.";
     BoxdMissing = "BOXD_MISSING" => "Install the boxd CLI on this laptop, sign in with 'boxd auth login', and restart the host so it is on the PATH.";
     Timeout = "TIMEOUT" => "Call boxd_status in a later turn instead; do not retry inside the same call.";

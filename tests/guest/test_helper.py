@@ -9,7 +9,7 @@ Each test class is one guest: a temp HOME with its own XDG dirs, the scripted pr
 global OpenCode config, and the config dir pre-seeded so OpenCode never runs npm. Tests inside
 a class share that guest's server (starting one costs ~5 s on a 2-core box) and run in name
 order. One scripted model serves every class. Every process a helper started (servers,
-pumps) is found through the guests' .boxd files and killed by pid at the end, and at exit.
+pumps) is found through the guests' state files (~/.boxd-helper/works) and killed by pid at the end, and at exit.
 """
 
 import atexit
@@ -196,7 +196,7 @@ class Guest:
         return self.home / "work" / work
 
     def boxd(self, work):
-        return self.tree(work) / ".boxd"
+        return self.home / ".boxd-helper" / "works" / work
 
     def server(self, work):
         return json.loads((self.boxd(work) / "server.json").read_text())
@@ -205,12 +205,12 @@ class Guest:
         return json.loads((self.boxd(work) / "pump.json").read_text())["pid"]
 
     def track(self):
-        for f in self.home.glob("work/*/.boxd/server.json"):
+        for f in self.home.glob(".boxd-helper/works/*/server.json"):
             try:
                 _PIDS.add(json.loads(f.read_text())["pid"])
             except (OSError, ValueError, KeyError):
                 pass
-        for f in self.home.glob("work/*/.boxd/pump.json"):
+        for f in self.home.glob(".boxd-helper/works/*/pump.json"):
             try:
                 _PIDS.add(json.loads(f.read_text())["pid"])
             except (OSError, ValueError, KeyError):
@@ -280,7 +280,7 @@ class Guest:
             return
         self.closed = True
         self.track()
-        for f in list(self.home.glob("work/*/.boxd/server.json")) + list(self.home.glob("work/*/.boxd/pump.json")):
+        for f in list(self.home.glob(".boxd-helper/works/*/server.json")) + list(self.home.glob(".boxd-helper/works/*/pump.json")):
             try:
                 pid = json.loads(f.read_text())["pid"]
             except (OSError, ValueError, KeyError):
@@ -1132,13 +1132,14 @@ class T3ServerLoss(OneWork):
         self.assertTrue(alive(g.server(self.W)["pid"]))
 
     def test_4_a_copied_home_never_drives_the_original_server(self):
-        # boxd-local forks copy the home but not the processes: the copy's .boxd names a live
+        # boxd-local forks copy the home but not the processes: the copy's state names a live
         # server that belongs to the original; the copy must start its own
         g = self.g
         original = g.server(self.W)
         fork = Guest("fork")
         try:
             shutil.copytree(str(g.tree(self.W)), str(fork.tree(self.W)), symlinks=True)
+            shutil.copytree(str(g.boxd(self.W)), str(fork.boxd(self.W)), symlinks=True)
             st = fork.status(self.W)
             self.assertEqual((st.rc, st.json["error"]), (3, "GUEST_SERVER_DOWN"), st)
             mine = fork.server(self.W)

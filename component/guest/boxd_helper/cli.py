@@ -15,10 +15,10 @@ from .disk import FileLock, atomic_write, fsync_dir, now_iso, read_json, read_te
 from .files import discard, plan_files, read_requested, receive_files, send_requested, sweep_temps, write_files
 from .gitstate import ensure_git_exclude, ensure_repo, inventory, make_bundle
 from .opencode import Api, ApiError, find_opencode, opencode_env, opencode_version
-from .procs import kill_group, owned_alive
+from .procs import kill_group, owned_alive, servers_in
 from .protocol import (EXIT_CRASH, EXIT_DOMAIN, EXIT_OK, EXIT_USAGE, PROMPT_MAX, Fail, Usage, disk_full, emit,
                        failure, mib, workspace_failure)
-from .pump import ensure_pump, run_pump, tick
+from .pump import ensure_pump, recover_session, run_pump, tick
 from .server import LISTEN_TIMEOUT, ensure_server
 from .state import PROMPT_ID_RE, SESSION_ID_RE, Work
 
@@ -35,6 +35,7 @@ def cmd_prepare(args):
     work = Work(args.work)
     raw = read_stdin()
     password = raw.split(b"\n", 1)[0].rstrip(b"\r").decode("utf-8", "replace")
+    lost = not work.exists() and os.path.isdir(work.tree)  # a tree whose state was removed
     work.create()
     old = read_text(work.p("password"))
     if not password:
@@ -64,15 +65,26 @@ def cmd_prepare(args):
         st = work.state()
         st.last_activity_at = now_iso()
         work.save_state(st)
+    if lost:
+        for pid in servers_in(work.tree):
+            kill_group(pid)
     if changed:
         info = work.server_info()
         if info and owned_alive(info, work.tree):
             with FileLock(work.p("server.lock"), timeout=LISTEN_TIMEOUT + 30):
                 kill_group(info["pid"])
     how, info = ensure_server(work, password, want_version=args.opencode_version)
+    out = {"ok": True, "work": work.id, "port": info["port"], "serverStarted": how != "up",
+           "opencodeVersion": have, "tree": work.tree, "repo": repo}
+    # A tree with no state is also a fork's first prepare (its tree is copied without it):
+    # only a root session of this work in OpenCode tells that the state was there and went.
+    sid = lost and (work.session_id() or recover_session(work, Api(info["port"], password)))
+    if sid:
+        work.log("helper.log", "prepare: the work's state was gone; made again (root session %s)" % sid)
+        out["stateRecreated"] = {"sessionId": sid, "note": "the helper's state of this work had been removed: prompts "
+                                 "that were waiting to start were lost with it and will not run"}
     ensure_pump(work)
-    return {"ok": True, "work": work.id, "port": info["port"], "serverStarted": how != "up",
-            "opencodeVersion": have, "tree": work.tree, "repo": repo}
+    return out
 
 
 def cmd_submit(args):
@@ -275,7 +287,7 @@ def cmd_export(args):
     # one it names is in it: running or waiting (SESSION_BUSY), or its run ended and in the
     # sessions read after. The laptop's proof counts them (tools/harvest.rs, covered).
     resolved = work.resolved(resolve_arg(args))
-    sid = work.session_id()
+    sid = work.session_id() or recover_session(work, api)
     st = export_idle(work, api, sid)
     newest = st.newest_prompt
     if not sid:

@@ -84,6 +84,24 @@ def proc_cmdline(pid):
         return ""
 
 
+def servers_in(tree):
+    """Session leaders running `opencode serve` the way the helper starts it, in `tree`: a
+    server whose record went with the helper's state, which nothing would stop otherwise
+    (a second server on the same sessions could go on writing one while it is exported)."""
+    found, real = [], os.path.realpath(tree)
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        pid = int(name)
+        try:
+            leader = os.getsid(pid) == pid
+        except OSError:
+            continue
+        if leader and proc_cwd(pid) == real and " serve --hostname 127.0.0.1 --port " in proc_cmdline(pid):
+            found.append(pid)
+    return found
+
+
 def kill_group(pid, grace=3.0):
     """SIGTERM the process group led by pid (falling back to the pid), then SIGKILL."""
     if not pid_alive(pid):

@@ -14,6 +14,7 @@ from .disk import FileLock, fsync_dir, now_iso, read_json, write_json
 from .opencode import Api, ApiError
 from .procs import identity, kill_group, owned_alive, proc_cmdline
 from .protocol import ENTRY
+from .state import SESSION_ID_RE
 
 TICK_SECONDS = 0.5
 START_GRACE = (60, 30.0)            # (ticks, seconds) idle with no new message before giving up
@@ -116,8 +117,31 @@ def newest_text(messages):
     return ""
 
 
+def session_title(work):
+    return "boxd work %s" % work.id
+
+
+def recover_session(work, api):
+    """The work's root session when its id went with the helper's state (removed by hand):
+    the oldest root session OpenCode holds under the title the helper gave it (OpenCode
+    keeps a title it was given). Recorded again, so every earlier run stays exportable
+    rather than a new root session hiding them. None when OpenCode has none."""
+    try:
+        listed = api.get("/session", timeout=30)
+    except ApiError:
+        return None
+    roots = [s for s in listed if isinstance(s, dict) and not s.get("parentID") and s.get("title") == session_title(work)
+             and isinstance(s.get("id"), str) and SESSION_ID_RE.match(s["id"])] if isinstance(listed, list) else []
+    if not roots:
+        return None
+    sid = min(roots, key=lambda s: (((s.get("time") or {}).get("created") or 0), s["id"]))["id"]
+    work.set_session_id(sid)
+    work.log("helper.log", "the session id was missing; found root session %s in OpenCode by its title" % sid)
+    return sid
+
+
 def ensure_session(work, api):
-    sid = work.session_id()
+    sid = work.session_id() or recover_session(work, api)
     if sid:
         try:
             api.get("/session/%s" % sid)
@@ -126,7 +150,7 @@ def ensure_session(work, api):
             if e.status != 404:
                 raise
             work.log("helper.log", "session %s is missing from OpenCode; creating a new root session" % sid)
-    created = api.call("POST", "/session", {"title": "boxd work %s" % work.id})[1]
+    created = api.call("POST", "/session", {"title": session_title(work)})[1]
     sid = created["id"]
     work.set_session_id(sid)
     return sid

@@ -1,5 +1,6 @@
-"""One work on the guest: its tree, its .boxd folder, the inbox of admitted prompts and the
-state of its runs (state.json), which the commands and the pump share under the state lock."""
+"""One work on the guest: its tree, its state folder (~/.boxd-helper/works/<id>, outside the
+tree), the inbox of admitted prompts and the state of its runs (state.json), which the
+commands and the pump share under the state lock."""
 
 import json
 import os
@@ -9,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Optional, TypedDict
 
 from .disk import FileLock, atomic_write, now_iso, read_json, read_text, write_json
+from .procs import kill_group, owned_alive
 from .protocol import LAST_TEXT_MAX, WORK_ID_MAX, WORK_RE, Fail
 
 STATE_VERSION = 1                   # the format of state.json
@@ -130,8 +132,13 @@ class Work:
         self.id = work_id
         self.home = os.path.expanduser("~")
         self.tree = os.path.join(self.home, "work", work_id)
-        self.boxd = os.path.join(self.tree, ".boxd")
+        # Outside the tree, so the agent's `git clean -fdx` (or any cleaning of the tree)
+        # cannot take the inbox, the counters or the session id with it. Same file system as
+        # the tree in practice (both under $HOME): received files rename into the tree.
+        self.boxd = os.path.join(self.home, ".boxd-helper", "works", work_id)
+        self.legacy = os.path.join(self.tree, ".boxd")  # where helpers before this one kept it
         self.inbox = os.path.join(self.boxd, "inbox")
+        self.migrate()
 
     def p(self, *names):
         return os.path.join(self.boxd, *names)
@@ -139,13 +146,43 @@ class Work:
     def exists(self):
         return os.path.isdir(self.boxd)
 
+    def migrate(self):
+        """Move the state an older helper kept in <tree>/.boxd here, once. Under its state
+        lock, so its pump (which ticks under that lock) is between steps; the pump is
+        stopped first (it would go on writing to the old folder) and started again by the
+        command. A rename keeps every file as it was, locks and the server's log included.
+        Where it cannot be renamed (another file system) the work stays in the old folder."""
+        if os.path.isdir(self.boxd) or os.path.islink(self.legacy) or not os.path.isdir(self.legacy):
+            return
+        try:
+            os.makedirs(os.path.dirname(self.boxd), mode=0o700, exist_ok=True)
+            with FileLock(os.path.join(self.legacy, "state.lock"), 30.0):
+                if os.path.isdir(self.boxd):
+                    return
+                pump = read_json(os.path.join(self.legacy, "pump.json")) or {}
+                if pump.get("pid") and owned_alive(pump, self.legacy):
+                    kill_group(pump["pid"], grace=2.0)
+                os.rename(self.legacy, self.boxd)
+        except FileNotFoundError:
+            return  # another command moved it meanwhile
+        except OSError:
+            self.boxd, self.inbox = self.legacy, os.path.join(self.legacy, "inbox")
+
     def require(self):
-        if not self.exists():
-            raise Fail("WORK_UNKNOWN", "work %s was never prepared on this machine (%s is missing)" % (self.id, self.boxd))
+        if self.exists():
+            return
+        if os.path.isdir(self.tree):
+            # Prepared once (the tree is here), and its state removed since: not a work the
+            # machine never had, and not to be answered as if nothing was lost.
+            raise Fail("GUEST_STATE_LOST", "the guest helper's state of work %s (%s) is gone, though its work tree is "
+                                           "there; the transcript is still in the guest's OpenCode. Prompts that "
+                                           "were waiting to start went with it and will not run" % (self.id, self.boxd))
+        raise Fail("WORK_UNKNOWN", "work %s was never prepared on this machine (%s is missing)" % (self.id, self.tree))
 
     def create(self):
         try:
             os.makedirs(self.tree, exist_ok=True)
+            os.makedirs(os.path.dirname(self.boxd), mode=0o700, exist_ok=True)
             os.makedirs(self.inbox, exist_ok=True)
             os.makedirs(self.p("tmp"), exist_ok=True)
             os.chmod(self.boxd, 0o700)
