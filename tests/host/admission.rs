@@ -103,7 +103,7 @@ fn forks_of_a_proven_work_run_their_own_prompts_and_the_queue_admits_in_order() 
     let (code, v) = with(&world, two, "boxd_fork", r#"{"work":"w1","forks":["fa","fb"]}"#);
     assert_eq!(code, 0, "{v:#}");
     assert_eq!((v["queued"].clone(), v["waiting"]["error"].as_str()), (serde_json::json!(["fb"]), Some("CAP_REACHED")), "{v:#}");
-    let tree = world.on_machine("oc-fa", "cat work/fa/base.txt && test ! -e work/fa/.boxd/session && echo clean");
+    let tree = world.on_machine("oc-fa", "cat work/fa/base.txt && test ! -e .boxd-helper/works/fa/session && echo clean");
     assert_eq!(String::from_utf8_lossy(&tree.stdout), "base\nclean\n", "the fork has the parent's tree and its own guest state");
     world.err_call("boxd_submit", r#"{"work":"fb","prompt":"variant b"}"#, "CAP_REACHED");
 

@@ -33,7 +33,7 @@ fn six_submits_at_once_record_every_admitted_prompt_exactly_once() {
     ids.sort();
     answered.sort();
     assert_eq!(ids, answered, "the ledger holds exactly the 18 admitted prompts");
-    let out = world.on_machine("oc-w1", "cat work/w1/.boxd/state.json");
+    let out = world.on_machine("oc-w1", "cat .boxd-helper/works/w1/state.json");
     let st: Value = serde_json::from_slice(&out.stdout).unwrap();
     let mut seen: Vec<String> = st["seen"].as_array().unwrap().iter().map(|v| v.as_str().unwrap().to_string()).collect();
     seen.sort();

@@ -142,7 +142,7 @@ pub fn on_guest(world: &World, line: &str) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-const SERVER: &str = r#"python3 -c 'import json; s = json.load(open("work/w1/.boxd/server.json")); print(s["pid"], s["port"])'"#;
+const SERVER: &str = r#"python3 -c 'import json; s = json.load(open(".boxd-helper/works/w1/server.json")); print(s["pid"], s["port"])'"#;
 
 #[test]
 fn an_aborted_run_is_reported_as_aborted() {
@@ -153,8 +153,8 @@ fn an_aborted_run_is_reported_as_aborted() {
     // Abort through the guest's own server API, as a user at the machine would.
     let line = on_guest(&world, SERVER);
     let port = line.split_whitespace().nth(1).unwrap().to_string();
-    let session = on_guest(&world, "cat work/w1/.boxd/session").trim().to_string();
-    on_guest(&world, &format!("curl -sf -m 10 -u opencode:$(cat work/w1/.boxd/password) -X POST http://127.0.0.1:{port}/session/{session}/abort"));
+    let session = on_guest(&world, "cat .boxd-helper/works/w1/session").trim().to_string();
+    on_guest(&world, &format!("curl -sf -m 10 -u opencode:$(cat .boxd-helper/works/w1/password) -X POST http://127.0.0.1:{port}/session/{session}/abort"));
     let v = world.job_until_idle("w1");
     assert_eq!(v["outcome"], "aborted", "{v:#}");
 }

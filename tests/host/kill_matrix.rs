@@ -100,7 +100,7 @@ pub(crate) fn ledger_record(world: &World, work: &str) -> Value {
 
 /// The ids the guest admitted, from its own state (the helper's `seen`).
 pub(crate) fn guest_seen(world: &World, work: &str) -> Vec<String> {
-    let out = world.on_machine(&format!("oc-{work}"), &format!("cat work/{work}/.boxd/state.json"));
+    let out = world.on_machine(&format!("oc-{work}"), &format!("cat .boxd-helper/works/{work}/state.json"));
     let st: Value = serde_json::from_slice(&out.stdout).unwrap_or(json!({}));
     st["seen"].as_array().into_iter().flatten().filter_map(|v| v.as_str().map(String::from)).collect()
 }

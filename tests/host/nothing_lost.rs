@@ -468,3 +468,30 @@ fn a_bundle_or_patch_deleted_from_the_ledger_is_made_again_by_a_harvest_and_refu
     }
     assert_eq!(world.ok_call("boxd_drop", W1)["dropped"], true);
 }
+
+#[test]
+fn the_agents_git_clean_leaves_the_guest_state_and_a_removed_state_still_harvests_and_drops() {
+    let world = World::new("lost-gitclean");
+    world.ok_call("boxd_ensure", W1);
+    // The agent cleans its tree, ignored files and nested repositories too, while a second
+    // prompt waits in the inbox.
+    let clean = bash("echo scratch > s.txt && git clean -fdx && git clean -fdX && git clean -fd && git clean -ffdx");
+    world.ok_call("boxd_submit", &json!({ "work": "w1", "prompt": format!("tidy up {clean}") }).to_string());
+    world.ok_call("boxd_submit", &json!({ "work": "w1", "prompt": "then say done" }).to_string());
+    let v = world.job_until_idle("w1");
+    let v = if v["pending"] != 0 { world.job_until_idle("w1") } else { v };
+    assert_eq!((v["outcome"].as_str(), v["lastText"].as_str()), (Some("completed"), Some("MODEL_REPLY: then say done")), "{v:#}");
+    assert_eq!(in_tree(&world, "w1", "test ! -e s.txt && echo cleaned"), "cleaned\n");
+    let h = world.ok_call("boxd_harvest", W1);
+    let session = h["sessions"][0]["id"].as_str().unwrap().to_string();
+
+    // Removed all the same (by hand, outside the tree): said as such, and boxd_ensure finds
+    // the same root session again, so the work proves and drops.
+    // (again while the pump still writes into it, as a person's rm would race it)
+    in_tree(&world, "w1", "s=~/.boxd-helper/works/w1; for i in 1 2 3 4 5; do rm -rf $s 2>/dev/null && break; sleep 0.2; done; test ! -e $s");
+    world.err_call("boxd_job", W1, "GUEST_STATE_LOST");
+    world.ok_call("boxd_ensure", W1);
+    let h = world.ok_call("boxd_harvest", W1);
+    assert_eq!(h["sessions"][0]["id"].as_str(), Some(session.as_str()), "{h:#}");
+    assert_eq!(world.ok_call("boxd_drop", W1)["dropped"], true);
+}
