@@ -82,8 +82,18 @@ impl Prices {
     }
 }
 
+/// Both factors are below 2^64, so the product fits u128; a result past u64 (only a
+/// hand-made price or record gives one) stays at the largest amount rather than wrapping.
 fn priced(rate_per_hour: u64, ms: u64) -> u64 {
-    (rate_per_hour as u128 * ms as u128 / HOUR_MS) as u64
+    u64::try_from(rate_per_hour as u128 * ms as u128 / HOUR_MS).unwrap_or(u64::MAX)
+}
+
+impl RunInterval {
+    /// Its length up to `now_ms` while open; a hand-edited one that ends before it began
+    /// is empty (never a wrapped subtraction).
+    fn ms(&self, now_ms: u64) -> u64 {
+        self.to_ms.unwrap_or(now_ms).saturating_sub(self.from_ms)
+    }
 }
 
 /// Millionths as the currency amount hosts show (0.218, not 218000).
@@ -128,7 +138,7 @@ impl Work {
 
     /// How long the machine has run, up to `now_ms` for an interval still open.
     pub fn running_ms(&self, now_ms: u64) -> u64 {
-        self.runs.iter().map(|r| r.to_ms.unwrap_or(now_ms.max(r.from_ms)) - r.from_ms).sum()
+        self.runs.iter().fold(0, |sum, r| sum.saturating_add(r.ms(now_ms)))
     }
 
     /// From its create to its drop (or to now, while it lives); 0 for records older than
@@ -147,13 +157,9 @@ impl Work {
         if let Some(s) = &self.settled {
             return s.cost_micros;
         }
-        let running: u64 = self
-            .runs
-            .iter()
-            .map(|r| priced(prices.running_rate(&r.size), r.to_ms.unwrap_or(now_ms.max(r.from_ms)) - r.from_ms))
-            .sum();
+        let running = self.runs.iter().fold(0u64, |sum, r| sum.saturating_add(priced(prices.running_rate(&r.size), r.ms(now_ms))));
         let asleep_ms = self.lifetime_ms(now_ms).saturating_sub(self.running_ms(now_ms));
-        running + priced(prices.asleep_rate(), asleep_ms)
+        running.saturating_add(priced(prices.asleep_rate(), asleep_ms))
     }
 
     /// What the work costs per hour now: its size's rate while running, the disk rate
@@ -207,6 +213,23 @@ mod tests {
         assert_eq!((s.lifetime_ms, s.running_ms, s.cost_micros), (10 * H, 3 * H + H / 2, 763_000 + 6_500));
         assert_eq!(amount(s.cost_micros), 0.7695);
         assert_eq!(w.spend_micros(&p, 1_000 + 99 * H), 769_500, "settled: the cost no longer grows");
+    }
+
+    /// A hand-edited interval that ends before it began is empty, and sums and prices past
+    /// u64 stay at the largest amount (before: 1117052835574.64 spent, or a panic).
+    #[test]
+    fn an_inverted_interval_or_a_huge_price_never_wraps() {
+        let p = Prices::default();
+        let mut w = Work::new("w1", "/p", "t");
+        w.created_ms = 1;
+        w.runs.push(RunInterval { from_ms: 5 * H, to_ms: Some(H), size: MACHINE_SIZE.into(), ..Default::default() });
+        w.runs.push(RunInterval { from_ms: 6 * H, to_ms: Some(7 * H), size: MACHINE_SIZE.into(), ..Default::default() });
+        assert_eq!(w.running_ms(10 * H), H);
+        assert_eq!(w.spend_micros(&p, 1 + 10 * H), 218_000 + 9_000);
+        let dear = Prices { running_per_hour: [("2x8".to_string(), u64::MAX / 2)].into_iter().collect(), ..Prices::default() };
+        w.runs.push(RunInterval { from_ms: 0, to_ms: Some(u64::MAX), size: MACHINE_SIZE.into(), ..Default::default() });
+        assert_eq!(w.running_ms(10 * H), u64::MAX);
+        assert_eq!(w.spend_micros(&dear, 10 * H), u64::MAX);
     }
 
     #[test]

@@ -117,7 +117,7 @@ impl Headroom {
                 format!("Raise workSpendCeiling in the plugin options (or set it to null) and call again; an asleep work wakes only then (boxd_resume), for its harvest (boxd_harvest) and drop (boxd_drop)."),
             ));
         }
-        let burn: u64 = self.ledger.iter().map(|r| r.rate).sum::<u64>() + o.prices.running_rate(MACHINE_SIZE);
+        let burn = self.ledger.iter().fold(o.prices.running_rate(MACHINE_SIZE), |sum, r| sum.saturating_add(r.rate));
         if let Some(ceiling) = o.burn_rate_ceiling.filter(|c| burn > *c) {
             return Err(ToolError::with_next(
                 Code::CeilingReached,
