@@ -151,11 +151,33 @@ fn cap_option(what: &str) -> &'static str {
     }
 }
 
-/// Admit one create or wake of `work` (its record, when the ledger has one, gives its
-/// spend so far), or refuse it before boxd is asked.
+/// The record as a call that read the machine's state sees it: an interval the ledger
+/// still has open ends when the machine is down (an idle bound after its last use), and
+/// one opens when it runs. boxd_status does the same to its rows. Applied to a copy, so
+/// a read writes nothing; a change records the same when it writes.
+pub fn seen_as(w: &Work, st: State, ctx: &Context) -> Work {
+    let mut seen = w.clone();
+    match st {
+        State::Running | State::Standby | State::Starting => seen.open_run(ctx.now_ms),
+        State::Asleep | State::Stopped => seen.seen_not_running(ctx.now_ms, ctx.options.idle_ms(), false),
+        State::Gone | State::Failed => seen.seen_not_running(ctx.now_ms, ctx.options.idle_ms(), true),
+    }
+    seen
+}
+
+/// What `work` has spent as a call that found its machine in state `st` sees it (0 for a
+/// work the ledger does not hold open).
+fn spent_seen<F: Files>(ledger: &mut Ledger<F>, ctx: &Context, work: &str, st: State) -> ToolResult<u64> {
+    Ok(ledger.read(work)?.filter(|w| !w.is_closed()).map_or(0, |w| seen_as(&w, st, ctx).spend_micros(&ctx.options.prices, ctx.now_ms)))
+}
+
+/// Admit one create of `work` (its record, when the ledger has one, gives its spend so
+/// far: a rebuild's gone machine stopped billing an idle bound after its last use), or
+/// refuse it before boxd is asked.
 /// Returns the status the listing shows for the work's own machine, if it shows one.
 pub fn admit<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F>, ctx: &Context, work: &str, directory: &str) -> ToolResult<Option<String>> {
-    let spent = ledger.read(work)?.filter(|w| !w.is_closed()).map_or(0, |w| w.spend_micros(&ctx.options.prices, ctx.now_ms));
+    // Every create follows a `get` that found no machine under the name.
+    let spent = spent_seen(ledger, ctx, work, State::Gone)?;
     let room = headroom(boxd, ledger, ctx, work)?;
     room.check(ctx, work, directory, spent)?;
     Ok(room.own)
@@ -165,8 +187,10 @@ pub fn admit<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F>, 
 /// ledger can over-count (a machine removed outside the plugin still has an open run in
 /// its record), so a refusal is checked once against the account's listing before it is
 /// given: only what really runs refuses a wake. The usual wake makes no extra call.
-pub fn admit_wake<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F>, ctx: &Context, work: &str, directory: &str) -> ToolResult<()> {
-    let spent = ledger.read(work)?.filter(|w| !w.is_closed()).map_or(0, |w| w.spend_micros(&ctx.options.prices, ctx.now_ms));
+/// `st` is the state the wake found the machine in: a machine boxd hibernated is judged
+/// as boxd_status shows it, not billed as running until now.
+pub fn admit_wake<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F>, ctx: &Context, work: &str, directory: &str, st: State) -> ToolResult<()> {
+    let spent = spent_seen(ledger, ctx, work, st)?;
     match headroom_known(ledger, ctx, work)?.check(ctx, work, directory, spent) {
         Err(e) if matches!(e.code, Code::CapReached | Code::CeilingReached) => headroom(boxd, ledger, ctx, work)?.check(ctx, work, directory, spent),
         known => known,

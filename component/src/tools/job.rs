@@ -34,9 +34,12 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
     let mut ledger = Ledger::for_call(&mut env.files, ctx);
     let w = ledger.require(&work)?;
     super::require_open(&w)?;
-    let spend = super::status::spend_json(&w, ctx);
     let mut boxd = Boxd::new(&mut env.programs, ctx.options.boxd_timeout_seconds);
-    match super::machine::owned_state(&mut boxd, &w)? {
+    let st = super::machine::owned_state(&mut boxd, &w)?;
+    // The spend as the state it reports (a machine boxd hibernated bills disk only, as
+    // boxd_status shows it), not as the record last written.
+    let spend = super::status::spend_json(&super::admission::seen_as(&w, st, ctx), ctx);
+    match st {
         State::Asleep | State::Stopped => {
             let (by, at): (&str, Value) = if w.asleep_by_tool {
                 ("boxd_sleep", json!(w.sleeps.last().map(|s| s.at.clone())))

@@ -305,7 +305,7 @@ pub fn resume(env: &mut Env, args: &Value) -> ToolResult<Value> {
     let mut boxd = Boxd::new(&mut env.programs, ctx.options.boxd_timeout_seconds);
     let state = owned_state(&mut boxd, &w)?;
     if matches!(state, State::Asleep | State::Standby | State::Stopped | State::Failed) {
-        super::admission::admit_wake(&mut boxd, &mut ledger, ctx, &work, &w.directory)?;
+        super::admission::admit_wake(&mut boxd, &mut ledger, ctx, &work, &w.directory, state)?;
     }
     // A rebuild names the prompts whose runs went with the gone machine.
     let mut lost: Vec<String> = Vec::new();
@@ -367,6 +367,8 @@ pub fn resume(env: &mut Env, args: &Value) -> ToolResult<Value> {
     Ok(out)
 }
 
+#[cfg(test)]
+mod spend_tests;
 
 #[cfg(test)]
 mod tests {

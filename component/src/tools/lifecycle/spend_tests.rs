@@ -1,0 +1,105 @@
+//! Spend through the tools, on hand-computed timelines at the default prices (2x8 at
+//! 0.218/h running, 10 GB at 0.0001/GB-h asleep = 0.001/h) and the default 30-minute idle
+//! bound: what a wake, a rebuild, boxd_job and boxd_sleep see and record.
+
+use super::*;
+use crate::ledger::Prompt;
+use crate::testing::{open_work, raw_context, MemFiles, Scripted, OURS};
+use crate::tools::{call, RawContext};
+
+const H: u64 = 3_600_000;
+const T0: u64 = 1_000;
+const GOLDEN: &str = r#"[{"name":"opencode-golden","version":"1","status":"ready"}]"#;
+
+fn at(now_ms: u64, options: &str) -> RawContext {
+    RawContext { now_ms, ..raw_context(options, "{}") }
+}
+
+/// `machine get oc-w1` for our machine in `status`.
+fn ours(status: &str) -> String {
+    OURS.replace(r#""running""#, &format!(r#""{status}""#))
+}
+
+/// w1, created at T0 with its machine running since, then as `f` leaves it.
+fn running_since_t0(f: impl FnOnce(&mut Work)) -> MemFiles {
+    let mut fs = open_work(None);
+    Ledger::new(&mut fs, "/l").update("w1", |w| {
+        w.created_ms = T0;
+        w.open_run(T0);
+        f(w);
+    }).unwrap();
+    fs
+}
+
+fn record(fs: &mut MemFiles) -> Work {
+    Ledger::new(fs, "/l").require("w1").unwrap()
+}
+
+/// A resume's calls once the machine is woken (or made): the idle bound set, the helper
+/// uploaded, the guest prepared.
+fn guest_ready(p: &mut Scripted) {
+    for _ in 0..3 {
+        p.push_exit(0, r#"{"ok":true,"work":"w1"}"#, "");
+    }
+}
+
+/// Created and running at T0, hibernated by boxd's idle bound at T0 + 30 min, resumed at
+/// T0 + 100 h: it ran 0.5 h (0.109) and slept 99.5 h (0.0995), so it has spent 0.2085,
+/// which boxd_status and boxd_job show and the ceiling judges. Before, the wake billed the
+/// whole 100 h as running (21.8) and a ceiling of 1 refused it.
+#[test]
+fn a_machine_boxd_hibernated_is_woken_on_the_spend_status_shows() {
+    let now = T0 + 100 * H;
+    let mut fs = running_since_t0(|_| {});
+    let mut p = Scripted::default();
+    p.push_exit(0, r#"[{"name":"oc-w1","status":"hibernated"}]"#, "");
+    p.push_exit(0, "[]", "");
+    let v = call(&mut p, &mut fs, "boxd_status", "{}", at(now, "{}")).unwrap();
+    assert_eq!(v["works"][0]["spend"]["spent"], 0.2085, "{v:#}");
+    let mut p = Scripted::default();
+    p.push_exit(0, &ours("hibernated"), "");
+    let v = call(&mut p, &mut fs, "boxd_job", r#"{"work":"w1"}"#, at(now, "{}")).unwrap();
+    assert_eq!((v["state"].as_str(), v["spend"]["spent"].as_f64(), v["spend"]["burnPerHour"].as_f64(), v["spend"]["runningHours"].as_f64()), (Some("asleep"), Some(0.2085), Some(0.001), Some(0.5)), "{v:#}");
+
+    // A ceiling below what it spent still refuses, naming the figure status shows.
+    let before = record(&mut fs);
+    let mut p = Scripted::default();
+    p.push_exit(0, "1.18.33", "");
+    p.push_exit(0, &ours("hibernated"), "");
+    p.push_exit(0, "[]", "");
+    let e = call(&mut p, &mut fs, "boxd_resume", r#"{"work":"w1"}"#, at(now, r#"{"workSpendCeiling":0.2}"#)).unwrap_err();
+    assert!(e.code == Code::CeilingReached && e.message.contains("has spent 0.2085"), "{e:?}");
+    assert_eq!(record(&mut fs), before, "a refused wake writes nothing");
+
+    let mut p = Scripted::default();
+    p.push_exit(0, "1.18.33", "");
+    p.push_exit(0, &ours("hibernated"), "");
+    p.push_exit(0, "", "");
+    guest_ready(&mut p);
+    let v = call(&mut p, &mut fs, "boxd_resume", r#"{"work":"w1"}"#, at(now, r#"{"workSpendCeiling":1}"#)).unwrap();
+    assert_eq!(v["action"], "woken", "{v:#}");
+    let w = record(&mut fs);
+    assert_eq!((w.runs[0].to_ms, w.runs[0].ended_by.as_deref()), (Some(T0 + H / 2), Some("seen asleep")), "the wake records where the run ended");
+    assert_eq!((w.runs.len(), w.runs[1].from_ms, w.runs[1].to_ms), (2, now, None));
+}
+
+/// The same for a machine found gone: the rebuild is admitted on the 0.5 h it ran, and
+/// the create's write records that end.
+#[test]
+fn a_gone_machine_is_rebuilt_on_the_spend_status_shows() {
+    let now = T0 + 100 * H;
+    let mut fs = running_since_t0(|_| {});
+    let mut p = Scripted::default();
+    p.push_exit(0, "1.18.33", "");
+    p.push_fail(1, "error: VM 'oc-w1' not found");
+    p.push_exit(0, "[]", "");
+    p.push_exit(0, GOLDEN, "");
+    p.push_exit(0, r#"{"name":"oc-w1","id":"vm_2","boot":"0.1s"}"#, "");
+    p.push_exit(0, "", "");
+    p.push_exit(0, r#"{"ok":true,"work":"w1"}"#, "");
+    let v = call(&mut p, &mut fs, "boxd_resume", r#"{"work":"w1"}"#, at(now, r#"{"workSpendCeiling":1}"#)).unwrap();
+    assert_eq!(v["action"], "rebuilt", "{v:#} {:?}", p.commands());
+    let w = record(&mut fs);
+    assert_eq!((w.runs[0].to_ms, w.runs[0].ended_by.as_deref()), (Some(T0 + H / 2), Some("seen gone")));
+    assert_eq!((w.runs[1].from_ms, w.machine_id.as_deref()), (now, Some("vm_2")));
+}
