@@ -14,6 +14,10 @@ pub const MACHINE_SIZE: &str = "2x8";
 
 const HOUR_MS: u128 = 3_600_000;
 
+/// How stale a recorded use may be before boxd_job records a newer one: a write per poll
+/// would buy at most this much more precision (a minute at 0.218/h is 0.004).
+pub const ACTIVE_GRAIN_MS: u64 = 60_000;
+
 /// One stretch of a machine running (or on standby, which bills the same memory):
 /// opened by a create or wake, closed by a sleep, a drop, or a call that saw the machine
 /// hibernated or gone.
@@ -27,6 +31,11 @@ pub struct RunInterval {
     /// What closed it: "boxd_sleep", "boxd_drop", "seen asleep", "seen gone".
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ended_by: Option<String>,
+    /// The last time a call found the machine running and used it (boxd_job's status
+    /// exec): boxd's idle clock counts that traffic, so an interval seen ended runs at
+    /// least an idle bound past it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub active_ms: Option<u64>,
     /// Fields this version does not know: kept through every write (see Work::unknown).
     #[serde(flatten)]
     pub unknown: BTreeMap<String, serde_json::Value>,
@@ -114,7 +123,26 @@ impl Work {
     /// The machine started running (create, wake, or a call found it running).
     pub fn open_run(&mut self, now_ms: u64) {
         if self.running_since().is_none() {
-            self.runs.push(RunInterval { from_ms: now_ms, to_ms: None, size: MACHINE_SIZE.to_string(), ended_by: None, unknown: BTreeMap::new() });
+            self.runs.push(RunInterval { from_ms: now_ms, to_ms: None, size: MACHINE_SIZE.to_string(), ended_by: None, active_ms: None, unknown: BTreeMap::new() });
+        }
+    }
+
+    /// A call found the machine running at `now_ms` and used it: the run is open (from
+    /// now, when the ledger had it down: woken outside the plugin, its time before this
+    /// call cannot be known) and its last use is now.
+    pub fn in_use(&mut self, now_ms: u64) {
+        self.open_run(now_ms);
+        if let Some(r) = self.runs.last_mut() {
+            r.active_ms = Some(r.active_ms.unwrap_or(0).max(now_ms));
+        }
+    }
+
+    /// Whether `in_use` at `now_ms` would tell the record something worth a write: no run
+    /// open, or its last use older than ACTIVE_GRAIN_MS.
+    pub fn use_unrecorded(&self, now_ms: u64) -> bool {
+        match self.runs.last().filter(|r| r.to_ms.is_none()) {
+            None => true,
+            Some(r) => now_ms.saturating_sub(r.active_ms.unwrap_or(r.from_ms)) >= ACTIVE_GRAIN_MS,
         }
     }
 
@@ -128,11 +156,14 @@ impl Work {
 
     /// A call saw the machine not running (hibernated by its idle bound, stopped, or
     /// gone) while the ledger had it running. boxd hibernates it an idle bound after its
-    /// last activity, so the interval ends there: at the later of its start and the newest
-    /// prompt, plus the bound — never after now.
+    /// last network traffic, so the interval ends there: at the latest of its start, its
+    /// newest prompt and its last recorded use (`in_use`: a run hours long that boxd_job
+    /// watched), plus the bound — never after now.
     pub fn seen_not_running(&mut self, now_ms: u64, idle_ms: u64, gone: bool) {
-        let Some(from) = self.running_since() else { return };
-        let active = self.prompts.iter().map(|p| p.at_ms).filter(|&t| t >= from).max().unwrap_or(from);
+        let Some(r) = self.runs.last().filter(|r| r.to_ms.is_none()) else { return };
+        let from = r.from_ms;
+        let prompt = self.prompts.iter().map(|p| p.at_ms).filter(|&t| t >= from).max().unwrap_or(from);
+        let active = prompt.max(r.active_ms.unwrap_or(from)).max(from);
         self.close_run(now_ms.min(active.saturating_add(idle_ms)), if gone { "seen gone" } else { "seen asleep" });
     }
 
@@ -213,6 +244,27 @@ mod tests {
         assert_eq!((s.lifetime_ms, s.running_ms, s.cost_micros), (10 * H, 3 * H + H / 2, 763_000 + 6_500));
         assert_eq!(amount(s.cost_micros), 0.7695);
         assert_eq!(w.spend_micros(&p, 1_000 + 99 * H), 769_500, "settled: the cost no longer grows");
+    }
+
+    /// Its last recorded use ends a run seen hibernated an idle bound later, when that is
+    /// after the newest prompt's bound: t=0 created and a prompt · used at 3h · seen at 9h,
+    /// bound 30 min → ran until 3.5h (before: until the prompt's 0.5h). Never past the call
+    /// that sees it, and a use or prompt before the interval began does not count.
+    #[test]
+    fn a_run_seen_ended_counts_to_its_last_use() {
+        let mut w = Work::new("w1", "/p", "t");
+        w.open_run(0);
+        w.prompts.push(Prompt { id: "p1".into(), at_ms: 0, ..Default::default() });
+        w.in_use(3 * H);
+        w.seen_not_running(9 * H, H / 2, false);
+        assert_eq!((w.runs[0].to_ms, w.running_ms(9 * H)), (Some(3 * H + H / 2), 3 * H + H / 2));
+        w.open_run(10 * H);
+        w.in_use(10 * H + 60_000);
+        w.seen_not_running(10 * H + 20 * 60_000, H / 2, true);
+        assert_eq!(w.runs[1].to_ms, Some(10 * H + 20 * 60_000), "never past the call that saw it");
+        w.open_run(11 * H);
+        w.seen_not_running(20 * H, H / 2, false);
+        assert_eq!(w.runs[2].to_ms, Some(11 * H + H / 2), "the older use and prompt are another interval's");
     }
 
     /// A hand-edited interval that ends before it began is empty, and sums and prices past

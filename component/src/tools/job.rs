@@ -70,10 +70,14 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
         State::Running => {}
     }
     let (s, known) = Guest::new(&mut boxd, &machine, &work).call_resolving("status", &w.unresolved())?;
-    if w.asleep_by_tool || !known.is_empty() {
+    // The status exec is traffic boxd's idle clock counts (and comes after the guest's own
+    // lastActivityAt): recorded, so the run is not ended before it when the machine is
+    // later found hibernated. A machine woken outside the plugin opens its run here.
+    if w.asleep_by_tool || !known.is_empty() || w.use_unrecorded(ctx.now_ms) {
         ledger.update(&work, |w| {
             w.asleep_by_tool = false;
             w.resolve_prompts(&known, &now, ctx.now_ms);
+            w.in_use(ctx.now_ms);
         })?;
     }
     let busy = s.get("state").and_then(Value::as_str) == Some("busy");

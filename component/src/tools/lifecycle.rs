@@ -133,7 +133,8 @@ fn adopt<F: Files>(ledger: &mut Ledger<F>, w: Work, info: &MachineInfo, ctx: &Co
             w.state = WorkState::Open;
         }
         match st {
-            State::Running | State::Standby => w.open_run(ctx.now_ms),
+            // The guest is prepared next: an exec, traffic boxd's idle clock counts.
+            State::Running | State::Standby => w.in_use(ctx.now_ms),
             State::Asleep | State::Stopped => w.seen_not_running(ctx.now_ms, ctx.options.idle_ms(), false),
             _ => {}
         }
@@ -351,7 +352,8 @@ pub fn resume(env: &mut Env, args: &Value) -> ToolResult<Value> {
             // It was down: whatever the ledger thought ran ended an idle bound after use.
             w.seen_not_running(ctx.now_ms, ctx.options.idle_ms(), false);
         }
-        w.open_run(ctx.now_ms);
+        // Its guest is prepared next (an exec: a use the idle clock counts).
+        w.in_use(ctx.now_ms);
     })?;
     // Prepare starts a server that is not running; a run it interrupted is reported once,
     // by the next boxd_job (no status exec here: resume stays within four round trips).

@@ -103,3 +103,57 @@ fn a_gone_machine_is_rebuilt_on_the_spend_status_shows() {
     assert_eq!((w.runs[0].to_ms, w.runs[0].ended_by.as_deref()), (Some(T0 + H / 2), Some("seen gone")));
     assert_eq!((w.runs[1].from_ms, w.machine_id.as_deref()), (now, Some("vm_2")));
 }
+
+/// A prompt at T0 runs for three hours, boxd_job watching; boxd hibernates the machine
+/// 30 min after the last job (its exec is traffic). Seen at T0 + 9 h, the run ended at
+/// T0 + 3.5 h, not at the prompt's T0 + 0.5 h: 3.5 h running (0.763) + 5.5 h asleep
+/// (0.0055). Before, job recorded nothing and the spend was 0.109 + 0.0085.
+#[test]
+fn a_long_run_boxd_job_watched_is_billed_to_its_last_use() {
+    let mut fs = running_since_t0(|w| w.prompts.push(Prompt { id: "p1".into(), admitted: true, at_ms: T0, ..Default::default() }));
+    let busy = r#"{"state":"busy","running":{"promptId":"p1"},"pending":0}"#;
+    for (now, written) in [(T0 + 30_000, false), (T0 + 3 * H, true), (T0 + 3 * H + 30_000, false)] {
+        let before = record(&mut fs);
+        let mut p = Scripted::default();
+        p.push_exit(0, OURS, "");
+        p.push_exit(0, busy, "");
+        assert_eq!(call(&mut p, &mut fs, "boxd_job", r#"{"work":"w1"}"#, at(now, "{}")).unwrap()["state"], "busy");
+        // A use less than a minute after the last one recorded is not worth a write.
+        assert_eq!(record(&mut fs) != before, written, "job at {now}");
+    }
+    assert_eq!(record(&mut fs).runs[0].active_ms, Some(T0 + 3 * H));
+    let now = T0 + 9 * H;
+    let mut p = Scripted::default();
+    p.push_exit(0, &ours("hibernated"), "");
+    let v = call(&mut p, &mut fs, "boxd_job", r#"{"work":"w1"}"#, at(now, "{}")).unwrap();
+    assert_eq!((v["spend"]["runningHours"].as_f64(), v["spend"]["spent"].as_f64()), (Some(3.5), Some(0.7685)), "{v:#}");
+    let mut p = Scripted::default();
+    p.push_exit(0, "1.18.33", "");
+    p.push_exit(0, &ours("hibernated"), "");
+    p.push_exit(0, "", "");
+    guest_ready(&mut p);
+    call(&mut p, &mut fs, "boxd_resume", r#"{"work":"w1"}"#, at(now, "{}")).unwrap();
+    assert_eq!(record(&mut fs).runs[0].to_ms, Some(T0 + 3 * H + H / 2));
+}
+
+/// Slept by boxd_sleep at T0 + 1 h, woken by hand, found running by boxd_job at T0 + 5 h:
+/// the job opens the run (the ledger cannot know the hours before), so when boxd
+/// hibernates it again it is billed from there (1 h + 0.5 h). Before, nothing recorded it
+/// and only the first hour counted.
+#[test]
+fn a_machine_woken_by_hand_is_billed_from_the_first_job_that_finds_it_running() {
+    let mut fs = running_since_t0(|w| {
+        w.close_run(T0 + H, "boxd_sleep");
+        w.asleep_by_tool = true;
+    });
+    let mut p = Scripted::default();
+    p.push_exit(0, OURS, "");
+    p.push_exit(0, r#"{"state":"idle","pending":0}"#, "");
+    call(&mut p, &mut fs, "boxd_job", r#"{"work":"w1"}"#, at(T0 + 5 * H, "{}")).unwrap();
+    let w = record(&mut fs);
+    assert_eq!((w.runs.len(), w.runs[1].from_ms, w.runs[1].to_ms), (2, T0 + 5 * H, None), "{:?}", w.runs);
+    let mut p = Scripted::default();
+    p.push_exit(0, &ours("hibernated"), "");
+    let v = call(&mut p, &mut fs, "boxd_job", r#"{"work":"w1"}"#, at(T0 + 9 * H, "{}")).unwrap();
+    assert_eq!(v["spend"]["runningHours"], 1.5, "{v:#}");
+}
