@@ -181,8 +181,11 @@ pub fn sleep(env: &mut Env, args: &Value) -> ToolResult<Value> {
     let w = ledger.require(&work)?;
     super::require_open(&w)?;
     let mut boxd = Boxd::new(&mut env.programs, ctx.options.boxd_timeout_seconds);
-    let already = match owned_state(&mut boxd, &w)? {
-        State::Asleep => true,
+    // Hibernated, or stopped by hand (boxd hibernates only a running or standby machine):
+    // either way it is down and bills disk only, so the sleep is done; its run is closed.
+    let st = owned_state(&mut boxd, &w)?;
+    let already = match st {
+        State::Asleep | State::Stopped => true,
         State::Gone => return Err(ToolError::new(Code::MachineGone, format!("{machine} no longer exists"))),
         State::Starting => return Err(ToolError::new(Code::MachineStarting, format!("{machine} is still starting"))),
         _ => {
@@ -205,9 +208,11 @@ pub fn sleep(env: &mut Env, args: &Value) -> ToolResult<Value> {
             w.seen_not_running(ctx.now_ms, ctx.options.idle_ms(), false);
         }
     })?;
-    let mut out = work_json(&w, "asleep");
-    out["asleepBy"] = json!("boxd_sleep");
-    out["sleptAt"] = json!(w.sleeps.last().map(|s| s.at.clone()));
+    let mut out = work_json(&w, if st == State::Stopped { "stopped" } else { "asleep" });
+    // Down already: by this tool's earlier sleep, or by boxd's idle bound or the CLI (as boxd_job says).
+    let by_tool = !already || w.asleep_by_tool;
+    out["asleepBy"] = json!(if by_tool { "boxd_sleep" } else { "idle_or_cli" });
+    out["sleptAt"] = json!(if by_tool { w.sleeps.last().map(|s| s.at.clone()) } else { None });
     out["alreadyAsleep"] = json!(already);
     out["warning"] = json!(warning);
     out["next"] = json!(format!("Call boxd_resume for work '{work}' when you need it again."));

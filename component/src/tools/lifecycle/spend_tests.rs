@@ -157,3 +157,18 @@ fn a_machine_woken_by_hand_is_billed_from_the_first_job_that_finds_it_running() 
     let v = call(&mut p, &mut fs, "boxd_job", r#"{"work":"w1"}"#, at(T0 + 9 * H, "{}")).unwrap();
     assert_eq!(v["spend"]["runningHours"], 1.5, "{v:#}");
 }
+
+/// boxd_sleep on a machine stopped by hand: it is down already, so the sleep is done,
+/// answered as it is (stopped, not by boxd_sleep), with no hibernate asked and the run
+/// closed an idle bound after its start. Before: BOXD_FAILED from the hibernate.
+#[test]
+fn sleep_on_a_stopped_machine_closes_its_run_and_says_so() {
+    let mut fs = running_since_t0(|_| {});
+    let mut p = Scripted::default();
+    p.push_exit(0, &ours("stopped"), "");
+    let v = call(&mut p, &mut fs, "boxd_sleep", r#"{"work":"w1"}"#, at(T0 + 5 * H, "{}")).unwrap();
+    assert_eq!((v["state"].as_str(), v["alreadyAsleep"].as_bool(), v["asleepBy"].as_str()), (Some("stopped"), Some(true), Some("idle_or_cli")), "{v:#}");
+    assert_eq!(p.commands(), ["machine get oc-w1 --json"], "no hibernate asked");
+    let w = record(&mut fs);
+    assert_eq!((w.runs[0].to_ms, w.runs[0].ended_by.as_deref(), w.sleeps.len()), (Some(T0 + H / 2), Some("seen asleep"), 0));
+}
