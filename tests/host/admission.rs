@@ -132,3 +132,51 @@ fn forks_of_a_proven_work_run_their_own_prompts_and_the_queue_admits_in_order() 
     world.err_call("boxd_drop", r#"{"work":"fb"}"#, "UNTRACKED");
     world.ok_call("boxd_drop", r#"{"work":"fb","discard":["base.txt"]}"#);
 }
+
+/// boxd's own idle bound hibernates a work holding an unharvested run; a hundred hours
+/// later (the record's times moved back: the clock here is real) boxd_status shows what it
+/// spent, 0.5 h running and the rest asleep at the disk rate (about 0.2085), and the wake
+/// is judged on that same figure: a workSpendCeiling of 1 lets it wake, and the run comes
+/// home. Before, the wake billed the asleep hours as running (21.8) and refused it.
+#[test]
+fn a_machine_boxd_hibernated_wakes_on_the_spend_status_shows() {
+    let world = World::new("admission-idle");
+    world.ok_call("boxd_ensure", r#"{"work":"w1"}"#);
+    world.ok_call("boxd_submit", r#"{"work":"w1","prompt":"a task left unharvested"}"#);
+    assert_eq!(world.job_until_idle("w1")["outcome"], "completed");
+    // boxd's idle timer, not a tool: a bound of one second, applied by the next boxd call.
+    assert!(world.laptop.boxd(&["machine", "config", "set", "oc-w1", "auto-hibernate.timeout", "1"]).status.success());
+    std::thread::sleep(std::time::Duration::from_millis(2500));
+    let path = world.laptop.ledger.join("works/w1/work.json");
+    let mut record: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    const BACK: u64 = 100 * 3_600_000;
+    let back = |v: &mut serde_json::Value| *v = (v.as_u64().unwrap() - BACK).into();
+    back(&mut record["createdMs"]);
+    for run in record["runs"].as_array_mut().unwrap() {
+        back(&mut run["fromMs"]);
+        if run["activeMs"].is_u64() {
+            back(&mut run["activeMs"]);
+        }
+    }
+    for p in record["prompts"].as_array_mut().unwrap() {
+        back(&mut p["atMs"]);
+    }
+    std::fs::write(&path, serde_json::to_vec_pretty(&record).unwrap()).unwrap();
+
+    let status = world.ok_call("boxd_status", "{}");
+    let row = &status["works"][0];
+    let spent = row["spend"]["spent"].as_f64().unwrap();
+    assert_eq!(row["state"], "asleep", "{status:#}");
+    assert!((0.2085..0.211).contains(&spent), "0.5 h running, 99.5 h asleep: {status:#}");
+    assert!(status["next"].as_str().unwrap().contains("boxd_resume for work 'w1', then boxd_harvest"), "{status:#}");
+    let v = refused(&world, r#"{"workSpendCeiling":0.2}"#, "boxd_resume", r#"{"work":"w1"}"#, "CEILING_REACHED");
+    assert!(v["message"].as_str().unwrap().contains("has spent 0.2"), "the figure status shows: {v:#}");
+    let (code, v) = with(&world, r#"{"workSpendCeiling":1}"#, "boxd_resume", r#"{"work":"w1"}"#);
+    assert_eq!((code, v["action"].as_str()), (0, Some("woken")), "{v:#}");
+    let record: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let first = &record["runs"][0];
+    assert_eq!(first["endedBy"], "seen asleep", "the wake recorded where the run ended: {record:#}");
+    assert_eq!(first["toMs"].as_u64().unwrap(), first["fromMs"].as_u64().unwrap().max(record["prompts"][0]["atMs"].as_u64().unwrap()).max(first["activeMs"].as_u64().unwrap_or(0)) + 1_800_000, "{record:#}");
+    let h = world.ok_call("boxd_harvest", r#"{"work":"w1"}"#);
+    assert_eq!(h["sessions"][0]["messages"], 2, "the unharvested run came home: {h:#}");
+}
