@@ -35,10 +35,27 @@ fn settle(request: &RunRequest, out: Result<RunOutput, SpawnError>) -> Result<Ru
     let what = verb(&request.args);
     let bound = format!("{} s (the bound set by the boxdTimeoutSeconds option)", request.timeout_ms / 1000);
     let out = out.map_err(|e| spawn_failure(e, &what, &bound))?;
-    // An exit 0 that printed nothing but an error (a remove that did not remove) is the
-    // failure it says it is: success is never taken from the exit code alone.
+    // An exit 0 that printed nothing but an error, or a JSON answer that is an error (a
+    // remove that did not remove), is the failure it says it is: success is never taken
+    // from the exit code alone.
     let said_error = out.stdout.iter().all(u8::is_ascii_whitespace) && error_line_in(&String::from_utf8_lossy(&out.stderr)).is_some();
-    if out.exit_code == Some(0) && !said_error { Ok(out) } else { Err(classify(&out, &what)) }
+    if out.exit_code == Some(0) && !said_error && json_error(&out.stdout).is_none() { Ok(out) } else { Err(classify(&out, &what)) }
+}
+
+/// The `error` of an answer whose first JSON document is an object carrying one
+/// (`{"error":"internal: machine is busy"}`), cut to 400 characters. Only an object is
+/// parsed: a listing (an array) is never read twice.
+fn json_error(stdout: &[u8]) -> Option<String> {
+    let first = stdout.split(|b| *b == b'\n').find(|l| l.starts_with(b"{") || l.starts_with(b"["))?;
+    if !first.starts_with(b"{") {
+        return None;
+    }
+    match first_json(stdout)?.get("error")? {
+        Value::Null | Value::Bool(false) => None,
+        Value::String(s) if s.trim().is_empty() => None,
+        Value::String(s) => Some(cut(s.trim(), 400)),
+        other => Some(cut(&other.to_string(), 400)),
+    }
 }
 
 /// A spawn that gave no output, as a failure; `bound` words the deadline the host enforced.
@@ -270,10 +287,12 @@ fn error_line(out: &RunOutput) -> Option<String> {
     error_line_in(&String::from_utf8_lossy(&out.stderr)).map(|l| cut(l, 400))
 }
 
-/// The `error: …` line of stderr, or its last non-empty line.
+/// The `error: …` line of stderr, the `error` of a JSON answer, or stderr's last
+/// non-empty line.
 fn cli_message(out: &RunOutput) -> String {
     let err = String::from_utf8_lossy(&out.stderr);
     let line = error_line(out)
+        .or_else(|| json_error(&out.stdout).map(|e| format!("error: {e}")))
         .or_else(|| err.lines().map(str::trim).filter(|l| !l.is_empty()).last().map(|l| cut(l, 400)))
         .unwrap_or_default();
     if line.is_empty() { format!("boxd {} and printed no message", crate::guest::exit_words(out.exit_code)) } else { line.to_string() }
@@ -563,6 +582,27 @@ mod tests {
         assert!(host.contains("within 150 s"), "{host}");
         let cli = m(b.list().unwrap_err());
         assert!(cli.contains("within 10 s") && cli.contains("boxdTimeoutSeconds"), "{cli}");
+    }
+
+    /// A CLI that exits 0 with an error as its JSON answer did not do what was asked: a
+    /// remove or hibernate answering so is BOXD_FAILED in boxd's words; a `get` saying not
+    /// found so is "gone" as its stderr form is. An `error` that is null is no error.
+    #[test]
+    fn a_json_error_answer_that_exits_0_is_a_failure() {
+        let mut p = Scripted::default();
+        p.push_exit(0, "{\"error\":\"internal: machine is busy\"}\n", "");
+        p.push_exit(0, "(restarted client-utilities daemon)\n{\"error\":{\"code\":\"aborted\"}}", "");
+        p.push_exit(0, "{\"error\":\"VM 'oc-x' not found\"}", "");
+        p.push_exit(0, "{\"name\":\"oc-x\",\"status\":\"destroyed\",\"error\":null}", "");
+        p.push_exit(1, "{\"error\":\"quota exceeded\"}", "");
+        let mut b = Boxd::new(&mut p, 10);
+        let e = b.remove("oc-x").unwrap_err().into_error();
+        assert!(e.code == Code::BoxdFailed && e.message.contains("machine remove failed: error: internal: machine is busy"), "{e:?}");
+        let e = b.hibernate("oc-x").unwrap_err().into_error();
+        assert!(e.code == Code::BoxdFailed && e.message.contains("aborted"), "{e:?}");
+        assert_eq!(b.get("oc-x").unwrap(), None);
+        assert_eq!(b.remove("oc-x"), Ok(()));
+        assert!(matches!(b.list(), Err(Failure::Other(m)) if m.contains("quota exceeded")), "a non-zero exit says the JSON's words too");
     }
 
     #[test]

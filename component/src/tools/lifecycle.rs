@@ -519,4 +519,19 @@ mod tests {
         let v = call(&mut p, &mut fs, "boxd_ensure", r#"{"work":"w1"}"#, crate::testing::raw_context("{}", facts)).unwrap();
         assert_eq!((v["adopted"].as_bool(), v["machineId"].as_str()), (Some(true), Some("vm_1")));
     }
+
+    /// A hibernate boxd answers with exit 0 and a JSON error did not happen: BOXD_FAILED in
+    /// boxd's words, and the work is not recorded asleep (its run interval stays open).
+    #[test]
+    fn a_hibernate_answered_with_a_json_error_is_not_taken_for_asleep() {
+        let mut fs = open_work(None);
+        Ledger::new(&mut fs, "/l").update("w1", |w| w.open_run(1)).unwrap();
+        let mut p = Scripted::default();
+        p.push_exit(0, OURS, "");
+        p.push_exit(0, r#"{"error":"internal: machine is busy"}"#, "");
+        let e = call(&mut p, &mut fs, "boxd_sleep", r#"{"work":"w1"}"#, raw_at(10)).unwrap_err();
+        assert!(e.code == Code::BoxdFailed && e.message.contains("machine is busy"), "{e:?}");
+        let w = Ledger::new(&mut fs, "/l").require("w1").unwrap();
+        assert!(w.sleeps.is_empty() && !w.asleep_by_tool && w.running_since() == Some(1), "{w:?}");
+    }
 }

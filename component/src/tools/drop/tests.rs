@@ -180,3 +180,19 @@ fn a_gone_work_closes_naming_what_was_not_recovered() {
     assert_eq!(v["unrecovered"]["prompts"], json!(["p1"]));
     assert!(Ledger::new(&mut fs, "/l").require("w1").unwrap().is_closed());
 }
+
+/// A remove boxd answers with exit 0 and a JSON error did not remove anything: BOXD_FAILED
+/// in boxd's words, and the work stays (dropping: the next drop finishes it), never closed
+/// while its machine bills.
+#[test]
+fn a_remove_answered_with_a_json_error_is_not_taken_for_done() {
+    let mut fs = work_with(Some(GitRecord::default()));
+    let mut p = Scripted::default();
+    p.push_exit(0, OURS, "");
+    p.push_exit(0, r#"{"ok":true,"repo":true,"refs":{},"dirty":false,"untracked":[],"ignored":[]}"#, "");
+    p.push_exit(0, r#"{"error":"internal: machine is busy"}"#, "");
+    p.push_exit(0, OURS, "");
+    let e = call(&mut p, &mut fs, "boxd_drop", r#"{"work":"w1"}"#, raw()).unwrap_err();
+    assert!(e.code == Code::BoxdFailed && e.message.contains("machine is busy"), "{e:?}");
+    assert_eq!(Ledger::new(&mut fs, "/l").require("w1").unwrap().state, WorkState::Dropping);
+}
