@@ -509,7 +509,36 @@ impl<'a, F: Files> Ledger<'a, F> {
     pub fn read(&mut self, work: &str) -> ToolResult<Option<Work>> {
         let path = self.record_path(work);
         let Some(bytes) = self.record_bytes(&path)? else { return Ok(None) };
-        parse_record(&path, &bytes).map(Some)
+        let w = parse_record(&path, &bytes)?;
+        self.belongs(&path, work, &w)?;
+        Ok(Some(w))
+    }
+
+    /// A record is the work its folder names, on the machine this plugin names that work:
+    /// a tool checks the record's machine and acts on the name its argument gives, so a
+    /// folder copied or renamed by hand (or a `work`/`machine` edited) would have it check
+    /// one machine and act on another, and status count one work twice.
+    fn belongs(&self, path: &str, work: &str, w: &Work) -> ToolResult<()> {
+        let own = paths::machine_name(work);
+        if w.work != work {
+            return Err(ToolError::with_next(
+                Code::LedgerFailed,
+                format!("{path} holds the record of work '{}' (machine {}), not of work '{work}': its folder was copied or renamed by hand; nothing was touched", w.work, w.machine),
+                format!(
+                    "Put the folder back where it belongs: rename {} to {} if that folder does not exist, else move it out of the ledger (it is a copy); then call again.",
+                    self.work_dir(work),
+                    self.work_dir(&w.work)
+                ),
+            ));
+        }
+        if w.machine != own {
+            return Err(ToolError::with_next(
+                Code::LedgerFailed,
+                format!("{path} names machine {} for work '{work}', but this plugin names that work's machine {own}: the record was edited by hand; nothing was touched", w.machine),
+                format!("Set \"machine\" in {path} back to \"{own}\", then call again."),
+            ));
+        }
+        Ok(())
     }
 
     /// What boxd_status shows of a work: the record with every field status does not read
@@ -518,10 +547,12 @@ impl<'a, F: Files> Ledger<'a, F> {
     pub fn summary(&mut self, work: &str) -> ToolResult<Option<Work>> {
         let path = self.record_path(work);
         let Some(bytes) = self.record_bytes(&path)? else { return Ok(None) };
-        match serde_json::from_slice::<summary::Summary>(&bytes) {
-            Ok(s) if s.schema <= SCHEMA => Ok(Some(s.into_work())),
-            _ => parse_record(&path, &bytes).map(Some),
-        }
+        let w = match serde_json::from_slice::<summary::Summary>(&bytes) {
+            Ok(s) if s.schema <= SCHEMA => s.into_work(),
+            _ => parse_record(&path, &bytes)?,
+        };
+        self.belongs(&path, work, &w)?;
+        Ok(Some(w))
     }
 
     /// A record's bytes, up to RECORD_MAX: one grown past that (or replaced by a huge file)

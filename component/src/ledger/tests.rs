@@ -259,3 +259,52 @@ fn a_staged_record_a_killed_host_left_is_removed_by_the_next_write() {
     }
     assert_eq!(Ledger::new(&mut fs, "/l").require("w1").unwrap().warnings, ["x"]);
 }
+
+/// A work folder copied by hand to another id (works/w1 → works/w2, someone else's oc-w2
+/// running), or a record whose `machine` was edited: every tool on that id is its
+/// LEDGER_FAILED before boxd is asked anything (before: sleep checked oc-w1 and hibernated
+/// oc-w2), and status shows it as that row's error, not work 'w1' a second time.
+#[test]
+fn a_record_that_is_not_its_folders_work_is_ledger_failed_before_boxd_is_asked() {
+    use crate::testing::{open_work, raw_context, Scripted};
+    use crate::tools::call;
+    let copied = |edit: &dyn Fn(&mut serde_json::Value)| {
+        let mut fs = open_work(None);
+        let mut v: serde_json::Value = serde_json::from_str(&fs.text("/l/works/w1/work.json").unwrap()).unwrap();
+        edit(&mut v);
+        fs.put("/l/works/w2/work.json", v.to_string().as_bytes());
+        fs
+    };
+    let cases: [(&dyn Fn(&mut serde_json::Value), &str, &str); 2] = [
+        (&|_| {}, "holds the record of work 'w1' (machine oc-w1), not of work 'w2'", "rename /l/works/w2 to /l/works/w1"),
+        (&|v| (v["work"], v["machine"]) = ("w2".into(), "oc-w1".into()), "names machine oc-w1 for work 'w2'", "back to \"oc-w2\""),
+    ];
+    for (edit, said, next) in cases {
+        for (tool, args) in [
+            ("boxd_sleep", r#"{"work":"w2"}"#),
+            ("boxd_job", r#"{"work":"w2"}"#),
+            ("boxd_resume", r#"{"work":"w2"}"#),
+            ("boxd_drop", r#"{"work":"w2"}"#),
+            ("boxd_submit", r#"{"work":"w2","prompt":"hi"}"#),
+            ("boxd_harvest", r#"{"work":"w2"}"#),
+            ("boxd_image", r#"{"work":"w2","name":"s1"}"#),
+            ("boxd_ensure", r#"{"work":"w2"}"#),
+            ("boxd_fork", r#"{"work":"w2","forks":["f1"]}"#),
+        ] {
+            let mut fs = copied(edit);
+            let mut p = Scripted::default();
+            let e = call(&mut p, &mut fs, tool, args, raw_context("{}", r#"{"opencodeVersion":"1.18.33"}"#)).unwrap_err();
+            assert!(e.code == Code::LedgerFailed && e.message.contains(said) && e.next.contains(next), "{tool}: {e:?}");
+            assert!(!p.commands().iter().any(|c| c.starts_with("machine")), "{tool}: boxd was asked {:?}", p.commands());
+        }
+        let mut fs = copied(edit);
+        let mut p = Scripted::default();
+        p.push_exit(0, r#"[{"name":"oc-w1","status":"running"},{"name":"oc-w2","status":"running"}]"#, "");
+        p.push_exit(0, "[]", "");
+        let v = call(&mut p, &mut fs, "boxd_status", "{}", raw_context("{}", "{}")).unwrap();
+        let rows = v["works"].as_array().unwrap();
+        assert_eq!(rows.len(), 2, "{v:#}");
+        assert!(rows[0]["work"] == "w1" && rows[0]["state"] == "running", "{v:#}");
+        assert!(rows[1]["work"] == "w2" && rows[1]["error"] == "LEDGER_FAILED" && rows[1]["next"].as_str().unwrap().contains(next), "{v:#}");
+    }
+}
