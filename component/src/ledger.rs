@@ -121,6 +121,12 @@ pub struct Work {
     /// The work it was forked from, when boxd_fork made it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fork: Option<ForkOrigin>,
+    /// The id boxd showed under this work's machine name that is not the one recorded: the
+    /// work's own machine is gone and the name is someone else's now. Recorded by the tool
+    /// that saw it, so boxd_status and admission (which see names only) stop counting it as
+    /// this work's; cleared when a rebuild makes the work a machine again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name_taken_by: Option<String>,
     /// Laptop temp files a harvest is landing files into (recorded before the host
     /// creates them, cleared once they are renamed or removed): what a killed harvest left
     /// behind is exactly these, and the next harvest or drop removes them.

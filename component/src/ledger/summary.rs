@@ -47,6 +47,8 @@ pub(super) struct Summary {
     fork: Option<ForkOrigin>,
     #[serde(default)]
     temps: Vec<TempFile>,
+    #[serde(default)]
+    name_taken_by: Option<String>,
 }
 
 /// A prompt's time (the spend's idle bound counts from it); the rest is skipped.
@@ -93,6 +95,7 @@ impl Summary {
             settled: self.settled,
             fork: self.fork,
             temps: self.temps,
+            name_taken_by: self.name_taken_by,
             ..Default::default()
         }
     }

@@ -61,7 +61,9 @@ pub fn headroom<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F
         // An unreadable record is that work's problem; it cannot be counted, but it is
         // still on the account's count if it runs.
         let Ok(Some(w)) = ledger.read(&id) else { continue };
-        if w.work != work && !w.is_closed() && account.contains(&w.machine) {
+        // A work whose name a tool saw holding another machine is not running: that one is
+        // someone else's (it stays on the account's count).
+        if w.work != work && !w.is_closed() && w.name_taken_by.is_none() && account.contains(&w.machine) {
             running.push(Running::of(ctx, w));
         }
     }
@@ -77,7 +79,7 @@ pub fn headroom_known<F: Files>(ledger: &mut Ledger<F>, ctx: &Context, work: &st
     let mut account = Vec::new();
     for id in ledger.ids()? {
         let Ok(Some(w)) = ledger.read(&id) else { continue };
-        if w.work != work && !w.is_closed() && w.running_since().is_some() {
+        if w.work != work && !w.is_closed() && w.name_taken_by.is_none() && w.running_since().is_some() {
             account.push(w.machine.clone());
             running.push(Running::of(ctx, w));
         }

@@ -72,7 +72,9 @@ fn changed(w: &Work, what: &str) -> ToolError {
 /// after the last proof and the files still owed (from the record as it is now: another
 /// drop at once may have closed it already). Only while the record still names the machine
 /// the drop planned on and is not being created: a resume may have rebuilt it meanwhile.
-fn close_gone<F: Files>(ledger: &mut Ledger<F>, work: &str, ctx: &Context, planned: &Option<String>) -> ToolResult<Value> {
+/// `taken_by`: the id of another machine now under the name (the drop sent boxd nothing
+/// for it), said in the answer.
+fn close_gone<F: Files>(ledger: &mut Ledger<F>, work: &str, ctx: &Context, planned: &Option<String>, taken_by: Option<&str>) -> ToolResult<Value> {
     let (mut covered, mut was_closed, mut moved) = (0, false, false);
     let w = ledger.update(work, |w| {
         was_closed = w.is_closed();
@@ -102,6 +104,10 @@ fn close_gone<F: Files>(ledger: &mut Ledger<F>, work: &str, ctx: &Context, plann
         "files": w.owed,
     });
     out["next"] = json!("Done: the machine was already gone; the work is closed. The prompts listed as unrecovered never reached this laptop.");
+    if let Some(id) = taken_by {
+        out["nameTakenBy"] = json!(id);
+        out["next"] = json!(format!("Done: the work's own machine was gone, and {} is now another machine (id {id}), left untouched; the work is closed. The prompts listed as unrecovered never reached this laptop.", w.machine));
+    }
     Ok(out)
 }
 
@@ -148,13 +154,15 @@ enum Plan {
     AlreadyDropped(Work),
     /// A queued fork: no machine, nothing on boxd to account for.
     Queued,
-    /// A fork still being made: nothing of its own on it yet. Its machine (the id the plan
-    /// checked), removed; or none, and it closes as a queued one does. With the claim
-    /// time the plan saw: a boxd_fork that claims it since is left to make it.
-    Unready(Option<String>, u64),
-    /// The machine is gone: close the work, naming what could not be recovered (only while
-    /// it still names the machine id the plan read).
-    Gone(Option<String>),
+    /// A fork still being made: nothing of its own on it yet. Closed only while it still
+    /// records the machine id the plan read and the claim time it saw (a boxd_fork that
+    /// claims it since is left to make it); its machine removed first when the plan found
+    /// it there and ours (`remove`), else nothing is sent to boxd.
+    Unready { recorded: Option<String>, claimed: u64, remove: bool },
+    /// The machine is gone (or its name holds another machine, whose id is given): close
+    /// the work, naming what could not be recovered (only while it still names the machine
+    /// id the plan read).
+    Gone(Option<String>, Option<String>),
     /// Running and ours, its transcript proven: seal, check the live state, remove.
     Live(Work),
 }
@@ -181,7 +189,12 @@ fn plan(env: &mut Env, work: &str, machine: &str) -> ToolResult<Plan> {
         ));
     }
     let mut boxd = Boxd::new(&mut env.programs, ctx.options.boxd_timeout_seconds);
-    let Some(info) = look(&mut boxd, machine, work)? else { return Ok(Plan::Gone(w.machine_id)) };
+    let Some(info) = look(&mut boxd, machine, work)? else { return Ok(Plan::Gone(w.machine_id, None)) };
+    // Another machine under the name: ours is gone (names are unique), and that one is
+    // never touched. The work closes as any gone one does.
+    if super::machine::taken(&w, &info) {
+        return Ok(Plan::Gone(w.machine_id, Some(info.id)));
+    }
     check_machine(&w, &info)?;
     match crate::boxd::known_state(&info)? {
         State::Running | State::Standby => {}
@@ -213,11 +226,16 @@ fn unready_fork(env: &mut Env, w: &Work, parent: &str) -> ToolResult<Plan> {
         return Err(ToolError::with_next(Code::CreateUncertain, format!("work '{work}': a boxd_fork call may still be making {machine}"), again));
     }
     let mut boxd = Boxd::new(&mut env.programs, ctx.options.boxd_timeout_seconds);
-    let Some(info) = look(&mut boxd, machine, work)? else { return Ok(Plan::Unready(None, w.created_ms)) };
+    let leave = Plan::Unready { recorded: w.machine_id.clone(), claimed: w.created_ms, remove: false };
+    let Some(info) = look(&mut boxd, machine, work)? else { return Ok(leave) };
     if w.machine_id.is_none() && !super::machine::made_like_ours(&info, &format!("fork/{}", crate::paths::machine_name(parent)), ctx.options.idle_seconds()) {
         // Not forked from the parent the way this plugin forks: someone else's, left alone;
         // the fork never got a machine of its own.
-        return Ok(Plan::Unready(None, w.created_ms));
+        return Ok(leave);
+    }
+    if super::machine::taken(w, &info) {
+        // Its machine is gone and the name is someone else's: left alone.
+        return Ok(leave);
     }
     if w.machine_id.is_none() {
         return Err(ToolError::with_next(
@@ -227,7 +245,7 @@ fn unready_fork(env: &mut Env, w: &Work, parent: &str) -> ToolResult<Plan> {
         ));
     }
     check_machine(w, &info)?;
-    Ok(Plan::Unready(w.machine_id.clone(), w.created_ms))
+    Ok(Plan::Unready { recorded: w.machine_id.clone(), claimed: w.created_ms, remove: true })
 }
 
 /// SESSION_BUSY while a snapshot save of the work is recorded as under way (its answer was
@@ -293,7 +311,7 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
                 Err(w) => Err(changed(&w, "nothing was closed")),
             };
         }
-        Plan::Unready(planned, claimed) => {
+        Plan::Unready { recorded: planned, claimed, remove } => {
             // Intent before effect, as a live drop marks `dropping`: from this write no
             // boxd_fork claims, adopts or opens the fork (they leave one a drop marked), and
             // only while it is as the plan saw it (a boxd_fork may have claimed it since,
@@ -313,7 +331,7 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
                 return if w.is_closed() { Ok(already_dropped(&w)) } else { Err(changed(&w, "nothing was removed or closed")) };
             }
             let mut boxd = Boxd::new(&mut env.programs, ctx.options.boxd_timeout_seconds);
-            if planned.is_some() {
+            if remove {
                 if let Err(f) = boxd.remove(&machine) {
                     if !gone(&mut boxd, &machine) {
                         return Err(f.into_error());
@@ -322,8 +340,10 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
             }
             return match close_when(&mut ledger, &work, ctx, as_planned)? {
                 Ok((_, mut out)) => {
-                    out["next"] = json!(if planned.is_some() {
+                    out["next"] = json!(if remove {
                         "Done: the fork was still being made and held nothing of its own; its machine is removed and the work is closed."
+                    } else if planned.is_some() {
+                        "Done: the fork was still being made and held nothing of its own; its machine was already gone (another machine under its name, if any, was left untouched) and the work is closed."
                     } else {
                         "Done: the fork was still being made and had no machine of its own; the work is closed."
                     });
@@ -333,7 +353,7 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
                 Err(w) => Err(changed(&w, "nothing was closed")),
             };
         }
-        Plan::Gone(planned) => return close_gone(&mut ledger, &work, ctx, &planned),
+        Plan::Gone(planned, taken_by) => return close_gone(&mut ledger, &work, ctx, &planned, taken_by.as_deref()),
         Plan::Live(w) => w,
     };
     let mut boxd = Boxd::new(&mut env.programs, ctx.options.boxd_timeout_seconds);
@@ -379,7 +399,7 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
         // checked it and removed it (or boxd lost it). Nothing on it can be recovered any
         // more: the work closes as any gone one does, and is not reopened with no machine.
         if matches!(e.code, Code::GuestFailed | Code::BoxdFailed | Code::Timeout) && gone(&mut boxd, &machine) {
-            return close_gone(&mut ledger, &work, ctx, &planned);
+            return close_gone(&mut ledger, &work, ctx, &planned, None);
         }
         // Refused: the work is open again (the guest restarts on its next command). Unless
         // another drop of it, at once, finished first: then what was asked for is done.
@@ -410,7 +430,7 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
     let (w, mut out) = match close_when(&mut ledger, &work, ctx, |w| w.machine_id == planned && w.state == WorkState::Dropping)? {
         Ok(closed) => closed,
         Err(w) if w.is_closed() => return Ok(already_dropped(&w)),
-        Err(_) => return close_gone(&mut ledger, &work, ctx, &planned),
+        Err(_) => return close_gone(&mut ledger, &work, ctx, &planned, None),
     };
     if let Some(g) = &w.git {
         out["patch"] = json!(g.patch);

@@ -16,7 +16,7 @@ use alloc::vec::Vec;
 use serde_json::{json, Value};
 
 use super::admission::{headroom, refused};
-use super::machine::{check_machine, owned_state, prepare_guest, work_json};
+use super::machine::{check_owned, owned_state, prepare_guest, work_json};
 use super::{require_open, require_proven, work_arg, Env};
 use crate::boxd::{Boxd, Failure, State};
 use crate::caps::{Files, Programs};
@@ -71,7 +71,7 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
     let mut waiting = None;
     let mut admitted = Vec::new();
     if !waiting_ids.is_empty() {
-        parent_up(&mut boxd, &parent)?;
+        parent_up(&mut boxd, &mut ledger, ctx, &parent)?;
         // `machine fork` names the parent by name; a fork and its guest take seconds to
         // minutes, so the parent is looked at again (its id too) before each later fork.
         let mut parent_seen = true;
@@ -99,7 +99,7 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
                             // same record, open, proven, and, after the first fork, up.
                             let now = match parent_now(&mut ledger, &parent) {
                                 Ok(now) if parent_seen => Ok(now),
-                                Ok(now) => parent_up(&mut boxd, &now).map(|_| now),
+                                Ok(now) => parent_up(&mut boxd, &mut ledger, ctx, &now).map(|_| now),
                                 Err(e) => Err(e),
                             };
                             let now = match now {
@@ -145,8 +145,8 @@ fn parent_now<F: Files>(ledger: &mut Ledger<F>, parent: &Work) -> ToolResult<Wor
 }
 
 /// The parent's machine is ours (its id), up, and holds the transcript: a fork copies it.
-fn parent_up<P: Programs>(boxd: &mut Boxd<P>, parent: &Work) -> ToolResult<()> {
-    match owned_state(boxd, parent)? {
+fn parent_up<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F>, ctx: &Context, parent: &Work) -> ToolResult<()> {
+    match owned_state(boxd, ledger, ctx, parent)? {
         State::Running | State::Standby => super::machine::require_restored(parent),
         state => Err(ToolError::with_next(
             Code::MachineAsleep,
@@ -256,7 +256,7 @@ fn adopt_fork<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F>,
     }
     let mut owned = w.clone();
     owned.machine_id.get_or_insert_with(|| info.id.clone());
-    check_machine(&owned, &info)?;
+    check_owned(ledger, ctx, &owned, &info)?;
     // Only a fork still waiting, with no machine recorded or this one: another call at once
     // may have opened it, recorded another, or a drop closed it since.
     let mut took = false;
@@ -444,6 +444,10 @@ fn answer<F: Files>(ledger: &mut Ledger<F>, parent: &str, forks: &[Work], admitt
     let queued: Vec<String> = rows.iter().filter(|r| r["state"] == "queued").filter_map(|r| r["work"].as_str().map(String::from)).collect();
     let creating: Vec<String> = rows.iter().filter(|r| r["state"] == "creating").filter_map(|r| r["work"].as_str().map(String::from)).collect();
     let next = match &waiting {
+        // The parent's name holds another machine: its own is gone, and no fork can be made
+        // from it again. One step: drop it (its next says so) and its queued forks.
+        Some(e) if e.code == Code::NotOurs && !queued.is_empty() => format!("{} Its queued forks ({}) can no longer be made from it: boxd_drop each of them too.", e.next, queued.join(", ")),
+        Some(e) if e.code == Code::NotOurs => e.next.clone(),
         Some(e) => format!("{} The queued forks ({}) wait in the ledger: call boxd_fork for work '{parent}' again to admit them in order.", e.next, queued.join(", ")),
         // Being made by another call (or by one that never answered): it finishes them.
         None if !creating.is_empty() => format!(

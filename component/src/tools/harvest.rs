@@ -350,7 +350,7 @@ pub(super) fn work_folder_granted(ctx: &crate::options::Context, w: &Work) -> To
 fn export(env: &mut Env, w: Work, wanted: &[String]) -> ToolResult<(Work, Value, Vec<Exported>)> {
     let (ctx, now) = (env.ctx, env.now());
     let mut boxd = Boxd::new(&mut env.programs, ctx.options.boxd_timeout_seconds);
-    running_state(&mut boxd, &w)?;
+    running_state(&mut boxd, &mut Ledger::for_call(&mut env.files, ctx), ctx, &w)?;
     if !wanted.is_empty() {
         // Owed from now until they are on the laptop: drop refuses while any is.
         Ledger::for_call(&mut env.files, ctx).update(&w.work, |w| {

@@ -66,7 +66,7 @@ fn plan(env: &mut Env, work: &str, machine: &str, name: &str) -> ToolResult<Plan
             None => return Err(ToolError::new(Code::SnapshotExists, format!("a snapshot named '{name}' already exists"))),
         }
     }
-    match owned_state(&mut boxd, &w)? {
+    match owned_state(&mut boxd, &mut Ledger::for_call(&mut env.files, ctx), ctx, &w)? {
         State::Running => super::machine::require_restored(&w)?,
         State::Gone => return Err(ToolError::new(Code::MachineGone, format!("{machine} no longer exists"))),
         State::Starting => return Err(ToolError::new(Code::MachineStarting, format!("{machine} is still starting"))),

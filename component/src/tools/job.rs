@@ -35,7 +35,7 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
     let w = ledger.require(&work)?;
     super::require_open(&w)?;
     let mut boxd = Boxd::new(&mut env.programs, ctx.options.boxd_timeout_seconds);
-    let st = super::machine::owned_state(&mut boxd, &w)?;
+    let st = super::machine::owned_state(&mut boxd, &mut ledger, ctx, &w)?;
     // The spend as the state it reports (a machine boxd hibernated bills disk only, as
     // boxd_status shows it), not as the record last written.
     let spend = super::status::spend_json(&super::admission::seen_as(&w, st, ctx), ctx);

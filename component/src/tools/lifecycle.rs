@@ -7,7 +7,7 @@ use alloc::string::String;
 use alloc::vec::Vec;
 use serde_json::{json, Value};
 
-use super::machine::{check_machine, create_machine, owned_state, prepare_fresh_guest, work_json, Build};
+use super::machine::{check_owned, create_machine, owned_state, prepare_fresh_guest, work_json, Build};
 use super::{work_arg, Env};
 use crate::boxd::{Boxd, Failure, MachineInfo, State};
 use crate::caps::{Files, Kind};
@@ -125,7 +125,7 @@ fn adopt<F: Files>(ledger: &mut Ledger<F>, w: Work, info: &MachineInfo, ctx: &Co
     }
     let mut owned = w.clone();
     owned.machine_id.get_or_insert_with(|| info.id.clone());
-    check_machine(&owned, info)?;
+    check_owned(ledger, ctx, &owned, info)?;
     let st = crate::boxd::known_state(info)?;
     let w = ledger.update(work, |w| {
         w.machine_id = owned.machine_id;
@@ -183,7 +183,7 @@ pub fn sleep(env: &mut Env, args: &Value) -> ToolResult<Value> {
     let mut boxd = Boxd::new(&mut env.programs, ctx.options.boxd_timeout_seconds);
     // Hibernated, or stopped by hand (boxd hibernates only a running or standby machine):
     // either way it is down and bills disk only, so the sleep is done; its run is closed.
-    let st = owned_state(&mut boxd, &w)?;
+    let st = owned_state(&mut boxd, &mut ledger, ctx, &w)?;
     let already = match st {
         State::Asleep | State::Stopped => true,
         State::Gone => return Err(ToolError::new(Code::MachineGone, format!("{machine} no longer exists"))),
@@ -309,7 +309,7 @@ pub fn resume(env: &mut Env, args: &Value) -> ToolResult<Value> {
     }
     refuse_under_a_drop(&w, ctx)?;
     let mut boxd = Boxd::new(&mut env.programs, ctx.options.boxd_timeout_seconds);
-    let state = owned_state(&mut boxd, &w)?;
+    let state = owned_state(&mut boxd, &mut ledger, ctx, &w)?;
     if matches!(state, State::Asleep | State::Standby | State::Stopped | State::Failed) {
         super::admission::admit_wake(&mut boxd, &mut ledger, ctx, &work, &w.directory, state)?;
     }

@@ -18,11 +18,14 @@ use crate::paths;
 pub fn check_machine(w: &Work, info: &MachineInfo) -> ToolResult<()> {
     match &w.machine_id {
         Some(id) if &info.id == id => {}
+        Some(id) if info.id.is_empty() => {
+            return Err(ToolError::new(Code::NotOurs, format!("boxd gave no id for {}, so it cannot be checked against the {id} the ledger recorded for work '{}'", info.name, w.work)));
+        }
         Some(id) => {
             return Err(ToolError::with_next(
                 Code::NotOurs,
-                format!("{} has id {}, but the ledger recorded {id} for work '{}': it is another machine under the same name", info.name, if info.id.is_empty() { "(none given)".into() } else { crate::redact::cut(&info.id, 400) }, w.work),
-                format!("Leave that machine alone: this work's own machine is gone, and no tool acts on another's. What work '{}' harvested is on this laptop; start again under another work id (boxd_ensure).", w.work),
+                format!("{} has id {}, but the ledger recorded {id} for work '{}': it is another machine under the same name, and this work's own machine is gone", info.name, crate::redact::cut(&info.id, 400), w.work),
+                format!("Leave {} alone (no tool acts on another's machine); call boxd_drop for work '{}' to close its record: it names what was not recovered, and what the work harvested stays on this laptop.", info.name, w.work),
             ));
         }
         None if w.state == WorkState::Creating => {
@@ -49,14 +52,37 @@ pub fn check_machine(w: &Work, info: &MachineInfo) -> ToolResult<()> {
     Ok(())
 }
 
+/// Whether the work's name now holds another machine than the one the ledger recorded (an
+/// id given, and not ours): boxd names are unique, so the work's own machine is gone.
+pub fn taken(w: &Work, info: &MachineInfo) -> bool {
+    w.machine_id.as_ref().is_some_and(|id| !info.id.is_empty() && info.id != *id)
+}
+
+/// `check_machine`, and a name found `taken` is recorded first (`name_taken_by`, the run
+/// ended as a gone machine's): boxd_status and admission see names only, and would
+/// otherwise count someone else's machine as this work's running one. A record that
+/// changed meanwhile (rebuilt, closed) is left as it is; a check (read-only files) records
+/// nothing.
+pub fn check_owned<F: Files>(ledger: &mut Ledger<F>, ctx: &Context, w: &Work, info: &MachineInfo) -> ToolResult<()> {
+    if taken(w, info) {
+        let _ = ledger.update(&w.work, |r| {
+            if !r.is_closed() && r.machine_id == w.machine_id {
+                r.name_taken_by = Some(info.id.clone());
+                r.seen_not_running(ctx.now_ms, ctx.options.idle_ms(), true);
+            }
+        });
+    }
+    check_machine(w, info)
+}
+
 /// The work's machine, read once in a form that carries its id (`machine get`), and
-/// checked to be the one the ledger created before anything touches it. Gone when boxd
-/// does not know the name.
-pub fn owned_state<P: Programs>(boxd: &mut Boxd<P>, w: &Work) -> ToolResult<State> {
+/// checked to be the one the ledger created before anything touches it (`check_owned`).
+/// Gone when boxd does not know the name.
+pub fn owned_state<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F>, ctx: &Context, w: &Work) -> ToolResult<State> {
     match boxd.get(&w.machine).map_err(Failure::into_error)? {
         None => Ok(State::Gone),
         Some(info) => {
-            check_machine(w, &info)?;
+            check_owned(ledger, ctx, w, &info)?;
             crate::boxd::known_state(&info)
         }
     }
@@ -77,9 +103,9 @@ pub fn require_restored(w: &Work) -> ToolResult<()> {
 }
 
 /// The machine must be up for an exec: asleep, gone and starting are refused without one.
-pub fn running_state<P: Programs>(boxd: &mut Boxd<P>, w: &Work) -> ToolResult<()> {
+pub fn running_state<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F>, ctx: &Context, w: &Work) -> ToolResult<()> {
     let (machine, work) = (&w.machine, &w.work);
-    match owned_state(boxd, w)? {
+    match owned_state(boxd, ledger, ctx, w)? {
         State::Running | State::Standby => require_restored(w),
         State::Asleep | State::Stopped => Err(ToolError::with_next(
             Code::MachineAsleep,
@@ -184,6 +210,7 @@ pub fn create_machine<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Le
         }
         w.state = WorkState::Creating;
         w.machine_id = None;
+        w.name_taken_by = None;
         if w.created_ms == 0 {
             w.created_ms = ctx.now_ms;
         }
@@ -364,242 +391,5 @@ pub fn work_json(w: &Work, state: &str) -> Value {
     json!({ "work": w.work, "machine": w.machine, "machineId": w.machine_id, "directory": w.directory, "state": state })
 }
 
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::ledger::GitRecord;
-    use crate::testing::{open_work, raw_context, Scripted, OURS};
-    use crate::tools::call;
-
-    /// A golden snapshot boots a machine only once boxd holds it ready (or lists it with no
-    /// status, as an older CLI may): a capture still pending or one that failed is
-    /// SNAPSHOT_MISSING saying which, and a status this plugin does not know BOXD_FAILED.
-    #[test]
-    fn only_a_ready_golden_snapshot_boots_a_machine() {
-        let ctx = crate::tools::context(raw_context("{}", "{}")).unwrap();
-        let golden = |status: &str| {
-            let mut p = Scripted::default();
-            p.push_exit(0, &alloc::format!(r#"[{{"name":"opencode-golden","version":"v1"{status}}}]"#), "");
-            let mut boxd = Boxd::new(&mut p, 10);
-            require_golden(&mut boxd, &ctx, "oc-w1", Build::New { directory: "" })
-        };
-        assert_eq!(golden(r#","status":"ready""#), Ok(()));
-        assert_eq!(golden(""), Ok(()));
-        let e = golden(r#","status":"pending""#).unwrap_err();
-        assert!(e.code == Code::SnapshotMissing && e.message.contains("still saving") && e.message.contains("no machine was created") && e.next.contains("in a minute"), "{e:?}");
-        let e = golden(r#","status":"failed""#).unwrap_err();
-        assert!(e.code == Code::SnapshotMissing && e.message.contains("as failed") && e.next.contains("another name"), "{e:?}");
-        assert_eq!(golden(r#","status":"weird""#).unwrap_err().code, Code::BoxdFailed);
-        let mut p = Scripted::default();
-        p.push_exit(0, r#"[{"name":"opencode-golden","status":"pending"}]"#, "");
-        let e = require_golden(&mut Boxd::new(&mut p, 10), &ctx, "oc-w1", Build::Rebuild).unwrap_err();
-        assert!(e.message.contains("oc-w1, which is gone, was not rebuilt"), "{e:?}");
-    }
-
-    /// Every tool that acts on a work's machine, with arguments that pass their own checks.
-    const MACHINE_TOOLS: [(&str, &str); 7] = [
-        ("boxd_job", r#"{"work":"w1"}"#),
-        ("boxd_submit", r#"{"work":"w1","prompt":"hi"}"#),
-        ("boxd_harvest", r#"{"work":"w1"}"#),
-        ("boxd_sleep", r#"{"work":"w1"}"#),
-        ("boxd_resume", r#"{"work":"w1"}"#),
-        ("boxd_drop", r#"{"work":"w1"}"#),
-        ("boxd_ensure", r#"{"work":"w1"}"#),
-    ];
-
-    /// Each of MACHINE_TOOLS on the open work w1 (vm_1) whose `machine get` answers `got`:
-    /// it must fail after that one read; its error and the record after it.
-    fn each_refuses_after_one_read(got: &str) -> Vec<(&'static str, ToolError, Work)> {
-        let mut out = Vec::new();
-        for (tool, args) in MACHINE_TOOLS {
-            let mut fs = open_work(Some(GitRecord::default()));
-            let mut p = Scripted::default();
-            p.push_exit(0, got, "");
-            let e = call(&mut p, &mut fs, tool, args, raw_context("{}", r#"{"opencodeVersion":"1.18.33"}"#)).unwrap_err();
-            assert_eq!(p.commands(), ["machine get oc-w1 --json"], "{tool} made one read and nothing else");
-            out.push((tool, e, Ledger::new(&mut fs, "/l").require("w1").unwrap()));
-        }
-        out
-    }
-
-    #[test]
-    fn every_tool_refuses_a_machine_with_another_id_before_touching_it() {
-        for (tool, e, _) in each_refuses_after_one_read(r#"{"name":"oc-w1","id":"vm_new","status":"running","sharing":"private","isolated":"no"}"#) {
-            assert_eq!(e.code, Code::NotOurs, "{tool}: {e:?}");
-        }
-    }
-
-    /// A status word boxd may add later is not "gone": resume would rebuild a machine that
-    /// still holds the work, drop would close it. Every tool refuses after its one read.
-    #[test]
-    fn every_tool_refuses_a_machine_in_a_state_it_does_not_know_before_touching_it() {
-        for (tool, e, w) in each_refuses_after_one_read(r#"{"name":"oc-w1","id":"vm_1","status":"updating","sharing":"private","isolated":"no"}"#) {
-            assert_eq!(e.code, Code::BoxdFailed, "{tool}: {e:?}");
-            assert!(e.message.contains("\"updating\""), "{tool}: {}", e.message);
-            assert_eq!((w.state, w.machine_id.as_deref()), (WorkState::Open, Some("vm_1")), "{tool}: the record is as it was");
-        }
-    }
-
-    /// A gone machine is rebuilt through the one create: intent first, and a create whose
-    /// answer carries no id leaves the work creating for ensure to adopt.
-    #[test]
-    fn a_rebuild_without_an_id_stays_creating_until_ensure_adopts_it() {
-        let mut fs = open_work(Some(GitRecord::default()));
-        let mut p = Scripted::default();
-        p.push_exit(0, "1.18.33", "");
-        p.push_fail(1, "error: VM 'oc-w1' not found");
-        p.push_exit(0, "[]", "");
-        p.push_exit(0, r#"[{"name":"opencode-golden","version":"1","status":"ready"}]"#, "");
-        p.push_exit(0, r#"{"name":"oc-w1"}"#, "");
-        let e = call(&mut p, &mut fs, "boxd_resume", r#"{"work":"w1"}"#, raw_context("{}", "{}")).unwrap_err();
-        assert_eq!(e.code, Code::CreateUncertain, "{e:?}");
-        assert!(e.message.contains("rebuilt oc-w1"), "{}", e.message);
-        assert_eq!(p.commands()[2], "machine list --json", "admission reads what runs before the create");
-        assert!(p.commands()[4].starts_with("machine new oc-w1 --from-snapshot opencode-golden"), "{:?}", p.commands());
-        let w = Ledger::new(&mut fs, "/l").require("w1").unwrap();
-        assert_eq!((w.state, w.machine_id), (WorkState::Creating, None));
-        p.push_exit(0, OURS, "");
-        p.push_exit(0, "", "");
-        p.push_exit(0, r#"{"ok":true}"#, "");
-        let v = call(&mut p, &mut fs, "boxd_ensure", r#"{"work":"w1"}"#, raw_context("{}", r#"{"opencodeVersion":"1.18.33"}"#)).unwrap();
-        assert_eq!((v["adopted"].as_bool(), v["created"].as_bool(), v["machineId"].as_str()), (Some(true), Some(false), Some("vm_1")));
-        // The adopted machine is not known to hold the helper: uploaded first, then one prepare.
-        let c = p.commands();
-        let last = &c[c.len() - 3..];
-        assert!(last[0] == "machine get oc-w1 --json" && last[1].contains("upload.tmp") && last[2].contains("prepare --work w1"), "{last:?}");
-    }
-
-    /// A create boxd refused made nothing: the work does not stay "creating", so a machine
-    /// someone else later makes under its name is refused, never adopted and prepared.
-    #[test]
-    fn a_refused_create_is_withdrawn_and_a_later_machine_under_the_name_is_not_adopted() {
-        let mut fs = crate::testing::MemFiles::new(&["/p", "/l"]);
-        let facts = r#"{"opencodeVersion":"1.18.33"}"#;
-        let mut p = Scripted::default();
-        p.push_fail(1, "error: VM 'oc-w1' not found");
-        p.push_exit(0, "[]", "");
-        p.push_exit(0, r#"[{"name":"opencode-golden","version":"1","status":"ready"}]"#, "");
-        p.push_fail(1, "error: request failed: quota exceeded");
-        p.push_fail(1, "error: VM 'oc-w1' not found");
-        let e = call(&mut p, &mut fs, "boxd_ensure", r#"{"work":"w1"}"#, raw_context("{}", facts)).unwrap_err();
-        assert_eq!(e.code, Code::QuotaReached, "{e:?}");
-        let w = Ledger::new(&mut fs, "/l").require("w1").unwrap();
-        assert_eq!((w.state, w.machine_id), (WorkState::Open, None), "the create's intent is withdrawn");
-        let mut p = Scripted::default();
-        p.push_exit(0, r#"{"name":"oc-w1","id":"vm_someone","status":"running","sharing":"private","isolated":"no"}"#, "");
-        let e = call(&mut p, &mut fs, "boxd_ensure", r#"{"work":"w1"}"#, raw_context("{}", facts)).unwrap_err();
-        assert_eq!(e.code, Code::NotOurs, "{e:?}");
-        assert_eq!(p.commands(), ["machine get oc-w1 --json"], "nothing uploaded, prepared or recorded");
-        // Any other failure may have made it (boxd failing after the create): uncertain, so
-        // the work stays creating for ensure to adopt, with no look spent.
-        let mut fs = crate::testing::MemFiles::new(&["/p", "/l"]);
-        let mut p = Scripted::default();
-        p.push_fail(1, "error: VM 'oc-w1' not found");
-        p.push_exit(0, "[]", "");
-        p.push_exit(0, r#"[{"name":"opencode-golden","version":"1","status":"ready"}]"#, "");
-        p.push_fail(1, "error: internal server error");
-        call(&mut p, &mut fs, "boxd_ensure", r#"{"work":"w1"}"#, raw_context("{}", facts)).unwrap_err();
-        assert_eq!(p.commands().len(), 4, "{:?}", p.commands());
-        assert_eq!(Ledger::new(&mut fs, "/l").require("w1").unwrap().state, WorkState::Creating);
-    }
-
-    /// A rebuilt machine that still owes the proven transcript: every tool that would use
-    /// or copy its guest refuses, naming boxd_resume, after its one state read.
-    #[test]
-    fn a_machine_owing_the_transcript_is_neither_used_nor_copied() {
-        for (tool, args, answers) in [
-            ("boxd_submit", r#"{"work":"w1","prompt":"hi"}"#, &[OURS][..]),
-            ("boxd_harvest", r#"{"work":"w1"}"#, &[OURS]),
-            ("boxd_image", r#"{"work":"w1","name":"snap-1"}"#, &["[]", OURS]),
-            ("boxd_fork", r#"{"work":"w1","forks":["f1"]}"#, &[OURS]),
-        ] {
-            let mut fs = open_work(Some(GitRecord::default()));
-            Ledger::new(&mut fs, "/l").update("w1", |w| w.restore_pending = true).unwrap();
-            let mut p = Scripted::default();
-            for a in answers {
-                p.push_exit(0, a, "");
-            }
-            let e = call(&mut p, &mut fs, tool, args, raw_context("{}", r#"{"opencodeVersion":"1.18.33"}"#)).unwrap_err();
-            assert_eq!(e.code, Code::MachineGone, "{tool}: {e:?}");
-            assert!(e.message.contains("not on it yet") && e.next.contains("boxd_resume"), "{tool}: {e:?}");
-            assert_eq!(p.commands().len(), answers.len(), "{tool}: {:?}", p.commands());
-        }
-    }
-
-    /// A machine no prompt has reached that boots another OpenCode than the laptop's is
-    /// removed and the work closed; one a prompt has reached is left for the user.
-    #[test]
-    fn a_guest_version_mismatch_removes_only_a_machine_no_prompt_reached() {
-        const MISMATCH: &str = r#"{"ok":false,"error":"GUEST_VERSION","message":"the machine has OpenCode 1.18.33 but the laptop runs 1.19.0"}"#;
-        for prompted in [false, true] {
-            let mut fs = open_work(Some(GitRecord::default()));
-            if prompted {
-                let mut w = Ledger::new(&mut fs, "/l").require("w1").unwrap();
-                w.prompts.push(crate::ledger::Prompt { id: "p1".into(), admitted: true, ..Default::default() });
-                Ledger::new(&mut fs, "/l").write(&w).unwrap();
-            }
-            let mut p = Scripted::default();
-            p.push_exit(0, OURS, "");
-            p.push_exit(0, "", "");
-            p.push_exit(3, MISMATCH, "");
-            p.push_exit(0, r#"{"name":"oc-w1","status":"destroyed"}"#, "");
-            let e = call(&mut p, &mut fs, "boxd_ensure", r#"{"work":"w1"}"#, raw_context("{}", r#"{"opencodeVersion":"1.19.0"}"#)).unwrap_err();
-            assert_eq!(e.code, Code::GuestVersion, "{e:?}");
-            let w = Ledger::new(&mut fs, "/l").require("w1").unwrap();
-            let removed = p.commands().last().map(String::as_str) == Some("machine remove oc-w1 -y --json");
-            if prompted {
-                assert!(!removed, "{:?}", p.commands());
-                assert_eq!(w.state, WorkState::Open);
-            } else {
-                assert!(removed, "{:?}", p.commands());
-                assert!(e.message.contains("1.19.0") && e.message.contains("oc-w1 was removed and work 'w1' closed"), "{}", e.message);
-                assert_eq!(w.state, WorkState::Closed);
-            }
-        }
-    }
-
-    /// A rebuild whose OpenCode differs (the golden image changed since the work began)
-    /// holds nothing of the work yet: it is removed and the work stays open, so the next
-    /// resume rebuilds it; resume and ensure both.
-    #[test]
-    fn a_rebuild_that_boots_another_opencode_is_removed_and_the_work_stays_open() {
-        const MISMATCH: &str = r#"{"ok":false,"error":"GUEST_VERSION","message":"the machine has OpenCode 1.18.99 but the laptop runs 1.18.33"}"#;
-        for tool in ["boxd_ensure", "boxd_resume"] {
-            let mut fs = open_work(Some(GitRecord::default()));
-            let mut w = Ledger::new(&mut fs, "/l").require("w1").unwrap();
-            w.prompts.push(crate::ledger::Prompt { id: "p1".into(), admitted: true, ..Default::default() });
-            w.restore_pending = true;
-            Ledger::new(&mut fs, "/l").write(&w).unwrap();
-            let mut p = Scripted::default();
-            p.push_exit(0, OURS, "");
-            p.push_exit(0, "", ""); // resume: set the idle bound; ensure: the helper's upload
-            if tool == "boxd_resume" {
-                p.push_exit(0, "", ""); // the helper's upload
-            }
-            p.push_exit(3, MISMATCH, "");
-            p.push_exit(0, r#"{"name":"oc-w1","status":"destroyed"}"#, "");
-            let e = call(&mut p, &mut fs, tool, r#"{"work":"w1"}"#, raw_context("{}", r#"{"opencodeVersion":"1.18.33"}"#)).unwrap_err();
-            assert_eq!(e.code, Code::GuestVersion, "{tool}: {e:?}");
-            assert_eq!(p.commands().last().map(String::as_str), Some("machine remove oc-w1 -y --json"), "{tool}: {:?}", p.commands());
-            assert!(e.message.contains("was removed") && e.next.contains("boxd_resume"), "{tool}: {e:?}");
-            let w = Ledger::new(&mut fs, "/l").require("w1").unwrap();
-            assert_eq!(w.state, WorkState::Open, "{tool}");
-            assert!(w.restore_pending, "{tool}: the transcript is still owed to the next rebuild");
-        }
-        // An OpenCode that could not be asked (a timeout on a busy machine) is not final:
-        // the rebuild stays.
-        let mut fs = open_work(Some(GitRecord::default()));
-        let mut w = Ledger::new(&mut fs, "/l").require("w1").unwrap();
-        w.restore_pending = true;
-        Ledger::new(&mut fs, "/l").write(&w).unwrap();
-        let mut p = Scripted::default();
-        p.push_exit(0, OURS, "");
-        p.push_exit(0, "", "");
-        p.push_exit(0, "", "");
-        p.push_exit(3, r#"{"ok":false,"error":"GUEST_FAILED","message":"opencode --version did not answer within 60 s"}"#, "");
-        let e = call(&mut p, &mut fs, "boxd_resume", r#"{"work":"w1"}"#, raw_context("{}", r#"{"opencodeVersion":"1.18.33"}"#)).unwrap_err();
-        assert_eq!(e.code, Code::GuestFailed, "{e:?}");
-        assert!(!p.commands().iter().any(|c| c.starts_with("machine remove")), "{:?}", p.commands());
-    }
-}
+mod tests;

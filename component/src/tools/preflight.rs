@@ -102,13 +102,14 @@ pub fn known_work(env: &mut Env, args: &Value) -> ToolResult<()> {
 fn owned(env: &mut Env, args: &Value, open: bool) -> ToolResult<()> {
     let (work, _) = work_arg(args)?;
     let ctx = env.ctx;
-    let w = Ledger::for_call(&mut env.files, ctx).require(&work)?;
+    let mut ledger = Ledger::for_call(&mut env.files, ctx);
+    let w = ledger.require(&work)?;
     if open {
         require_open(&w)?;
     } else if w.is_closed() {
         return Ok(());
     }
-    owned_state(&mut Boxd::new(&mut env.programs, ctx.options.boxd_timeout_seconds), &w).map(|_| ())
+    owned_state(&mut Boxd::new(&mut env.programs, ctx.options.boxd_timeout_seconds), &mut ledger, ctx, &w).map(|_| ())
 }
 
 #[cfg(test)]

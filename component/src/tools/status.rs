@@ -84,6 +84,8 @@ pub fn run(env: &mut Env, _args: &Value) -> ToolResult<Value> {
             _ if w.state == WorkState::Queued => "queued".to_string(),
             (Err(_), _) => "unknown".to_string(),
             (Ok(_), None) => "gone".to_string(),
+            // A tool saw another machine under the name: the one listed is not this work's.
+            (Ok(_), Some(_)) if w.name_taken_by.is_some() => "notOurs".to_string(),
             (Ok(_), Some(s)) => State::from_status(s).map_or("unknown", job_state).to_string(),
         };
         // What the listing shows, applied to the record as read (never written back: status
@@ -92,14 +94,20 @@ pub fn run(env: &mut Env, _args: &Value) -> ToolResult<Value> {
         let mut seen = w;
         match state.as_str() {
             "running" | "starting" => seen.open_run(ctx.now_ms),
-            "asleep" | "stopped" | "gone" | "failed" => seen.seen_not_running(ctx.now_ms, opts.idle_ms(), state != "asleep"),
+            "asleep" | "stopped" | "gone" | "failed" | "notOurs" => seen.seen_not_running(ctx.now_ms, opts.idle_ms(), state != "asleep"),
             _ => {}
         }
         let w = &seen;
-        let spend = spend_json(w, ctx);
+        let mut spend = spend_json(w, ctx);
         total += w.spend_micros(&opts.prices, ctx.now_ms);
-        burn += w.burn_micros(&opts.prices);
         let mut warnings = w.warnings.clone();
+        if let (Some(id), "notOurs") = (&w.name_taken_by, state.as_str()) {
+            // Its machine is gone: nothing of this work bills any more.
+            spend["burnPerHour"] = json!(0.0);
+            warnings.push(format!("{} is now another machine (id {}): this work's own machine is gone; no tool touches that one", w.machine, crate::redact::cut(id, 100)));
+        } else {
+            burn += w.burn_micros(&opts.prices);
+        }
         let lifetime = super::admission::lifetime_note(w, ctx);
         if let Some((word, left)) = lifetime {
             warnings.push(match word {
@@ -124,6 +132,7 @@ pub fn run(env: &mut Env, _args: &Value) -> ToolResult<Value> {
                 "queued" => format!("Sleep or drop a running work, then call boxd_fork for work '{}' to admit its queued forks.", w.fork.as_ref().map_or("", |f| f.parent.as_str())),
                 "asleep" | "stopped" => format!("Call boxd_resume for work '{}', then boxd_harvest to bring its transcript home.", w.work),
                 "gone" => format!("Call boxd_resume for work '{}' to rebuild it, or boxd_drop to close it and see what could not be recovered.", w.work),
+                "notOurs" => format!("Call boxd_drop for work '{}' to close its record (its machine is gone; it names what was not recovered).", w.work),
                 _ => format!("Call boxd_harvest for work '{}' to bring its transcript home.", w.work),
             });
         }

@@ -133,10 +133,11 @@ fn admit(env: &mut Env, args: &Value) -> ToolResult<Admitted> {
     }
     let files = check_files(env, args)?;
     let ctx = env.ctx;
-    let w = Ledger::for_call(&mut env.files, ctx).require(&work)?;
+    let mut ledger = Ledger::for_call(&mut env.files, ctx);
+    let w = ledger.require(&work)?;
     super::require_open(&w)?;
     super::admission::check_lifetime(&w, ctx)?;
-    running_state(&mut Boxd::new(&mut env.programs, ctx.options.boxd_timeout_seconds), &w)?;
+    running_state(&mut Boxd::new(&mut env.programs, ctx.options.boxd_timeout_seconds), &mut ledger, ctx, &w)?;
     Ok(Admitted { work, machine, prompt, files, w })
 }
 

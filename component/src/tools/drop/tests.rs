@@ -64,11 +64,12 @@ fn a_bundle_or_patch_missing_or_damaged_in_the_ledger_refuses_the_drop_whatever_
 
 #[test]
 fn drop_removes_only_the_machine_the_ledger_recorded() {
+    // Shared with the organisation: not ours to seal or remove.
     let mut fs = work_with(Some(GitRecord::default()));
     let mut p = Scripted::default();
-    p.push_exit(0, r#"{"name":"oc-w1","id":"vm_other","status":"running","sharing":"private","isolated":"no"}"#, "");
+    p.push_exit(0, r#"{"name":"oc-w1","id":"vm_1","status":"running","sharing":"shared","isolated":"no"}"#, "");
     let e = call(&mut p, &mut fs, "boxd_drop", r#"{"work":"w1"}"#, raw()).unwrap_err();
-    assert_eq!(e.code, Code::NotOurs);
+    assert_eq!(e.code, Code::MachineShared);
     assert_eq!(p.commands(), ["machine get oc-w1 --json"], "nothing was sealed or removed");
     p.requests.clear();
     p.push_exit(0, OURS, "");

@@ -227,18 +227,20 @@ fn an_adopted_fork_counts_once_against_the_caps() {
 
 /// A fork still being made holds nothing of its own, and its parent may be dropped (whose
 /// boxd_fork would then never finish it): drop removes its machine by the recorded id, or
-/// closes it when boxd has none; a machine under its name with no id recorded, or another
-/// id, is left alone.
+/// closes it when boxd has none (recorded or not); a machine under its name with no id
+/// recorded that we did not fork is left alone, as is another machine where the recorded
+/// one was (ours is gone: the fork closes, boxd is sent nothing for it).
 #[test]
 fn a_fork_still_being_made_is_dropped_whatever_its_parent_is_now() {
     let landed = OURS.replace("oc-w1", "oc-fa").replace("vm_1", "vm_fa");
     let theirs = r#"{"name":"oc-fa","id":"vm_x","status":"running","source":"standalone"}"#;
-    let cases: [(Option<&str>, Option<&str>, Result<&[&str], Code>); 5] = [
+    let cases: [(Option<&str>, Option<&str>, Result<&[&str], Code>); 6] = [
         (Some("vm_fa"), Some(landed.as_str()), Ok(&["machine get oc-fa --json", "machine remove oc-fa -y --json"])),
         (None, None, Ok(&["machine get oc-fa --json", "machine list --json"])),
         (None, Some(theirs), Ok(&["machine get oc-fa --json"])),
         (None, Some(landed.as_str()), Err(Code::CreateUncertain)),
-        (Some("vm_other"), Some(landed.as_str()), Err(Code::NotOurs)),
+        (Some("vm_other"), Some(landed.as_str()), Ok(&["machine get oc-fa --json"])),
+        (Some("vm_fa"), None, Ok(&["machine get oc-fa --json", "machine list --json"])),
     ];
     for (id, get, want) in cases {
         let mut fs = open_work(None);
@@ -252,7 +254,7 @@ fn a_fork_still_being_made_is_dropped_whatever_its_parent_is_now() {
             Some(g) => p.push_exit(0, g, ""),
             None => p.push_fail(1, "error: VM 'oc-fa' not found"),
         }
-        p.push_exit(0, if id.is_some() { r#"{"name":"oc-fa","status":"destroyed"}"# } else { "[]" }, "");
+        p.push_exit(0, if id.is_some() && get.is_some() { r#"{"name":"oc-fa","status":"destroyed"}"# } else { "[]" }, "");
         let r = call(&mut p, &mut fs, "boxd_drop", r#"{"work":"fa"}"#, raw_at(2 * FORK_CLAIM_MS));
         let state = Ledger::new(&mut fs, "/l").require("fa").unwrap().state;
         match want {
@@ -407,4 +409,27 @@ fn a_fork_a_drop_marked_is_never_opened_and_the_next_drop_finishes_it() {
     let v = call(&mut p, &mut fs, "boxd_drop", r#"{"work":"fa"}"#, raw_at(2 * FORK_CLAIM_MS)).unwrap();
     assert_eq!(v["dropped"], true, "{v:#}");
     assert_eq!(p.commands(), ["machine get oc-fa --json", "machine remove oc-fa -y --json"]);
+}
+
+/// The parent's name found holding another machine between two forks: the parent's own
+/// machine is gone, so its queued forks can never be made from it. The answer's next step
+/// is one that leads somewhere (drop the parent and those forks), not "start again under
+/// another work id" joined to "call boxd_fork again" as before.
+#[test]
+fn a_parent_whose_name_now_holds_another_machine_leaves_one_next_step() {
+    let mut fs = open_work(None);
+    Ledger::new(&mut fs, "/l").update("w1", |w| w.helper_sha256 = Some(crate::encode::sha256_hex(crate::guest::HELPER))).unwrap();
+    let mut p = Scripted::default();
+    p.push_exit(0, "1.18.33", "");
+    p.push_exit(0, OURS, "");
+    p.push_exit(0, r#"[{"name":"oc-w1","status":"running"}]"#, "");
+    p.push_exit(0, r#"{"name":"oc-fa","id":"vm_fa","boot":"5ms"}"#, "");
+    p.push_exit(0, "", "");
+    p.push_exit(0, r#"{"ok":true,"work":"fa"}"#, "");
+    p.push_exit(0, &OURS.replace("vm_1", "vm_theirs"), "");
+    let v = call(&mut p, &mut fs, "boxd_fork", r#"{"work":"w1","forks":["fa","fb"]}"#, raw_context(r#"{"maxRunningPerLedger":3}"#, "{}")).unwrap();
+    assert_eq!((v["queued"].clone(), v["waiting"]["error"].as_str()), (json!(["fb"]), Some("NOT_OURS")), "{v:#}");
+    let next = v["next"].as_str().unwrap();
+    assert!(next.contains("call boxd_drop for work 'w1'") && next.contains("(fb) can no longer be made") && !next.contains("another work id") && !next.contains("boxd_fork"), "{next}");
+    assert_eq!(Ledger::new(&mut fs, "/l").require("w1").unwrap().name_taken_by.as_deref(), Some("vm_theirs"));
 }

@@ -1,0 +1,287 @@
+//! The machine checks and creates every tool shares, with doubles for boxd and the files.
+
+use super::*;
+use crate::ledger::GitRecord;
+use crate::testing::{open_work, raw_context, Scripted, OURS};
+use crate::tools::call;
+
+/// A golden snapshot boots a machine only once boxd holds it ready (or lists it with no
+/// status, as an older CLI may): a capture still pending or one that failed is
+/// SNAPSHOT_MISSING saying which, and a status this plugin does not know BOXD_FAILED.
+#[test]
+fn only_a_ready_golden_snapshot_boots_a_machine() {
+    let ctx = crate::tools::context(raw_context("{}", "{}")).unwrap();
+    let golden = |status: &str| {
+        let mut p = Scripted::default();
+        p.push_exit(0, &alloc::format!(r#"[{{"name":"opencode-golden","version":"v1"{status}}}]"#), "");
+        let mut boxd = Boxd::new(&mut p, 10);
+        require_golden(&mut boxd, &ctx, "oc-w1", Build::New { directory: "" })
+    };
+    assert_eq!(golden(r#","status":"ready""#), Ok(()));
+    assert_eq!(golden(""), Ok(()));
+    let e = golden(r#","status":"pending""#).unwrap_err();
+    assert!(e.code == Code::SnapshotMissing && e.message.contains("still saving") && e.message.contains("no machine was created") && e.next.contains("in a minute"), "{e:?}");
+    let e = golden(r#","status":"failed""#).unwrap_err();
+    assert!(e.code == Code::SnapshotMissing && e.message.contains("as failed") && e.next.contains("another name"), "{e:?}");
+    assert_eq!(golden(r#","status":"weird""#).unwrap_err().code, Code::BoxdFailed);
+    let mut p = Scripted::default();
+    p.push_exit(0, r#"[{"name":"opencode-golden","status":"pending"}]"#, "");
+    let e = require_golden(&mut Boxd::new(&mut p, 10), &ctx, "oc-w1", Build::Rebuild).unwrap_err();
+    assert!(e.message.contains("oc-w1, which is gone, was not rebuilt"), "{e:?}");
+}
+
+/// Every tool that acts on a work's machine, with arguments that pass their own checks.
+const MACHINE_TOOLS: [(&str, &str); 7] = [
+    ("boxd_job", r#"{"work":"w1"}"#),
+    ("boxd_submit", r#"{"work":"w1","prompt":"hi"}"#),
+    ("boxd_harvest", r#"{"work":"w1"}"#),
+    ("boxd_sleep", r#"{"work":"w1"}"#),
+    ("boxd_resume", r#"{"work":"w1"}"#),
+    ("boxd_drop", r#"{"work":"w1"}"#),
+    ("boxd_ensure", r#"{"work":"w1"}"#),
+];
+
+/// Each of MACHINE_TOOLS on the open work w1 (vm_1) whose `machine get` answers `got`:
+/// it must fail after that one read (drop: end after it); its error and the record after it.
+fn each_refuses_after_one_read(got: &str) -> Vec<(&'static str, ToolError, Work)> {
+    let mut out = Vec::new();
+    for (tool, args) in MACHINE_TOOLS {
+        let mut fs = open_work(Some(GitRecord::default()));
+        let mut p = Scripted::default();
+        p.push_exit(0, got, "");
+        let r = call(&mut p, &mut fs, tool, args, raw_context("{}", r#"{"opencodeVersion":"1.18.33"}"#));
+        assert_eq!(p.commands(), ["machine get oc-w1 --json"], "{tool} made one read and nothing else");
+        let Err(e) = r else { continue };
+        out.push((tool, e, Ledger::new(&mut fs, "/l").require("w1").unwrap()));
+    }
+    out
+}
+
+/// Another machine under the work's name: ours is gone (names are unique). Every tool
+/// but drop refuses it after its one read, naming boxd_drop (one step that leads
+/// somewhere), and records the name taken with the run ended, so status and admission
+/// stop counting that machine as this work's (before: NOT_OURS "start again under another
+/// work id" from every tool, drop included, the run left open). Drop closes the work as a
+/// gone machine's, sending boxd nothing for the other machine.
+#[test]
+fn every_tool_refuses_a_machine_with_another_id_before_touching_it() {
+    const THEIRS: &str = r#"{"name":"oc-w1","id":"vm_new","status":"running","sharing":"private","isolated":"no"}"#;
+    for (tool, e, w) in each_refuses_after_one_read(THEIRS) {
+        if tool == "boxd_drop" {
+            continue;
+        }
+        assert_eq!(e.code, Code::NotOurs, "{tool}: {e:?}");
+        assert!(e.next.contains("call boxd_drop for work 'w1'") && !e.next.contains("another work id"), "{tool}: {e:?}");
+        assert_eq!((w.name_taken_by.as_deref(), w.running_since(), w.state), (Some("vm_new"), None, WorkState::Open), "{tool}: {w:?}");
+    }
+    let mut fs = open_work(Some(GitRecord::default()));
+    Ledger::new(&mut fs, "/l").update("w1", |w| w.prompts.push(crate::ledger::Prompt { id: "p1".into(), admitted: true, ..Default::default() })).unwrap();
+    let mut p = Scripted::default();
+    p.push_exit(0, THEIRS, "");
+    let v = call(&mut p, &mut fs, "boxd_drop", r#"{"work":"w1"}"#, raw_context("{}", "{}")).unwrap();
+    assert_eq!(p.commands(), ["machine get oc-w1 --json"], "nothing sealed or removed on their machine");
+    assert!(v["dropped"] == true && v["nameTakenBy"] == "vm_new" && v["unrecovered"]["prompts"] == serde_json::json!(["p1"]), "{v:#}");
+    assert!(Ledger::new(&mut fs, "/l").require("w1").unwrap().is_closed());
+}
+
+/// A status word boxd may add later is not "gone": resume would rebuild a machine that
+/// still holds the work, drop would close it. Every tool refuses after its one read.
+#[test]
+fn every_tool_refuses_a_machine_in_a_state_it_does_not_know_before_touching_it() {
+    for (tool, e, w) in each_refuses_after_one_read(r#"{"name":"oc-w1","id":"vm_1","status":"updating","sharing":"private","isolated":"no"}"#) {
+        assert_eq!(e.code, Code::BoxdFailed, "{tool}: {e:?}");
+        assert!(e.message.contains("\"updating\""), "{tool}: {}", e.message);
+        assert_eq!((w.state, w.machine_id.as_deref()), (WorkState::Open, Some("vm_1")), "{tool}: the record is as it was");
+    }
+}
+
+/// A gone machine is rebuilt through the one create: intent first, and a create whose
+/// answer carries no id leaves the work creating for ensure to adopt.
+#[test]
+fn a_rebuild_without_an_id_stays_creating_until_ensure_adopts_it() {
+    let mut fs = open_work(Some(GitRecord::default()));
+    let mut p = Scripted::default();
+    p.push_exit(0, "1.18.33", "");
+    p.push_fail(1, "error: VM 'oc-w1' not found");
+    p.push_exit(0, "[]", "");
+    p.push_exit(0, r#"[{"name":"opencode-golden","version":"1","status":"ready"}]"#, "");
+    p.push_exit(0, r#"{"name":"oc-w1"}"#, "");
+    let e = call(&mut p, &mut fs, "boxd_resume", r#"{"work":"w1"}"#, raw_context("{}", "{}")).unwrap_err();
+    assert_eq!(e.code, Code::CreateUncertain, "{e:?}");
+    assert!(e.message.contains("rebuilt oc-w1"), "{}", e.message);
+    assert_eq!(p.commands()[2], "machine list --json", "admission reads what runs before the create");
+    assert!(p.commands()[4].starts_with("machine new oc-w1 --from-snapshot opencode-golden"), "{:?}", p.commands());
+    let w = Ledger::new(&mut fs, "/l").require("w1").unwrap();
+    assert_eq!((w.state, w.machine_id), (WorkState::Creating, None));
+    p.push_exit(0, OURS, "");
+    p.push_exit(0, "", "");
+    p.push_exit(0, r#"{"ok":true}"#, "");
+    let v = call(&mut p, &mut fs, "boxd_ensure", r#"{"work":"w1"}"#, raw_context("{}", r#"{"opencodeVersion":"1.18.33"}"#)).unwrap();
+    assert_eq!((v["adopted"].as_bool(), v["created"].as_bool(), v["machineId"].as_str()), (Some(true), Some(false), Some("vm_1")));
+    // The adopted machine is not known to hold the helper: uploaded first, then one prepare.
+    let c = p.commands();
+    let last = &c[c.len() - 3..];
+    assert!(last[0] == "machine get oc-w1 --json" && last[1].contains("upload.tmp") && last[2].contains("prepare --work w1"), "{last:?}");
+}
+
+/// A create boxd refused made nothing: the work does not stay "creating", so a machine
+/// someone else later makes under its name is refused, never adopted and prepared.
+#[test]
+fn a_refused_create_is_withdrawn_and_a_later_machine_under_the_name_is_not_adopted() {
+    let mut fs = crate::testing::MemFiles::new(&["/p", "/l"]);
+    let facts = r#"{"opencodeVersion":"1.18.33"}"#;
+    let mut p = Scripted::default();
+    p.push_fail(1, "error: VM 'oc-w1' not found");
+    p.push_exit(0, "[]", "");
+    p.push_exit(0, r#"[{"name":"opencode-golden","version":"1","status":"ready"}]"#, "");
+    p.push_fail(1, "error: request failed: quota exceeded");
+    p.push_fail(1, "error: VM 'oc-w1' not found");
+    let e = call(&mut p, &mut fs, "boxd_ensure", r#"{"work":"w1"}"#, raw_context("{}", facts)).unwrap_err();
+    assert_eq!(e.code, Code::QuotaReached, "{e:?}");
+    let w = Ledger::new(&mut fs, "/l").require("w1").unwrap();
+    assert_eq!((w.state, w.machine_id), (WorkState::Open, None), "the create's intent is withdrawn");
+    let mut p = Scripted::default();
+    p.push_exit(0, r#"{"name":"oc-w1","id":"vm_someone","status":"running","sharing":"private","isolated":"no"}"#, "");
+    let e = call(&mut p, &mut fs, "boxd_ensure", r#"{"work":"w1"}"#, raw_context("{}", facts)).unwrap_err();
+    assert_eq!(e.code, Code::NotOurs, "{e:?}");
+    assert_eq!(p.commands(), ["machine get oc-w1 --json"], "nothing uploaded, prepared or recorded");
+    // Any other failure may have made it (boxd failing after the create): uncertain, so
+    // the work stays creating for ensure to adopt, with no look spent.
+    let mut fs = crate::testing::MemFiles::new(&["/p", "/l"]);
+    let mut p = Scripted::default();
+    p.push_fail(1, "error: VM 'oc-w1' not found");
+    p.push_exit(0, "[]", "");
+    p.push_exit(0, r#"[{"name":"opencode-golden","version":"1","status":"ready"}]"#, "");
+    p.push_fail(1, "error: internal server error");
+    call(&mut p, &mut fs, "boxd_ensure", r#"{"work":"w1"}"#, raw_context("{}", facts)).unwrap_err();
+    assert_eq!(p.commands().len(), 4, "{:?}", p.commands());
+    assert_eq!(Ledger::new(&mut fs, "/l").require("w1").unwrap().state, WorkState::Creating);
+}
+
+/// A rebuilt machine that still owes the proven transcript: every tool that would use
+/// or copy its guest refuses, naming boxd_resume, after its one state read.
+#[test]
+fn a_machine_owing_the_transcript_is_neither_used_nor_copied() {
+    for (tool, args, answers) in [
+        ("boxd_submit", r#"{"work":"w1","prompt":"hi"}"#, &[OURS][..]),
+        ("boxd_harvest", r#"{"work":"w1"}"#, &[OURS]),
+        ("boxd_image", r#"{"work":"w1","name":"snap-1"}"#, &["[]", OURS]),
+        ("boxd_fork", r#"{"work":"w1","forks":["f1"]}"#, &[OURS]),
+    ] {
+        let mut fs = open_work(Some(GitRecord::default()));
+        Ledger::new(&mut fs, "/l").update("w1", |w| w.restore_pending = true).unwrap();
+        let mut p = Scripted::default();
+        for a in answers {
+            p.push_exit(0, a, "");
+        }
+        let e = call(&mut p, &mut fs, tool, args, raw_context("{}", r#"{"opencodeVersion":"1.18.33"}"#)).unwrap_err();
+        assert_eq!(e.code, Code::MachineGone, "{tool}: {e:?}");
+        assert!(e.message.contains("not on it yet") && e.next.contains("boxd_resume"), "{tool}: {e:?}");
+        assert_eq!(p.commands().len(), answers.len(), "{tool}: {:?}", p.commands());
+    }
+}
+
+/// A machine no prompt has reached that boots another OpenCode than the laptop's is
+/// removed and the work closed; one a prompt has reached is left for the user.
+#[test]
+fn a_guest_version_mismatch_removes_only_a_machine_no_prompt_reached() {
+    const MISMATCH: &str = r#"{"ok":false,"error":"GUEST_VERSION","message":"the machine has OpenCode 1.18.33 but the laptop runs 1.19.0"}"#;
+    for prompted in [false, true] {
+        let mut fs = open_work(Some(GitRecord::default()));
+        if prompted {
+            let mut w = Ledger::new(&mut fs, "/l").require("w1").unwrap();
+            w.prompts.push(crate::ledger::Prompt { id: "p1".into(), admitted: true, ..Default::default() });
+            Ledger::new(&mut fs, "/l").write(&w).unwrap();
+        }
+        let mut p = Scripted::default();
+        p.push_exit(0, OURS, "");
+        p.push_exit(0, "", "");
+        p.push_exit(3, MISMATCH, "");
+        p.push_exit(0, r#"{"name":"oc-w1","status":"destroyed"}"#, "");
+        let e = call(&mut p, &mut fs, "boxd_ensure", r#"{"work":"w1"}"#, raw_context("{}", r#"{"opencodeVersion":"1.19.0"}"#)).unwrap_err();
+        assert_eq!(e.code, Code::GuestVersion, "{e:?}");
+        let w = Ledger::new(&mut fs, "/l").require("w1").unwrap();
+        let removed = p.commands().last().map(String::as_str) == Some("machine remove oc-w1 -y --json");
+        if prompted {
+            assert!(!removed, "{:?}", p.commands());
+            assert_eq!(w.state, WorkState::Open);
+        } else {
+            assert!(removed, "{:?}", p.commands());
+            assert!(e.message.contains("1.19.0") && e.message.contains("oc-w1 was removed and work 'w1' closed"), "{}", e.message);
+            assert_eq!(w.state, WorkState::Closed);
+        }
+    }
+}
+
+/// A rebuild whose OpenCode differs (the golden image changed since the work began)
+/// holds nothing of the work yet: it is removed and the work stays open, so the next
+/// resume rebuilds it; resume and ensure both.
+#[test]
+fn a_rebuild_that_boots_another_opencode_is_removed_and_the_work_stays_open() {
+    const MISMATCH: &str = r#"{"ok":false,"error":"GUEST_VERSION","message":"the machine has OpenCode 1.18.99 but the laptop runs 1.18.33"}"#;
+    for tool in ["boxd_ensure", "boxd_resume"] {
+        let mut fs = open_work(Some(GitRecord::default()));
+        let mut w = Ledger::new(&mut fs, "/l").require("w1").unwrap();
+        w.prompts.push(crate::ledger::Prompt { id: "p1".into(), admitted: true, ..Default::default() });
+        w.restore_pending = true;
+        Ledger::new(&mut fs, "/l").write(&w).unwrap();
+        let mut p = Scripted::default();
+        p.push_exit(0, OURS, "");
+        p.push_exit(0, "", ""); // resume: set the idle bound; ensure: the helper's upload
+        if tool == "boxd_resume" {
+            p.push_exit(0, "", ""); // the helper's upload
+        }
+        p.push_exit(3, MISMATCH, "");
+        p.push_exit(0, r#"{"name":"oc-w1","status":"destroyed"}"#, "");
+        let e = call(&mut p, &mut fs, tool, r#"{"work":"w1"}"#, raw_context("{}", r#"{"opencodeVersion":"1.18.33"}"#)).unwrap_err();
+        assert_eq!(e.code, Code::GuestVersion, "{tool}: {e:?}");
+        assert_eq!(p.commands().last().map(String::as_str), Some("machine remove oc-w1 -y --json"), "{tool}: {:?}", p.commands());
+        assert!(e.message.contains("was removed") && e.next.contains("boxd_resume"), "{tool}: {e:?}");
+        let w = Ledger::new(&mut fs, "/l").require("w1").unwrap();
+        assert_eq!(w.state, WorkState::Open, "{tool}");
+        assert!(w.restore_pending, "{tool}: the transcript is still owed to the next rebuild");
+    }
+    // An OpenCode that could not be asked (a timeout on a busy machine) is not final:
+    // the rebuild stays.
+    let mut fs = open_work(Some(GitRecord::default()));
+    let mut w = Ledger::new(&mut fs, "/l").require("w1").unwrap();
+    w.restore_pending = true;
+    Ledger::new(&mut fs, "/l").write(&w).unwrap();
+    let mut p = Scripted::default();
+    p.push_exit(0, OURS, "");
+    p.push_exit(0, "", "");
+    p.push_exit(0, "", "");
+    p.push_exit(3, r#"{"ok":false,"error":"GUEST_FAILED","message":"opencode --version did not answer within 60 s"}"#, "");
+    let e = call(&mut p, &mut fs, "boxd_resume", r#"{"work":"w1"}"#, raw_context("{}", r#"{"opencodeVersion":"1.18.33"}"#)).unwrap_err();
+    assert_eq!(e.code, Code::GuestFailed, "{e:?}");
+    assert!(!p.commands().iter().any(|c| c.starts_with("machine remove")), "{:?}", p.commands());
+}
+
+/// Once a tool saw another machine under a work's name, boxd_status shows that row as not
+/// ours (no burn, next boxd_drop) rather than running with burn and "call boxd_harvest",
+/// and admission does not count it: with maxRunningPerLedger 1 another work's create goes
+/// past the caps (before: CAP_REACHED naming w1, which no tool could then close).
+#[test]
+fn a_name_seen_holding_another_machine_is_not_counted_as_this_works_running_one() {
+    let mut fs = open_work(Some(GitRecord::default()));
+    Ledger::new(&mut fs, "/l").update("w1", |w| w.open_run(0)).unwrap();
+    let mut p = Scripted::default();
+    p.push_exit(0, r#"{"name":"oc-w1","id":"vm_new","status":"running","sharing":"private","isolated":"no"}"#, "");
+    let e = call(&mut p, &mut fs, "boxd_job", r#"{"work":"w1"}"#, crate::testing::raw_at(60_000)).unwrap_err();
+    assert_eq!(e.code, Code::NotOurs);
+    let mut p = Scripted::default();
+    p.push_exit(0, r#"[{"name":"oc-w1","status":"running"}]"#, "");
+    p.push_exit(0, r#"[{"name":"opencode-golden","version":"v1","status":"ready"}]"#, "");
+    let v = call(&mut p, &mut fs, "boxd_status", "{}", crate::testing::raw_at(3_600_000)).unwrap();
+    let row = &v["works"][0];
+    assert_eq!((row["state"].as_str(), row["spend"]["burnPerHour"].as_f64()), (Some("notOurs"), Some(0.0)), "{v:#}");
+    assert_eq!(v["spend"]["burnPerHour"].as_f64(), Some(0.0), "{v:#}");
+    assert!(row["warnings"].to_string().contains("now another machine (id vm_new)"), "{row:#}");
+    assert!(v["next"].as_str().unwrap().contains("boxd_drop for work 'w1'"), "{v:#}");
+    let mut p = Scripted::default();
+    p.push_fail(1, "error: VM 'oc-w9' not found");
+    p.push_exit(0, r#"[{"name":"oc-w1","status":"running"}]"#, "");
+    p.push_exit(0, "[]", "");
+    let e = call(&mut p, &mut fs, "boxd_ensure", r#"{"work":"w9"}"#, raw_context(r#"{"maxRunningPerLedger":1}"#, r#"{"opencodeVersion":"1.18.33"}"#)).unwrap_err();
+    assert_eq!(e.code, Code::SnapshotMissing, "past the caps: {e:?}");
+}
