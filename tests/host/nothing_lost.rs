@@ -123,6 +123,12 @@ fn an_ordinary_work_drops_on_the_first_try() {
     assert_eq!(world.ok_call("boxd_drop", W1)["dropped"], true);
 }
 
+/// Our machine removed and someone else's made under its name: every tool refuses it with
+/// no exec, naming boxd_drop (before: "start again under another work id", drop included,
+/// so the work could never be closed); once a tool has seen it, boxd_status shows the row
+/// not ours with no burn (before: running, burning, "call boxd_harvest") and the caps do
+/// not count it (before: maxRunningPerLedger 1 refused every other work, naming w1); and
+/// drop closes the work as a gone machine's, sending boxd nothing for theirs.
 #[test]
 fn a_machine_replaced_under_the_same_name_is_refused_by_every_tool_with_no_exec() {
     let world = World::new("lost-replaced");
@@ -140,18 +146,51 @@ fn a_machine_replaced_under_the_same_name_is_refused_by_every_tool_with_no_exec(
         ("boxd_sleep", W1.to_string()),
         ("boxd_resume", W1.to_string()),
         ("boxd_image", r#"{"work":"w1","name":"stolen"}"#.to_string()),
-        ("boxd_drop", W1.to_string()),
         ("boxd_ensure", W1.to_string()),
     ] {
         let (code, v) = world.call_with(&["--audit-log", log.to_str().unwrap()], tool, &args);
         assert_eq!((code, v["error"].as_str()), (1, Some("NOT_OURS")), "{tool}: {v:#}");
+        assert!(v["next"].as_str().unwrap().contains("call boxd_drop for work 'w1'"), "{tool}: {v:#}");
     }
+    let status = world.ok_call("boxd_status", "{}");
+    let row = &status["works"][0];
+    assert_eq!((row["work"].as_str(), row["state"].as_str(), row["spend"]["burnPerHour"].as_f64()), (Some("w1"), Some("notOurs"), Some(0.0)), "{status:#}");
+    assert!(status["next"].as_str().unwrap().contains("boxd_drop for work 'w1'"), "{status:#}");
+    let v = world.call_with(&["--audit-log", log.to_str().unwrap()], "boxd_drop", W1).1;
+    assert_eq!((v["dropped"].as_bool(), v["machineWasGone"].as_bool()), (Some(true), Some(true)), "{v:#}");
+    assert_eq!(v["nameTakenBy"], stdout_json(&world.laptop.boxd(&["machine", "get", "oc-w1", "--json"]))["id"], "{v:#}");
     let calls = world.laptop.boxd_calls();
     let touching: Vec<_> = calls.iter().filter(|c| !matches!(c.get(1).map(String::as_str), Some("get") | Some("list")) && c[0] != "snapshots").collect();
     assert!(touching.is_empty(), "only reads reached boxd: {touching:?}");
     let audit = std::fs::read_to_string(&log).unwrap();
     assert!(!audit.contains("\"exec\""), "no exec on the stranger's machine: {audit}");
     assert!(machine_exists(&world, "oc-w1"), "the stranger's machine is untouched");
+    assert_eq!(world.ok_call("boxd_status", "{}")["works"], json!([]), "the work is closed");
+}
+
+/// A work folder copied by hand to another id while someone else runs a machine under
+/// that id's name: every tool on the copy is LEDGER_FAILED before boxd is asked anything
+/// (before: boxd_sleep checked oc-w1 and hibernated their oc-w2, boxd_job put the guest
+/// helper on it, boxd_resume set its idle bound), and boxd_status shows w1 once.
+#[test]
+fn a_work_folder_copied_by_hand_never_reaches_the_machine_under_the_copys_name() {
+    let world = World::new("lost-copied");
+    world.ok_call("boxd_ensure", W1);
+    world.ok_call("boxd_harvest", W1);
+    let works = world.laptop.ledger.join("works");
+    std::fs::create_dir_all(works.join("w2")).unwrap();
+    std::fs::copy(works.join("w1/work.json"), works.join("w2/work.json")).unwrap();
+    assert!(world.laptop.boxd(&["machine", "new", "oc-w2", "--json"]).status.success());
+    world.forget_calls();
+    for tool in ["boxd_sleep", "boxd_job", "boxd_resume", "boxd_drop", "boxd_harvest"] {
+        let v = world.err_call(tool, r#"{"work":"w2"}"#, "LEDGER_FAILED");
+        assert!(v["message"].as_str().unwrap().contains("holds the record of work 'w1'") && v["next"].as_str().unwrap().contains("works/w1"), "{tool}: {v:#}");
+    }
+    assert!(world.laptop.boxd_calls().is_empty(), "boxd was asked {:?}", world.laptop.boxd_calls());
+    assert_eq!(stdout_json(&world.laptop.boxd(&["machine", "get", "oc-w2", "--json"]))["status"], "running", "their machine runs on");
+    let status = world.ok_call("boxd_status", "{}");
+    let rows: Vec<(String, String)> = status["works"].as_array().unwrap().iter().map(|r| (r["work"].as_str().unwrap().into(), r["error"].as_str().unwrap_or("").into())).collect();
+    assert_eq!(rows, [("w1".to_string(), String::new()), ("w2".to_string(), "LEDGER_FAILED".to_string())], "{status:#}");
 }
 
 #[test]
