@@ -102,6 +102,29 @@ fn a_remove_that_exits_0_but_says_it_failed_is_not_taken_for_done() {
     assert_eq!(world.ok_call("boxd_drop", W1)["dropped"], true);
 }
 
+/// A CLI that exits 0 with a JSON error as its answer did not do what was asked: drop
+/// and sleep answer BOXD_FAILED in boxd's words, the machine runs on, and the ledger does
+/// not say otherwise (before: dropped:true with the machine billing and no record, or
+/// asleep with its run interval closed).
+#[test]
+fn an_answer_that_exits_0_with_a_json_error_is_not_taken_for_done() {
+    let world = World::new("lies-json-error");
+    world.ok_call("boxd_ensure", W1);
+    world.ok_call("boxd_harvest", W1);
+    for (tool, verb) in [("boxd_drop", "machine remove"), ("boxd_sleep", "machine hibernate")] {
+        let fault = json!([{ "verb": verb, "times": 1, "action": "garbage", "output": r#"{"error":"internal: machine is busy"}"# }]);
+        world.faults(&fault.to_string());
+        let v = world.err_call(tool, W1, "BOXD_FAILED");
+        assert!(v["message"].as_str().unwrap().contains("machine is busy"), "{tool}: the CLI's own words: {v:#}");
+        assert_eq!(machine_get(&world, "oc-w1")["status"], "running", "{tool}");
+        let w = record(&world, "w1");
+        assert_ne!(w["state"], "closed", "{tool}: {w:#}");
+        assert!(w["runs"].as_array().unwrap().last().unwrap()["toMs"].is_null(), "{tool}: the run goes on: {w:#}");
+    }
+    world.faults("[]");
+    assert_eq!(world.ok_call("boxd_sleep", W1)["state"], "asleep");
+}
+
 #[test]
 fn a_fork_boxd_made_before_failing_stays_ours_and_the_next_fork_call_adopts_it() {
     let world = World::new("lies-fork");
@@ -230,6 +253,10 @@ fn a_parent_replaced_between_two_forks_is_not_forked_again() {
     });
     assert_eq!(code, 0, "{v:#}");
     assert_eq!(v["waiting"]["error"], "NOT_OURS", "{v:#}");
+    // One next step that leads somewhere: the parent's own machine is gone, so drop it and
+    // the fork that can no longer be made from it (not "start again" and "fork again").
+    let next = v["next"].as_str().unwrap();
+    assert!(next.contains("call boxd_drop for work 'w1'") && next.contains("(f2) can no longer be made") && !next.contains("boxd_fork"), "{v:#}");
     let state = |id: &str| v["forks"].as_array().unwrap().iter().find(|f| f["work"] == id).map(|f| f["state"].clone()).unwrap_or_default();
     assert_eq!((state("f1"), state("f2")), (json!("running"), json!("queued")), "{v:#}");
     assert_eq!(world.calls_starting(&["machine", "fork"]), 1, "one fork, made from our parent");
