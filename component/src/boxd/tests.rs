@@ -1,0 +1,102 @@
+//! The boxd adapter's unit tests: its argument lists, its reading of answers and failures.
+
+use super::*;
+use crate::testing::Scripted;
+
+#[test]
+fn arguments_the_host_refuses_are_a_host_mismatch_not_a_missing_cli() {
+    let mut p = Scripted::default();
+    p.push_spawn_error(SpawnError::NotAllowed("boxd machine list --json: no grant allows these arguments".into()));
+    let e = Boxd::new(&mut p, 10).list().unwrap_err().into_error();
+    assert_eq!(e.code, Code::HostFailed, "{}", e.message);
+    assert!(e.message.contains("host's policy refused"), "{}", e.message);
+    let mut p = Scripted::default();
+    p.push_spawn_error(SpawnError::NotAllowed("boxd: not in the host's policy".into()));
+    assert_eq!(Boxd::new(&mut p, 10).list().unwrap_err().into_error().code, Code::BoxdMissing);
+}
+
+#[test]
+fn json_is_found_past_the_cli_noise() {
+    let out = b"(restarted client-utilities daemon)\n[{\"name\":\"oc-a\",\"status\":\"running\",\"sharing\":\"private\"}]\n";
+    let v = first_json(out).unwrap();
+    assert_eq!(v[0]["name"], "oc-a");
+    assert_eq!(first_json(b"garbage\nmore garbage"), None);
+    let noisy = b"\xff\xfe daemon said\n{\"name\":\"oc-a\"}\n";
+    assert_eq!(first_json(noisy).unwrap()["name"], "oc-a", "a noise line that is not UTF-8 hides nothing");
+    assert_eq!(first_json(b"{\"name\":\"\xff\"}\n"), None, "JSON that is not UTF-8 is no JSON");
+}
+
+#[test]
+fn quoting_survives_the_guest_shell() {
+    assert_eq!(sh_quote("plain-word"), "plain-word");
+    assert_eq!(sh_quote("it's $HOME; rm -rf /"), "'it'\\''s $HOME; rm -rf /'");
+    assert_eq!(sh_quote(""), "''");
+}
+
+#[test]
+fn failures_are_classified() {
+    let mut p = Scripted::default();
+    p.push_fail(1, "error: not logged in");
+    p.push_fail(1, "error: cannot connect to https://boxd.sh:9443: dns error: not found");
+    p.push_fail(1, "error: VM 'oc-x' not found");
+    p.push_fail(1, "error: quota exceeded");
+    let mut b = Boxd::new(&mut p, 10);
+    assert!(matches!(b.list(), Err(Failure::SignedOut(_))));
+    assert!(matches!(b.list(), Err(Failure::Unreachable(_))));
+    assert_eq!(b.get("oc-x").unwrap(), None);
+    let e = b.list().unwrap_err().into_error();
+    assert_eq!(e.code, Code::BoxdFailed);
+    assert!(e.message.contains("quota exceeded"), "{}", e.message);
+    assert_eq!(b.calls, 4);
+}
+
+#[test]
+fn timeout_messages_name_the_bound_that_fired() {
+    let mut p = Scripted::default();
+    p.push_fail(124, "error: command timed out after 120s");
+    p.push_fail(124, "");
+    p.push_spawn_error(SpawnError::TimedOut);
+    p.push_spawn_error(SpawnError::TimedOut);
+    let mut b = Boxd::new(&mut p, 10);
+    let m = |f: Failure| match f {
+        Failure::Timeout(m) => m,
+        _ => panic!("not a timeout"),
+    };
+    let fired = m(b.exec("oc-a", &["true"], None, 120).unwrap_err());
+    assert!(fired.contains("--timeout of 120 s") && fired.contains("stopped"), "{fired}");
+    let itself = m(b.exec("oc-a", &["true"], None, 120).unwrap_err());
+    assert!(itself.contains("exited with 124 itself") && itself.contains("did not fire"), "{itself}");
+    let host = m(b.exec("oc-a", &["true"], None, 120).unwrap_err());
+    assert!(host.contains("within 150 s"), "{host}");
+    let cli = m(b.list().unwrap_err());
+    assert!(cli.contains("within 10 s") && cli.contains("boxdTimeoutSeconds"), "{cli}");
+}
+
+/// A CLI that exits 0 with an error as its JSON answer did not do what was asked: a
+/// remove or hibernate answering so is BOXD_FAILED in boxd's words; a `get` saying not
+/// found so is "gone" as its stderr form is. An `error` that is null is no error.
+#[test]
+fn a_json_error_answer_that_exits_0_is_a_failure() {
+    let mut p = Scripted::default();
+    p.push_exit(0, "{\"error\":\"internal: machine is busy\"}\n", "");
+    p.push_exit(0, "(restarted client-utilities daemon)\n{\"error\":{\"code\":\"aborted\"}}", "");
+    p.push_exit(0, "{\"error\":\"VM 'oc-x' not found\"}", "");
+    p.push_exit(0, "{\"name\":\"oc-x\",\"status\":\"destroyed\",\"error\":null}", "");
+    p.push_exit(1, "{\"error\":\"quota exceeded\"}", "");
+    let mut b = Boxd::new(&mut p, 10);
+    let e = b.remove("oc-x").unwrap_err().into_error();
+    assert!(e.code == Code::BoxdFailed && e.message.contains("machine remove failed: error: internal: machine is busy"), "{e:?}");
+    let e = b.hibernate("oc-x").unwrap_err().into_error();
+    assert!(e.code == Code::BoxdFailed && e.message.contains("aborted"), "{e:?}");
+    assert_eq!(b.get("oc-x").unwrap(), None);
+    assert_eq!(b.remove("oc-x"), Ok(()));
+    assert!(matches!(b.list(), Err(Failure::Other(m)) if m.contains("quota exceeded")), "a non-zero exit says the JSON's words too");
+}
+
+#[test]
+fn a_missing_cli_is_boxd_missing() {
+    let mut p = Scripted::default();
+    p.push_spawn_error(SpawnError::NotFound("boxd".into()));
+    let mut b = Boxd::new(&mut p, 10);
+    assert_eq!(b.list().unwrap_err().into_error().code, Code::BoxdMissing);
+}
