@@ -92,12 +92,16 @@ fn machines_of(v: &Value) -> Result<Vec<Machine>, Failure> {
         .collect()
 }
 
+/// The same for snapshots: a skipped row would hide a snapshot that is someone else's, and
+/// a save (boxd_image, the golden builder) would then take its name.
 fn snapshots_of(v: &Value) -> Result<Vec<Snapshot>, Failure> {
     let rows = v.as_array().ok_or_else(|| Failure::Other("boxd snapshots list printed no JSON array".into()))?;
-    Ok(rows
-        .iter()
-        .filter_map(|r| Some(Snapshot { name: r.get("name")?.as_str()?.to_string(), version: str_field(r, "version"), status: str_field(r, "status") }))
-        .collect())
+    rows.iter()
+        .map(|r| match r.get("name").and_then(Value::as_str) {
+            Some(name) if !name.is_empty() => Ok(Snapshot { name: name.to_string(), version: str_field(r, "version"), status: str_field(r, "status") }),
+            _ => Err(Failure::Other(format!("boxd snapshots list printed a row without a name: {}", crate::redact::cut(&r.to_string(), 200)))),
+        })
+        .collect()
 }
 
 /// A refusal of arguments (the program is granted), as opposed to no boxd at all.

@@ -100,3 +100,16 @@ fn a_missing_cli_is_boxd_missing() {
     let mut b = Boxd::new(&mut p, 10);
     assert_eq!(b.list().unwrap_err().into_error().code, Code::BoxdMissing);
 }
+
+#[test]
+fn a_snapshot_row_without_a_name_fails_the_whole_listing() {
+    for row in [r#"{"version":"v1"}"#, r#"{"name":7}"#, r#"{"name":""}"#] {
+        let mut p = Scripted::default();
+        p.push_exit(0, &format!(r#"[{{"name":"img","status":"ready"}},{row}]"#), "");
+        let e = Boxd::new(&mut p, 10).snapshots().unwrap_err().into_error();
+        assert!(e.code == Code::BoxdFailed && e.message.contains("row without a name"), "{row}: {e:?}");
+    }
+    let mut p = Scripted::default();
+    p.push_exit(0, r#"[{"name":"img","status":"ready"}]"#, "");
+    assert_eq!(Boxd::new(&mut p, 10).snapshots().unwrap()[0].name, "img");
+}
