@@ -1,0 +1,226 @@
+//! The landing's tests: placements raced by the user or another harvest, and what a
+//! killed harvest left behind.
+
+use super::*;
+
+/// MemFiles where another harvest lands `dest` just before this one places its file
+/// there (after the check found nothing): two works harvesting one path at once.
+struct LandsFirst {
+    inner: crate::testing::MemFiles,
+    dest: &'static str,
+    /// What the user or the other harvest puts there.
+    lands: &'static [u8],
+}
+
+impl crate::caps::Files for LandsFirst {
+    fn read(&mut self, p: &str) -> Result<Option<Vec<u8>>, crate::caps::FsError> { self.inner.read(p) }
+    fn write_atomic(&mut self, p: &str, b: &[u8]) -> Result<(), crate::caps::FsError> { self.inner.write_atomic(p, b) }
+    fn create_dir_all(&mut self, p: &str) -> Result<(), crate::caps::FsError> { self.inner.create_dir_all(p) }
+    fn list(&mut self, d: &str) -> Result<Vec<String>, crate::caps::FsError> { self.inner.list(d) }
+    fn stat(&mut self, p: &str) -> Result<Option<crate::caps::Meta>, crate::caps::FsError> { self.inner.stat(p) }
+    fn remove_file(&mut self, p: &str) -> Result<(), crate::caps::FsError> { self.inner.remove_file(p) }
+    fn create_new(&mut self, p: &str, b: &[u8]) -> Result<bool, crate::caps::FsError> { self.inner.create_new(p, b) }
+    fn rename(&mut self, f: &str, t: &str) -> Result<bool, crate::caps::FsError> {
+        // The replace path moves the destination aside first: the user saves just before.
+        if f == self.dest {
+            self.inner.put(f, self.lands);
+        }
+        self.inner.rename(f, t)
+    }
+    fn place_new(&mut self, f: &str, t: &str) -> Result<bool, crate::caps::FsError> {
+        if t == self.dest && self.inner.files.get(t).is_none() && !f.ends_with(".kept") {
+            self.inner.put(t, self.lands);
+        }
+        self.inner.place_new(f, t)
+    }
+}
+
+/// /p/a.txt's landing, its temp holding `bytes` as the host streamed them.
+fn a_txt_arrived(files: &mut crate::testing::MemFiles, bytes: &[u8]) -> (Vec<Landing>, Vec<Streamed>) {
+    let landing = vec![Landing { rel: "a.txt".into(), dest: "/p/a.txt".into(), temp: "/p/a.txt.x-0.boxd-tmp".into() }];
+    files.put(&landing[0].temp, bytes);
+    let arrived = vec![Streamed { path: landing[0].temp.clone(), size: bytes.len() as u64, sha256: crate::encode::sha256_hex(bytes) }];
+    (landing, arrived)
+}
+
+#[test]
+fn a_file_the_user_saved_after_the_check_is_never_replaced() {
+    use crate::testing::{raw_context, MemFiles, Scripted};
+    let mut files = LandsFirst { inner: MemFiles::new(&["/p", "/l"]), dest: "/p/a.txt", lands: b"the user's edit" };
+    let ctx = crate::tools::context(raw_context("{}", "{}")).unwrap();
+    let mut w = Work { work: "w1".into(), machine: "oc-w1".into(), schema: crate::ledger::SCHEMA, ..Default::default() };
+    w.owed = vec!["a.txt".into()];
+    // This work brought "v1" home there last; the guest now has "v2".
+    files.inner.put("/p/a.txt", b"v1");
+    w.files_out.push(crate::ledger::FileRecord { guest: "a.txt".into(), laptop: "/p/a.txt".into(), size: 2, sha256: crate::encode::sha256_hex(b"v1"), at: String::new(), ..Default::default() });
+    let (landing, arrived) = a_txt_arrived(&mut files.inner, b"v2");
+    Ledger::new(&mut files, "/l").write(&w).unwrap();
+    let git = json!({ "files": [{ "path": "a.txt" }] });
+    let mut programs = Scripted::default();
+    let mut env = Env { programs: &mut programs, files: &mut files, ctx: &ctx };
+    let e = bring_files(&mut env, w, &git, &landing, arrived).unwrap_err();
+    assert!(e.code == Code::FileConflict && e.message.contains("changed while this harvest landed"), "{e:?}");
+    assert_eq!(files.inner.text("/p/a.txt").as_deref(), Some("the user's edit"), "the edit is back in place");
+    assert!(files.inner.files.keys().all(|k| !k.ends_with(".kept")), "nothing left aside");
+}
+
+/// The user makes the file this work landed a folder (or a symlink) between the check
+/// and the replace: it cannot be hashed once aside, so it is put back as changed.
+#[test]
+fn a_file_that_stopped_being_a_file_after_the_check_is_put_back_not_left_aside() {
+    use crate::testing::{raw_context, MemFiles, Scripted};
+    struct NoLongerAFile(MemFiles);
+    impl crate::caps::Files for NoLongerAFile {
+        fn read(&mut self, p: &str) -> Result<Option<Vec<u8>>, crate::caps::FsError> { self.0.read(p) }
+        fn sha256(&mut self, p: &str) -> Result<Option<String>, crate::caps::FsError> {
+            if p.ends_with(".kept") { Err(crate::caps::FsError::Io(format!("{p} is not a regular file"))) } else { self.0.sha256(p) }
+        }
+        fn write_atomic(&mut self, p: &str, b: &[u8]) -> Result<(), crate::caps::FsError> { self.0.write_atomic(p, b) }
+        fn create_dir_all(&mut self, p: &str) -> Result<(), crate::caps::FsError> { self.0.create_dir_all(p) }
+        fn list(&mut self, d: &str) -> Result<Vec<String>, crate::caps::FsError> { self.0.list(d) }
+        fn stat(&mut self, p: &str) -> Result<Option<crate::caps::Meta>, crate::caps::FsError> { self.0.stat(p) }
+        fn remove_file(&mut self, p: &str) -> Result<(), crate::caps::FsError> { self.0.remove_file(p) }
+        fn create_new(&mut self, p: &str, b: &[u8]) -> Result<bool, crate::caps::FsError> { self.0.create_new(p, b) }
+        fn rename(&mut self, f: &str, t: &str) -> Result<bool, crate::caps::FsError> { self.0.rename(f, t) }
+        fn place_new(&mut self, f: &str, t: &str) -> Result<bool, crate::caps::FsError> { self.0.place_new(f, t) }
+    }
+    let mut files = NoLongerAFile(MemFiles::new(&["/p", "/l"]));
+    let ctx = crate::tools::context(raw_context("{}", "{}")).unwrap();
+    let mut w = Work { work: "w1".into(), machine: "oc-w1".into(), schema: crate::ledger::SCHEMA, ..Default::default() };
+    w.owed = vec!["a.txt".into()];
+    files.0.put("/p/a.txt", b"v1");
+    w.files_out.push(crate::ledger::FileRecord { guest: "a.txt".into(), laptop: "/p/a.txt".into(), size: 2, sha256: crate::encode::sha256_hex(b"v1"), at: String::new(), ..Default::default() });
+    let (landing, arrived) = a_txt_arrived(&mut files.0, b"v2");
+    Ledger::new(&mut files, "/l").write(&w).unwrap();
+    let git = json!({ "files": [{ "path": "a.txt" }] });
+    let mut programs = Scripted::default();
+    let mut env = Env { programs: &mut programs, files: &mut files, ctx: &ctx };
+    let e = bring_files(&mut env, w, &git, &landing, arrived).unwrap_err();
+    assert!(e.code == Code::FileConflict && e.message.contains("changed while this harvest landed"), "{e:?}");
+    assert_eq!(files.0.text("/p/a.txt").as_deref(), Some("v1"), "what the user has there is back in place");
+    assert!(files.0.files.keys().all(|k| !k.ends_with(".kept")), "nothing left aside");
+}
+
+#[test]
+fn a_file_landed_by_another_harvest_after_the_check_is_never_replaced() {
+    use crate::testing::{raw_context, MemFiles, Scripted};
+    let mut files = LandsFirst { inner: MemFiles::new(&["/p", "/l"]), dest: "/p/b.txt", lands: b"the other work's result" };
+    let ctx = crate::tools::context(raw_context("{}", "{}")).unwrap();
+    let mut w = Work { work: "w1".into(), machine: "oc-w1".into(), schema: crate::ledger::SCHEMA, ..Default::default() };
+    w.owed = vec!["a.txt".into(), "b.txt".into()];
+    let landing: Vec<Landing> = ["a", "b"].iter().map(|n| Landing { rel: format!("{n}.txt"), dest: format!("/p/{n}.txt"), temp: format!("/p/{n}.txt.x-0.boxd-tmp") }).collect();
+    let mut arrived = Vec::new();
+    for l in &landing {
+        files.inner.put(&l.temp, l.rel.as_bytes());
+        arrived.push(Streamed { path: l.temp.clone(), size: l.rel.len() as u64, sha256: crate::encode::sha256_hex(l.rel.as_bytes()) });
+    }
+    Ledger::new(&mut files, "/l").write(&w).unwrap();
+    let git = json!({ "files": [{ "path": "a.txt" }, { "path": "b.txt" }] });
+    let mut programs = Scripted::default();
+    let mut env = Env { programs: &mut programs, files: &mut files, ctx: &ctx };
+    let e = bring_files(&mut env, w, &git, &landing, arrived).unwrap_err();
+    assert_eq!(e.code, Code::FileConflict, "{e:?}");
+    assert!(e.message.contains("appeared while this harvest landed"), "{}", e.message);
+    assert_eq!(files.inner.text("/p/b.txt").as_deref(), Some("the other work's result"), "never replaced");
+    assert_eq!(files.inner.text("/p/a.txt").as_deref(), Some("a.txt"), "the file before it landed");
+    let w = Ledger::new(&mut files, "/l").require("w1").unwrap();
+    assert_eq!(w.owed, ["b.txt"], "the one that did not land stays owed");
+    assert_eq!(w.files_out.iter().map(|r| r.guest.as_str()).collect::<Vec<_>>(), ["a.txt"], "the one that landed is recorded");
+}
+
+#[test]
+fn the_same_bytes_landed_first_by_another_harvest_of_this_work_are_home() {
+    use crate::testing::{raw_context, MemFiles, Scripted};
+    let ctx = crate::tools::context(raw_context("{}", "{}")).unwrap();
+    // Absent at the check, then the other harvest's copy; and, for a file brought home
+    // before, replaced by the other harvest between the check and the move aside.
+    for (before, lands) in [(None, b"a.txt" as &'static [u8]), (Some(b"v1" as &[u8]), b"a.txt")] {
+        let mut files = LandsFirst { inner: MemFiles::new(&["/p", "/l"]), dest: "/p/a.txt", lands };
+        let mut w = Work { work: "w1".into(), machine: "oc-w1".into(), schema: crate::ledger::SCHEMA, ..Default::default() };
+        w.owed = vec!["a.txt".into()];
+        if let Some(b) = before {
+            files.inner.put("/p/a.txt", b);
+            w.files_out.push(crate::ledger::FileRecord { guest: "a.txt".into(), laptop: "/p/a.txt".into(), size: 2, sha256: crate::encode::sha256_hex(b), at: String::new(), ..Default::default() });
+        }
+        let (landing, arrived) = a_txt_arrived(&mut files.inner, b"a.txt");
+        Ledger::new(&mut files, "/l").write(&w).unwrap();
+        let git = json!({ "files": [{ "path": "a.txt" }] });
+        let mut programs = Scripted::default();
+        let mut env = Env { programs: &mut programs, files: &mut files, ctx: &ctx };
+        let (w, written) = bring_files(&mut env, w, &git, &landing, arrived).unwrap();
+        assert_eq!(written.len(), 1);
+        assert!(w.owed.is_empty(), "home, so not owed");
+        assert_eq!(files.inner.text("/p/a.txt").as_deref(), Some("a.txt"));
+        assert_eq!(files.inner.files.keys().filter(|k| k.contains("boxd-tmp")).count(), 0, "no temp or aside copy left");
+    }
+}
+
+/// A work whose last harvest was killed while it replaced /p/a.txt: the file's bytes are
+/// aside as `<temp>.kept`, recorded with where they go.
+fn killed_mid_replace(files: &mut crate::testing::MemFiles, aside: &[u8]) -> Work {
+    let temp = "/p/a.txt.x-0.boxd-tmp";
+    let mut w = Work { work: "w1".into(), machine: "oc-w1".into(), schema: crate::ledger::SCHEMA, ..Default::default() };
+    w.temps.push(TempFile { path: temp.into(), at_ms: 1, dest: Some("/p/a.txt".into()), sha256: None, ..Default::default() });
+    files.put(temp, b"v2");
+    files.put(&aside_of(temp), aside);
+    Ledger::new(files, "/l").write(&w).unwrap();
+    w
+}
+
+#[test]
+fn what_a_killed_replacement_moved_aside_goes_back_before_anything_else() {
+    use crate::testing::{raw_context, MemFiles, Scripted};
+    let ctx = crate::tools::context(raw_context("{}", "{}")).unwrap();
+    let aside = "/p/a.txt.x-0.boxd-tmp.kept";
+    for (at_dest, left) in [(None, None), (Some("a file made since"), Some("the user's edit")), (Some("the user's edit"), None)] {
+        let mut files = MemFiles::new(&["/p", "/l"]);
+        let w = killed_mid_replace(&mut files, b"the user's edit");
+        if let Some(text) = at_dest {
+            files.put("/p/a.txt", text.as_bytes());
+        }
+        let mut programs = Scripted::default();
+        let mut env = Env { programs: &mut programs, files: &mut files, ctx: &ctx };
+        let w = sweep_temps(&mut env, w).unwrap();
+        let said = left_on_laptop(&mut files, &w.temps);
+        match (at_dest, left) {
+            (None, _) => {
+                assert_eq!(files.text("/p/a.txt").as_deref(), Some("the user's edit"), "put back where it was");
+                assert!(said.iter().all(|s| !s.contains(".kept")), "{said:?}");
+            }
+            (Some(other), Some(kept)) => {
+                assert_eq!(files.text("/p/a.txt").as_deref(), Some(other), "what is there now is never replaced");
+                assert_eq!(files.text(aside).as_deref(), Some(kept), "and the aside copy is never removed");
+                assert!(w.temps.iter().any(|t| t.dest.as_deref() == Some("/p/a.txt")), "its record stays");
+                assert!(said.iter().any(|s| s.contains(aside) && s.contains("compare the two")), "{said:?}");
+            }
+            (Some(same), None) => {
+                assert_eq!(files.text("/p/a.txt").as_deref(), Some(same));
+                assert_eq!(files.text(aside), None, "a copy of what is at its destination is removed");
+            }
+        }
+        assert_eq!(files.text("/p/a.txt.x-0.boxd-tmp"), None, "with nothing owed, the temp is dead and swept");
+        assert_eq!(w.temps.is_empty(), left.is_none(), "a record stays only while its aside copy does");
+    }
+}
+
+#[test]
+fn a_temp_record_that_is_not_the_plugins_own_is_never_acted_on() {
+    use crate::testing::{raw_context, MemFiles, Scripted};
+    let ctx = crate::tools::context(raw_context("{}", "{}")).unwrap();
+    let mut files = MemFiles::new(&["/p", "/l"]);
+    files.put("/p/notes.md", b"the user's");
+    files.put("/p/notes.md.kept", b"the user's too");
+    files.put("/p/sub/x.boxd-tmp.kept", b"elsewhere");
+    let mut w = Work { work: "w1".into(), machine: "oc-w1".into(), schema: crate::ledger::SCHEMA, ..Default::default() };
+    w.temps.push(TempFile { path: "/p/notes.md".into(), at_ms: 1, dest: Some("/p/gone.md".into()), sha256: None, ..Default::default() });
+    w.temps.push(TempFile { path: "/p/sub/x.boxd-tmp".into(), at_ms: 1, dest: Some("/p/gone.md".into()), sha256: None, ..Default::default() });
+    Ledger::new(&mut files, "/l").write(&w).unwrap();
+    let mut programs = Scripted::default();
+    let mut env = Env { programs: &mut programs, files: &mut files, ctx: &ctx };
+    let w = sweep_temps(&mut env, w).unwrap();
+    assert!(w.temps.is_empty(), "the records go");
+    assert_eq!(files.text("/p/notes.md").as_deref(), Some("the user's"), "a file not named like a temp is never removed");
+    assert_eq!(files.text("/p/notes.md.kept").as_deref(), Some("the user's too"));
+    assert_eq!(files.text("/p/sub/x.boxd-tmp.kept").as_deref(), Some("elsewhere"), "nothing is moved to another folder");
+    assert_eq!(files.text("/p/gone.md"), None);
+}
