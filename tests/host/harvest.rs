@@ -6,6 +6,7 @@ use serde_json::json;
 
 use crate::common::*;
 use crate::guest::sha256;
+use crate::nothing_lost::{git, in_tree};
 
 const W1: &str = r#"{"work":"w1"}"#;
 
@@ -151,6 +152,56 @@ fn files_come_back_with_conflicts_and_symlinks_refused() {
     assert_eq!(std::fs::read_to_string(world.laptop.project.join("out/SUMMARY.md")).unwrap(), "summary v2\n");
     world.err_call("boxd_harvest", r#"{"work":"w1","files":["link.txt"]}"#, "PATH_REFUSED");
     world.err_call("boxd_harvest", r#"{"work":"w1","files":["../x"]}"#, "NAME_INVALID");
+}
+
+/// Every file under `dir`, with its bytes.
+fn tree(dir: &std::path::Path) -> std::collections::BTreeMap<std::path::PathBuf, Vec<u8>> {
+    let mut out = std::collections::BTreeMap::new();
+    for e in std::fs::read_dir(dir).unwrap().map(Result::unwrap) {
+        match e.file_type().unwrap().is_dir() {
+            true => out.extend(tree(&e.path())),
+            false => drop(out.insert(e.path(), std::fs::read(e.path()).unwrap())),
+        }
+    }
+    out
+}
+
+/// The project's `.git` is git's: a harvest into `.git/refs/heads` replaced a packed
+/// branch's ref (its newest commit lost), so `to` and every landing path through a `.git`
+/// are refused before boxd is asked anything; and no submit sends a file from there.
+#[test]
+fn nothing_lands_in_or_is_sent_from_the_projects_git_folder() {
+    let world = World::new("harvest-dotgit");
+    let project = &world.laptop.project;
+    git(project, &["init", "-q", "-b", "master"]);
+    git(project, &["-c", "user.email=t@t", "-c", "user.name=t", "commit", "-q", "--allow-empty", "-m", "the user's newest"]);
+    git(project, &["pack-refs", "--all"]);
+    let head = git(project, &["rev-parse", "master"]);
+    world.ok_call("boxd_ensure", W1);
+    in_tree(&world, "w1", "git -c user.email=t@t -c user.name=t commit -q --allow-empty -m guest && git rev-parse HEAD > master && mkdir -p x && cp master x/");
+    let before = tree(&project.join(".git"));
+    for args in [
+        json!({ "work": "w1", "files": ["master"], "to": ".git/refs/heads" }),
+        json!({ "work": "w1", "files": ["x/master"], "to": project.join(".git/refs").to_str().unwrap() }),
+        json!({ "work": "w1", "files": [".git/HEAD"] }),
+        json!({ "work": "w1", "files": ["master"], "to": ".GIT/refs/heads" }),
+    ] {
+        let args = args.to_string();
+        world.forget_calls();
+        let e = world.err_call("boxd_harvest", &args, "PATH_REFUSED");
+        assert!(e["message"].as_str().unwrap().contains("git repository's own folder"), "{args}: {e:#}");
+        assert!(world.laptop.boxd_calls().is_empty(), "{args}: boxd was asked nothing");
+    }
+    assert!(tree(&project.join(".git")) == before, "nothing in .git changed");
+    assert_eq!(git(project, &["rev-parse", "master"]), head, "the branch is where the user left it");
+    let record: serde_json::Value = serde_json::from_slice(&std::fs::read(world.laptop.ledger.join("works/w1/work.json")).unwrap()).unwrap();
+    assert!(record["owed"].as_array().is_none_or(|o| o.is_empty()), "nothing owed: {record:#}");
+    let e = world.err_call("boxd_submit", r#"{"work":"w1","prompt":"read it","files":[{"from":".git/config","to":"config"}]}"#, "PATH_REFUSED");
+    assert!(e["message"].as_str().unwrap().contains("credentials"), "{e:#}");
+    assert!(world.laptop.boxd_calls().is_empty(), "nothing was sent");
+    // Into a folder of the project it comes home as usual.
+    world.ok_call("boxd_harvest", r#"{"work":"w1","files":["master"],"to":"refs"}"#);
+    assert_eq!(std::fs::read_to_string(project.join("refs/master")).unwrap().len(), 41);
 }
 
 /// A FILE_CONFLICT says what the ledger knows of how the laptop file came to be: another

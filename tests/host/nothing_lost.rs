@@ -12,7 +12,7 @@ use crate::common::*;
 const W1: &str = r#"{"work":"w1"}"#;
 
 /// A shell line inside a work's machine, in its work tree (a hand on the guest).
-fn in_tree(world: &World, work: &str, line: &str) -> String {
+pub(crate) fn in_tree(world: &World, work: &str, line: &str) -> String {
     let script = format!("cd work/{work} && {line}");
     let quoted = format!("'{}'", script.replace('\'', "'\\''"));
     let out = world.laptop.boxd(&["machine", "exec", &format!("oc-{work}"), "--", "sh", "-c", &quoted]);
@@ -34,7 +34,7 @@ fn machine_exists(world: &World, name: &str) -> bool {
     world.laptop.boxd(&["machine", "get", name, "--json"]).status.success()
 }
 
-fn git(dir: &std::path::Path, args: &[&str]) -> String {
+pub(crate) fn git(dir: &std::path::Path, args: &[&str]) -> String {
     let out = Command::new("git").arg("-C").arg(dir).args(args).output().unwrap();
     assert!(out.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8_lossy(&out.stdout).into_owned()

@@ -156,7 +156,8 @@ pub fn granted_root<'a>(ctx: &'a Context, path: &str) -> Option<&'a str> {
 /// A laptop path a tool may read or write as the user's file: inside the project or an
 /// allowed root, and never inside the ledger. A ledger record names a machine to act on,
 /// so a file harvested into the ledger would become a work of this laptop (and another
-/// project's machine could be adopted and destroyed through it).
+/// project's machine could be adopted and destroyed through it). Nor inside a git
+/// repository's own folder (`repository_folder`).
 pub fn user_path(ctx: &Context, p: &str, base: &str) -> ToolResult<String> {
     let path = crate::paths::laptop_path(p, base, &laptop_roots(ctx))?;
     if crate::paths::is_within(&path, &ctx.ledger) {
@@ -166,7 +167,32 @@ pub fn user_path(ctx: &Context, p: &str, base: &str) -> ToolResult<String> {
             "Use a path in the project outside the ledger folder (harvest's 'to', submit's 'from', ensure's 'directory'), then try again.",
         ));
     }
+    if let Some(at) = repository_folder(ctx, &path) {
+        return Err(crate::errors::ToolError::with_next(
+            crate::errors::Code::PathRefused,
+            alloc::format!("laptop path '{p}' is inside {at}, a git repository's own folder (its refs, config, hooks and objects are git's, never a user's file): a harvest there could move a branch and lose commits, and a file sent from there could carry a remote's credentials"),
+            "Use a path in the project outside any .git folder (harvest's 'to' and 'files', submit's 'from', ensure's 'directory'). A work's commits come home in the ledger's bundle; fetchCommits fetches them as refs/boxd/<work>.",
+        ));
+    }
     Ok(path)
+}
+
+/// The `.git` folder (or file: a linked work tree's or a submodule's) on the way to `path`
+/// below the folder granted for it, if any. `fetchCommits` is off by default because it
+/// writes into the repository; a harvest's `to` or `files` must not reach it either. Any
+/// case: on a case-insensitive file system (macOS's default) `.GIT` is the same folder.
+/// Only below the granted folder: an allowed root the user put inside one is their choice.
+fn repository_folder(ctx: &Context, path: &str) -> Option<String> {
+    let root = granted_root(ctx, path)?.trim_end_matches('/');
+    let mut at = String::from(root);
+    for part in path[root.len().min(path.len())..].split('/').filter(|s| !s.is_empty()) {
+        at.push('/');
+        at.push_str(part);
+        if part.eq_ignore_ascii_case(".git") {
+            return Some(at);
+        }
+    }
+    None
 }
 
 /// Every existing folder from the root that holds `folder` down to `folder` itself is a
@@ -272,6 +298,38 @@ mod tests {
         assert!(e.next.contains("boxd_job") && e.next.contains("10 minutes"), "{}", e.next);
         w.prompts[1].admitted = true;
         assert_eq!(require_proven(&w).unwrap_err().next, "Call boxd_harvest for work 'w1' first.");
+    }
+
+    /// A harvest into `.git/refs/heads` replaced a branch's ref (its newest commit lost);
+    /// reading `.git/config` for a submit could send a remote's token to a machine.
+    #[test]
+    fn no_laptop_path_reaches_into_a_repositorys_own_folder() {
+        let ctx = context(raw(r#"{"allowedRoots":["/srv/r/.git/hooks"]}"#, "{}")).unwrap();
+        for p in [".git/refs/heads", ".git", "sub/.git/config", "/p/.GIT/HEAD", "a/.Git"] {
+            let e = user_path(&ctx, p, "/p").unwrap_err();
+            assert!(e.code == Code::PathRefused && e.message.contains("git repository's own folder"), "{p}: {e:?}");
+        }
+        for p in ["a.git/x", ".github/x", ".gitignore", "sub/.gitmodules", "x.git"] {
+            assert!(user_path(&ctx, p, "/p").is_ok(), "{p}");
+        }
+        // An allowed root the user put inside one is theirs to write.
+        assert_eq!(user_path(&ctx, "/srv/r/.git/hooks/pre-commit", "/p").unwrap(), "/srv/r/.git/hooks/pre-commit");
+    }
+
+    /// Refused before anything runs or is recorded: `to`, and a file whose landing path
+    /// goes through `.git` (the work's folder being the default destination).
+    #[test]
+    fn a_harvest_into_a_git_folder_runs_nothing_and_owes_nothing() {
+        for args in [r#"{"work":"w1","files":["master"],"to":".git/refs/heads"}"#, r#"{"work":"w1","files":[".git/config"]}"#, r#"{"work":"w1","files":["a.txt",".GIT/HEAD"],"to":"out"}"#] {
+            let mut fs = crate::testing::open_work(None);
+            let before = crate::ledger::Ledger::new(&mut fs, "/l").require("w1").unwrap();
+            let mut p = Scripted::default();
+            let e = call(&mut p, &mut fs, "boxd_harvest", args, raw("{}", "{}")).unwrap_err();
+            assert!(e.code == Code::PathRefused && e.message.contains("git repository's own folder"), "{args}: {e:?}");
+            assert!(p.requests.is_empty(), "{args}: nothing ran");
+            assert_eq!(crate::ledger::Ledger::new(&mut fs, "/l").require("w1").unwrap(), before, "{args}: nothing recorded");
+            assert!(!fs.files.keys().chain(fs.dirs.iter()).any(|k| k.to_ascii_lowercase().contains(".git")), "{args}: nothing made");
+        }
     }
 
     #[test]
