@@ -253,6 +253,10 @@ pub struct FileRecord {
     pub size: u64,
     pub sha256: String,
     pub at: String,
+    /// A harvest found these bytes already at `laptop` and wrote nothing: the file is the
+    /// user's, never one a later harvest may replace. Records without it were written.
+    #[serde(default, skip_serializing_if = "core::ops::Not::not")]
+    pub found: bool,
     /// Fields this version does not know: kept through every write (see Work::unknown).
     #[serde(flatten)]
     pub unknown: BTreeMap<String, serde_json::Value>,

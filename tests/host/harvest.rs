@@ -204,6 +204,32 @@ fn nothing_lands_in_or_is_sent_from_the_projects_git_folder() {
     assert_eq!(std::fs::read_to_string(project.join("refs/master")).unwrap().len(), 41);
 }
 
+/// A laptop file that already held the guest's bytes (the user's own, or one sent with
+/// boxd_submit) was found there, not written: once the guest changes it, a harvest is a
+/// FILE_CONFLICT. Before, it counted as this work's and was replaced, the user's only copy
+/// gone, while a guest that changed it before the first harvest met the conflict.
+#[test]
+fn a_file_a_harvest_found_on_the_laptop_is_never_replaced_later() {
+    let world = World::new("harvest-found");
+    let project = &world.laptop.project;
+    std::fs::write(project.join("SUMMARY.md"), "same\n").unwrap();
+    std::fs::write(project.join("NOTES.md"), "my notes\n").unwrap();
+    world.ok_call("boxd_ensure", W1);
+    world.ok_call("boxd_submit", r#"{"work":"w1","prompt":"hold","files":[{"from":"NOTES.md","to":"NOTES.md"}]}"#);
+    assert_eq!(world.job_until_idle("w1")["outcome"], "completed");
+    in_tree(&world, "w1", "echo same > SUMMARY.md");
+    let v = world.ok_call("boxd_harvest", r#"{"work":"w1","files":["SUMMARY.md","NOTES.md"]}"#);
+    assert_eq!(v["owed"], json!([]), "{v:#}");
+    in_tree(&world, "w1", "echo guest v2 > SUMMARY.md && echo guest notes > NOTES.md");
+    for (file, mine) in [("SUMMARY.md", "same\n"), ("NOTES.md", "my notes\n")] {
+        let e = world.err_call("boxd_harvest", &json!({ "work": "w1", "files": [file] }).to_string(), "FILE_CONFLICT");
+        assert!(e["message"].as_str().unwrap().contains("no harvest this ledger recorded wrote it"), "{e:#}");
+        assert_eq!(std::fs::read_to_string(project.join(file)).unwrap(), mine, "the user's {file} stays");
+    }
+    world.ok_call("boxd_harvest", r#"{"work":"w1","files":["SUMMARY.md","NOTES.md"],"to":"out"}"#);
+    assert_eq!(std::fs::read_to_string(project.join("out/SUMMARY.md")).unwrap(), "guest v2\n");
+}
+
 /// A FILE_CONFLICT says what the ledger knows of how the laptop file came to be: another
 /// work's harvest wrote it (still its bytes, or edited since), this work's harvest brought
 /// it and it was edited since, or no harvest wrote it.

@@ -198,9 +198,14 @@ pub(super) fn bring_files(env: &mut Env, w: Work, git: &Value, landing: &[Landin
         }
         incoming.push(Incoming { landing: l, size: got.size, sha256: got.sha256 });
     }
-    // What arrived is recorded before anything is placed: a host killed among the
+    let mut places = Vec::new();
+    for file in &incoming {
+        places.push(check_overwrite(env, &w, file)?);
+    }
+    // What will be written is recorded before anything is placed: a host killed among the
     // placements leaves files the next harvest knows as this work's (`check_overwrite`).
-    let arrived: Vec<(String, String)> = incoming.iter().map(|f| (f.landing.temp.clone(), f.sha256.clone())).collect();
+    // Not a file found holding these bytes already: this harvest writes nothing there.
+    let arrived: Vec<(String, String)> = incoming.iter().zip(&places).filter(|(_, p)| **p != Place::Same).map(|(f, _)| (f.landing.temp.clone(), f.sha256.clone())).collect();
     let w = Ledger::for_call(&mut env.files, env.ctx).update(&w.work, |w| {
         for t in w.temps.iter_mut() {
             if let Some((_, sha)) = arrived.iter().find(|(temp, _)| *temp == t.path) {
@@ -208,10 +213,6 @@ pub(super) fn bring_files(env: &mut Env, w: Work, git: &Value, landing: &[Landin
             }
         }
     })?;
-    let mut places = Vec::new();
-    for file in &incoming {
-        places.push(check_overwrite(env, &w, file)?);
-    }
     let now = env.now();
     let mut written = Vec::new();
     let mut records = Vec::new();
@@ -248,7 +249,10 @@ pub(super) fn bring_files(env: &mut Env, w: Work, git: &Value, landing: &[Landin
                 break;
             }
         }
-        records.push(FileRecord { guest: rel.clone(), laptop: dest.clone(), size, sha256: sha256.clone(), at: now.clone(), ..Default::default() });
+        // Found there (the user's own copy, or a file sent with boxd_submit): it is home, so
+        // no longer owed, but it stays the user's: `check_overwrite` never replaces it.
+        let found = place == Place::Same;
+        records.push(FileRecord { guest: rel.clone(), laptop: dest.clone(), size, sha256: sha256.clone(), at: now.clone(), found, ..Default::default() });
         written.push(json!({ "path": rel, "laptop": dest, "size": size, "sha256": sha256 }));
     }
     // What landed is recorded even when a later file stopped the harvest: those files are
@@ -308,7 +312,8 @@ fn check_overwrite(env: &mut Env, w: &Work, file: &Incoming) -> ToolResult<Place
         Some(m) if m.kind == Kind::Symlink => Err(ToolError::new(Code::PathRefused, format!("{dest} is a symlink on the laptop, which is never followed"))),
         Some(m) if m.kind != Kind::File => Err(ToolError::new(Code::PathRefused, format!("{dest} exists and is not a file"))),
         Some(m) => {
-            let last = w.files_out.iter().rev().find(|r| &r.laptop == dest);
+            // What this work wrote there last; bytes it only found there are the user's.
+            let last = w.files_out.iter().rev().find(|r| &r.laptop == dest && !r.found);
             // The laptop file is hashed (in pieces, never whole in the component) only when
             // its size could match the incoming bytes or the last ones brought there:
             // another size is a conflict.
@@ -341,7 +346,7 @@ fn check_overwrite(env: &mut Env, w: &Work, file: &Incoming) -> ToolResult<Place
 /// of any work that wrote `dest`, and whether the file still holds those bytes (`current`
 /// is its sha256 when already hashed, else empty). Read only on a conflict.
 fn conflict_cause(env: &mut Env, w: &Work, dest: &str, size: u64, mut current: String) -> String {
-    let newest = |records: &[FileRecord]| records.iter().filter(|r| r.laptop == dest).max_by(|a, b| a.at.cmp(&b.at)).cloned();
+    let newest = |records: &[FileRecord]| records.iter().filter(|r| r.laptop == dest && !r.found).max_by(|a, b| a.at.cmp(&b.at)).cloned();
     let mut writer = newest(&w.files_out).map(|r| (w.work.clone(), r));
     let mut ledger = Ledger::for_call(&mut env.files, env.ctx);
     for id in ledger.ids().unwrap_or_default().into_iter().filter(|id| *id != w.work) {

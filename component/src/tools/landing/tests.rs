@@ -224,3 +224,43 @@ fn a_temp_record_that_is_not_the_plugins_own_is_never_acted_on() {
     assert_eq!(files.text("/p/sub/x.boxd-tmp.kept").as_deref(), Some("elsewhere"), "nothing is moved to another folder");
     assert_eq!(files.text("/p/gone.md"), None);
 }
+
+/// A laptop file that already held the guest's bytes was found, not written: it stays the
+/// user's. Before, it was recorded as this work's, and the next harvest replaced it once
+/// the guest changed it (the user's only copy gone), where a guest that changed it before
+/// the first harvest met a FILE_CONFLICT. A file the user sent with boxd_submit is theirs
+/// the same way (`files_in` never lets a harvest replace it).
+#[test]
+fn a_file_found_holding_the_guests_bytes_stays_the_users() {
+    use crate::testing::{raw_context, MemFiles, Scripted};
+    let ctx = crate::tools::context(raw_context("{}", "{}")).unwrap();
+    for sent in [false, true] {
+        let mut files = MemFiles::new(&["/p", "/l"]);
+        files.put("/p/a.txt", b"same");
+        let mut w = Work { work: "w1".into(), machine: "oc-w1".into(), schema: crate::ledger::SCHEMA, ..Default::default() };
+        w.owed = vec!["a.txt".into()];
+        if sent {
+            w.files_in.push(FileRecord { guest: "a.txt".into(), laptop: "/p/a.txt".into(), size: 4, sha256: crate::encode::sha256_hex(b"same"), at: String::new(), ..Default::default() });
+        }
+        Ledger::new(&mut files, "/l").write(&w).unwrap();
+        let git = json!({ "files": [{ "path": "a.txt" }] });
+        let mut programs = Scripted::default();
+        let (landing, arrived) = a_txt_arrived(&mut files, b"same");
+        let mut env = Env { programs: &mut programs, files: &mut files, ctx: &ctx };
+        let (w, written) = bring_files(&mut env, w, &git, &landing, arrived).unwrap();
+        assert_eq!(written.len(), 1);
+        assert!(w.owed.is_empty(), "home, so no longer owed");
+        assert!(w.files_out.len() == 1 && w.files_out[0].found, "{:?}", w.files_out);
+        // The guest changes it: the user's file is never replaced.
+        let (landing, arrived) = a_txt_arrived(&mut files, b"guest v2");
+        let mut env = Env { programs: &mut programs, files: &mut files, ctx: &ctx };
+        let e = bring_files(&mut env, w, &git, &landing, arrived).unwrap_err();
+        assert!(e.code == Code::FileConflict && e.message.contains("no harvest this ledger recorded wrote it"), "{e:?}");
+        assert_eq!(files.text("/p/a.txt").as_deref(), Some("same"), "sent: {sent}");
+    }
+    // A record an older version wrote has no flag: it was written.
+    let old: FileRecord = serde_json::from_str(r#"{"guest":"a","laptop":"/p/a","size":1,"sha256":"x","at":"t"}"#).unwrap();
+    assert!(!old.found);
+    assert!(!serde_json::to_string(&old).unwrap().contains("found"));
+    assert!(serde_json::to_string(&FileRecord { found: true, ..old }).unwrap().contains(r#""found":true"#));
+}
