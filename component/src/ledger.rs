@@ -141,7 +141,8 @@ pub struct Work {
 /// A laptop temp file a harvest recorded before the host made it, and when; `dest` is
 /// the file it lands as (absent in records written before it was kept); `sha256`, the
 /// bytes that arrived in it, recorded before any is placed: a harvest killed after placing
-/// some left them as this work's, not as a stranger's file.
+/// some left them as this work's, not as a stranger's file. `guest`, the work-tree path it
+/// comes from (absent in older records).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct TempFile {
@@ -149,6 +150,8 @@ pub struct TempFile {
     pub at_ms: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dest: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guest: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sha256: Option<String>,
     /// Fields this version does not know (a newer host wrote them): kept as they are, so

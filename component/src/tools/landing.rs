@@ -58,7 +58,7 @@ pub(super) fn landing(env: &mut Env, w: Work, wanted: &[String], dest_dir: &str)
         return Ok((w, out));
     }
     let at_ms = env.ctx.now_ms;
-    let temps: Vec<TempFile> = out.iter().map(|l| TempFile { path: l.temp.clone(), at_ms, dest: Some(l.dest.clone()), sha256: None, ..Default::default() }).collect();
+    let temps: Vec<TempFile> = out.iter().map(|l| TempFile { path: l.temp.clone(), at_ms, dest: Some(l.dest.clone()), guest: Some(l.rel.clone()), sha256: None, ..Default::default() }).collect();
     let w = Ledger::for_call(&mut env.files, env.ctx).update(&w.work, |w| w.temps.extend(temps))?;
     Ok((w, out))
 }
@@ -83,7 +83,8 @@ const TEMP_LIVE_MS: u64 = 10 * 60 * 1000;
 /// One may still belong to a harvest running now: that harvest's files are owed, so with
 /// nothing owed every recorded temp is dead; otherwise only those older than TEMP_LIVE_MS.
 /// What a killed harvest moved aside (`<temp>.kept`) goes back first (`put_back`); a
-/// record whose aside copy stays is kept, so boxd_status goes on naming it.
+/// record whose aside copy stays is kept, so boxd_status goes on naming it. A dead record
+/// whose arrived bytes its destination holds is what that harvest placed (`placed`).
 pub(super) fn sweep_temps(env: &mut Env, w: Work) -> ToolResult<Work> {
     let now = env.ctx.now_ms;
     let kept: Vec<String> = w.temps.iter().filter(|t| is_ours(t) && put_back(env, t)).map(|t| t.path.clone()).collect();
@@ -105,7 +106,33 @@ pub(super) fn sweep_temps(env: &mut Env, w: Work) -> ToolResult<Work> {
         }
     }
     let gone: Vec<&String> = dead.iter().filter(|t| !kept.contains(t)).collect();
-    Ledger::for_call(&mut env.files, env.ctx).update(&w.work, |w| w.temps.retain(|t| !gone.contains(&&t.path)))
+    let placed = placed(env, &w, &gone);
+    Ledger::for_call(&mut env.files, env.ctx).update(&w.work, |w| {
+        w.temps.retain(|t| !gone.contains(&&t.path));
+        w.files_out.extend(placed);
+    })
+}
+
+/// The files a killed harvest placed and did not record: a dead temp record's arrived
+/// bytes (written only for a file the harvest was to write, never one it found there) that
+/// its destination holds now. They become this work's `files_out`, so the next harvest
+/// replaces them when the guest changed them, not a FILE_CONFLICT saying no harvest wrote
+/// them. They stay owed until a harvest brings the guest's current bytes.
+fn placed(env: &mut Env, w: &Work, gone: &[&String]) -> Vec<FileRecord> {
+    let mut out: Vec<FileRecord> = Vec::new();
+    for t in w.temps.iter().filter(|t| is_ours(t) && gone.contains(&&t.path)) {
+        let (Some(dest), Some(sha)) = (t.dest.as_deref(), t.sha256.as_deref()) else { continue };
+        let recorded = |r: &FileRecord| r.laptop == dest && r.sha256 == sha;
+        if w.files_out.iter().rev().find(|r| r.laptop == dest && !r.found).is_some_and(recorded) || out.iter().any(recorded) {
+            continue;
+        }
+        let Ok(Some(m)) = env.files.stat(dest) else { continue };
+        if m.kind == Kind::File && holds(env, dest, sha) {
+            let guest = t.guest.clone().unwrap_or_default();
+            out.push(FileRecord { guest, laptop: dest.to_string(), size: m.size, sha256: sha.to_string(), at: crate::ledger::iso8601(t.at_ms), ..Default::default() });
+        }
+    }
+    out
 }
 
 /// A temp record as `landing` writes it: a `.boxd-tmp` name in its destination's folder.

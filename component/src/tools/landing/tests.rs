@@ -264,3 +264,42 @@ fn a_file_found_holding_the_guests_bytes_stays_the_users() {
     assert!(!serde_json::to_string(&old).unwrap().contains("found"));
     assert!(serde_json::to_string(&FileRecord { found: true, ..old }).unwrap().contains(r#""found":true"#));
 }
+
+/// A harvest killed after it placed /p/a.txt (its arrived digest recorded) and before it
+/// recorded it, swept once its temp record is past TEMP_LIVE_MS: the bytes there are the
+/// ones it wrote, so they become this work's and the next harvest replaces them. Before,
+/// the record was dropped and the next harvest was a FILE_CONFLICT ("no harvest ... wrote
+/// it"). A record whose bytes are not there (the user edited it since), or that recorded no
+/// digest (a file found there), makes nothing this work's.
+#[test]
+fn a_killed_harvests_placed_file_stays_this_works_after_the_sweep() {
+    use crate::testing::{raw_context, MemFiles, Scripted};
+    let mut raw = raw_context("{}", "{}");
+    raw.now_ms = TEMP_LIVE_MS + 2;
+    let ctx = crate::tools::context(raw).unwrap();
+    for (at_dest, sha, replaced) in [(&b"v2"[..], Some(b"v2"), true), (b"the user's edit", Some(b"v2"), false), (b"v2", None, false)] {
+        let mut files = MemFiles::new(&["/p", "/l"]);
+        files.put("/p/a.txt", at_dest);
+        let mut w = Work { work: "w1".into(), machine: "oc-w1".into(), schema: crate::ledger::SCHEMA, ..Default::default() };
+        w.owed = vec!["a.txt".into()];
+        let sha256 = sha.map(|b| crate::encode::sha256_hex(b));
+        w.temps.push(TempFile { path: "/p/a.txt.k-0.boxd-tmp".into(), at_ms: 1, dest: Some("/p/a.txt".into()), guest: Some("a.txt".into()), sha256, ..Default::default() });
+        Ledger::new(&mut files, "/l").write(&w).unwrap();
+        let mut programs = Scripted::default();
+        let mut env = Env { programs: &mut programs, files: &mut files, ctx: &ctx };
+        let w = sweep_temps(&mut env, w).unwrap();
+        assert!(w.temps.is_empty(), "the dead record goes");
+        assert_eq!(w.owed, ["a.txt"], "still owed until a harvest brings the guest's bytes");
+        assert_eq!(w.files_out.iter().map(|r| (r.guest.as_str(), r.laptop.as_str(), r.found)).collect::<Vec<_>>(), if replaced { vec![("a.txt", "/p/a.txt", false)] } else { vec![] });
+        let (landing, arrived) = a_txt_arrived(&mut files, b"v3");
+        let git = json!({ "files": [{ "path": "a.txt" }] });
+        let mut env = Env { programs: &mut programs, files: &mut files, ctx: &ctx };
+        match bring_files(&mut env, w, &git, &landing, arrived) {
+            Ok(_) => assert!(replaced && files.text("/p/a.txt").as_deref() == Some("v3")),
+            Err(e) => {
+                assert!(!replaced && e.code == Code::FileConflict, "{e:?}");
+                assert_eq!(files.files.get("/p/a.txt").map(Vec::as_slice), Some(at_dest), "never replaced");
+            }
+        }
+    }
+}
