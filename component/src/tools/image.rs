@@ -138,7 +138,19 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
         ));
     }
     if let Err(f) = boxd.snapshot_save(&machine, &name) {
-        return Err(crate::guest::failed_on(&mut boxd, &machine, &work, f));
+        // A refusal, unlike a timeout or a lost connection (a save that may still land),
+        // started nothing once boxd lists no snapshot by the name: it is no longer recorded
+        // as under way, or every drop would wait on a save that never began. One listing,
+        // on this failure path only.
+        let refused = !matches!(f, Failure::Timeout(_) | Failure::Unreachable(_));
+        let mut e = crate::guest::failed_on(&mut boxd, &machine, &work, f);
+        if refused && boxd.snapshots().is_ok_and(|list| !list.iter().any(|s| s.name == name)) {
+            let n = name.clone();
+            if ledger.update(&work, |w| w.images_pending.retain(|p| p != &n)).is_ok() {
+                e.message = format!("{}; boxd lists no snapshot '{name}', so no save of it is recorded as under way", e.message);
+            }
+        }
+        return Err(e);
     }
     let n = name.clone();
     ledger.update(&work, |w| {
@@ -159,18 +171,51 @@ mod tests {
     use crate::tools::call;
 
     /// A save boxd refuses because the machine went to sleep under it (another call's
-    /// boxd_sleep) is MACHINE_ASLEEP, and the name stays pending for the rerun.
+    /// boxd_sleep) is MACHINE_ASLEEP; the rerun after boxd_resume saves anew.
     #[test]
-    fn a_save_the_machine_fell_asleep_under_is_machine_asleep_and_stays_pending() {
+    fn a_save_the_machine_fell_asleep_under_is_machine_asleep() {
         let mut fs = open_work(None);
         let mut p = Scripted::default();
         p.push_exit(0, "[]", "");
         p.push_exit(0, OURS, "");
         p.push_fail(1, "error: VM 'oc-w1' is hibernated — run 'boxd machine wake oc-w1' first");
         p.push_exit(0, &OURS.replace("running", "hibernated"), "");
+        p.push_exit(0, "[]", "");
         let e = call(&mut p, &mut fs, "boxd_image", r#"{"work":"w1","name":"img"}"#, raw_context("{}", "{}")).unwrap_err();
         assert!(e.code == Code::MachineAsleep && e.message.contains("is hibernated") && e.next.contains("boxd_resume for work 'w1'"), "{e:?}");
-        assert_eq!(Ledger::new(&mut fs, "/l").require("w1").unwrap().images_pending, ["img"]);
+        assert!(Ledger::new(&mut fs, "/l").require("w1").unwrap().images_pending.is_empty());
+    }
+
+    /// A save boxd refused outright started nothing: once the listing shows no such name,
+    /// it is not left under way (before, every drop then answered SESSION_BUSY "never
+    /// answered"). A name boxd lists after the refusal, or a timeout, stays recorded.
+    #[test]
+    fn a_refused_save_boxd_lists_nothing_of_is_not_left_under_way() {
+        let refusal = "error: snapshot quota exceeded for this organisation";
+        for (fail, listed, pending) in [
+            ((1, refusal), Some("[]"), false),
+            ((1, refusal), Some(r#"[{"name":"img","status":"pending"}]"#), true),
+            ((1, refusal), None, true),
+            ((124, "timed out waiting for boxd.sh"), None, true),
+        ] {
+            let mut fs = open_work(None);
+            let mut p = Scripted::default();
+            p.push_exit(0, "[]", "");
+            p.push_exit(0, OURS, "");
+            p.push_fail(fail.0, fail.1);
+            p.push_exit(0, OURS, "");
+            match listed {
+                Some(l) => p.push_exit(0, l, ""),
+                None if fail.0 == 1 => p.push_fail(1, "error: cannot connect to https://boxd.sh:9443: dns error"),
+                None => {}
+            }
+            let e = call(&mut p, &mut fs, "boxd_image", r#"{"work":"w1","name":"img"}"#, raw_context("{}", "{}")).unwrap_err();
+            assert!(e.message.contains(fail.1), "{e:?}");
+            assert_eq!(e.code, if fail.0 == 1 { Code::BoxdFailed } else { Code::Timeout });
+            let w = Ledger::new(&mut fs, "/l").require("w1").unwrap();
+            assert_eq!(w.images_pending.is_empty(), !pending, "{fail:?} {listed:?}");
+            assert_eq!(e.message.contains("no save of it is recorded as under way"), !pending, "{e:?}");
+        }
     }
 
     /// open_work with a save of "img" recorded as under way (its answer lost).
