@@ -70,7 +70,30 @@ pub(super) fn discard(env: &mut Env, landing: &[Landing], e: ToolError) -> ToolE
     for l in landing {
         let _ = env.files.remove_file(&l.temp);
     }
-    e
+    laptop_full(landing, e)
+}
+
+/// The host could not write the frames into the temp files because the laptop's disk is
+/// full (or over quota): the laptop's failure, said as such, not the boxd CLI's. Only a
+/// spawn failure (the host's words, "could not run boxd …"): boxd's own message about a
+/// full disk is the machine's.
+fn laptop_full(landing: &[Landing], e: ToolError) -> ToolError {
+    let said = e.message.to_ascii_lowercase();
+    let full = ["no space left on device", "quota exceeded", "enospc", "edquot"].iter().any(|w| said.contains(w));
+    if e.code != Code::BoxdFailed || !said.starts_with("could not run boxd") || !full {
+        return e;
+    }
+    let folders: Vec<&str> = landing.iter().map(|l| paths::parent(&l.dest)).fold(Vec::new(), |mut v, f| {
+        if !v.contains(&f) {
+            v.push(f);
+        }
+        v
+    });
+    ToolError::with_next(
+        Code::PathRefused,
+        format!("the laptop's disk is full: the harvested files could not be written into {} ({}); none was placed, and they stay owed", folders.join(", "), e.message),
+        "Free space on the laptop's disk that holds those folders (or harvest with 'to' naming a folder on another disk), then call boxd_harvest again.",
+    )
 }
 
 /// How long a recorded temp file may belong to a harvest still running: its files arrive

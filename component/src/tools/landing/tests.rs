@@ -303,3 +303,28 @@ fn a_killed_harvests_placed_file_stays_this_works_after_the_sweep() {
         }
     }
 }
+
+/// The laptop's disk filled while the host wrote the frames: that is said as the laptop's,
+/// with what to free, where it was BOXD_FAILED "read the boxd CLI's own message". A full
+/// disk boxd itself reports (the machine's) stays BOXD_FAILED.
+#[test]
+fn a_full_laptop_disk_is_the_laptops_failure_not_boxds() {
+    use crate::testing::{raw_context, MemFiles, Scripted};
+    let ctx = crate::tools::context(raw_context("{}", "{}")).unwrap();
+    let mut files = MemFiles::new(&["/p", "/l"]);
+    let (landing, _) = a_txt_arrived(&mut files, b"half");
+    let mut programs = Scripted::default();
+    let mut env = Env { programs: &mut programs, files: &mut files, ctx: &ctx };
+    for (said, laptop) in [
+        ("could not run boxd machine exec: boxd: the files framed on its stdout: cannot write /p/a.txt.x-0.boxd-tmp: No space left on device (os error 28)", true),
+        ("could not run boxd machine exec: boxd: the files framed on its stdout: ENOSPC: no space left on device, write", true),
+        ("boxd machine exec failed: error: No space left on device", false),
+    ] {
+        let e = discard(&mut env, &landing, ToolError::new(Code::BoxdFailed, said));
+        match laptop {
+            true => assert!(e.code == Code::PathRefused && e.message.starts_with("the laptop's disk is full") && e.message.contains("/p ") && e.next.contains("Free space on the laptop"), "{e:?}"),
+            false => assert_eq!(e.code, Code::BoxdFailed, "{e:?}"),
+        }
+    }
+    assert_eq!(files.text("/p/a.txt.x-0.boxd-tmp"), None, "the temp file is removed");
+}
