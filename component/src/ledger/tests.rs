@@ -1,6 +1,7 @@
 //! The ledger's record format and its locked read-modify-write.
 
 use super::*;
+use alloc::collections::BTreeMap;
 use crate::testing::MemFiles;
 
 #[test]
