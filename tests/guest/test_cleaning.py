@@ -11,13 +11,12 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import unittest
 from pathlib import Path
 from unittest import mock
 
-from test_inbox import SID, FakeOpencode, ThreadSys  # noqa: E402  (puts the helper on sys.path)
-from boxd_helper import cli, protocol, pump  # noqa: E402
+from test_inbox import SID, FakeOpencode, in_process  # noqa: E402  (puts the helper on sys.path)
+from boxd_helper import cli, pump  # noqa: E402
 from boxd_helper.procs import identity, pid_alive  # noqa: E402
 from boxd_helper.state import Work  # noqa: E402
 
@@ -51,20 +50,7 @@ class Listing(FakeOpencode):
 
 class Cleaning(unittest.TestCase):
     def setUp(self):
-        self.tmp = tempfile.mkdtemp(prefix="boxd-clean-")
-        self.addCleanup(shutil.rmtree, self.tmp, ignore_errors=True)
-        for patcher in (mock.patch.dict(os.environ, {"HOME": self.tmp}),
-                        mock.patch.object(cli, "ensure_server", lambda work, password, **kw: ("up", {"port": 1})),
-                        mock.patch.object(cli, "ensure_pump", lambda work: False),
-                        mock.patch.object(cli, "tick", lambda work, lock_timeout=10.0: None),
-                        mock.patch.object(cli, "opencode_busy", lambda work, password: False)):
-            patcher.start()
-            self.addCleanup(patcher.stop)
-        self.sys = ThreadSys()
-        for module in (cli, protocol):
-            patcher = mock.patch.object(module, "sys", self.sys)
-            patcher.start()
-            self.addCleanup(patcher.stop)
+        in_process(self, "boxd-clean-")
         self.work = self.prepared("w1")
         self.tree = Path(self.work.tree)
         git(self.tree, "init", "-q")

@@ -84,23 +84,26 @@ class FakeOpencode:
         raise AssertionError("unexpected call %s %s" % (method, path))
 
 
+def in_process(case, prefix, *more):
+    """The helper run in this process for `case`: HOME a fresh folder (case.tmp), no server,
+    pump or OpenCode started, stdin and stdout a ThreadSys (case.sys); `more` patches too."""
+    case.tmp = tempfile.mkdtemp(prefix=prefix)
+    case.addCleanup(shutil.rmtree, case.tmp, ignore_errors=True)
+    case.sys = ThreadSys()
+    for patcher in (mock.patch.dict(os.environ, {"HOME": case.tmp}),
+                    mock.patch.object(cli, "ensure_server", lambda work, password, **kw: ("up", {"port": 1})),
+                    mock.patch.object(cli, "ensure_pump", lambda work: False),
+                    mock.patch.object(cli, "tick", lambda work, lock_timeout=10.0: None),
+                    mock.patch.object(cli, "opencode_busy", lambda work, password: False),
+                    mock.patch.object(cli, "sys", case.sys),
+                    mock.patch.object(protocol, "sys", case.sys), *more):
+        patcher.start()
+        case.addCleanup(patcher.stop)
+
+
 class Inbox(unittest.TestCase):
     def setUp(self):
-        self.tmp = tempfile.mkdtemp(prefix="boxd-inbox-")
-        self.addCleanup(shutil.rmtree, self.tmp, ignore_errors=True)
-        for patcher in (mock.patch.dict(os.environ, {"HOME": self.tmp}),
-                        mock.patch.object(cli, "ensure_server", lambda work, password, **kw: ("up", {"port": 1})),
-                        mock.patch.object(cli, "ensure_pump", lambda work: False),
-                        mock.patch.object(cli, "tick", lambda work, lock_timeout=10.0: None),
-                        mock.patch.object(cli, "opencode_busy", lambda work, password: False),
-                        mock.patch.object(cli, "ensure_git_exclude", lambda work: None)):
-            patcher.start()
-            self.addCleanup(patcher.stop)
-        self.sys = ThreadSys()
-        for module in (cli, protocol):
-            patcher = mock.patch.object(module, "sys", self.sys)
-            patcher.start()
-            self.addCleanup(patcher.stop)
+        in_process(self, "boxd-inbox-", mock.patch.object(cli, "ensure_git_exclude", lambda work: None))
         self.work = Work("w1")
         self.work.create()
         with open(self.work.p("password"), "w") as f:
