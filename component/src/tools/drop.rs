@@ -191,8 +191,9 @@ fn plan(env: &mut Env, work: &str, machine: &str) -> ToolResult<Plan> {
     let mut boxd = Boxd::new(&mut env.programs, ctx.options.boxd_timeout_seconds);
     let Some(info) = look(&mut boxd, machine, work)? else { return Ok(Plan::Gone(w.machine_id, None)) };
     // Another machine under the name: ours is gone (names are unique), and that one is
-    // never touched. The work closes as any gone one does.
+    // never touched. The work closes as any gone one does, once seen so twice.
     if super::machine::taken(&w, &info) {
+        seen_taken_before(env, &w, &info)?;
         return Ok(Plan::Gone(w.machine_id, Some(info.id)));
     }
     check_machine(&w, &info)?;
@@ -210,6 +211,20 @@ fn plan(env: &mut Env, work: &str, machine: &str) -> ToolResult<Plan> {
     require_saving(&w)?;
     require_proven(&w)?;
     Ok(Plan::Live(w))
+}
+
+/// Closing a work because another id answers under its name rests on that answer: one
+/// wrong `get` (a fault, a lying CLI) would orphan our machine, billing and holding
+/// unharvested work. So the drop closes only when an earlier call already saw the same
+/// other id there (`nameTakenBy`); the first sighting is recorded and refused (NOT_OURS,
+/// whose next step is this drop again).
+fn seen_taken_before(env: &mut Env, w: &Work, info: &crate::boxd::MachineInfo) -> ToolResult<()> {
+    if w.name_taken_by.as_deref() == Some(info.id.as_str()) {
+        return Ok(());
+    }
+    let mut ledger = Ledger::for_call(&mut env.files, env.ctx);
+    super::machine::check_owned(&mut ledger, env.ctx, w, info)?;
+    Err(ToolError::new(Code::NotOurs, format!("{} answered another id than work '{}' recorded", info.name, w.work)))
 }
 
 /// A fork still `creating` holds nothing of its own: no prompt reaches a fork before it
@@ -235,6 +250,7 @@ fn unready_fork(env: &mut Env, w: &Work, parent: &str) -> ToolResult<Plan> {
     }
     if super::machine::taken(w, &info) {
         // Its machine is gone and the name is someone else's: left alone.
+        seen_taken_before(env, w, &info)?;
         return Ok(leave);
     }
     if w.machine_id.is_none() {

@@ -71,6 +71,19 @@ pub fn check_owned<F: Files>(ledger: &mut Ledger<F>, ctx: &Context, w: &Work, in
                 r.seen_not_running(ctx.now_ms, ctx.options.idle_ms(), true);
             }
         });
+    } else if w.name_taken_by.is_some() && w.machine_id.as_deref() == Some(info.id.as_str()) {
+        // Our id answers again: the other id was a wrong answer, not a replacement. The
+        // mark goes, and the run it ended is open again while the machine runs, so status,
+        // spend and the caps count it once more.
+        let running = matches!(crate::boxd::known_state(info), Ok(State::Running | State::Standby | State::Starting));
+        let _ = ledger.update(&w.work, |r| {
+            if r.machine_id == w.machine_id && r.name_taken_by.is_some() {
+                r.name_taken_by = None;
+                if let Some(last) = r.runs.last_mut().filter(|l| running && l.ended_by.as_deref() == Some("seen gone")) {
+                    (last.to_ms, last.ended_by) = (None, None);
+                }
+            }
+        });
     }
     check_machine(w, info)
 }

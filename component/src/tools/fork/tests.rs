@@ -247,6 +247,9 @@ fn a_fork_still_being_made_is_dropped_whatever_its_parent_is_now() {
         let mut fa = Work::new("fa", "/p", "t");
         (fa.state, fa.machine_id) = (WorkState::Creating, id.map(String::from));
         fa.fork = Some(ForkOrigin { parent: "w1".into(), ..Default::default() });
+        if id == Some("vm_other") {
+            fa.name_taken_by = Some("vm_fa".into()); // an earlier call saw that id there too
+        }
         Ledger::new(&mut fs, "/l").write(&fa).unwrap();
         Ledger::new(&mut fs, "/l").update("w1", |w| w.state = WorkState::Closed).unwrap();
         let mut p = Scripted::default();

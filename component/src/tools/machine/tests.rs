@@ -76,12 +76,38 @@ fn every_tool_refuses_a_machine_with_another_id_before_touching_it() {
     }
     let mut fs = open_work(Some(GitRecord::default()));
     Ledger::new(&mut fs, "/l").update("w1", |w| w.prompts.push(crate::ledger::Prompt { id: "p1".into(), admitted: true, ..Default::default() })).unwrap();
+    // One look is not enough to close it (a wrong answer would orphan our machine): the
+    // first drop records the other id and refuses; the next, seeing it again, closes.
+    let mut p = Scripted::default();
+    p.push_exit(0, THEIRS, "");
+    let e = call(&mut p, &mut fs, "boxd_drop", r#"{"work":"w1"}"#, raw_context("{}", "{}")).unwrap_err();
+    assert!(e.code == Code::NotOurs && e.next.contains("call boxd_drop for work 'w1'"), "{e:?}");
+    let w = Ledger::new(&mut fs, "/l").require("w1").unwrap();
+    assert_eq!((w.name_taken_by.as_deref(), w.state), (Some("vm_new"), WorkState::Open));
     let mut p = Scripted::default();
     p.push_exit(0, THEIRS, "");
     let v = call(&mut p, &mut fs, "boxd_drop", r#"{"work":"w1"}"#, raw_context("{}", "{}")).unwrap();
     assert_eq!(p.commands(), ["machine get oc-w1 --json"], "nothing sealed or removed on their machine");
     assert!(v["dropped"] == true && v["nameTakenBy"] == "vm_new" && v["unrecovered"]["prompts"] == serde_json::json!(["p1"]), "{v:#}");
     assert!(Ledger::new(&mut fs, "/l").require("w1").unwrap().is_closed());
+}
+
+/// One wrong answer (a fault, a confused CLI) showing another id under the name, then our
+/// own id again: the mark goes and the run it ended is open again, so status, spend and
+/// the caps count the machine once more.
+#[test]
+fn a_wrong_id_seen_once_is_undone_when_our_id_answers_again() {
+    let mut fs = open_work(None);
+    Ledger::new(&mut fs, "/l").update("w1", |w| w.open_run(1_000)).unwrap();
+    let info = |id: &str| crate::boxd::MachineInfo { name: "oc-w1".into(), id: id.into(), status: "running".into(), sharing: "private".into(), ..Default::default() };
+    let ctx = crate::tools::context(crate::testing::raw_at(60_000)).unwrap();
+    let w = Ledger::new(&mut fs, "/l").require("w1").unwrap();
+    assert_eq!(check_owned(&mut Ledger::new(&mut fs, "/l"), &ctx, &w, &info("vm_wrong")).unwrap_err().code, Code::NotOurs);
+    let w = Ledger::new(&mut fs, "/l").require("w1").unwrap();
+    assert_eq!((w.name_taken_by.as_deref(), w.running_since()), (Some("vm_wrong"), None));
+    check_owned(&mut Ledger::new(&mut fs, "/l"), &ctx, &w, &info("vm_1")).unwrap();
+    let w = Ledger::new(&mut fs, "/l").require("w1").unwrap();
+    assert_eq!((w.name_taken_by.as_deref(), w.running_since(), w.state), (None, Some(1_000), WorkState::Open), "{:?}", w.runs);
 }
 
 /// A status word boxd may add later is not "gone": resume would rebuild a machine that
