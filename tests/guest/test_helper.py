@@ -474,7 +474,7 @@ class T1Commands(unittest.TestCase):
         self.assertEqual([e["path"] for e in j["untracked"]], ["README.md", "staged-first.txt"])
         self.assertEqual(j["untracked"][0]["sha256"], hashlib.sha256(b"hello\n").hexdigest())
         self.assertTrue(j["dirty"], "a staged file in a repository without commits")
-        self.assertIn(".boxd/", (tree / ".git" / "info" / "exclude").read_text().splitlines())
+        self.assertIn("/.boxd", (tree / ".git" / "info" / "exclude").read_text().splitlines())
         self.assertNotIn(".boxd", json.dumps(j))
         # commit, then make it dirty in every way
         (tree / ".gitignore").write_text("*.log\nbuild/\n")
@@ -631,6 +631,7 @@ class T1Commands(unittest.TestCase):
         git(tree, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "one")
         git(tree, "checkout", "-qb", "side")
         (tree / "b.txt").write_text("side\n")
+        (tree / "HEAD").write_text("a file the agent named HEAD is no revision\n")
         git(tree, "add", "-A")
         git(tree, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "side")
         r = g.run("git", work, {"files": [], "haveRefs": {}}, "--files-stdin")
@@ -712,7 +713,7 @@ class T2Lifecycle(OneWork):
         git(g.tree(self.W), "init", "-q")
         st = g.status(self.W)
         self.assertEqual(st.rc, 0, st)
-        self.assertIn(".boxd/", (g.tree(self.W) / ".git" / "info" / "exclude").read_text().splitlines())
+        self.assertIn("/.boxd", (g.tree(self.W) / ".git" / "info" / "exclude").read_text().splitlines())
         porcelain = git(g.tree(self.W), "status", "--porcelain", "--untracked-files=all").stdout.decode()
         self.assertNotIn(".boxd", porcelain)
 

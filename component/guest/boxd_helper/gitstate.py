@@ -270,7 +270,7 @@ def make_bundle(work):
     verified here before it travels: {"data": base64, "sha256", "size"}."""
     with tempfile.TemporaryDirectory(prefix="boxd-bundle-") as tmp:
         path = os.path.join(tmp, "harvest.bundle")
-        git(work, ["bundle", "create", "-q", path, "HEAD", "--all"])
+        git(work, ["bundle", "create", "-q", path, "HEAD", "--all", "--"])  # "--": a file named HEAD is no revision
         git(work, ["bundle", "verify", "-q", path])
         with open(path, "rb") as f:
             data = f.read()
@@ -280,7 +280,8 @@ def make_bundle(work):
 
 
 def ensure_git_exclude(work):
-    """Make git ignore .boxd/ whenever the tree is (now) a repository."""
+    """Make git ignore .boxd whenever the tree is (now) a repository: "/.boxd", which also
+    matches the symlink an older helper's folder became (".boxd/" matches folders only)."""
     dotgit = os.path.join(work.tree, ".git")
     if os.path.isdir(dotgit) and not os.path.islink(dotgit):
         exclude = os.path.join(dotgit, "info", "exclude")
@@ -298,13 +299,13 @@ def ensure_git_exclude(work):
         if os.path.exists(exclude):
             with open(exclude, "r", encoding="utf-8", errors="replace") as f:
                 current = f.read()
-        if any(line.strip() in (".boxd/", "/.boxd/", ".boxd", "/.boxd") for line in current.splitlines()):
+        if any(line.strip() in (".boxd", "/.boxd") for line in current.splitlines()):
             return
         os.makedirs(os.path.dirname(exclude), exist_ok=True)
         with open(exclude, "a", encoding="utf-8") as f:
             if current and not current.endswith("\n"):
                 f.write("\n")
-            f.write(".boxd/\n")
+            f.write("/.boxd\n")
     except OSError:
         pass
 
