@@ -19,6 +19,7 @@ from test_inbox import SID, FakeOpencode, in_process  # noqa: E402  (puts the he
 from boxd_helper import cli, pump  # noqa: E402
 from boxd_helper.procs import identity, pid_alive  # noqa: E402
 from boxd_helper.state import Work  # noqa: E402
+from boxd_helper import state as state_module, protocol as protocol_module  # noqa: E402
 
 
 def git(tree, *args):
@@ -151,7 +152,8 @@ class Cleaning(unittest.TestCase):
         (legacy / "pump.json").write_text(json.dumps(identity(old_pump.pid, str(legacy))))
         work = Work("w2")
         self.assertEqual(work.boxd, os.path.join(self.tmp, ".boxd-helper", "works", "w2"))
-        self.assertFalse(legacy.exists())
+        self.assertTrue(legacy.is_symlink() and legacy.resolve() == Path(work.boxd).resolve(),
+                        "the old place is a link to the state, for an older helper to find it")
         self.assertEqual(old_pump.wait(timeout=10), -15, "the old pump was stopped")
         self.assertFalse(pid_alive(old_pump.pid))
         self.assertEqual((work.session_id(), work.password()), (SID, "pw"))
@@ -159,6 +161,36 @@ class Cleaning(unittest.TestCase):
         self.assertEqual([n for _, n in work.waiting(work.state())], ["000000000001-p1.json"])
         # and a second look finds it there, with nothing moved again
         self.assertEqual(Work("w2").session_id(), SID)
+
+    def test_a_move_another_command_holds_the_lock_for_answers_busy_never_the_old_folder(self):
+        legacy = Path(self.tmp) / "work" / "w3" / ".boxd"
+        (legacy / "inbox").mkdir(parents=True)
+        (legacy / "password").write_text("pw")
+
+        class Held:
+            def __init__(self, path, timeout):
+                pass
+
+            def __enter__(self):
+                raise TimeoutError("lock is held by another helper")
+
+            def __exit__(self, *exc):
+                return False
+
+        with mock.patch.object(state_module, "FileLock", Held):
+            with self.assertRaises(protocol_module.Fail) as caught:
+                Work("w3")
+        self.assertEqual(caught.exception.kind, "SESSION_BUSY")
+        self.assertTrue((legacy / "password").is_file(), "nothing moved, nothing made beside it")
+        self.assertFalse(os.path.lexists(os.path.join(self.tmp, ".boxd-helper", "works", "w3")))
+
+    def test_prepare_links_the_old_place_to_the_state_for_an_older_helper(self):
+        work = self.prepared("w4")
+        legacy = Path(work.tree) / ".boxd"
+        self.assertTrue(legacy.is_symlink() and legacy.resolve() == Path(work.boxd).resolve())
+        git(Path(work.tree), "init", "-q")
+        cli.ensure_git_exclude(work)
+        self.assertEqual(git(Path(work.tree), "status", "--porcelain").stdout, b"", "git does not see the link")
 
 
 if __name__ == "__main__":

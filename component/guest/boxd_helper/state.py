@@ -163,10 +163,32 @@ class Work:
                 if pump.get("pid") and owned_alive(pump, self.legacy):
                     kill_group(pump["pid"], grace=2.0)
                 os.rename(self.legacy, self.boxd)
+                self.link_legacy()
         except FileNotFoundError:
             return  # another command moved it meanwhile
+        except TimeoutError:
+            # Another command holds the old lock (it may be moving the state right now):
+            # never fall back to a folder that may be gone a moment later.
+            if os.path.isdir(self.boxd):
+                return
+            raise Fail("SESSION_BUSY", "work %s: its state is being moved out of the work tree by another command; "
+                                       "call again in a moment" % self.id)
         except OSError:
+            if os.path.isdir(self.boxd):
+                return  # moved by another command after all
             self.boxd, self.inbox = self.legacy, os.path.join(self.legacy, "inbox")
+
+    def link_legacy(self):
+        """<tree>/.boxd as a symlink to the state, best effort: an older helper (a host of
+        an earlier version sharing the ledger uploads its own) then finds the same state
+        instead of starting a second one beside it. The agent's git clean may remove the
+        link; the state it points to stays, and prepare makes the link again."""
+        if self.boxd == self.legacy or os.path.lexists(self.legacy) or not os.path.isdir(self.tree):
+            return
+        try:
+            os.symlink(self.boxd, self.legacy)
+        except OSError:
+            pass
 
     def require(self):
         if self.exists():
@@ -186,6 +208,7 @@ class Work:
             os.makedirs(self.inbox, exist_ok=True)
             os.makedirs(self.p("tmp"), exist_ok=True)
             os.chmod(self.boxd, 0o700)
+            self.link_legacy()
             probe = self.p(".write-probe")
             with open(probe, "wb") as f:
                 f.write(b"ok")
