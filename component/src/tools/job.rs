@@ -74,10 +74,15 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
     // lastActivityAt): recorded, so the run is not ended before it when the machine is
     // later found hibernated. A machine woken outside the plugin opens its run here.
     if w.asleep_by_tool || !known.is_empty() || w.use_unrecorded(ctx.now_ms) {
-        ledger.update(&work, |w| {
-            w.asleep_by_tool = false;
-            w.resolve_prompts(&known, &now, ctx.now_ms);
-            w.in_use(ctx.now_ms);
+        // Only over the run this call read: a sleep or drop that wrote while the exec ran
+        // saw the machine later than this look did (no run reopened under it).
+        let runs_then = (w.sleeps.len(), w.runs.len(), w.runs.last().map(|r| (r.from_ms, r.to_ms)));
+        ledger.update(&work, |r| {
+            r.resolve_prompts(&known, &now, ctx.now_ms);
+            if !r.is_closed() && (r.sleeps.len(), r.runs.len(), r.runs.last().map(|x| (x.from_ms, x.to_ms))) == runs_then {
+                r.asleep_by_tool = false;
+                r.in_use(ctx.now_ms);
+            }
         })?;
     }
     let busy = s.get("state").and_then(Value::as_str) == Some("busy");

@@ -172,3 +172,50 @@ fn sleep_on_a_stopped_machine_closes_its_run_and_says_so() {
     let w = record(&mut fs);
     assert_eq!((w.runs[0].to_ms, w.runs[0].ended_by.as_deref(), w.sleeps.len()), (Some(T0 + H / 2), Some("seen asleep"), 0));
 }
+
+/// Files on which another call's change lands just before the job's own write takes the
+/// lock (a boxd_sleep or boxd_drop that ran while the job's status exec did).
+struct ChangedMeanwhile<C: FnMut(&mut Work)>(MemFiles, Option<C>);
+
+impl<C: FnMut(&mut Work)> crate::caps::Files for ChangedMeanwhile<C> {
+    fn read(&mut self, p: &str) -> Result<Option<Vec<u8>>, crate::caps::FsError> { self.0.read(p) }
+    fn write_atomic(&mut self, p: &str, b: &[u8]) -> Result<(), crate::caps::FsError> { self.0.write_atomic(p, b) }
+    fn create_dir_all(&mut self, p: &str) -> Result<(), crate::caps::FsError> { self.0.create_dir_all(p) }
+    fn list(&mut self, d: &str) -> Result<Vec<String>, crate::caps::FsError> { self.0.list(d) }
+    fn stat(&mut self, p: &str) -> Result<Option<crate::caps::Meta>, crate::caps::FsError> { self.0.stat(p) }
+    fn remove_file(&mut self, p: &str) -> Result<(), crate::caps::FsError> { self.0.remove_file(p) }
+    fn create_new(&mut self, p: &str, b: &[u8]) -> Result<bool, crate::caps::FsError> {
+        if let Some(mut change) = self.1.take().filter(|_| p.ends_with("/lock")) {
+            Ledger::new(&mut self.0, "/l").update("w1", |w| change(w)).unwrap();
+        }
+        self.0.create_new(p, b)
+    }
+    fn rename(&mut self, f: &str, t: &str) -> Result<bool, crate::caps::FsError> { self.0.rename(f, t) }
+    fn place_new(&mut self, f: &str, t: &str) -> Result<bool, crate::caps::FsError> { self.0.place_new(f, t) }
+}
+
+/// boxd_job records a use only over the run it read: a sleep (or a drop) that wrote while
+/// its status exec ran keeps its closed run and its mark, and no run is reopened under it
+/// (before: the job reopened a run on a slept or dropped work, billing what never ran,
+/// and cleared the sleep's asleepByTool).
+#[test]
+fn a_job_never_reopens_a_run_a_sleep_or_drop_closed_while_it_looked() {
+    let slept = |w: &mut Work| {
+        w.close_run(T0 + 2 * H, "boxd_sleep");
+        w.asleep_by_tool = true;
+    };
+    let dropped = |w: &mut Work| {
+        w.close_run(T0 + 2 * H, "boxd_drop");
+        w.state = crate::ledger::WorkState::Closed;
+    };
+    for (name, change) in [("sleep", &slept as &dyn Fn(&mut Work)), ("drop", &dropped)] {
+        let mut fs = ChangedMeanwhile(running_since_t0(|_| {}), Some(|w: &mut Work| change(w)));
+        let mut p = Scripted::default();
+        p.push_exit(0, OURS, "");
+        p.push_exit(0, r#"{"state":"idle","pending":0}"#, "");
+        call(&mut p, &mut fs, "boxd_job", r#"{"work":"w1"}"#, at(T0 + 2 * H + 1_000, "{}")).unwrap();
+        let w = record(&mut fs.0);
+        assert_eq!((w.runs.len(), w.runs[0].to_ms, w.running_since()), (1, Some(T0 + 2 * H), None), "{name}: {:?}", w.runs);
+        assert_eq!(w.asleep_by_tool, name == "sleep", "{name}");
+    }
+}
