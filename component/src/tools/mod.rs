@@ -209,6 +209,9 @@ pub fn real_folders_on_the_way(files: &mut dyn crate::caps::Files, ctx: &Context
         at.push_str(part);
         let why = match files.stat(&at) {
             Ok(None) => return Ok(()), // missing: it and all below are made as real folders
+            Ok(Some(m)) if m.kind == Kind::Dir && is_git_folder(files, &at) => {
+                "is a git repository's own folder (a bare repository or a separate git dir: HEAD, objects/, refs/), whose refs and config are git's, never a user's file"
+            }
             Ok(Some(m)) if m.kind == Kind::Dir => continue,
             Ok(Some(m)) if m.kind == Kind::Symlink => "is a symlink, which is never followed",
             Ok(Some(_)) => "is not a folder",
@@ -221,6 +224,14 @@ pub fn real_folders_on_the_way(files: &mut dyn crate::caps::Files, ctx: &Context
         ));
     }
     Ok(())
+}
+
+/// A folder git keeps a repository in whatever its name (`backup.git`, a separate git
+/// dir): `.git` is refused by name (`repository_folder`); these by what they hold.
+fn is_git_folder(files: &mut dyn crate::caps::Files, at: &str) -> bool {
+    use crate::caps::Kind;
+    let kind = |files: &mut dyn crate::caps::Files, name: &str| files.stat(&alloc::format!("{at}/{name}")).ok().flatten().map(|m| m.kind);
+    kind(files, "HEAD") == Some(Kind::File) && kind(files, "objects") == Some(Kind::Dir) && kind(files, "refs") == Some(Kind::Dir)
 }
 
 /// A list argument of work-tree paths (harvest's `files`, drop's `discard`), each checked.
@@ -330,6 +341,31 @@ mod tests {
             assert_eq!(crate::ledger::Ledger::new(&mut fs, "/l").require("w1").unwrap(), before, "{args}: nothing recorded");
             assert!(!fs.files.keys().chain(fs.dirs.iter()).any(|k| k.to_ascii_lowercase().contains(".git")), "{args}: nothing made");
         }
+    }
+
+    /// A repository's folder under another name (a bare `backup.git`, a separate git dir)
+    /// is known by what it holds: refused as `.git` is, before anything runs; a folder
+    /// holding only a file named HEAD is an ordinary one.
+    #[test]
+    fn a_git_folder_of_another_name_is_refused_by_what_it_holds() {
+        for (tool, args) in [
+            ("boxd_harvest", r#"{"work":"w1","files":["master"],"to":"backup.git/refs/heads"}"#),
+            ("boxd_submit", r#"{"work":"w1","prompt":"p","files":[{"from":"backup.git/config","to":"config"}]}"#),
+        ] {
+            let mut fs = crate::testing::open_work(None);
+            for f in ["HEAD", "config", "objects/info/packs", "refs/heads/main"] {
+                fs.put(&alloc::format!("/p/backup.git/{f}"), b"x");
+            }
+            let before = crate::ledger::Ledger::new(&mut fs, "/l").require("w1").unwrap();
+            let mut p = Scripted::default();
+            let e = call(&mut p, &mut fs, tool, args, raw("{}", "{}")).unwrap_err();
+            assert!(e.code == Code::PathRefused && e.message.contains("git repository's own folder"), "{tool}: {e:?}");
+            assert!(p.requests.is_empty(), "{tool}: nothing ran");
+            assert_eq!(crate::ledger::Ledger::new(&mut fs, "/l").require("w1").unwrap(), before, "{tool}: nothing recorded");
+        }
+        let mut fs = crate::testing::open_work(None);
+        fs.put("/p/notes/HEAD", b"a file the user named HEAD");
+        super::real_folders_on_the_way(&mut fs, &context(raw("{}", "{}")).unwrap(), "/p/notes", "notes/x").unwrap();
     }
 
     #[test]
