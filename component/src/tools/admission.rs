@@ -155,16 +155,21 @@ fn cap_option(what: &str) -> &'static str {
 
 /// The record as a call that read the machine's state sees it: an interval the ledger
 /// still has open ends when the machine is down (an idle bound after its last use), and
-/// one opens when it runs. boxd_status does the same to its rows. Applied to a copy, so
-/// a read writes nothing; a change records the same when it writes.
+/// one opens when it runs. boxd_status applies it to its rows in place (`see`); the
+/// others to a copy, so a read writes nothing; a change records the same when it writes.
 pub fn seen_as(w: &Work, st: State, ctx: &Context) -> Work {
     let mut seen = w.clone();
-    match st {
-        State::Running | State::Standby | State::Starting => seen.open_run(ctx.now_ms),
-        State::Asleep | State::Stopped => seen.seen_not_running(ctx.now_ms, ctx.options.idle_ms(), false),
-        State::Gone | State::Failed => seen.seen_not_running(ctx.now_ms, ctx.options.idle_ms(), true),
-    }
+    see(&mut seen, st, ctx);
     seen
+}
+
+/// `seen_as` in place, for a record that is never written back.
+pub fn see(w: &mut Work, st: State, ctx: &Context) {
+    match st {
+        State::Running | State::Standby | State::Starting => w.open_run(ctx.now_ms),
+        State::Asleep | State::Stopped => w.seen_not_running(ctx.now_ms, ctx.options.idle_ms(), false),
+        State::Gone | State::Failed => w.seen_not_running(ctx.now_ms, ctx.options.idle_ms(), true),
+    }
 }
 
 /// What `work` has spent as a call that found its machine in state `st` sees it (0 for a

@@ -80,22 +80,22 @@ pub fn run(env: &mut Env, _args: &Value) -> ToolResult<Value> {
         if w.is_closed() {
             continue;
         }
-        let state = match (&listing, states.get(&w.machine)) {
-            _ if w.state == WorkState::Queued => "queued".to_string(),
-            (Err(_), _) => "unknown".to_string(),
-            (Ok(_), None) => "gone".to_string(),
-            // A tool saw another machine under the name: the one listed is not this work's.
-            (Ok(_), Some(_)) if w.name_taken_by.is_some() => "notOurs".to_string(),
-            (Ok(_), Some(s)) => State::from_status(s).map_or("unknown", job_state).to_string(),
+        let (state, machine) = match (&listing, states.get(&w.machine)) {
+            _ if w.state == WorkState::Queued => ("queued", None),
+            (Err(_), _) => ("unknown", None),
+            (Ok(_), None) => ("gone", Some(State::Gone)),
+            // A tool saw another machine under the name: the one listed is not this work's,
+            // and this work's own is gone.
+            (Ok(_), Some(_)) if w.name_taken_by.is_some() => ("notOurs", Some(State::Gone)),
+            (Ok(_), Some(s)) => State::from_status(s).map_or(("unknown", None), |st| (job_state(st), Some(st))),
         };
-        // What the listing shows, applied to the record as read (never written back: status
-        // writes nothing). It changes only the running intervals, which nothing below but
-        // the spend reads, so no copy is needed.
+        let state = state.to_string();
+        // What the listing shows, applied to the record as read, as every tool that reads a
+        // machine's state applies it (never written back: status writes nothing). It changes
+        // only the running intervals, which nothing below but the spend reads, so no copy.
         let mut seen = w;
-        match state.as_str() {
-            "running" | "starting" => seen.open_run(ctx.now_ms),
-            "asleep" | "stopped" | "gone" | "failed" | "notOurs" => seen.seen_not_running(ctx.now_ms, opts.idle_ms(), state != "asleep"),
-            _ => {}
+        if let Some(st) = machine {
+            super::admission::see(&mut seen, st, ctx);
         }
         let w = &seen;
         let mut spend = spend_json(w, ctx);
