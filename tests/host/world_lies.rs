@@ -125,6 +125,32 @@ fn an_answer_that_exits_0_with_a_json_error_is_not_taken_for_done() {
     assert_eq!(world.ok_call("boxd_sleep", W1)["state"], "asleep");
 }
 
+/// One `machine get` that answers another id under the work's name (a fault, a confused
+/// CLI) never closes a work whose machine is ours and running: the drop records the id and
+/// refuses, touching nothing; the next look that finds our id clears the mark, and status
+/// counts the machine as running again.
+#[test]
+fn one_wrong_id_never_closes_a_work_whose_machine_still_runs() {
+    let world = World::new("lies-one-wrong-id");
+    world.ok_call("boxd_ensure", W1);
+    world.ok_call("boxd_harvest", W1);
+    let ours = machine_get(&world, "oc-w1");
+    let lie = json!({ "name": "oc-w1", "id": "vm_0000000000000bad", "status": "running", "sharing": "private", "isolated": "no" });
+    world.faults(&json!([{ "verb": "machine get", "times": 1, "action": "garbage", "output": lie.to_string() }]).to_string());
+    let v = world.err_call("boxd_drop", W1, "NOT_OURS");
+    assert!(v["next"].as_str().unwrap().contains("boxd_drop for work 'w1'"), "{v:#}");
+    assert_eq!(machine_get(&world, "oc-w1")["id"], ours["id"], "our machine is still there");
+    assert_eq!(machine_get(&world, "oc-w1")["status"], "running");
+    let w = record(&world, "w1");
+    assert_eq!((w["state"].as_str(), w["nameTakenBy"].as_str()), (Some("open"), Some("vm_0000000000000bad")), "{w:#}");
+    world.faults("[]");
+    world.ok_call("boxd_job", W1);
+    let w = record(&world, "w1");
+    assert!(w["nameTakenBy"].is_null() && w["runs"].as_array().unwrap().last().unwrap()["toMs"].is_null(), "{w:#}");
+    let status = world.ok_call("boxd_status", "{}");
+    assert_eq!(status["works"][0]["state"], "running", "{status:#}");
+}
+
 #[test]
 fn a_fork_boxd_made_before_failing_stays_ours_and_the_next_fork_call_adopts_it() {
     let world = World::new("lies-fork");
