@@ -136,6 +136,31 @@ class Cleaning(unittest.TestCase):
         self.assertEqual(self.run_pump(fake), ["do 2"])
         self.assertEqual((self.work.session_id(), fake.created), (SID, []))
 
+    def test_a_state_made_again_says_it_forgot_what_the_lost_one_admitted(self):
+        code, out = self.submit("p1", "do 1")
+        self.assertEqual(code, 0, out)
+        shutil.rmtree(self.work.boxd)
+        fake = Listing([{"id": SID, "title": "boxd work w1", "time": {"created": 5}}])
+        with mock.patch.object(cli, "find_opencode", lambda: "/bin/true"), \
+                mock.patch.object(cli, "opencode_version", lambda binary: "1.18.33"), \
+                mock.patch.object(cli, "servers_in", lambda tree: []), \
+                mock.patch.object(cli, "ensure_repo", lambda work: "existing"), \
+                mock.patch.object(cli, "Api", fake), mock.patch.object(pump, "Api", fake):
+            code, out = self.main("prepare", "--opencode-version", "1.18.33", stdin=b"pw\n")
+            self.assertEqual(code, 0, out)
+            self.assertEqual(out["stateRecreated"]["sessionId"], SID)
+            forgot = self.work.state().forgot_at
+            self.assertTrue(forgot)
+            # A second prepare keeps the first mark.
+            self.main("prepare", "--opencode-version", "1.18.33", stdin=b"pw\n")
+            self.assertEqual(self.work.state().forgot_at, forgot)
+            code, out = self.main("export", "--resolve", "p1")
+        self.assertEqual(code, 0, out)
+        self.assertEqual((out["forgotAt"], out["resolved"]), (forgot, {"p1": False}), out)
+        # A work whose state never went says nothing of the kind.
+        fresh = self.prepared("w2")
+        self.assertIsNone(fresh.state().forgot_at)
+
     def test_a_work_an_older_helper_prepared_in_the_tree_is_moved_out_with_its_pump_stopped(self):
         tree = Path(self.tmp) / "work" / "w2"
         legacy = tree / ".boxd"

@@ -534,3 +534,32 @@ fn the_agents_git_clean_leaves_the_guest_state_and_a_removed_state_still_harvest
     assert_eq!(h["sessions"][0]["id"].as_str(), Some(session.as_str()), "{h:#}");
     assert_eq!(world.ok_call("boxd_drop", W1)["dropped"], true);
 }
+
+/// The guest's state removed while one prompt runs and another waits: the waiting one went
+/// with the state and never runs. The harvest after boxd_ensure proves what the session
+/// holds, names the prompt that never ran, and the work drops (it stayed NOT_PROVEN for
+/// ever: the made-again state says "no" to every prompt the lost one admitted).
+#[test]
+fn a_state_lost_with_a_prompt_waiting_proves_what_ran_names_what_never_ran_and_drops() {
+    let world = World::new("lost-waiting");
+    world.ok_call("boxd_ensure", W1);
+    let ran = world.ok_call("boxd_submit", &json!({ "work": "w1", "prompt": bash("sleep 20") }).to_string());
+    let waiting = world.ok_call("boxd_submit", &json!({ "work": "w1", "prompt": "then say done" }).to_string());
+    let (ran, waiting) = (ran["promptId"].as_str().unwrap().to_string(), waiting["promptId"].as_str().unwrap().to_string());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while world.ok_call("boxd_job", W1)["state"] != "busy" {
+        assert!(std::time::Instant::now() < deadline, "the first prompt never started");
+        std::thread::sleep(std::time::Duration::from_millis(300));
+    }
+    in_tree(&world, "w1", "s=~/.boxd-helper/works/w1; for i in 1 2 3 4 5; do rm -rf $s 2>/dev/null && break; sleep 0.2; done; test ! -e $s");
+    world.err_call("boxd_job", W1, "GUEST_STATE_LOST");
+    world.ok_call("boxd_ensure", W1);
+    let h = world.ok_call("boxd_harvest", W1);
+    assert_eq!(h["sessions"].as_array().map(Vec::len), Some(1), "{h:#}");
+    let status = world.ok_call("boxd_status", "{}");
+    let row = status["works"].as_array().unwrap().iter().find(|r| r["work"] == "w1").unwrap().clone();
+    assert_eq!(row["proven"], true, "{row:#}");
+    let warnings = row["warnings"].to_string();
+    assert!(warnings.contains(&waiting) && warnings.contains("never ran") && !warnings.contains(&ran), "{row:#}");
+    assert_eq!(world.ok_call("boxd_drop", W1)["dropped"], true);
+}

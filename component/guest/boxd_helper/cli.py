@@ -66,6 +66,14 @@ def cmd_prepare(args):
         st.last_activity_at = now_iso()
         work.save_state(st)
     if lost:
+        # What the state that went had admitted is forgotten: the export says so (forgotAt),
+        # and the laptop's proof then counts those prompts as ended (tools/harvest.rs). A
+        # fork's first prepare is marked too; its ledger record starts with no prompts.
+        with work.state_lock(30.0):
+            st = work.state()
+            if not st.forgot_at:
+                st.forgot_at = now_iso()
+                work.save_state(st)
         for pid in servers_in(work.tree):
             kill_group(pid)
     if changed:
@@ -318,7 +326,10 @@ def cmd_export(args):
     again = export_idle(work, api, sid)
     if (again.next_seq, again.dispatched_seq, again.runs) != (st.next_seq, st.dispatched_seq, st.runs):
         raise Fail("SESSION_BUSY", "work %s took a prompt while it was exported; export again once its run ends" % work.id)
-    return {"ok": True, "sessions": sessions, "resolved": resolved, "newestPrompt": newest}
+    out = {"ok": True, "sessions": sessions, "resolved": resolved, "newestPrompt": newest}
+    if st.forgot_at:
+        out["forgotAt"] = st.forgot_at
+    return out
 
 
 def export_idle(work, api, sid):

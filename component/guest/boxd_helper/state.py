@@ -62,11 +62,12 @@ class State:
     interrupt_pending: bool = False
     seen: list = field(default_factory=list)
     ran: list = field(default_factory=list)     # names (without .json) of inbox entries dispatched
+    forgot_at: Optional[str] = None             # when this state was made again after it was lost
 
     # attribute -> key in state.json
     KEYS = {"next_seq": "nextSeq", "dispatched_seq": "dispatchedSeq", "runs": "runs", "current": "current",
             "last": "last", "last_activity_at": "lastActivityAt", "interrupt_pending": "interruptPending",
-            "seen": "seen", "ran": "ran"}
+            "seen": "seen", "ran": "ran", "forgot_at": "forgotAt"}
 
     @classmethod
     def from_json(cls, doc):
