@@ -142,13 +142,15 @@ fn a_gone_machine_is_rebuilt_by_resume() {
 #[test]
 fn a_shared_or_isolated_machine_is_refused() {
     let world = World::new("shared");
-    // Our create is uncertain; then a machine of that name shows up shared.
+    // Our create is uncertain; then a machine of that name shows up shared (made as our
+    // create makes one: another source is someone else's, NOT_OURS, before this check).
     world.faults(r#"[{"verb":"machine new","times":1,"action":"fail","message":"internal"}]"#);
     world.err_call("boxd_ensure", W1, "BOXD_FAILED");
-    assert!(world.laptop.boxd(&["machine", "new", "oc-w1", "--shared", "--json"]).status.success());
+    let like_ours = ["machine", "new", "oc-w1", "--from-snapshot", "opencode-golden", "--auto-hibernate-timeout", "1800", "--json"];
+    assert!(world.laptop.boxd(&[&like_ours[..], &["--shared"]].concat()).status.success());
     world.err_call("boxd_ensure", W1, "MACHINE_SHARED");
     assert!(world.laptop.boxd(&["machine", "remove", "oc-w1", "-y"]).status.success());
-    assert!(world.laptop.boxd(&["machine", "new", "oc-w1", "--isolated", "--json"]).status.success());
+    assert!(world.laptop.boxd(&[&like_ours[..], &["--isolated"]].concat()).status.success());
     world.err_call("boxd_ensure", W1, "MACHINE_ISOLATED");
 }
 

@@ -185,6 +185,23 @@ fn a_create_refused_outright_never_adopts_a_machine_someone_else_makes_under_the
     left_alone(&world, &theirs);
 }
 
+/// A create whose answer was lost to the network (it made nothing) leaves the work
+/// creating; a machine someone else then makes under the name by hand (not from the golden
+/// snapshot, their own idle bound) is refused, never adopted, prepared or dropped.
+#[test]
+fn an_uncertain_create_never_adopts_a_machine_someone_else_makes_under_the_name() {
+    let world = World::new("lies-uncertain");
+    world.faults(r#"[{"verb":"machine new","times":1,"action":"network"}]"#);
+    let (code, v) = world.call("boxd_ensure", W1);
+    assert_eq!(code, 1, "{v:#}");
+    assert_eq!(record(&world, "w1")["state"], "creating", "uncertain: it may have landed");
+    assert!(world.laptop.boxd(&["machine", "new", "oc-w1", "--json"]).status.success());
+    let theirs = machine_get(&world, "oc-w1")["id"].clone();
+    assert!(world.on_machine("oc-w1", "echo mine > theirs.txt").status.success());
+    left_alone(&world, &theirs);
+    assert_eq!(record(&world, "w1")["state"], "open", "the intent is withdrawn: {:#}", record(&world, "w1"));
+}
+
 /// boxd answers a create with an empty id: nothing is recorded as the id (every later
 /// check of our own machine would then call it another's), the work stays creating, and
 /// the next ensure adopts the machine by the id boxd gives for it.
@@ -196,7 +213,7 @@ fn a_create_that_answers_an_empty_id_is_adopted_by_the_id_boxd_gives_later() {
     assert_eq!(record(&world, "w1")["state"], "creating");
     assert!(record(&world, "w1").get("machineId").is_none_or(Value::is_null), "{:#}", record(&world, "w1"));
     // The create that landed.
-    assert!(world.laptop.boxd(&["machine", "new", "oc-w1", "--from-snapshot", "opencode-golden", "--json"]).status.success());
+    assert!(world.laptop.boxd(&["machine", "new", "oc-w1", "--from-snapshot", "opencode-golden", "--auto-hibernate-timeout", "1800", "--json"]).status.success());
     assert_eq!(world.ok_call("boxd_ensure", W1)["adopted"], true);
     assert_eq!(record(&world, "w1")["machineId"], machine_get(&world, "oc-w1")["id"]);
     assert_eq!(world.ok_call("boxd_job", W1)["state"], "idle", "our own machine is ours to every tool");

@@ -123,6 +123,27 @@ fn adopt<F: Files>(ledger: &mut Ledger<F>, w: Work, info: &MachineInfo, ctx: &Co
     if info.id.is_empty() {
         return Err(ToolError::new(Code::NotOurs, format!("boxd gave no id for {machine}, so it cannot be checked against the ledger")));
     }
+    // Taken by its name alone (a create whose answer never came; no id recorded): only a
+    // machine made the way that create makes one can be it. Another is someone else's,
+    // made under the name since; the intent is withdrawn so no later call adopts it.
+    let source = format!("snapshot/{}", w.snapshot.as_deref().unwrap_or(&ctx.options.snapshot));
+    if w.machine_id.is_none() && !super::machine::made_like_ours(info, &source, ctx.options.idle_seconds()) {
+        ledger.update(work, |w| {
+            if w.state == WorkState::Creating && w.machine_id.is_none() {
+                w.state = WorkState::Open;
+            }
+        })?;
+        return Err(ToolError::with_next(
+            Code::NotOurs,
+            format!(
+                "{machine} exists, but not as the create this ledger recorded for work '{work}' makes one (source '{}', auto-hibernate '{}'; that create asked for {source} with {}s): someone else made it under the name, and it is not adopted",
+                info.source,
+                info.auto_hibernate,
+                ctx.options.idle_seconds()
+            ),
+            format!("Leave {machine} alone; use another work id for this task (boxd_ensure)."),
+        ));
+    }
     let mut owned = w.clone();
     owned.machine_id.get_or_insert_with(|| info.id.clone());
     check_owned(ledger, ctx, &owned, info)?;

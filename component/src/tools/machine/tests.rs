@@ -184,6 +184,53 @@ fn a_refused_create_is_withdrawn_and_a_later_machine_under_the_name_is_not_adopt
     assert_eq!(Ledger::new(&mut fs, "/l").require("w1").unwrap().state, WorkState::Creating);
 }
 
+/// A create whose answer never came leaves the work creating; the machine a later ensure
+/// finds under the name is adopted only when it was made the way that create makes one
+/// (from the golden snapshot, with the idle bound). One someone else made there since (any
+/// other source or bound) is refused untouched, and the intent withdrawn.
+#[test]
+fn an_uncertain_create_adopts_only_a_machine_made_like_ours() {
+    let facts = r#"{"opencodeVersion":"1.18.33"}"#;
+    let uncertain = || {
+        let mut fs = crate::testing::MemFiles::new(&["/p", "/l"]);
+        let mut p = Scripted::default();
+        p.push_fail(1, "error: VM 'oc-w1' not found");
+        p.push_exit(0, "[]", "");
+        p.push_exit(0, r#"[{"name":"opencode-golden","version":"1","status":"ready"}]"#, "");
+        p.push_fail(1, "error: connection reset by peer");
+        call(&mut p, &mut fs, "boxd_ensure", r#"{"work":"w1"}"#, raw_context("{}", facts)).unwrap_err();
+        assert_eq!(Ledger::new(&mut fs, "/l").require("w1").unwrap().state, WorkState::Creating);
+        fs
+    };
+    let theirs = [
+        r#"{"name":"oc-w1","id":"vm_x","status":"running","sharing":"private","isolated":"no","source":"standalone","auto_hibernate":"1800s"}"#,
+        r#"{"name":"oc-w1","id":"vm_x","status":"running","sharing":"private","isolated":"no","source":"snapshot/other-image","auto_hibernate":"1800s"}"#,
+        r#"{"name":"oc-w1","id":"vm_x","status":"running","sharing":"private","isolated":"no","source":"snapshot/opencode-golden","auto_hibernate":"60s"}"#,
+    ];
+    for machine in theirs {
+        let mut fs = uncertain();
+        let mut p = Scripted::default();
+        p.push_exit(0, machine, "");
+        let e = call(&mut p, &mut fs, "boxd_ensure", r#"{"work":"w1"}"#, raw_context("{}", facts)).unwrap_err();
+        assert!(e.code == Code::NotOurs && e.message.contains("someone else made it") && e.next.contains("another work id"), "{machine}: {e:?}");
+        assert_eq!(p.commands(), ["machine get oc-w1 --json"], "{machine}: nothing uploaded, prepared or recorded");
+        let w = Ledger::new(&mut fs, "/l").require("w1").unwrap();
+        assert_eq!((w.state, w.machine_id), (WorkState::Open, None), "{machine}: the intent is withdrawn");
+        // And no later ensure adopts it.
+        let mut p = Scripted::default();
+        p.push_exit(0, machine, "");
+        assert_eq!(call(&mut p, &mut fs, "boxd_ensure", r#"{"work":"w1"}"#, raw_context("{}", facts)).unwrap_err().code, Code::NotOurs);
+    }
+    let ours = r#"{"name":"oc-w1","id":"vm_1","status":"running","sharing":"private","isolated":"no","source":"snapshot/opencode-golden:v1","auto_hibernate":"1800s"}"#;
+    let mut fs = uncertain();
+    let mut p = Scripted::default();
+    for a in [ours, "", r#"{"ok":true}"#] {
+        p.push_exit(0, a, "");
+    }
+    let v = call(&mut p, &mut fs, "boxd_ensure", r#"{"work":"w1"}"#, raw_context("{}", facts)).unwrap();
+    assert_eq!((v["adopted"].as_bool(), v["machineId"].as_str()), (Some(true), Some("vm_1")), "{v:#}");
+}
+
 /// A rebuilt machine that still owes the proven transcript: every tool that would use
 /// or copy its guest refuses, naming boxd_resume, after its one state read.
 #[test]
