@@ -413,13 +413,27 @@ fn bridge(world: &World) {
     if !bridge.join("dist/worker.js").exists() {
         return row("OpenCode bridge, boxd_status", "n/a", "", None, "run npm run build in host-bridge/opencode");
     }
-    let dir = world.laptop.scratch.0.join("bridge");
-    let out = Command::new("node").arg(repo().join("host-bridge/benches/bridge.mjs")).arg(boxd_local()).arg(&dir).arg("60").output().unwrap();
-    assert!(out.status.success(), "bridge.mjs: {}", String::from_utf8_lossy(&out.stderr));
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let (b, d, t) = (v["bridgeMs"].as_f64().unwrap(), v["directMs"].as_f64().unwrap(), v["atOnceMs"].as_f64().unwrap());
-    row("OpenCode bridge, boxd_status (goal ≤ 1.15×)", &format!("{b:.2} ms"), &format!("{d:.2} ms"), Some(b / d), "jco in a worker, a ready instance per call");
-    row("OpenCode bridge, boxd_status, vs side by side", &format!("{b:.2} ms"), &format!("{t:.2} ms"), Some(b / t), "baseline: the two calls replayed side by side");
+    // Under Node, and under Bun as OpenCode itself runs plugins (the opencode binary is Bun
+    // when BUN_BE_BUN=1): there every child runs on the plugin's thread (docs/architecture.md).
+    let opencode = repo().join("tests/node_modules/.bin/opencode");
+    let runtimes: [(&str, Command); 2] = [("Node", Command::new("node")), ("Bun in opencode", {
+        let mut c = Command::new(&opencode);
+        c.env("BUN_BE_BUN", "1");
+        c
+    })];
+    for (name, mut cmd) in runtimes {
+        if name != "Node" && !opencode.exists() {
+            row(&format!("OpenCode bridge under {name}, boxd_status"), "n/a", "", None, "run bash tests/bootstrap.sh (installs opencode-ai)");
+            continue;
+        }
+        let dir = world.laptop.scratch.0.join(format!("bridge-{}", name.len()));
+        let out = cmd.arg(repo().join("host-bridge/benches/bridge.mjs")).arg(boxd_local()).arg(&dir).arg("60").output().unwrap();
+        assert!(out.status.success(), "bridge.mjs under {name}: {}", String::from_utf8_lossy(&out.stderr));
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let (b, d, t) = (v["bridgeMs"].as_f64().unwrap(), v["directMs"].as_f64().unwrap(), v["atOnceMs"].as_f64().unwrap());
+        row(&format!("OpenCode bridge under {name}, boxd_status (goal ≤ 1.15×)"), &format!("{b:.2} ms"), &format!("{d:.2} ms"), Some(b / d), "jco in a worker, a ready instance per call");
+        row(&format!("OpenCode bridge under {name}, vs side by side"), &format!("{b:.2} ms"), &format!("{t:.2} ms"), Some(b / t), "baseline: the two calls replayed side by side");
+    }
 }
 
 /// The process runner's cost a child: `/bin/true` through spawn::run (its own group,
