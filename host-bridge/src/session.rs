@@ -16,16 +16,27 @@ use crate::runtime::{CallContext, OnFirstSpawn, Runtime, ToolError, Trace};
 /// The host name the command line gives the component (MCP gives its own).
 pub const HOST_NAME: &str = "boxd-host";
 
-fn home() -> PathBuf {
-    std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/"))
+/// Where compiled components and the OpenCode version are kept: `BOXD_HOST_CACHE`, else
+/// `$XDG_CACHE_HOME/opencode-boxd`, else `$HOME/.cache/opencode-boxd`. Only an absolute
+/// value counts (a relative one would put the cache in whatever folder the host started
+/// in, often the project); with none, nothing is cached.
+fn cache_dir() -> Option<PathBuf> {
+    let absolute = |k: &str| std::env::var_os(k).map(PathBuf::from).filter(|p| p.is_absolute());
+    let dir = absolute("BOXD_HOST_CACHE")
+        .or_else(|| absolute("XDG_CACHE_HOME").map(|d| d.join("opencode-boxd")))
+        .or_else(|| absolute("HOME").map(|h| h.join(".cache/opencode-boxd")))?;
+    private_dir(&dir).then_some(dir)
 }
 
-/// Where compiled components are kept (`BOXD_HOST_CACHE` overrides).
-fn cache_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("BOXD_HOST_CACHE") {
-        return PathBuf::from(dir);
-    }
-    std::env::var_os("XDG_CACHE_HOME").map(PathBuf::from).unwrap_or_else(|| home().join(".cache")).join("opencode-boxd")
+/// The cache folder, made owner-only when it is new; an existing one must belong to this
+/// user and be writable by no one else. What is in it is run as native code (the compiled
+/// component), so a folder others can write is not used at all.
+fn private_dir(dir: &std::path::Path) -> bool {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    let _ = std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir);
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    std::fs::metadata(dir).is_ok_and(|m| m.is_dir() && m.uid() == me && m.mode() & 0o022 == 0)
 }
 
 /// Everything a command needs, built once: the policy inside the loaded runtime, the call
@@ -57,7 +68,7 @@ impl Session {
         };
         let crate::policy::Grants { policy, project, ledger, component_options: options, audit_log } = crate::policy::resolve(&request)?;
 
-        let cache = (!f.no_cache).then(cache_dir);
+        let cache = if f.no_cache { None } else { cache_dir() };
         let opencode = OpencodeVersion::new(&policy, cache.as_deref());
         let runtime = load(f, policy, cache.as_deref())?;
         let ctx = CallContext {
@@ -175,7 +186,7 @@ fn load(f: &Grants, policy: crate::policy::Policy, cache: Option<&std::path::Pat
 /// describe its tools when a grant cannot be made, so a server can still list them and
 /// answer each call with the problem, as the OpenCode bridge does.
 pub fn ungranted_runtime(f: &Grants) -> Result<Runtime> {
-    load(f, crate::policy::Policy::new(), (!f.no_cache).then(cache_dir).as_deref())
+    load(f, crate::policy::Policy::new(), if f.no_cache { None } else { cache_dir() }.as_deref())
 }
 
 /// A trap in one line: wasmtime's own words ("wasm trap: wasm `unreachable` instruction

@@ -214,3 +214,57 @@ fn a_closed_stdout_is_not_a_panic() {
     assert_eq!(out.status.code(), Some(0), "{stderr}");
     assert!(!stderr.contains("panicked") && !stderr.contains("Broken pipe"), "{stderr}");
 }
+
+/// The compiled-component cache damaged on disk (bytes changed in place): the next start
+/// does not run those bytes as code (every start died of SIGSEGV with no word, for ever);
+/// it loads the component afresh and writes the cache again. A cache folder that others
+/// can write is not used at all, and a relative one is never made in the current folder.
+#[test]
+fn a_damaged_compiled_cache_is_loaded_afresh_never_run_as_code() {
+    use std::io::{Seek, Write};
+    use std::os::unix::fs::PermissionsExt;
+    let s = Scratch::new("cache-damaged");
+    let cache = s.path("cache");
+    let (project, ledger) = (s.path("p"), s.path("l"));
+    // A call runs the component's code (describe alone may not reach a damaged part).
+    let describe = |dir: &std::path::Path| {
+        std::process::Command::new(boxd_host())
+            .args(["--project", project.to_str().unwrap(), "--ledger", ledger.to_str().unwrap(), "--boxd", boxd_local().to_str().unwrap(), "call", "boxd_job", r#"{"work":"w1"}"#])
+            .env("BOXD_HOST_CACHE", dir)
+            .env("XDG_CACHE_HOME", s.0.join("xdg"))
+            .current_dir(&s.0)
+            .output()
+            .unwrap()
+    };
+    let answered = |out: &std::process::Output| out.status.code() == Some(1) && stdout_json(out)["error"] == "WORK_UNKNOWN";
+    let cwasm = |dir: &std::path::Path| std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).find(|p| p.extension().is_some_and(|x| x == "cwasm"));
+    assert!(answered(&describe(&cache)));
+    let file = cwasm(&cache).expect("the first start writes the cache");
+    assert_eq!(std::fs::metadata(&file).unwrap().permissions().mode() & 0o777, 0o600);
+    let good = std::fs::read(&file).unwrap();
+    let mut bytes = good.clone();
+    // Across the compiled code, the header and wasmtime's metadata intact.
+    let n = bytes.len();
+    for i in (n / 4..n / 2).step_by(97) {
+        bytes[i] ^= 0xff;
+    }
+    let mut f = std::fs::OpenOptions::new().write(true).open(&file).unwrap();
+    f.rewind().unwrap();
+    f.write_all(&bytes).unwrap();
+    drop(f);
+    for _ in 0..2 {
+        let out = describe(&cache);
+        assert!(answered(&out), "{:?} {} {}", out.status, String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    }
+    assert_eq!(std::fs::read(&file).unwrap(), good, "the cache is written again");
+    // A folder others can write: nothing is read from it or written to it.
+    let shared = s.path("shared");
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o777)).unwrap();
+    std::fs::write(shared.join(file.file_name().unwrap()), &bytes).unwrap();
+    assert!(answered(&describe(&shared)));
+    assert_eq!(std::fs::read(shared.join(file.file_name().unwrap())).unwrap(), bytes);
+    assert!(std::fs::read_dir(&shared).unwrap().count() == 1, "nothing written to a shared folder");
+    // A relative cache folder is not made in the folder the host started in.
+    assert!(answered(&describe(std::path::Path::new("rel-cache"))));
+    assert!(!s.0.join("rel-cache").exists());
+}

@@ -225,10 +225,18 @@ export function resolveGrants({ options, directory, env = process.env, insideOpe
     if (found) grant(program, found, option);
   }
 
-  // $XDG_DATA_HOME, else $HOME/.local/share (an empty or relative value counts as unset).
+  // $XDG_DATA_HOME, else $HOME/.local/share (an empty or relative value counts as unset);
+  // with neither there is no default ledger folder: ledgerDir must name one.
   const xdg = var_("XDG_DATA_HOME");
-  const dataHome = xdg?.startsWith("/") ? xdg : path.join(var_("HOME") ?? "/", ".local/share");
-  const ledger = ensurePrivateDir(optionPath("ledgerDir", "must be an absolute path") ?? path.join(dataHome, "opencode-boxd"));
+  const home = var_("HOME");
+  const dataHome = xdg?.startsWith("/") ? xdg : home?.startsWith("/") ? path.join(home, ".local/share") : undefined;
+  const defaultLedger = () => {
+    if (dataHome === undefined) {
+      throw invalid("ledgerDir", "is needed here: neither XDG_DATA_HOME nor HOME is an absolute folder, so there is no default ledger folder (it was made under / or the current folder)");
+    }
+    return path.join(dataHome, "opencode-boxd");
+  };
+  const ledger = ensurePrivateDir(optionPath("ledgerDir", "must be an absolute path") ?? defaultLedger());
   const project = canonicalDir(directory, "(project)");
   const roots = [];
   if (options.allowedRoots !== undefined) {

@@ -123,7 +123,9 @@ pub fn resolve(req: &GrantRequest) -> Result<Grants, HostProblem> {
         Some(p) => absolute(p),
         None => match option_path("ledgerDir", "must be an absolute path")? {
             Some(p) => p,
-            None => data_home(var("XDG_DATA_HOME"), var("HOME")).join("opencode-boxd"),
+            None => data_home(var("XDG_DATA_HOME"), var("HOME"))
+                .ok_or_else(|| HostProblem::options("ledgerDir", "is needed here: neither XDG_DATA_HOME nor HOME is an absolute folder, so there is no default ledger folder (it was made under / or the current folder)"))?
+                .join("opencode-boxd"),
         },
     };
     let ledger = ensure_private_dir(&ledger)?;
@@ -157,11 +159,13 @@ pub fn resolve(req: &GrantRequest) -> Result<Grants, HostProblem> {
     Ok(Grants { policy, project, ledger, component_options: options, audit_log })
 }
 
-/// $XDG_DATA_HOME, else $HOME/.local/share (an empty or relative value counts as unset).
-fn data_home(xdg: Option<&str>, home: Option<&str>) -> PathBuf {
-    match xdg.filter(|x| x.starts_with('/')) {
-        Some(x) => PathBuf::from(x),
-        None => PathBuf::from(home.unwrap_or("/")).join(".local/share"),
+/// $XDG_DATA_HOME, else $HOME/.local/share (an empty or relative value counts as unset);
+/// None with neither.
+fn data_home(xdg: Option<&str>, home: Option<&str>) -> Option<PathBuf> {
+    match (xdg.filter(|x| x.starts_with('/')), home.filter(|h| h.starts_with('/'))) {
+        (Some(x), _) => Some(PathBuf::from(x)),
+        (None, Some(h)) => Some(PathBuf::from(h).join(".local/share")),
+        (None, None) => None,
     }
 }
 

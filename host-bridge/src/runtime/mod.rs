@@ -432,9 +432,10 @@ fn compile_cached(engine: &Engine, wasm: &[u8], sha256: &str, precompiled: Optio
         engine.precompile_compatibility_hash().hash(&mut h);
         dir.join(format!("{}-{:016x}.cwasm", &sha256[..16], h.finish()))
     });
-    if let Some(file) = file.as_ref().filter(|f| f.exists()) {
+    if let Some(file) = file.as_ref().filter(|f| unchanged_since_written(f)) {
         // SAFETY: the file was written by `precompile_component` of an engine with the same
-        // compatibility hash (it is in the name) for the wasm with this sha256.
+        // compatibility hash (it is in the name) for the wasm with this sha256, and nothing
+        // has written to it since (`unchanged_since_written`).
         if let Ok(c) = unsafe { Component::deserialize_file(engine, file) } {
             return Ok((c, false));
         }
@@ -452,12 +453,43 @@ fn compile_cached(engine: &Engine, wasm: &[u8], sha256: &str, precompiled: Optio
     };
     if let Some(file) = &file {
         std::fs::create_dir_all(file.parent().expect("the cache folder")).ok();
-        let tmp = file.with_extension(format!("tmp{}", std::process::id()));
-        if std::fs::write(&tmp, &bytes).is_ok() {
-            let _ = std::fs::rename(&tmp, file);
+        if write_private(file, &bytes) {
+            if let Some(s) = stamp(file) {
+                write_private(&stamp_file(file), s.as_bytes());
+            }
         }
     }
     Ok((component, compiled))
+}
+
+/// `path` written whole, owner-only: a temp file beside it, renamed over it.
+fn write_private(path: &Path, bytes: &[u8]) -> bool {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    let written = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp).and_then(|mut f| f.write_all(bytes));
+    if written.is_ok() && std::fs::rename(&tmp, path).is_ok() {
+        return true;
+    }
+    let _ = std::fs::remove_file(&tmp);
+    false
+}
+
+fn stamp_file(file: &Path) -> std::path::PathBuf {
+    file.with_extension("cwasm.stamp")
+}
+
+/// A cached file as this host left it: its device, inode, size and change time. Any write
+/// to it since (a damaged file, one replaced or edited) changes the change time, so its
+/// bytes, which become native code unchecked, are compiled again instead of run.
+fn stamp(file: &Path) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::symlink_metadata(file).ok().filter(|m| m.is_file())?;
+    Some(format!("{} {} {} {}.{:09}", m.dev(), m.ino(), m.len(), m.ctime(), m.ctime_nsec()))
+}
+
+fn unchanged_since_written(file: &Path) -> bool {
+    stamp(file).is_some_and(|s| std::fs::read(stamp_file(file)).is_ok_and(|recorded| recorded == s.as_bytes()))
 }
 
 pub fn hex(bytes: &[u8]) -> String {
@@ -494,8 +526,9 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("boxd-precompiled-{}", std::process::id()));
         let r = Runtime::load_built_in(Policy::new(), Some(&dir)).unwrap();
         assert!(!crate::COMPONENT_PRECOMPILED.is_empty() && !r.compiled);
-        let cached: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+        let cached: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).filter(|p| p.extension().is_some_and(|x| x == "cwasm")).collect();
         assert_eq!(cached.len(), 1);
+        assert!(super::unchanged_since_written(&cached[0]), "its stamp is beside it");
         assert_eq!(std::fs::read(&cached[0]).unwrap(), crate::COMPONENT_PRECOMPILED);
         let again = Runtime::load_built_in(Policy::new(), Some(&dir)).unwrap();
         assert!(!again.compiled && again.describe().unwrap().contains("boxd_status"));
