@@ -259,6 +259,16 @@ impl<'a, F: Files> Ledger<'a, F> {
         let mut bytes = serde_json::to_vec_pretty(w).expect("a ledger record always serialises");
         bytes.push(b'\n');
         let path = self.record_path(&w.work);
+        if bytes.len() > RECORD_MAX {
+            // Written, no call could read it again (record_bytes): the work would be lost
+            // to every tool. What grows a record this far came from outside (a machine's
+            // answer far past anything a work makes); the record stays as it was.
+            return Err(ToolError::with_next(
+                Code::LedgerFailed,
+                format!("work '{}''s record would grow to {} MiB, past the {} MiB a record may hold, so this change was not written; the record stays as it was", w.work, bytes.len() >> 20, RECORD_MAX >> 20),
+                format!("Call boxd_status: the work is as it was before this call. What grew it came from its machine's answer; boxd_sleep keeps the machine while you look (boxd_job for work '{}').", w.work),
+            ));
+        }
         let staged = format!("{path}.{}.next", self.owner.replace(':', "-"));
         self.files.write_atomic(&staged, &bytes).map_err(|e| ledger_error("write the ledger", e))?;
         if !self.holds_lock(&w.work) {

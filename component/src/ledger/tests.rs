@@ -309,3 +309,19 @@ fn a_record_that_is_not_its_folders_work_is_ledger_failed_before_boxd_is_asked()
         assert!(rows[1]["work"] == "w2" && rows[1]["error"] == "LEDGER_FAILED" && rows[1]["next"].as_str().unwrap().contains(next), "{v:#}");
     }
 }
+
+/// A change that would grow a record past RECORD_MAX is refused and the record stays as it
+/// was: written, no call could read it again (a guest's 20 MiB `newestPrompt`, stored in
+/// each proof, made every tool on the work LEDGER_FAILED for ever).
+#[test]
+fn a_record_past_the_bound_is_never_written_and_the_old_one_stays() {
+    let mut fs = MemFiles::new(&["/l"]);
+    Ledger::new(&mut fs, "/l").write(&Work::new("w1", "/p", "t")).unwrap();
+    let huge = "x".repeat(RECORD_MAX);
+    let e = Ledger::new(&mut fs, "/l").update("w1", |w| w.warnings.push(huge.clone())).unwrap_err();
+    assert_eq!(e.code, Code::LedgerFailed, "{e:?}");
+    assert!(e.message.contains("stays as it was") && e.next.contains("boxd_status"), "{e:?}");
+    let w = Ledger::new(&mut fs, "/l").require("w1").unwrap();
+    assert!(w.warnings.is_empty());
+    Ledger::new(&mut fs, "/l").update("w1", |w| w.warnings.push("small".into())).unwrap();
+}

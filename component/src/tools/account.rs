@@ -100,10 +100,20 @@ pub fn record<F: Files>(ledger: &mut Ledger<F>, w: &Work, git: &Value, now: &str
         ledger.put_blob(&w.work, &name, &bytes)?;
         Some(name)
     };
+    // The guest's words become the record: a head that is no object name, or a branch name
+    // past git's own bounds, is not a repository's answer.
+    let head = git["head"].as_str().unwrap_or("");
+    if head.len() > 64 || !head.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(invalid(format!("the head '{}' is not an object name", crate::redact::cut(head, 80))));
+    }
+    let branch = git["branch"].as_str().unwrap_or("");
+    if branch.len() > 1024 {
+        return Err(invalid(format!("the branch name is {} bytes long", branch.len())));
+    }
     Ok(Some(GitRecord {
         at: now.to_string(),
-        head: git["head"].as_str().unwrap_or("").into(),
-        branch: git["branch"].as_str().unwrap_or("").into(),
+        head: head.into(),
+        branch: branch.into(),
         status: git["status"].as_array().into_iter().flatten().filter_map(|s| s.as_str().map(String::from)).collect(),
         untracked: entries(&git["untracked"]),
         ignored: entries(&git["ignored"]),
@@ -260,6 +270,23 @@ mod tests {
     use serde_json::json;
 
     const SHA: &str = "0123456789abcdef0123456789abcdef01234567";
+
+    /// The guest's head and branch become the record as they are: one that is no object
+    /// name, or a branch past any git bound, is refused before anything is stored.
+    #[test]
+    fn a_head_that_is_no_object_name_or_a_huge_branch_is_refused() {
+        let mut fs = crate::testing::MemFiles::new(&["/l"]);
+        let w = Work::new("w1", "/p", "t");
+        Ledger::new(&mut fs, "/l").write(&w).unwrap();
+        let mut ledger = Ledger::new(&mut fs, "/l");
+        let answer = |head: &str, branch: &str| json!({ "repo": true, "head": head, "branch": branch, "refs": {} });
+        assert!(record(&mut ledger, &w, &answer(SHA, "main"), "t").unwrap().is_some());
+        for (head, branch) in [("x".repeat(20 << 20), String::from("main")), (String::from("not-a-sha"), String::from("main")), (String::from(SHA), "b".repeat(2000))] {
+            let e = record(&mut ledger, &w, &answer(&head, &branch), "t").unwrap_err();
+            assert_eq!(e.code, Code::ExportInvalid, "{e:?}");
+            assert!(e.message.len() < 400, "the answer quotes a bounded piece: {} bytes", e.message.len());
+        }
+    }
 
     #[test]
     fn bundle_headers_are_read_and_thin_bundles_refused() {

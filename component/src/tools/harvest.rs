@@ -366,7 +366,7 @@ fn export(env: &mut Env, w: Work, wanted: &[String]) -> ToolResult<(Work, Value,
     let mut asked = w.unresolved();
     let after: Vec<&str> = w.prompts.iter().skip(w.proofs.last().map_or(0, |p| p.prompts as usize)).filter(|p| p.admitted).map(|p| p.id.as_str()).collect();
     asked.extend(after.iter().skip(after.len().saturating_sub(ASKED_AFTER_PROOF)).map(|id| id.to_string()));
-    let (export, known) = Guest::new(&mut boxd, &w.machine, &w.work).call_resolving("export", &asked)?;
+    let (export, known) = Guest::new(&mut boxd, &w.machine, &w.work).call_resolving("export", &asked).map_err(|e| too_large(e, &w))?;
     let w = match w.unresolved().iter().any(|id| known.contains_key(id)) {
         false => w,
         true => Ledger::for_call(&mut env.files, ctx).update(&w.work, |w| w.resolve_prompts(&known, &now, ctx.now_ms))?,
@@ -377,6 +377,23 @@ fn export(env: &mut Env, w: Work, wanted: &[String]) -> ToolResult<(Work, Value,
         return Err(invalid(format!("{admitted} prompts were admitted but the export holds no messages")));
     }
     Ok((w, export, sessions))
+}
+
+/// An export past the host's output cap (its words: "printed more than … on stdout"): the
+/// transcript cannot come home in one answer, so no harvest will prove it. Said as such,
+/// with the ways out, not as the boxd CLI's failure.
+fn too_large(e: ToolError, w: &Work) -> ToolError {
+    if e.code != Code::BoxdFailed || !(e.message.contains("printed more than") && e.message.contains("on stdout")) {
+        return e;
+    }
+    ToolError::with_next(
+        Code::ExportInvalid,
+        format!("work '{}': the guest's transcript export is larger than a boxd answer may be ({}); it cannot come home in one piece, so it is not proven", w.work, e.message),
+        format!(
+            "Keep the machine asleep with its disk (boxd_sleep for work '{}'); or give up its transcript: remove {} yourself ('boxd machine remove {} -y'), then boxd_drop closes the work naming what was not recovered.",
+            w.work, w.machine, w.machine
+        ),
+    )
 }
 
 /// How many of the newest prompts after the last proof a harvest asks the guest about:
@@ -440,6 +457,8 @@ fn prove(env: &mut Env, w: Work, export: &Value, sessions: &[Exported], admitted
         if let (Some(at), false) = (forgot, never_ran.is_empty()) {
             w.warnings.push(format!("{now}: prompt(s) {} were waiting on the machine when the guest's state of this work was lost (made again {at}) and never ran; submit again if still wanted", never_ran.join(", ")));
         }
+        // The guest's word on its newest prompt is kept only when it names one of ours.
+        let newest = newest.filter(|n| w.prompts.iter().any(|p| &p.id == n));
         w.proofs.push(Proof { at: now.clone(), prompts, sessions: proofs, newest_prompt: newest, ..Default::default() });
         if w.proven() {
             w.warnings.retain(|t| !t.contains(UNHARVESTED_SLEEP));

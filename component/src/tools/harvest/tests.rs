@@ -146,3 +146,17 @@ fn a_guest_that_lost_its_state_lets_the_proof_cover_what_it_forgot_and_names_wha
     known.insert("pb".into(), true);
     assert!(forgotten(&w, &known, 1, 3, &sessions).is_empty());
 }
+
+/// An export past the host's output cap is the transcript's size, said with its ways out
+/// (it was BOXD_FAILED "read the boxd CLI's own message", and drop's NOT_PROVEN sent the
+/// user back to the harvest for ever); any other boxd failure is left as it is.
+#[test]
+fn an_export_past_the_output_cap_says_the_transcript_cannot_come_home_and_how_out() {
+    let w = Work { work: "w1".into(), machine: "oc-w1".into(), ..Default::default() };
+    let capped = ToolError::new(Code::BoxdFailed, "could not run boxd machine exec: boxd printed more than 64 MiB on stdout; the cap is 64 MiB (host-bridge/policy.json outputCaps.stdout), so the host killed it");
+    let e = too_large(capped, &w);
+    assert_eq!(e.code, Code::ExportInvalid, "{e:?}");
+    assert!(e.message.contains("larger than a boxd answer may be") && e.next.contains("boxd_sleep") && e.next.contains("boxd machine remove oc-w1 -y"), "{e:?}");
+    let other = ToolError::new(Code::BoxdFailed, "boxd machine exec: network unreachable");
+    assert_eq!(too_large(other.clone(), &w), other);
+}
