@@ -143,8 +143,9 @@ impl<'a, F: Files> Ledger<'a, F> {
 
     /// `upsert` for a work that must exist: `f` changes it in place.
     pub fn update(&mut self, work: &str, f: impl FnOnce(&mut Work)) -> ToolResult<Work> {
+        let root = self.root.clone();
         let w = self.upsert(work, |cur| {
-            let mut w = cur.ok_or_else(|| ToolError::new(Code::WorkUnknown, format!("the ledger has no work '{work}'")))?;
+            let mut w = cur.ok_or_else(|| ToolError::new(Code::WorkUnknown, format!("the ledger at {root} has no work '{work}'")))?;
             f(&mut w);
             Ok(Some(w))
         })?;
@@ -218,7 +219,7 @@ impl<'a, F: Files> Ledger<'a, F> {
     /// A work the tool needs to exist.
     pub fn require(&mut self, work: &str) -> ToolResult<Work> {
         self.read(work)?.ok_or_else(|| {
-            ToolError::new(Code::WorkUnknown, format!("the ledger has no work '{work}'"))
+            ToolError::new(Code::WorkUnknown, format!("the ledger at {} has no work '{work}'", self.root))
         })
     }
 

@@ -71,8 +71,8 @@ pub fn ensure(env: &mut Env, args: &Value) -> ToolResult<Value> {
         let Some(w) = record else {
             return Err(ToolError::with_next(
                 Code::NotOurs,
-                format!("a machine named {machine} exists, but this laptop's ledger did not create it"),
-                format!("Pick another work id, or remove {machine} yourself if it is yours ('boxd machine remove {machine} -y')."),
+                format!("a machine named {machine} exists, but this ledger ({}) did not create it", ctx.ledger),
+                format!("Pick another work id. If {machine} is a work of yours kept in another ledger (the ledgerDir option, or boxd-host --ledger), use that ledger: it holds what is not harvested yet. Remove it yourself ('boxd machine remove {machine} -y') only if it is yours and holds nothing you need."),
             ));
         };
         refuse_under_a_drop(&w, ctx)?;
