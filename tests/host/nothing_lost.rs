@@ -361,6 +361,26 @@ fn with_fetch_commits_a_harvest_puts_the_works_commits_in_the_project_under_refs
     assert!(v["git"].get("fetched").is_none(), "{v:#}");
 }
 
+/// The guest's bundle is the agent's to shape: a commit whose tree names `.git` (which a
+/// checkout would write into the repository's own folder) is refused as it arrives, and
+/// nothing reaches the project's repository; the harvest itself completes.
+#[test]
+fn with_fetch_commits_a_bundle_git_refuses_never_reaches_the_project() {
+    let world = World::new("lost-fetch-fsck");
+    let project = &world.laptop.project;
+    git(project, &["init", "-q"]);
+    let opts = ["--options", r#"{"fetchCommits":true}"#];
+    assert_eq!(world.call_with(&opts, "boxd_ensure", W1).0, 0);
+    let evil = r#"export GIT_AUTHOR_NAME=a GIT_AUTHOR_EMAIL=a@a GIT_COMMITTER_NAME=a GIT_COMMITTER_EMAIL=a@a; b=$(echo owned | git hash-object -w --stdin); t=$(python3 -c "import sys,binascii; sys.stdout.buffer.write(b'100644 .git\0' + binascii.unhexlify(sys.argv[1]))" $b | git hash-object -t tree -w --literally --stdin); p=$(git rev-parse -q --verify HEAD >/dev/null && echo "-p HEAD"); c=$(git commit-tree $t $p -m evil); git update-ref HEAD $c && echo made"#;
+    assert_eq!(in_tree(&world, "w1", evil).trim(), "made");
+    let (code, v) = world.call_with(&opts, "boxd_harvest", W1);
+    assert_eq!(code, 0, "{v:#}");
+    assert_eq!(v["git"]["fetched"]["ref"], Value::Null, "{v:#}");
+    assert!(v["git"]["fetched"]["reason"].as_str().unwrap().contains("fsck error"), "{v:#}");
+    let refs = Command::new("git").arg("-C").arg(project).args(["for-each-ref", "refs/boxd"]).output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&refs.stdout), "", "nothing was fetched");
+}
+
 /// A project that is not a repository but sits in one (a home folder kept in git): the
 /// repository above is not the project's, and fetchCommits writes nothing into it.
 #[test]

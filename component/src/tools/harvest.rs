@@ -246,7 +246,9 @@ fn fetch_commits<P: Programs>(programs: &mut P, w: &Work, bundle: &str) -> Value
     let refname = format!("refs/boxd/{}", w.work);
     let req = RunRequest {
         program: "git".into(),
-        args: ["fetch", "--quiet", "--no-tags", bundle, &format!("+HEAD:{refname}")].iter().map(|a| a.to_string()).collect(),
+        // The bundle is the guest's: its objects are checked as they arrive (a tree naming
+        // `.git` or `..`, a malformed commit) before any lands in the user's repository.
+        args: ["-c", "fetch.fsckObjects=true", "fetch", "--quiet", "--no-tags", bundle, &format!("+HEAD:{refname}")].iter().map(|a| a.to_string()).collect(),
         stdin: None,
         env: Vec::new(),
         cwd: Some(w.directory.clone()),
