@@ -26,9 +26,11 @@ use crate::errors::{Code, ToolError, ToolResult};
 use crate::paths;
 
 mod builds;
+mod claims;
 mod spend;
 mod summary;
 pub use builds::BuildMachine;
+pub use claims::{Claim, Held, CLAIM_MS};
 pub use spend::{amount, micros, Prices, RunInterval, Settled, MACHINE_SIZE};
 
 pub const SCHEMA: u32 = 1;

@@ -1,7 +1,14 @@
 //! Admission: before any create, wake or fork, the caps on machines running at once and
 //! the spend ceilings. One `machine list` gives what is running on the account; the
 //! ledger gives which of those are this laptop's works, their folders and their spend.
-//! Two calls admitted at the same moment may pass a cap by one: the listing is not a lock.
+//!
+//! The listing is not a lock, so every admission first writes its claim (ledger/claims.rs)
+//! and only then reads the claims, the listing and the records: of two calls at once, the
+//! one that reads last sees the other's claim (at worst both see each other and both
+//! refuse). A claim counts as a running machine until its own call releases it, once the
+//! machine is counted another way (boxd lists it; a wake's run is recorded) or nothing was
+//! made; a machine that may still come (a create or fork that never answered) keeps it,
+//! and a claim counts for at most CLAIM_MS, so a killed host's never holds a slot for ever.
 
 use alloc::format;
 use alloc::string::{String, ToString};
@@ -10,7 +17,7 @@ use alloc::vec::Vec;
 use crate::boxd::{Boxd, Failure, State};
 use crate::caps::{Files, Programs};
 use crate::errors::{Code, ToolError, ToolResult};
-use crate::ledger::{amount, Ledger, Work, MACHINE_SIZE};
+use crate::ledger::{amount, Claim, Held, Ledger, Work, MACHINE_SIZE};
 use crate::options::Context;
 use crate::paths;
 
@@ -19,13 +26,24 @@ struct Running {
     work: String,
     in_project: bool,
     rate: u64,
+    /// Counted from another call's claim: being started at this moment.
+    starting: bool,
 }
 
 impl Running {
     /// A work of this ledger counted as running, at the rate of its machine's size.
     fn of(ctx: &Context, w: Work) -> Running {
         let rate = ctx.options.prices.running_rate(w.runs.last().map_or(MACHINE_SIZE, |r| r.size.as_str()));
-        Running { in_project: in_project(ctx, &w.directory), work: w.work, rate }
+        Running { in_project: in_project(ctx, &w.directory), work: w.work, rate, starting: false }
+    }
+
+    /// The work as a refusal names it.
+    fn label(&self) -> String {
+        if self.starting {
+            format!("{} (being started by another call)", self.work)
+        } else {
+            self.work.clone()
+        }
     }
 }
 
@@ -50,11 +68,14 @@ fn in_project(ctx: &Context, directory: &str) -> bool {
 }
 
 /// Read what is running, leaving `work` itself out (its own machine never counts against
-/// its wake).
+/// its wake). The claims are read before the listing: a claim released since was released
+/// once boxd listed its machine, so one of the two reads shows it.
 pub fn headroom<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F>, ctx: &Context, work: &str) -> ToolResult<Headroom> {
+    let claims = ledger.claims(ctx.now_ms)?;
     let own = paths::machine_name(work);
     let listing = boxd.list().map_err(Failure::into_error)?;
     let account: Vec<String> = listing.iter().filter(|m| m.name.starts_with("oc-") && m.name != own && machine_is_up(&m.status)).map(|m| m.name.clone()).collect();
+    let listed: Vec<String> = listing.iter().map(|m| m.name.clone()).collect();
     let own = listing.iter().find(|m| m.name == own).map(|m| m.status.clone());
     let mut running = Vec::new();
     for id in ledger.ids()? {
@@ -67,14 +88,18 @@ pub fn headroom<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F
             running.push(Running::of(ctx, w));
         }
     }
-    Ok(Headroom { account, ledger: running, own })
+    let mut room = Headroom { account, ledger: running, own };
+    room.claimed(ctx, work, claims, Some(&listed));
+    Ok(room)
 }
 
 /// What is running as this ledger knows it, with no boxd call: the works whose last run
-/// interval is still open. A wake uses this, so resume stays within four round trips; the
-/// account count is then this ledger's (a lower bound: create, fork and boxd_status read
-/// the account's listing).
+/// interval is still open, and the other calls' claims. A wake uses this, so resume stays
+/// within four round trips; the account count is then this ledger's (a lower bound:
+/// create, fork and boxd_status read the account's listing). The claims are read before
+/// the records: a wake releases its claim only once its run is recorded.
 pub fn headroom_known<F: Files>(ledger: &mut Ledger<F>, ctx: &Context, work: &str) -> ToolResult<Headroom> {
+    let claims = ledger.claims(ctx.now_ms)?;
     let mut running = Vec::new();
     let mut account = Vec::new();
     for id in ledger.ids()? {
@@ -84,15 +109,33 @@ pub fn headroom_known<F: Files>(ledger: &mut Ledger<F>, ctx: &Context, work: &st
             running.push(Running::of(ctx, w));
         }
     }
-    Ok(Headroom { account, ledger: running, own: None })
+    let mut room = Headroom { account, ledger: running, own: None };
+    room.claimed(ctx, work, claims, None);
+    Ok(room)
 }
 
 impl Headroom {
+    /// Count the claims of other works not already counted. A create's or fork's claim
+    /// counts while the listing (when read) does not show its name: once boxd lists the
+    /// machine, the listing says whether it runs. A wake's counts whatever the listing
+    /// says (it lists the machine asleep until the wake is through).
+    fn claimed(&mut self, ctx: &Context, work: &str, claims: Vec<Claim>, listed: Option<&[String]>) {
+        for c in claims.into_iter().filter(|c| c.work != work) {
+            let machine = paths::machine_name(&c.work);
+            if self.account.contains(&machine) || (!c.wake && listed.is_some_and(|l| l.contains(&machine))) {
+                continue;
+            }
+            self.account.push(machine);
+            let rate = ctx.options.prices.running_rate(&c.size);
+            self.ledger.push(Running { in_project: in_project(ctx, &c.directory), work: c.work, rate, starting: true });
+        }
+    }
+
     /// Refuse one more running machine for `w` (a work in `directory`) past a cap or a
     /// ceiling; the message names what runs, so the next step can say what to sleep.
     pub fn check(&self, ctx: &Context, work: &str, directory: &str, spent: u64) -> ToolResult<()> {
         let o = &ctx.options;
-        let names = |pick: &dyn Fn(&Running) -> bool| self.ledger.iter().filter(|r| pick(r)).map(|r| r.work.as_str()).collect::<Vec<_>>().join(", ");
+        let names = |pick: &dyn Fn(&Running) -> bool| self.ledger.iter().filter(|r| pick(r)).map(Running::label).collect::<Vec<_>>().join(", ");
         let project: Vec<&Running> = self.ledger.iter().filter(|r| r.in_project).collect();
         let full = |what: &str, n: usize, cap: u32, running: String| {
             ToolError::with_next(
@@ -139,7 +182,7 @@ impl Headroom {
             return;
         }
         self.account.push(machine);
-        self.ledger.push(Running { work: work.to_string(), in_project: in_project(ctx, directory), rate: ctx.options.prices.running_rate(MACHINE_SIZE) });
+        self.ledger.push(Running { work: work.to_string(), in_project: in_project(ctx, directory), rate: ctx.options.prices.running_rate(MACHINE_SIZE), starting: false });
     }
 }
 
@@ -178,16 +221,34 @@ fn spent_seen<F: Files>(ledger: &mut Ledger<F>, ctx: &Context, work: &str, st: S
     Ok(ledger.read(work)?.filter(|w| !w.is_closed()).map_or(0, |w| seen_as(&w, st, ctx).spend_micros(&ctx.options.prices, ctx.now_ms)))
 }
 
+/// This call's claim on one more running machine for `work`, written before anything that
+/// runs is read (see the module's note).
+pub fn claim<F: Files>(ledger: &mut Ledger<F>, ctx: &Context, work: &str, directory: &str, size: &str, wake: bool) -> ToolResult<Held> {
+    ledger.claim(&Claim { work: work.to_string(), directory: directory.to_string(), size: size.to_string(), wake, at_ms: ctx.now_ms })
+}
+
+/// The claim released when the admission refuses: a refused call holds no slot.
+fn or_release<T, F: Files>(ledger: &mut Ledger<F>, held: Held, r: ToolResult<T>) -> ToolResult<(T, Held)> {
+    match r {
+        Ok(v) => Ok((v, held)),
+        Err(e) => {
+            ledger.release(held);
+            Err(e)
+        }
+    }
+}
+
 /// Admit one create of `work` (its record, when the ledger has one, gives its spend so
 /// far: a rebuild's gone machine stopped billing an idle bound after its last use), or
 /// refuse it before boxd is asked.
-/// Returns the status the listing shows for the work's own machine, if it shows one.
-pub fn admit<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F>, ctx: &Context, work: &str, directory: &str) -> ToolResult<Option<String>> {
+/// Returns the status the listing shows for the work's own machine, if it shows one, and
+/// the claim the caller releases once the machine is listed or nothing was made.
+pub fn admit<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F>, ctx: &Context, work: &str, directory: &str) -> ToolResult<(Option<String>, Held)> {
     // Every create follows a `get` that found no machine under the name.
     let spent = spent_seen(ledger, ctx, work, State::Gone)?;
-    let room = headroom(boxd, ledger, ctx, work)?;
-    room.check(ctx, work, directory, spent)?;
-    Ok(room.own)
+    let held = claim(ledger, ctx, work, directory, MACHINE_SIZE, false)?;
+    let r = headroom(boxd, ledger, ctx, work).and_then(|room| room.check(ctx, work, directory, spent).map(|()| room.own));
+    or_release(ledger, held, r)
 }
 
 /// Admit one wake of `work` from the ledger's own knowledge (see `headroom_known`). The
@@ -195,12 +256,33 @@ pub fn admit<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F>, 
 /// its record), so a refusal is checked once against the account's listing before it is
 /// given: only what really runs refuses a wake. The usual wake makes no extra call.
 /// `st` is the state the wake found the machine in: a machine boxd hibernated is judged
-/// as boxd_status shows it, not billed as running until now.
-pub fn admit_wake<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F>, ctx: &Context, work: &str, directory: &str, st: State) -> ToolResult<()> {
+/// as boxd_status shows it, not billed as running until now. Returns the claim, which the
+/// caller releases once the wake's run is recorded (or the wake failed for certain).
+pub fn admit_wake<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F>, ctx: &Context, work: &str, directory: &str, st: State) -> ToolResult<Held> {
     let spent = spent_seen(ledger, ctx, work, st)?;
-    match headroom_known(ledger, ctx, work)?.check(ctx, work, directory, spent) {
-        Err(e) if matches!(e.code, Code::CapReached | Code::CeilingReached) => headroom(boxd, ledger, ctx, work)?.check(ctx, work, directory, spent),
+    let size = ledger.read(work)?.and_then(|w| w.runs.last().map(|r| r.size.clone())).unwrap_or_else(|| MACHINE_SIZE.to_string());
+    let held = claim(ledger, ctx, work, directory, &size, true)?;
+    let r = match headroom_known(ledger, ctx, work).and_then(|room| room.check(ctx, work, directory, spent)) {
+        Err(e) if matches!(e.code, Code::CapReached | Code::CeilingReached) => headroom(boxd, ledger, ctx, work).and_then(|room| room.check(ctx, work, directory, spent)),
         known => known,
+    };
+    or_release(ledger, held, r).map(|((), held)| held)
+}
+
+/// A wake's (or resume's, or start's) answer, with its claim: a failure that leaves the
+/// machine down releases it; one boxd may have acted on before it failed (a timeout, a lost
+/// connection) keeps it, for at most CLAIM_MS.
+pub fn woke<F: Files>(ledger: &mut Ledger<F>, held: &mut Option<Held>, r: Result<(), Failure>) -> ToolResult<()> {
+    match r {
+        Ok(()) => Ok(()),
+        Err(f) => {
+            if !matches!(f, Failure::Timeout(_) | Failure::Unreachable(_)) {
+                if let Some(h) = held.take() {
+                    ledger.release(h);
+                }
+            }
+            Err(refused(f))
+        }
     }
 }
 
@@ -247,6 +329,9 @@ pub fn lifetime_note(w: &Work, ctx: &Context) -> Option<(&'static str, i64)> {
 }
 
 #[cfg(test)]
+mod at_once;
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use crate::ledger::WorkState;
@@ -273,7 +358,7 @@ mod tests {
         p.push_exit(0, list, "");
         let mut boxd = Boxd::new(&mut p, 10);
         let mut ledger = Ledger::new(fs, "/l");
-        admit(&mut boxd, &mut ledger, &ctx, "new", dir).map(drop)
+        admit(&mut boxd, &mut ledger, &ctx, "new", dir).map(|(_, held)| ledger.release(held))
     }
 
     #[test]

@@ -15,13 +15,13 @@ use alloc::string::{String, ToString};
 use alloc::vec::Vec;
 use serde_json::{json, Value};
 
-use super::admission::{headroom, refused};
+use super::admission::{claim, headroom, refused};
 use super::machine::{check_owned, owned_state, prepare_guest, work_json};
 use super::{require_open, require_proven, work_arg, Env};
 use crate::boxd::{Boxd, Failure, State};
 use crate::caps::{Files, Programs};
 use crate::errors::{Code, ToolError, ToolResult};
-use crate::ledger::{iso8601, ForkOrigin, Ledger, Work, WorkState};
+use crate::ledger::{iso8601, ForkOrigin, Ledger, Work, WorkState, MACHINE_SIZE};
 use crate::opencode::Opencode;
 use crate::options::Context;
 use crate::paths;
@@ -76,8 +76,9 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
         // minutes, so the parent is looked at again (its id too) before each later fork.
         let mut parent_seen = true;
         let queue: Vec<Work> = waiting_ids.into_iter().cloned().collect();
-        // No work is named "": the parent's machine counts like every other.
-        let mut room = headroom(&mut boxd, &mut ledger, ctx, "")?;
+        // The forks this call made or found made: each counts against the caps on every
+        // later look, whether or not boxd lists it yet.
+        let mut made: Vec<(String, String)> = Vec::new();
         for w in queue {
             // The record as it is now: another boxd_fork of this parent at once may have made
             // this fork since the snapshot, or a drop closed it.
@@ -89,7 +90,19 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
                     match adopted {
                         Some(step) => step,
                         None => {
-                            if let Err(e) = room.check(ctx, &w.work, &w.directory, w.spend_micros(&ctx.options.prices, ctx.now_ms)) {
+                            // Each fork is admitted on its own claim and its own look at what
+                            // runs (admission.rs): other calls start machines meanwhile.
+                            let held = claim(&mut ledger, ctx, &w.work, &w.directory, MACHINE_SIZE, false)?;
+                            let room = headroom(&mut boxd, &mut ledger, ctx, &w.work).map(|mut room| {
+                                made.iter().for_each(|(id, dir)| room.take(ctx, id, dir));
+                                room
+                            });
+                            let admitted = room.and_then(|room| room.check(ctx, &w.work, &w.directory, w.spend_micros(&ctx.options.prices, ctx.now_ms)));
+                            if let Err(e) = admitted {
+                                ledger.release(held);
+                                if !matches!(e.code, Code::CapReached | Code::CeilingReached) {
+                                    return Err(e);
+                                }
                                 // In order: nothing behind a fork that waits jumps ahead of it.
                                 waiting = Some(e);
                                 break;
@@ -105,19 +118,27 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
                             let now = match now {
                                 Ok(now) => now,
                                 Err(e) => {
+                                    ledger.release(held);
                                     waiting = Some(e);
                                     break;
                                 }
                             };
                             parent_seen = false;
-                            fork_machine(&mut boxd, &mut ledger, ctx, &now, &w)?
+                            let step = fork_machine(&mut boxd, &mut ledger, ctx, &now, &w);
+                            // A fork that may still land (left `creating`) keeps its claim until
+                            // boxd lists it, for at most CLAIM_MS; any other outcome releases it.
+                            let may_land = step.is_err() && matches!(ledger.read(&w.work), Ok(Some(r)) if r.state == WorkState::Creating);
+                            if !may_land {
+                                ledger.release(held);
+                            }
+                            step?
                         }
                     }
                 }
                 _ => Step::Elsewhere,
             };
             // A fork another call makes or made runs too: it counts against the caps.
-            room.take(ctx, &w.work, &w.directory);
+            made.push((w.work.clone(), w.directory.clone()));
             if let Step::Ready(w) = step {
                 // Readying a fork takes seconds to minutes: the next fork looks again.
                 parent_seen = false;

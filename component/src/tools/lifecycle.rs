@@ -331,22 +331,24 @@ pub fn resume(env: &mut Env, args: &Value) -> ToolResult<Value> {
     refuse_under_a_drop(&w, ctx)?;
     let mut boxd = Boxd::new(&mut env.programs, ctx.options.boxd_timeout_seconds);
     let state = owned_state(&mut boxd, &mut ledger, ctx, &w)?;
+    // The wake's claim on a slot, released once its run is recorded (admission.rs).
+    let mut held = None;
     if matches!(state, State::Asleep | State::Standby | State::Stopped | State::Failed) {
-        super::admission::admit_wake(&mut boxd, &mut ledger, ctx, &work, &w.directory, state)?;
+        held = Some(super::admission::admit_wake(&mut boxd, &mut ledger, ctx, &work, &w.directory, state)?);
     }
     // A rebuild names the prompts whose runs went with the gone machine.
     let mut lost: Vec<String> = Vec::new();
     let action = match state {
         State::Asleep => {
-            boxd.wake(&machine).map_err(super::admission::refused)?;
+            super::admission::woke(&mut ledger, &mut held, boxd.wake(&machine))?;
             Wake::Woken
         }
         State::Standby => {
-            boxd.resume(&machine).map_err(super::admission::refused)?;
+            super::admission::woke(&mut ledger, &mut held, boxd.resume(&machine))?;
             Wake::Resumed
         }
         State::Stopped | State::Failed => {
-            boxd.start(&machine).map_err(super::admission::refused)?;
+            super::admission::woke(&mut ledger, &mut held, boxd.start(&machine))?;
             Wake::Started
         }
         State::Running => Wake::AlreadyRunning,
@@ -381,6 +383,9 @@ pub fn resume(env: &mut Env, args: &Value) -> ToolResult<Value> {
         // Its guest is prepared next (an exec: a use the idle clock counts).
         w.in_use(ctx.now_ms);
     })?;
+    if let Some(held) = held {
+        ledger.release(held);
+    }
     // Prepare starts a server that is not running; a run it interrupted is reported once,
     // by the next boxd_job (no status exec here: resume stays within four round trips).
     super::machine::prepare_rebuilt_guest(&mut boxd, &mut ledger, &w, &ctx.entropy, version.as_deref())?;

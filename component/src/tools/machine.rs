@@ -177,8 +177,12 @@ pub fn require_golden<P: Programs>(boxd: &mut Boxd<P>, ctx: &Context, machine: &
 /// recorded as creating (no id) first, so a create that lands after boxd stops answering
 /// is adopted by the next ensure instead of becoming a second machine; it opens only with
 /// an id to check later.
+///
+/// The admission's claim on a slot is released once the create is recorded, or when it
+/// made nothing; a create that may still land (the work left `creating`) keeps it, so the
+/// caps count that machine until boxd lists it (for at most CLAIM_MS).
 pub fn create_machine<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F>, ctx: &Context, work: &str, build: Build) -> ToolResult<Work> {
-    let (machine, snapshot) = (paths::machine_name(work), &ctx.options.snapshot);
+    let machine = paths::machine_name(work);
     let directory = match build {
         Build::New { directory } => directory.to_string(),
         Build::Rebuild => ledger.read(work)?.map(|w| w.directory).unwrap_or_default(),
@@ -186,14 +190,25 @@ pub fn create_machine<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Le
     // Every create follows a `get` that found no machine. A listing that shows the name
     // contradicts it (a proxy's 404, or a machine made meanwhile): nothing is decided on
     // it — a rebuild would call the gone machine's prompts lost while it still runs.
-    if let Some(status) = super::admission::admit(boxd, ledger, ctx, work, &directory)? {
-        return Err(ToolError::with_next(
+    let (listed, held) = super::admission::admit(boxd, ledger, ctx, work, &directory)?;
+    let created = match listed {
+        Some(status) => Err(ToolError::with_next(
             Code::BoxdFailed,
             format!("boxd machine get said {machine} does not exist, but boxd machine list shows it ({status}); nothing was created"),
             format!("Call boxd_status, then boxd_ensure for work '{work}' again: another call may be creating its machine at this moment, and boxd may have answered one of the two wrongly."),
-        ));
+        )),
+        None => require_golden(boxd, ctx, &machine, build).and_then(|()| create_admitted(boxd, ledger, ctx, work, build)),
+    };
+    let may_land = created.is_err() && matches!(ledger.read(work), Ok(Some(w)) if w.state == WorkState::Creating);
+    if !may_land {
+        ledger.release(held);
     }
-    require_golden(boxd, ctx, &machine, build)?;
+    created
+}
+
+/// `create_machine` once admitted: the intent recorded, then the create.
+fn create_admitted<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F>, ctx: &Context, work: &str, build: Build) -> ToolResult<Work> {
+    let (machine, snapshot) = (paths::machine_name(work), &ctx.options.snapshot);
     let now = iso8601(ctx.now_ms);
     // Whether this call's intent is the first: no create of this ledger was under way.
     let mut first = true;

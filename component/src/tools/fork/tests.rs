@@ -13,11 +13,20 @@ fn fork_call(fs: &mut MemFiles, running: &[&str], admit: &[&str], options: &str,
     p.push_exit(0, OURS, "");
     let rows: Vec<String> = running.iter().map(|n| format!(r#"{{"name":"{n}","status":"running"}}"#)).collect();
     p.push_exit(0, &format!("[{}]", rows.join(",")), "");
-    for id in admit {
+    // Each fork is admitted on a look of its own (admission.rs); after the first, the parent
+    // is looked at again too.
+    let mut rows = rows;
+    for (i, id) in admit.iter().enumerate() {
+        if i > 0 {
+            p.push_exit(0, &format!("[{}]", rows.join(",")), "");
+            p.push_exit(0, OURS, "");
+        }
         p.push_exit(0, &format!(r#"{{"name":"oc-{id}","id":"vm_{id}","boot":"5ms"}}"#), "");
         p.push_exit(0, "", "");
         p.push_exit(0, &format!(r#"{{"ok":true,"work":"{id}"}}"#), "");
+        rows.push(format!(r#"{{"name":"oc-{id}","status":"running"}}"#));
     }
+    p.push_exit(0, &format!("[{}]", rows.join(",")), "");
     let r = call(&mut p, fs, "boxd_fork", args, raw_context(options, "{}"));
     (r, p.commands())
 }
@@ -32,7 +41,8 @@ fn forks_past_a_cap_wait_queued_and_a_later_call_admits_them_in_order() {
     assert_eq!(v["waiting"]["error"], "CAP_REACHED", "{v}");
     assert!(cmds[3].starts_with("machine fork oc-w1 oc-fa --auto-hibernate-timeout "), "{cmds:?}");
     assert!(cmds[4].contains("cp -a w1 \"$t\"") && cmds[4].contains("t=fa.fork-tmp.$$") && cmds[4].contains("mv -T \"$t\" fa") && cmds[4].contains("rm -rf fa.fork-tmp.* 2>/dev/null; [ -d fa ]"), "{cmds:?}");
-    assert_eq!(cmds.len(), 6, "one fork, one copy, one prepare: {cmds:?}");
+    assert_eq!(cmds.len(), 7, "one fork, one copy, one prepare, and the look fb waits on: {cmds:?}");
+    assert_eq!(cmds[6], "machine list --json", "each fork is admitted on a look of its own: {cmds:?}");
     let fa = Ledger::new(&mut fs, "/l").require("fa").unwrap();
     assert_eq!((fa.state, fa.machine_id.as_deref(), fa.fork.as_ref().map(|f| f.parent.as_str())), (WorkState::Open, Some("vm_fa"), Some("w1")));
     assert_eq!(fa.runs.len(), 1, "its run is priced from the fork on");
@@ -115,8 +125,8 @@ fn a_fork_that_landed_and_then_failed_stays_this_works_to_adopt() {
             let mut p = Scripted::default();
             p.push_exit(0, "1.18.33", "");
             p.push_exit(0, OURS, "");
-            p.push_exit(0, r#"[{"name":"oc-w1","status":"running"}]"#, "");
             p.push_fail(1, "error: VM 'oc-fa' not found");
+            p.push_exit(0, r#"[{"name":"oc-w1","status":"running"}]"#, "");
             p.push_exit(0, r#"{"name":"oc-fa","id":"vm_fa","boot":"5ms"}"#, "");
             p.push_exit(0, "", "");
             p.push_exit(0, r#"{"ok":true,"work":"fa"}"#, "");
@@ -142,9 +152,9 @@ fn a_young_claim_is_left_to_its_holder_and_an_old_one_is_taken_over() {
         let mut p = Scripted::default();
         p.push_exit(0, "1.18.33", "");
         p.push_exit(0, OURS, "");
-        p.push_exit(0, r#"[{"name":"oc-w1","status":"running"}]"#, "");
         p.push_fail(1, "error: VM 'oc-fa' not found");
         if forked {
+            p.push_exit(0, r#"[{"name":"oc-w1","status":"running"}]"#, "");
             p.push_exit(0, r#"{"name":"oc-fa","id":"vm_fa","boot":"5ms"}"#, "");
             p.push_exit(0, "", "");
             p.push_exit(0, r#"{"ok":true,"work":"fa"}"#, "");
@@ -211,10 +221,10 @@ fn an_adopted_fork_counts_once_against_the_caps() {
     let mut p = Scripted::default();
     p.push_exit(0, "1.18.33", "");
     p.push_exit(0, OURS, "");
-    p.push_exit(0, r#"[{"name":"oc-w1","status":"running"},{"name":"oc-fa","status":"running"}]"#, "");
     p.push_exit(0, &OURS.replace("oc-w1", "oc-fa").replace("vm_1", "vm_fa"), "");
     p.push_exit(0, "", "");
     p.push_exit(0, r#"{"ok":true,"work":"fa"}"#, "");
+    p.push_exit(0, r#"[{"name":"oc-w1","status":"running"},{"name":"oc-fa","status":"running"}]"#, "");
     p.push_exit(0, OURS, "");
     p.push_exit(0, r#"{"name":"oc-fb","id":"vm_fb","boot":"5ms"}"#, "");
     p.push_exit(0, "", "");
@@ -292,7 +302,6 @@ fn a_machine_under_a_forks_name_not_forked_from_its_parent_is_never_adopted() {
         let mut p = Scripted::default();
         p.push_exit(0, "1.18.33", "");
         p.push_exit(0, OURS, "");
-        p.push_exit(0, r#"[{"name":"oc-w1","status":"running"},{"name":"oc-fa","status":"running"}]"#, "");
         p.push_exit(0, &format!(r#"{{"name":"oc-fa","id":"vm_fa","status":"running","source":"{source}"}}"#), "");
         p.push_exit(0, "", "");
         p.push_exit(0, r#"{"ok":true,"work":"fa"}"#, "");
@@ -305,7 +314,7 @@ fn a_machine_under_a_forks_name_not_forked_from_its_parent_is_never_adopted() {
             let e = r.unwrap_err();
             assert!(e.code == Code::NotOurs && e.message.contains(source), "{source}: {e:?}");
             assert_eq!((fa.state, fa.machine_id), (WorkState::Creating, None), "{source}");
-            assert_eq!(p.commands().len(), 4, "nothing reached the machine: {:?}", p.commands());
+            assert_eq!(p.commands().len(), 3, "nothing reached the machine: {:?}", p.commands());
         }
     }
 }
@@ -398,7 +407,6 @@ fn a_fork_a_drop_marked_is_never_opened_and_the_next_drop_finishes_it() {
         let mut p = Scripted::default();
         p.push_exit(0, "1.18.33", "");
         p.push_exit(0, OURS, "");
-        p.push_exit(0, r#"[{"name":"oc-w1","status":"running"},{"name":"oc-fa","status":"running"}]"#, "");
         p.push_exit(0, &landed, "");
         let r = call(&mut p, &mut fs, "boxd_fork", r#"{"work":"w1"}"#, raw_at(2 * FORK_CLAIM_MS));
         (r, p.commands())
@@ -429,6 +437,7 @@ fn a_parent_whose_name_now_holds_another_machine_leaves_one_next_step() {
     p.push_exit(0, r#"{"name":"oc-fa","id":"vm_fa","boot":"5ms"}"#, "");
     p.push_exit(0, "", "");
     p.push_exit(0, r#"{"ok":true,"work":"fa"}"#, "");
+    p.push_exit(0, r#"[{"name":"oc-w1","status":"running"},{"name":"oc-fa","status":"running"}]"#, "");
     p.push_exit(0, &OURS.replace("vm_1", "vm_theirs"), "");
     let v = call(&mut p, &mut fs, "boxd_fork", r#"{"work":"w1","forks":["fa","fb"]}"#, raw_context(r#"{"maxRunningPerLedger":3}"#, "{}")).unwrap();
     assert_eq!((v["queued"].clone(), v["waiting"]["error"].as_str()), (json!(["fb"]), Some("NOT_OURS")), "{v:#}");
@@ -436,3 +445,4 @@ fn a_parent_whose_name_now_holds_another_machine_leaves_one_next_step() {
     assert!(next.contains("call boxd_drop for work 'w1'") && next.contains("(fb) can no longer be made") && !next.contains("another work id") && !next.contains("boxd_fork"), "{next}");
     assert_eq!(Ledger::new(&mut fs, "/l").require("w1").unwrap().name_taken_by.as_deref(), Some("vm_theirs"));
 }
+
