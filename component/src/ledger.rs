@@ -82,8 +82,14 @@ impl<'a, F: Files> Ledger<'a, F> {
     }
 
     fn lock(&mut self, work: &str) -> ToolResult<()> {
-        self.files.create_dir_all(&self.work_dir(work)).map_err(|e| ledger_error("create the work's ledger folder", e))?;
         let path = self.lock_path(work);
+        self.lock_at(work, &path)
+    }
+
+    /// Take the lock file `path` in the work's folder (see `lock`).
+    fn lock_at(&mut self, work: &str, path: &str) -> ToolResult<()> {
+        self.files.create_dir_all(&self.work_dir(work)).map_err(|e| ledger_error("create the work's ledger folder", e))?;
+        let path = path.to_string();
         let mine = format!("{{\"owner\":\"{}\"}}\n", self.owner);
         let (mut seen, mut same) = (None::<Vec<u8>>, 0u32);
         for _ in 0..LOCK_GIVE_UP {
@@ -118,6 +124,19 @@ impl<'a, F: Files> Ledger<'a, F> {
         if self.holds_lock(work) {
             let _ = self.files.remove_file(&self.lock_path(work));
         }
+    }
+
+    /// Run `f` holding the work's `<name>.lock` (the record's lock machinery, beside it):
+    /// for a change that spans records, such as numbering a parent's forks. `f` may take
+    /// record locks; nothing takes this lock while holding one.
+    pub fn serialized<T>(&mut self, work: &str, name: &str, f: impl FnOnce(&mut Self) -> ToolResult<T>) -> ToolResult<T> {
+        let path = format!("{}/{name}.lock", self.work_dir(work));
+        self.lock_at(work, &path)?;
+        let result = f(self);
+        if self.holds(&path) {
+            let _ = self.files.remove_file(&path);
+        }
+        result
     }
 
     /// Read-modify-write under the work's lock: `f` sees the record as it is now (None
@@ -248,7 +267,12 @@ impl<'a, F: Files> Ledger<'a, F> {
     /// Whether the work's lock file still names this call.
     fn holds_lock(&mut self, work: &str) -> bool {
         let path = self.lock_path(work);
-        self.files.read(&path).ok().flatten().is_some_and(|b| b.windows(self.owner.len()).any(|w| w == self.owner.as_bytes()))
+        self.holds(&path)
+    }
+
+    /// Whether the lock file `path` names this call.
+    fn holds(&mut self, path: &str) -> bool {
+        self.files.read(path).ok().flatten().is_some_and(|b| b.windows(self.owner.len()).any(|w| w == self.owner.as_bytes()))
     }
 
     /// The record written in two steps: a staged copy made durable (the slow part: its

@@ -61,10 +61,19 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
     let ctx = env.ctx;
     let version = Opencode::new(&mut env.programs).version(ctx);
     let mut ledger = Ledger::for_call(&mut env.files, ctx);
-    let mut order = forks.iter().map(|w| w.fork.as_ref().map_or(0, |f| f.order)).max().unwrap_or(0);
-    for id in &new {
-        order += 1;
-        forks.push(record_fork(&mut ledger, ctx, &parent, id, order)?);
+    if !new.is_empty() {
+        // Numbered under the parent's fork lock, from the forks as they are then: two
+        // boxd_fork calls at once never give two forks one place in the queue.
+        forks = ledger.serialized(&parent_id, "forks", |ledger| {
+            let mut forks = forks_of(ledger, &parent)?;
+            let mut order = forks.iter().map(|w| w.fork.as_ref().map_or(0, |f| f.order)).max().unwrap_or(0);
+            let fresh: Vec<&String> = new.iter().filter(|id| !forks.iter().any(|w| &w.work == *id)).collect();
+            for id in fresh {
+                order += 1;
+                forks.push(record_fork(ledger, ctx, &parent, id, order)?);
+            }
+            Ok(forks)
+        })?;
     }
     let waiting_ids: Vec<&Work> = forks.iter().filter(|w| matches!(w.state, WorkState::Queued | WorkState::Creating)).collect();
     let mut boxd = Boxd::new(&mut env.programs, ctx.options.boxd_timeout_seconds);

@@ -207,6 +207,20 @@ fn a_fork_fan_out_and_an_ensure_at_once_never_pass_the_cap() {
     assert_eq!((v["queued"].clone(), v["waiting"]["error"].as_str()), (serde_json::json!(["fb"]), Some("CAP_REACHED")), "{v:#}");
 }
 
+/// Two boxd_fork calls of one parent at once, each naming a new fork: each fork has its own
+/// place in the queue (before, both read the queue before either wrote, and both took 1).
+#[test]
+fn two_fork_calls_at_once_number_their_forks_apart() {
+    let (fs, account) = world();
+    let answers = at_once(&fs, &account, r#"{"maxRunningPerLedger":1}"#, "--version", ("boxd_fork", r#"{"work":"a","forks":["fa"]}"#), ("boxd_fork", r#"{"work":"a","forks":["fb"]}"#));
+    assert!(answers.iter().all(|a| a.is_ok()), "{answers:?}");
+    let mut files = fs.clone();
+    let mut l = Ledger::new(&mut files, "/l");
+    let order = |w: Work| w.fork.map(|f| f.order);
+    let (fa, fb) = (order(l.require("fa").unwrap()), order(l.require("fb").unwrap()));
+    assert_eq!((fb, fa), (Some(1), Some(2)), "the second call recorded first");
+}
+
 /// A host killed between its claim and its create: the claim counts (the create may still
 /// come) for at most CLAIM_MS, then no more, and the next reader removes it. The `creating`
 /// record it left never counts on its own, so a killed create never holds a slot for ever.
