@@ -349,7 +349,17 @@ fn fork_machine<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F
     let again = format!("Call boxd_fork for work '{}' again: it adopts the fork if it appears.", parent.work);
     let created = match boxd.fork(&parent.machine, machine, ctx.options.idle_seconds()) {
         Ok(c) => c,
-        Err(Failure::Timeout(m)) => return Err(ToolError::with_next(Code::CreateUncertain, format!("boxd machine fork did not answer ({m}); {machine} may still appear"), again)),
+        Err(Failure::Timeout(m)) => {
+            // No other call holds the fork now: the claim is released (it stays creating), so
+            // the next boxd_fork adopts the machine if it landed, or forks it again, which
+            // boxd refuses while the late one holds the name (CREATE_UNCERTAIN, then adopted).
+            unclaim(ledger, false)?;
+            return Err(ToolError::with_next(
+                Code::CreateUncertain,
+                format!("boxd machine fork did not answer ({m}); {machine} may still appear"),
+                format!("Call boxd_fork for work '{}' again: it adopts the fork if it appeared, or forks it again.", parent.work),
+            ));
+        }
         Err(Failure::Other(m)) if m.contains("already exists") && from_queue => {
             // Claimed from the queue, so no call of ours had forked it: the name is someone
             // else's. A claim another call took since is that call's to settle.

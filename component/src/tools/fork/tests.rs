@@ -446,3 +446,46 @@ fn a_parent_whose_name_now_holds_another_machine_leaves_one_next_step() {
     assert_eq!(Ledger::new(&mut fs, "/l").require("w1").unwrap().name_taken_by.as_deref(), Some("vm_theirs"));
 }
 
+/// A `machine fork` that timed out leaves no claim behind: no other call holds the fork, so
+/// the next boxd_fork adopts a fork that landed late, or forks it again at once (before, it
+/// answered "still being made by another boxd_fork call" for 10 minutes, and a drop
+/// CREATE_UNCERTAIN). A fork that lands between is refused by name (boxd's names are unique),
+/// answered CREATE_UNCERTAIN, and adopted by the call after.
+#[test]
+fn a_fork_that_timed_out_is_not_left_claimed() {
+    let at = || raw_at(2 * FORK_CLAIM_MS);
+    let landed = OURS.replace("oc-w1", "oc-fa").replace("vm_1", "vm_fa");
+    for late in [None, Some(landed.as_str())] {
+        let mut fs = open_work(None);
+        Ledger::new(&mut fs, "/l").update("w1", |w| w.helper_sha256 = Some(crate::encode::sha256_hex(crate::guest::HELPER))).unwrap();
+        let mut p = Scripted::default();
+        p.push_exit(0, "1.18.33", "");
+        p.push_exit(0, OURS, "");
+        p.push_exit(0, r#"[{"name":"oc-w1","status":"running"}]"#, "");
+        p.push_spawn_error(crate::caps::SpawnError::TimedOut);
+        let e = call(&mut p, &mut fs, "boxd_fork", r#"{"work":"w1","forks":["fa"]}"#, at()).unwrap_err();
+        assert!(e.code == Code::CreateUncertain && e.next.contains("boxd_fork for work 'w1' again"), "{e:?}");
+        let fa = Ledger::new(&mut fs, "/l").require("fa").unwrap();
+        assert_eq!((fa.state, fa.created_ms, fa.machine_id), (WorkState::Creating, 0, None), "released, still creating");
+        let mut p = Scripted::default();
+        p.push_exit(0, "1.18.33", "");
+        p.push_exit(0, OURS, "");
+        match late {
+            // Landed late: adopted.
+            Some(m) => p.push_exit(0, m, ""),
+            // Not there: forked again at once.
+            None => {
+                p.push_fail(1, "error: VM 'oc-fa' not found");
+                p.push_exit(0, r#"[{"name":"oc-w1","status":"running"}]"#, "");
+                p.push_exit(0, r#"{"name":"oc-fa","id":"vm_fa","boot":"5ms"}"#, "");
+            }
+        }
+        p.push_exit(0, "", "");
+        p.push_exit(0, r#"{"ok":true,"work":"fa"}"#, "");
+        let v = call(&mut p, &mut fs, "boxd_fork", r#"{"work":"w1"}"#, at()).unwrap();
+        assert!(!v["next"].as_str().unwrap().contains("another boxd_fork call"), "{v:#}");
+        let fa = Ledger::new(&mut fs, "/l").require("fa").unwrap();
+        assert_eq!((fa.state, fa.machine_id.as_deref()), (WorkState::Open, Some("vm_fa")), "{late:?} {:?}", p.commands());
+        assert_eq!(p.commands().iter().filter(|c| c.starts_with("machine fork")).count(), usize::from(late.is_none()), "{:?}", p.commands());
+    }
+}
