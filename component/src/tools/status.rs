@@ -129,7 +129,7 @@ pub fn run(env: &mut Env, _args: &Value) -> ToolResult<Value> {
         }
         if !warnings.is_empty() {
             next.get_or_insert_with(|| match state.as_str() {
-                "queued" => format!("Sleep or drop a running work, then call boxd_fork for work '{}' to admit its queued forks.", w.fork.as_ref().map_or("", |f| f.parent.as_str())),
+                "queued" => queued_next(&mut env.files, ctx, listing.as_ref().ok().map(|_| &states), w),
                 "asleep" | "stopped" => format!("Call boxd_resume for work '{}', then boxd_harvest to bring its transcript home.", w.work),
                 "gone" => format!("Call boxd_resume for work '{}' to rebuild it, or boxd_drop to close it and see what could not be recovered.", w.work),
                 "notOurs" => format!("Call boxd_drop for work '{}' to close its record (its machine is gone; it names what was not recovered).", w.work),
@@ -213,6 +213,33 @@ pub fn run(env: &mut Env, _args: &Value) -> ToolResult<Value> {
 /// A tool's row: whether it runs, asks or is denied for the calling agent. The access
 /// option decides first; the agent's own rule in OpenCode (when the bridge read it) can
 /// only make that stricter: a deny hides the tool, an ask makes the bridge ask.
+/// The next step for a fork queued for a slot. boxd_fork admits it only from a parent that
+/// is open, up and proven, so the step says what the parent needs first; once the parent
+/// is dropped (or its name holds another machine) the fork can never be made, and the one
+/// step left is to drop it. `states`: the listing by name (None when it failed).
+fn queued_next<F: crate::caps::Files>(files: &mut F, ctx: &Context, states: Option<&BTreeMap<String, String>>, fork: &Work) -> String {
+    let Some(origin) = fork.fork.as_ref() else { return format!("Call boxd_drop for work '{}'.", fork.work) };
+    let (p, f) = (origin.parent.as_str(), fork.work.as_str());
+    let admit = format!("then boxd_fork for work '{p}' to admit its queued forks");
+    let parent = Ledger::new(files, &ctx.ledger).read(p).ok().flatten();
+    // The record the fork was queued from: a parent dropped and its id ensured again is
+    // another work, whose boxd_fork never makes this fork.
+    let same = |w: &Work| origin.parent_created.as_ref().is_none_or(|c| *c == w.created_at);
+    let Some(parent) = parent.filter(|w| !w.is_closed() && w.state != WorkState::Dropping && same(w)) else {
+        return format!("Work '{p}', the parent of fork '{f}', was dropped, so the fork can no longer be made: call boxd_drop for work '{f}' to close it.");
+    };
+    if parent.name_taken_by.is_some() {
+        return format!("Work '{p}''s machine is gone (its name holds another machine), so fork '{f}' can no longer be made from it: call boxd_drop for work '{f}' to close it.");
+    }
+    let st = states.map(|s| s.get(&parent.machine).map_or(Some(State::Gone), |status| State::from_status(status)));
+    match st {
+        Some(Some(State::Asleep | State::Stopped)) => format!("Call boxd_resume for work '{p}' (a fork copies a machine that is up), {admit}."),
+        Some(Some(State::Gone | State::Failed)) => format!("Call boxd_resume for work '{p}' to rebuild its machine (a fork copies a machine that is up), {admit}."),
+        _ if !parent.proven() => format!("Call boxd_harvest for work '{p}' (a fork copies only a proven transcript), {admit}."),
+        _ => format!("Sleep or drop a running work, {admit}."),
+    }
+}
+
 fn tool_row(t: &ToolSpec, access: AccessOption, rule: Option<&ToolRule>) -> Value {
     let by_access = match (t.access, access) {
         (ToolAccess::Read, _) | (_, AccessOption::All) => "runs",
@@ -300,6 +327,42 @@ mod tests {
         // A rule never loosens the access option.
         let v = status(r#"{"access":"read-only"}"#, r#"{"toolRules":{"boxd_ensure":"allow"}}"#);
         assert_eq!(row(&v, "boxd_ensure")["runs"], "denied");
+    }
+
+    /// A fork queued for a slot: the next step is one its parent allows (boxd_resume while
+    /// the parent sleeps, boxd_harvest while it is unproven, boxd_drop of the fork once the
+    /// parent is dropped), not a boxd_fork that cannot admit it then.
+    #[test]
+    fn a_queued_forks_next_step_is_one_its_parent_allows() {
+        use crate::ledger::{ForkOrigin, Ledger, Prompt, WorkState};
+        let cases = [
+            ("running", "", "Sleep or drop a running work, then"),
+            ("hibernated", "", "Call boxd_resume for work 'w1' (a fork copies a machine that is up), then boxd_fork for work 'w1'"),
+            ("running", "unproven", "Call boxd_harvest for work 'w1'"),
+            ("running", "dropped", "the fork can no longer be made: call boxd_drop for work 'fa'"),
+            ("running", "ensured again", "the fork can no longer be made: call boxd_drop for work 'fa'"),
+        ];
+        for (listed, parent, want) in cases {
+            let mut f = crate::testing::open_work(None);
+            let created = Ledger::new(&mut f, "/l").require("w1").unwrap().created_at;
+            let mut fa = Work::new("fa", "/p", "t");
+            fa.state = WorkState::Queued;
+            fa.fork = Some(ForkOrigin { parent: "w1".into(), parent_created: Some(created), order: 1, ..Default::default() });
+            Ledger::new(&mut f, "/l").write(&fa).unwrap();
+            Ledger::new(&mut f, "/l")
+                .update("w1", |w| match parent {
+                    "dropped" => w.state = WorkState::Closed,
+                    "ensured again" => w.created_at = "2026-12-02T00:00:00Z".into(),
+                    "unproven" => w.prompts.push(Prompt { id: "p1".into(), admitted: true, ..Default::default() }),
+                    _ => {}
+                })
+                .unwrap();
+            let mut p = Scripted::default();
+            p.push_exit(0, &format!(r#"[{{"name":"oc-w1","status":"{listed}"}}]"#), "");
+            p.push_exit(0, r#"[{"name":"opencode-golden","version":"v1","status":"ready"}]"#, "");
+            let v = call(&mut p, &mut f, "boxd_status", "{}", raw("{}", "{}")).unwrap();
+            assert!(v["next"].as_str().unwrap().contains(want), "{listed} {parent}: {v:#}");
+        }
     }
 
     /// A work whose record grew (every run and sleep kept for the spend, many prompts and
