@@ -12,6 +12,7 @@ mod guest;
 mod harvest;
 mod lifecycle;
 mod admission;
+mod caps_at_once;
 mod nothing_lost;
 mod kill_matrix;
 mod concurrency;
