@@ -211,3 +211,37 @@ impl Files for MemFiles {
         }
     }
 }
+
+/// Files and programs sharing one in-memory ledger, so a scripted boxd answer can act as
+/// another call changing the ledger at that moment.
+pub struct Shared(pub alloc::rc::Rc<core::cell::RefCell<MemFiles>>);
+
+impl Files for Shared {
+    fn read(&mut self, p: &str) -> Result<Option<Vec<u8>>, crate::caps::FsError> {
+        self.0.borrow_mut().read(p)
+    }
+    fn write_atomic(&mut self, p: &str, b: &[u8]) -> Result<(), crate::caps::FsError> {
+        self.0.borrow_mut().write_atomic(p, b)
+    }
+    fn create_dir_all(&mut self, p: &str) -> Result<(), crate::caps::FsError> {
+        self.0.borrow_mut().create_dir_all(p)
+    }
+    fn list(&mut self, p: &str) -> Result<Vec<String>, crate::caps::FsError> {
+        self.0.borrow_mut().list(p)
+    }
+    fn stat(&mut self, p: &str) -> Result<Option<crate::caps::Meta>, crate::caps::FsError> {
+        self.0.borrow_mut().stat(p)
+    }
+    fn remove_file(&mut self, p: &str) -> Result<(), crate::caps::FsError> {
+        self.0.borrow_mut().remove_file(p)
+    }
+    fn create_new(&mut self, p: &str, b: &[u8]) -> Result<bool, crate::caps::FsError> {
+        self.0.borrow_mut().create_new(p, b)
+    }
+    fn rename(&mut self, a: &str, b: &str) -> Result<bool, crate::caps::FsError> {
+        self.0.borrow_mut().rename(a, b)
+    }
+    fn place_new(&mut self, a: &str, b: &str) -> Result<bool, crate::caps::FsError> {
+        self.0.borrow_mut().place_new(a, b)
+    }
+}

@@ -1,7 +1,7 @@
 //! boxd_fork's unit tests: the queue, claims, adoption and the parent as it is now.
 
 use super::*;
-use crate::testing::{open_work, raw_at, raw_context, MemFiles, Scripted, OURS};
+use crate::testing::{open_work, raw_at, raw_context, MemFiles, Scripted, Shared, OURS};
 use crate::tools::call;
 
 fn fork_call(fs: &mut MemFiles, running: &[&str], admit: &[&str], options: &str, args: &str) -> (ToolResult<Value>, Vec<String>) {
@@ -316,40 +316,6 @@ fn a_machine_under_a_forks_name_not_forked_from_its_parent_is_never_adopted() {
             assert_eq!((fa.state, fa.machine_id), (WorkState::Creating, None), "{source}");
             assert_eq!(p.commands().len(), 3, "nothing reached the machine: {:?}", p.commands());
         }
-    }
-}
-
-/// Files and programs sharing one in-memory ledger, so a scripted boxd answer can act as
-/// another call changing the ledger at that moment.
-struct Shared(alloc::rc::Rc<core::cell::RefCell<MemFiles>>);
-
-impl Files for Shared {
-    fn read(&mut self, p: &str) -> Result<Option<Vec<u8>>, crate::caps::FsError> {
-        self.0.borrow_mut().read(p)
-    }
-    fn write_atomic(&mut self, p: &str, b: &[u8]) -> Result<(), crate::caps::FsError> {
-        self.0.borrow_mut().write_atomic(p, b)
-    }
-    fn create_dir_all(&mut self, p: &str) -> Result<(), crate::caps::FsError> {
-        self.0.borrow_mut().create_dir_all(p)
-    }
-    fn list(&mut self, p: &str) -> Result<Vec<String>, crate::caps::FsError> {
-        self.0.borrow_mut().list(p)
-    }
-    fn stat(&mut self, p: &str) -> Result<Option<crate::caps::Meta>, crate::caps::FsError> {
-        self.0.borrow_mut().stat(p)
-    }
-    fn remove_file(&mut self, p: &str) -> Result<(), crate::caps::FsError> {
-        self.0.borrow_mut().remove_file(p)
-    }
-    fn create_new(&mut self, p: &str, b: &[u8]) -> Result<bool, crate::caps::FsError> {
-        self.0.borrow_mut().create_new(p, b)
-    }
-    fn rename(&mut self, a: &str, b: &str) -> Result<bool, crate::caps::FsError> {
-        self.0.borrow_mut().rename(a, b)
-    }
-    fn place_new(&mut self, a: &str, b: &str) -> Result<bool, crate::caps::FsError> {
-        self.0.borrow_mut().place_new(a, b)
     }
 }
 
