@@ -452,11 +452,6 @@ impl<'a, P: Programs> Boxd<'a, P> {
         Ok(rows.iter().filter_map(|r| Some(r.get("name")?.as_str()?.to_string())).collect())
     }
 
-    pub fn snapshot_save(&mut self, machine: &str, snapshot: &str) -> Result<(), Failure> {
-        // Saving blocks until the capture lands; give it the long timeout.
-        self.run(argv(&["snapshots", "save", machine, snapshot]), None, self.timeout_ms.saturating_mul(5)).map(drop)
-    }
-
     /// Run a guest command line (each word quoted for the guest's `sh -c`). The remote exit
     /// code is returned, not treated as a failure: guest scripts speak through it.
     pub fn exec(&mut self, name: &str, words: &[&str], stdin: Option<Vec<u8>>, timeout_seconds: u32) -> Result<RunOutput, Failure> {
@@ -513,6 +508,9 @@ fn argv(words: &[&str]) -> Vec<String> {
 fn str_field(v: &Value, key: &str) -> String {
     v.get(key).and_then(Value::as_str).unwrap_or("").to_string()
 }
+
+mod saved;
+pub use saved::{version_number, Made};
 
 #[cfg(test)]
 mod tests;

@@ -14,7 +14,7 @@ use alloc::vec::Vec;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::boxd::{sh_quote, Boxd, Capture, Failure};
+use crate::boxd::{sh_quote, version_number, Boxd, Capture, Failure, Made};
 use crate::caps::{Files, Programs};
 use crate::errors::{Code, ToolError, ToolResult};
 use crate::ledger::{BuildMachine, Ledger};
@@ -259,11 +259,12 @@ const SAVE_LOOKS: u32 = 3;
 
 /// A build's recorded machine is certainly abandoned once this long has passed: the sum of
 /// the timeouts of a build's own calls (new and its `get`, the install, the second look at
-/// the snapshot name, the save (five) and its looks, remove), plus a margin for the host's
-/// own work. A younger one may belong to a build still running.
+/// the snapshot name, the save (five), the look at its version or failure and its looks,
+/// remove), plus a margin for the host's own work. A younger one may belong to a build
+/// still running.
 fn abandoned_after_ms(ctx: &Context) -> u64 {
     let boxd = u64::from(ctx.options.boxd_timeout_seconds);
-    (u64::from(INSTALL_SECONDS) + (9 + u64::from(SAVE_LOOKS)) * boxd + 600) * 1000
+    (u64::from(INSTALL_SECONDS) + (10 + u64::from(SAVE_LOOKS)) * boxd + 600) * 1000
 }
 
 /// A `machine new` of the build machine that failed or timed out may have landed all the
@@ -394,30 +395,64 @@ fn install<P: Programs>(boxd: &mut Boxd<'_, P>, machine: &str, spec: &Spec, vers
     }
     steps.push(format!("saving snapshot {name}"));
     match boxd.snapshot_save(machine, name) {
-        Ok(()) => Ok(out),
-        Err(Failure::Timeout(m)) => save_timed_out(boxd, machine, name, m, steps).map(|()| out),
+        Ok(answered) => match boxd.made(name, answered) {
+            Made::First => Ok(out),
+            made => Err(not_ours(name, &made).into()),
+        },
+        Err(Failure::Timeout(m)) => save_ended_unsaid(boxd, machine, name, "timed out", m, steps).map(|()| out),
         Err(f) => Err(f.into_error().into()),
     }
 }
 
-/// A save that timed out may still be landing: its snapshot is looked for in the listing
-/// (up to `SAVE_LOOKS` times, each bounded by the boxd timeout) until boxd holds it ready
-/// (the build goes on) or failed (the build machine is removed). Otherwise the machine is
-/// left for the capture, which removing it would abort.
-fn save_timed_out<P: Programs>(boxd: &mut Boxd<'_, P>, machine: &str, name: &str, why: String, steps: &mut Vec<String>) -> Result<(), Stop> {
+/// A save whose version is not `v1` (or not known): the snapshot is not this build's own.
+/// boxd has no command to delete one version of a snapshot (and the host grants this
+/// plugin no snapshot removal), so the answer says exactly what was added where.
+fn not_ours(name: &str, made: &Made) -> ToolError {
+    let next = "Build again under another name with --name (and set the snapshot option to it).";
+    let added = |what: String| {
+        ToolError::with_next(
+            Code::SnapshotExists,
+            format!("a snapshot named '{name}' was made by someone else between this build's last look at the name and its save: {what}. Machines booted from '{name}' now get this build's capture, not theirs; boxd has no command to remove one version, so tell whoever made '{name}' (saving their machine under it again makes theirs the newest). This build does not count it as made"),
+            next,
+        )
+    };
+    let why = match made {
+        Made::Later(n) => return added(format!("boxd added version v{n} of '{name}', this build's capture")),
+        Made::Shared(n) => return added(format!("boxd lists '{name}' at version v{n}, and which version is this build's capture boxd did not say")),
+        Made::Unknown { why, .. } => why.as_str(),
+        Made::First => "",
+    };
+    ToolError::with_next(
+        Code::BoxdFailed,
+        format!("snapshot '{name}' was saved, but which version this build made is not known ({why}): a name someone made meanwhile would have been given a version, so the build does not count it as made"),
+        format!("Look at 'boxd snapshots list': '{name}' at v1 is this build's capture; at any later version, build again under another name with --name."),
+    )
+}
+
+/// A save that timed out may still be landing: its snapshot is looked for in the listing (up to `SAVE_LOOKS` times, each
+/// bounded by the boxd timeout) until boxd holds it ready (the build goes on, if at `v1`:
+/// the name was free at the look just before the save) or failed (the build machine is
+/// removed). Otherwise the machine is left for the capture, which removing it would abort.
+fn save_ended_unsaid<P: Programs>(boxd: &mut Boxd<'_, P>, machine: &str, name: &str, how: &str, why: String, steps: &mut Vec<String>) -> Result<(), Stop> {
     let mut seen = String::from("no answer");
     for n in 1..=SAVE_LOOKS {
-        steps.push(format!("the save did not answer ({why}); looking for snapshot {name} in boxd's listing ({n} of {SAVE_LOOKS})"));
+        steps.push(format!("the save {how} ({why}); looking for snapshot {name} in boxd's listing ({n} of {SAVE_LOOKS})"));
         match boxd.snapshots() {
             Ok(list) => match list.iter().find(|s| s.name == name) {
                 Some(s) if s.capture() == Capture::Ready => {
-                    steps.push(format!("snapshot {name} is ready"));
-                    return Ok(());
+                    return match version_number(&s.version) {
+                        Some(1) => {
+                            steps.push(format!("snapshot {name} is ready at v1"));
+                            Ok(())
+                        }
+                        Some(v) => Err(not_ours(name, &Made::Shared(v)).into()),
+                        None => Err(not_ours(name, &Made::Unknown { why: format!("boxd lists it ready at version {:?}", crate::redact::redact(&s.version, 40)), retry: false }).into()),
+                    };
                 }
                 Some(s) if s.capture() == Capture::Failed => {
                     return Err(ToolError::with_next(
                         Code::GoldenFailed,
-                        format!("saving snapshot '{name}' timed out ({why}), and boxd lists it as failed: no snapshot was saved"),
+                        format!("saving snapshot '{name}' {how} ({why}), and boxd lists it as failed: no snapshot was saved"),
                         "Build again under another name (--name): boxd holds the failed save under this one.",
                     )
                     .into());
@@ -431,7 +466,7 @@ fn save_timed_out<P: Programs>(boxd: &mut Boxd<'_, P>, machine: &str, name: &str
     Err(Stop {
         error: ToolError::with_next(
             Code::Timeout,
-            format!("saving snapshot '{name}' timed out ({why}), and boxd's listing did not show it ready or failed ({seen}); the build machine {machine} was left running, since removing it would abort a capture still landing"),
+            format!("saving snapshot '{name}' {how} ({why}), and boxd's listing did not show it ready or failed ({seen}); the build machine {machine} was left running, since removing it would abort a capture still landing"),
             format!("Look at 'boxd snapshots list' in a few minutes: once '{name}' shows ready it is made (failed or absent: build again under another name). Then remove {machine} with 'boxd machine remove {machine} -y'; the next golden build removes it too, once this build is certainly over."),
         ),
         landing: true,

@@ -434,3 +434,84 @@ fn races_full() {
     let rows = matrix(&world, &pairs);
     assert!(rows.iter().all(|r| r.contains(" held (")), "{rows:#?}");
 }
+
+/// Wait until `done` holds, at most 60 s.
+fn until(what: &str, done: impl Fn() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !done() {
+        assert!(std::time::Instant::now() < deadline, "never: {what}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// Whether the work's record holds a save of `name` as under way (`imagesPending`).
+fn saving(world: &World, work: &str, name: &str) -> bool {
+    let text = std::fs::read_to_string(world.laptop.ledger.join(format!("works/{work}/work.json"))).unwrap_or_default();
+    serde_json::from_str::<Value>(&text).is_ok_and(|v| v["imagesPending"].as_array().is_some_and(|p| p.iter().any(|n| n == name)))
+}
+
+fn images_of(world: &World, work: &str) -> (Value, Value) {
+    let r = ledger_record(world, work);
+    (r["images"].clone(), r["imagesPending"].clone())
+}
+
+/// Someone else saves a snapshot under the name boxd_image was asked for, after its last
+/// look at the name and before its save (boxd-local's faults: the image's second look
+/// lists at once and answers 3 s late). boxd has no save that refuses a taken name, so the
+/// image's save becomes v2 of their snapshot: the answer is SNAPSHOT_EXISTS naming the
+/// version it added, and the name is not recorded as this work's, nor as under way.
+/// Before: answered success and recorded their snapshot as this work's.
+#[test]
+fn an_image_whose_name_is_taken_before_its_save_is_refused_and_says_what_it_added() {
+    let world = World::new("races-image-name");
+    let w = json!({ "work": "ri" }).to_string();
+    world.ok_call("boxd_ensure", &w);
+    world.ok_call("boxd_harvest", &w);
+    assert!(world.laptop.boxd(&["machine", "new", "someone-else", "--json"]).status.success());
+    world.faults(r#"[{"verb":"snapshots list","times":1,"action":"delay","ms":0},{"verb":"snapshots list","times":1,"action":"delay","ms":3000,"land":true}]"#);
+    let (code, v) = std::thread::scope(|s| {
+        let image = s.spawn(|| world.call("boxd_image", r#"{"work":"ri","name":"shared-img"}"#));
+        until("the image records its save", || saving(&world, "ri", "shared-img"));
+        std::thread::sleep(std::time::Duration::from_millis(700));
+        let theirs = world.laptop.boxd(&["snapshots", "save", "someone-else", "shared-img"]);
+        assert!(theirs.status.success(), "{}", String::from_utf8_lossy(&theirs.stderr));
+        image.join().unwrap()
+    });
+    world.faults("[]");
+    assert_eq!((code, v["error"].as_str()), (1, Some("SNAPSHOT_EXISTS")), "{v:#}");
+    let message = v["message"].as_str().unwrap();
+    assert!(message.contains("version v2") && message.contains("someone else") && message.contains("not recorded as this work's"), "{v:#}");
+    assert!(v["next"].as_str().unwrap().contains("another name"), "{v:#}");
+    assert_eq!(images_of(&world, "ri"), (Value::Null, Value::Null), "neither made nor under way");
+    let list: Value = serde_json::from_slice(&world.laptop.boxd(&["snapshots", "list", "--json"]).stdout).unwrap();
+    let row = list.as_array().unwrap().iter().find(|s| s["name"] == "shared-img").cloned().unwrap_or_default();
+    assert_eq!(row["version"], "v2", "what the answer says was added: {list}");
+}
+
+/// Two works save under one name at the same moment: one of them makes it, the other is
+/// refused (it saw the name at its second look, or its save added v2 and it says so), and
+/// only the maker's record holds it. Before: both answered saved, and both ledgers
+/// claimed the name (v1 one work's tree, v2 the other's).
+#[test]
+fn two_images_of_one_name_at_once_are_one_works_only() {
+    let world = World::new("races-image-two");
+    for work in ["ia", "ib"] {
+        let w = json!({ "work": work }).to_string();
+        world.ok_call("boxd_ensure", &w);
+        world.ok_call("boxd_harvest", &w);
+    }
+    let answers: Vec<(i32, Value)> = std::thread::scope(|s| {
+        let a = s.spawn(|| world.call("boxd_image", r#"{"work":"ia","name":"img"}"#));
+        let b = s.spawn(|| world.call("boxd_image", r#"{"work":"ib","name":"img"}"#));
+        vec![a.join().unwrap(), b.join().unwrap()]
+    });
+    let ctx = format!("{:#} / {:#}", answers[0].1, answers[1].1);
+    let made: Vec<usize> = (0..2).filter(|i| answers[*i].0 == 0).collect();
+    assert_eq!(made.len(), 1, "exactly one made it: {ctx}");
+    let other = 1 - made[0];
+    assert_eq!(answers[other].1["error"], "SNAPSHOT_EXISTS", "{ctx}");
+    for (i, work) in ["ia", "ib"].iter().enumerate() {
+        let want = if i == made[0] { json!(["img"]) } else { Value::Null };
+        assert_eq!(images_of(&world, work), (want, Value::Null), "{work}: {ctx}");
+    }
+}

@@ -254,6 +254,52 @@ fn a_killed_golden_build_leaves_a_machine_the_next_build_removes() {
     assert!(snaps.contains("\"second\"") && snaps.contains("\"third\"") && !snaps.contains("\"first\""), "{snaps}");
 }
 
+/// The names of the machines boxd-local holds.
+fn machine_names(laptop: &Laptop) -> Vec<String> {
+    let v: serde_json::Value = serde_json::from_slice(&laptop.boxd(&["machine", "list", "--json"]).stdout).unwrap();
+    v.as_array().unwrap().iter().map(|m| m["name"].as_str().unwrap().to_string()).collect()
+}
+
+/// The version boxd-local lists for snapshot `name`.
+fn listed_version(laptop: &Laptop, name: &str) -> serde_json::Value {
+    let v: serde_json::Value = serde_json::from_slice(&laptop.boxd(&["snapshots", "list", "--json"]).stdout).unwrap();
+    v.as_array().unwrap().iter().find(|s| s["name"] == name).map(|s| s["version"].clone()).unwrap_or_default()
+}
+
+/// Someone saves a snapshot under the build's name after its second look at the name and
+/// before its save (that look lists at once and answers 3 s late): the build's save becomes
+/// v2 of their snapshot. The answer is SNAPSHOT_EXISTS naming the version added, the build
+/// machine is removed. Before: the build answered success.
+#[test]
+fn a_golden_build_whose_name_is_taken_before_its_save_says_what_it_added() {
+    let laptop = Laptop::new("golden-name-race");
+    let (url, _) = flaky_server(0, archive(&laptop.scratch.0));
+    assert!(laptop.boxd(&["machine", "new", "someone-else", "--json"]).status.success());
+    std::fs::write(
+        laptop.boxd_home.join("faults.json"),
+        r#"[{"verb":"snapshots list","times":1,"action":"delay","ms":0},{"verb":"snapshots list","times":1,"action":"delay","ms":3000,"land":true}]"#,
+    )
+    .unwrap();
+    let installed = || laptop.boxd_calls().iter().any(|c| c.first().is_some_and(|v| v == "machine") && c.get(1).is_some_and(|v| v == "exec"));
+    let (code, e, steps, _) = std::thread::scope(|s| {
+        let build = s.spawn(|| golden(&laptop, &url, &["--name", "gold"]));
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+        while !installed() {
+            assert!(std::time::Instant::now() < deadline, "the install never ended");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(700));
+        let theirs = laptop.boxd(&["snapshots", "save", "someone-else", "gold"]);
+        assert!(theirs.status.success(), "{}", String::from_utf8_lossy(&theirs.stderr));
+        build.join().unwrap()
+    });
+    assert_eq!((code, e["error"].as_str()), (Some(1), Some("SNAPSHOT_EXISTS")), "{e}\n{steps}");
+    let message = e["message"].as_str().unwrap();
+    assert!(message.contains("added version v2") && message.contains("someone else"), "{e}");
+    assert_eq!(listed_version(&laptop, "gold"), "v2");
+    assert_eq!(machine_names(&laptop), ["someone-else"], "the build machine was removed");
+}
+
 #[test]
 fn golden_refuses_a_literal_key_and_a_missing_env_name_before_any_machine() {
     let laptop = Laptop::new("golden-refuse");

@@ -144,7 +144,7 @@ fn a_save_that_timed_out_is_settled_before_the_build_machine_goes() {
     p.push_exit(0, "[]", "");
     p.push_spawn_error(crate::caps::SpawnError::TimedOut);
     p.push_exit(0, pending, "");
-    p.push_exit(0, r#"[{"name":"opencode-golden","status":"ready"}]"#, "");
+    p.push_exit(0, r#"[{"name":"opencode-golden","version":"v1","status":"ready"}]"#, "");
     p.push_exit(0, "{}", "");
     let v = run_build(&mut p, &mut fs).unwrap();
     assert_eq!(v["buildMachineRemoved"], true, "{v:#}");
@@ -174,6 +174,34 @@ fn a_save_that_timed_out_is_settled_before_the_build_machine_goes() {
     assert!(!p.commands().iter().any(|c| c.starts_with("machine remove")), "{:?}", p.commands());
     let kept = Ledger::new(&mut fs, "/l").build_machines().unwrap();
     assert!(kept.len() == 1 && kept[0].machine == MACHINE && !kept[0].ended, "{kept:?}");
+}
+
+/// The save's answer names the version it made: a later one than v1 means someone made
+/// the name between the second look and the save, and the build added a version to
+/// their snapshot: SNAPSHOT_EXISTS saying so, not a build (before: a build). A save
+/// that timed out and is then listed ready at a later version is not adopted either.
+#[test]
+fn a_save_that_made_a_later_version_is_not_this_builds() {
+    let (mut p, mut fs) = (Scripted::default(), MemFiles::new(&["/p", "/l"]));
+    to_the_second_look(&mut p);
+    p.push_exit(0, "[]", "");
+    p.push_exit(0, r#"{"name":"opencode-golden","version":"v2","status":"ready"}"#, "");
+    p.push_exit(0, "{}", "");
+    let e = run_build(&mut p, &mut fs).unwrap_err();
+    assert!(e.code == Code::SnapshotExists && e.message.contains("added version v2") && e.message.contains("someone else") && e.next.contains("--name"), "{e:?}");
+    let asked = p.commands();
+    assert!(asked.contains(&alloc::format!("snapshots save {MACHINE} opencode-golden --json")), "{asked:?}");
+    assert_eq!(asked.last().unwrap(), &alloc::format!("machine remove {MACHINE} -y --json"), "the save is over: the machine goes");
+    assert!(left(&mut fs).is_empty());
+
+    let (mut p, mut fs) = (Scripted::default(), MemFiles::new(&["/p", "/l"]));
+    to_the_second_look(&mut p);
+    p.push_exit(0, "[]", "");
+    p.push_spawn_error(crate::caps::SpawnError::TimedOut);
+    p.push_exit(0, r#"[{"name":"opencode-golden","version":"v2","status":"ready"}]"#, "");
+    p.push_exit(0, "{}", "");
+    let e = run_build(&mut p, &mut fs).unwrap_err();
+    assert!(e.code == Code::SnapshotExists && e.message.contains("v2"), "{e:?}");
 }
 
 /// A `machine new` that fails or times out may have landed: one `get`, and the build

@@ -3,12 +3,12 @@
 //! save whose answer was lost is recognised by the next call.
 
 use alloc::format;
-use alloc::string::ToString;
+use alloc::string::{String, ToString};
 use serde_json::{json, Value};
 
 use super::machine::{owned_state, work_json};
 use super::{require_proven, work_arg, Env};
-use crate::boxd::{Boxd, Capture, Failure, State};
+use crate::boxd::{version_number, Boxd, Capture, Failure, Made, State};
 use crate::errors::{Code, ToolError, ToolResult};
 use crate::ledger::{Ledger, Work, WorkState};
 use crate::paths;
@@ -18,10 +18,11 @@ use crate::paths;
 enum Plan {
     /// This work's own save whose answer was lost (recorded before it ran).
     AlreadyMade(Work),
-    /// This work's own save whose answer was lost, and boxd holds it as `failed`: `run`
-    /// clears the name from `imagesPending` and refuses. Not a refusal in `check`, which
-    /// changes nothing: the call must reach `run` to settle the name.
-    Failed,
+    /// This work's own save whose answer was lost, and boxd's listing shows it is not a
+    /// snapshot of this work's (held as `failed`, at a version after v1, or at none we can
+    /// read): `run` clears the name from `imagesPending` and answers the error. Not a
+    /// refusal in `check`, which changes nothing: the call must reach `run` to settle it.
+    Settle(ToolError),
     Save(Work),
 }
 
@@ -43,8 +44,17 @@ fn plan(env: &mut Env, work: &str, machine: &str, name: &str) -> ToolResult<Plan
         match made_at {
             _ if w.images_pending.iter().any(|n| n == name) => {
                 return match listed.capture() {
-                    Capture::Ready => Ok(Plan::AlreadyMade(w)),
-                    Capture::Failed => Ok(Plan::Failed),
+                    // Only v1 is this work's own: a later version means more than one save
+                    // went into the name (someone's made after our look, or after ours).
+                    Capture::Ready => match version_number(&listed.version) {
+                        Some(1) => Ok(Plan::AlreadyMade(w)),
+                        v => Ok(Plan::Settle(not_ours(work, name, v.map_or(Made::Unknown { why: format!("boxd lists it at version {:?}", crate::redact::redact(&listed.version, 40)), retry: false }, Made::Shared)))),
+                    },
+                    Capture::Failed => Ok(Plan::Settle(ToolError::with_next(
+                        Code::SnapshotExists,
+                        format!("boxd holds a failed save under the name '{name}' (this work's own, whose answer was lost): no snapshot was made, and the name is no longer recorded as under way"),
+                        "Call boxd_image again with another name: boxd still holds the failed save under this one.",
+                    ))),
                     Capture::Unknown => Err(listed.unknown_status()),
                     // The CLI blocks until the capture lands, so a save whose answer was
                     // lost (a timeout) may still be landing.
@@ -81,6 +91,30 @@ fn plan(env: &mut Env, work: &str, machine: &str, name: &str) -> ToolResult<Plan
     Ok(Plan::Save(w))
 }
 
+/// A save of `work`'s that is not a snapshot of its own: `made` is not `v1`. boxd has no
+/// command to delete one version of a snapshot (and the host grants this plugin no snapshot
+/// removal), so the answer says exactly what was added where; nothing is recorded as made.
+fn not_ours(work: &str, name: &str, made: Made) -> ToolError {
+    let next = format!("Call boxd_image again for work '{work}' with another name.");
+    let what = match made {
+        Made::Later(n) => format!("a snapshot named '{name}' was made by someone else between this call's look at the name and its save, and boxd added this save as its version v{n}"),
+        Made::Shared(n) => format!("boxd lists snapshot '{name}' at version v{n}: more than one save went into the name (someone else's made after this work's look), and which version is this work's boxd did not say"),
+        Made::Unknown { why, .. } => {
+            return ToolError::with_next(
+                Code::BoxdFailed,
+                format!("snapshot '{name}' was saved from work '{work}', but which version that save made is not known ({why}): a name someone made meanwhile would have been given a version, so it is not recorded as this work's, nor as under way"),
+                next,
+            );
+        }
+        Made::First => String::new(),
+    };
+    ToolError::with_next(
+        Code::SnapshotExists,
+        format!("{what}. Machines booted from '{name}' get its newest version, which may be this work's capture rather than theirs; boxd has no command to remove one version, so tell whoever made '{name}' (saving their machine under it again makes theirs the newest). '{name}' is not recorded as this work's"),
+        next,
+    )
+}
+
 /// The refusals an image gives before it records the save (see `plan`; a failed save of
 /// this work's own is refused by `run`, which clears its name).
 pub fn check(env: &mut Env, args: &Value) -> ToolResult<()> {
@@ -111,14 +145,10 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
             out["next"] = json!(format!("Set \"snapshot\": \"{name}\" in the plugin options to boot new works from it."));
             return Ok(out);
         }
-        Plan::Failed => {
+        Plan::Settle(e) => {
             let n = name.clone();
             ledger.update(&work, |w| w.images_pending.retain(|p| p != &n))?;
-            return Err(ToolError::with_next(
-                Code::SnapshotExists,
-                format!("boxd holds a failed save under the name '{name}' (this work's own, whose answer was lost): no snapshot was made, and the name is no longer recorded as under way"),
-                "Call boxd_image again with another name: boxd still holds the failed save under this one.",
-            ));
+            return Err(e);
         }
         Plan::Save(w) => w,
     };
@@ -137,20 +167,54 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
             format!("Call boxd_status; if work '{work}' is still open, call boxd_image again."),
         ));
     }
-    if let Err(f) = boxd.snapshot_save(&machine, &name) {
-        // A refusal, unlike a timeout or a lost connection (a save that may still land),
-        // started nothing once boxd lists no snapshot by the name: it is no longer recorded
-        // as under way, or every drop would wait on a save that never began. One listing,
-        // on this failure path only.
-        let refused = !matches!(f, Failure::Timeout(_) | Failure::Unreachable(_));
-        let mut e = crate::guest::failed_on(&mut boxd, &machine, &work, f);
-        if refused && boxd.snapshots().is_ok_and(|list| !list.iter().any(|s| s.name == name)) {
-            let n = name.clone();
-            if ledger.update(&work, |w| w.images_pending.retain(|p| p != &n)).is_ok() {
-                e.message = format!("{}; boxd lists no snapshot '{name}', so no save of it is recorded as under way", e.message);
-            }
+    let withdraw = |ledger: &mut Ledger<'_, _>| {
+        let n = name.clone();
+        ledger.update(&work, |w| w.images_pending.retain(|p| p != &n)).map(drop)
+    };
+    // A second look just before the save, to narrow the window in which someone else can
+    // take the name: boxd has no save that refuses an existing name.
+    match boxd.snapshots() {
+        Ok(list) if !list.iter().any(|s| s.name == name) => {}
+        looked => {
+            withdraw(&mut ledger)?;
+            return Err(match looked {
+                Err(f) => f.into_error(),
+                Ok(_) => ToolError::new(Code::SnapshotExists, format!("a snapshot named '{name}' appeared while this call got ready to save; nothing was saved")),
+            });
         }
-        return Err(e);
+    }
+    let answered = match boxd.snapshot_save(&machine, &name) {
+        Ok(v) => v,
+        Err(f) => {
+            // A refusal, unlike a timeout or a lost connection (a save that may still land),
+            // started nothing once boxd lists no snapshot by the name: it is no longer recorded
+            // as under way, or every drop would wait on a save that never began. One listing,
+            // on this failure path only.
+            let refused = !matches!(f, Failure::Timeout(_) | Failure::Unreachable(_));
+            let mut e = crate::guest::failed_on(&mut boxd, &machine, &work, f);
+            if refused && boxd.snapshots().is_ok_and(|list| !list.iter().any(|s| s.name == name)) {
+                let n = name.clone();
+                if ledger.update(&work, |w| w.images_pending.retain(|p| p != &n)).is_ok() {
+                    e.message = format!("{}; boxd lists no snapshot '{name}', so no save of it is recorded as under way", e.message);
+                }
+            }
+            return Err(e);
+        }
+    };
+    match boxd.made(&name, answered) {
+        Made::First => {}
+        // A failed listing may tell later: the name stays under way, for boxd_image to settle.
+        Made::Unknown { why, retry: true } => {
+            return Err(ToolError::with_next(
+                Code::BoxdFailed,
+                format!("snapshot '{name}' was saved, but which version this save made is not known yet ({why}); it is not recorded as this work's, and stays recorded as under way"),
+                format!("Call boxd_image again for work '{work}' with name '{name}' in a later turn: it is answered made only if boxd lists '{name}' at v1."),
+            ));
+        }
+        made => {
+            withdraw(&mut ledger)?;
+            return Err(not_ours(&work, &name, made));
+        }
     }
     let n = name.clone();
     ledger.update(&work, |w| {
@@ -178,6 +242,7 @@ mod tests {
         let mut p = Scripted::default();
         p.push_exit(0, "[]", "");
         p.push_exit(0, OURS, "");
+        p.push_exit(0, "[]", "");
         p.push_fail(1, "error: VM 'oc-w1' is hibernated — run 'boxd machine wake oc-w1' first");
         p.push_exit(0, &OURS.replace("running", "hibernated"), "");
         p.push_exit(0, "[]", "");
@@ -202,6 +267,7 @@ mod tests {
             let mut p = Scripted::default();
             p.push_exit(0, "[]", "");
             p.push_exit(0, OURS, "");
+            p.push_exit(0, "[]", "");
             p.push_fail(fail.0, fail.1);
             p.push_exit(0, OURS, "");
             match listed {
@@ -228,11 +294,11 @@ mod tests {
     }
 
     /// A lost save's rerun is made only when boxd holds the snapshot ready (or, as an older
-    /// CLI lists it, with no status): one still pending is SESSION_BUSY and stays recorded
-    /// as under way; one boxd holds as failed is refused and its name cleared.
+    /// CLI lists it, with no status) at v1: one still pending is SESSION_BUSY and stays
+    /// recorded as under way; one boxd holds as failed is refused and its name cleared.
     #[test]
     fn a_lost_save_is_made_only_once_boxd_holds_it_ready() {
-        for listed in [r#"[{"name":"img","version":"v1","status":"ready"}]"#, r#"[{"name":"img"}]"#] {
+        for listed in [r#"[{"name":"img","version":"v1","status":"ready"}]"#, r#"[{"name":"img","version":"v1"}]"#] {
             let mut fs = pending_img();
             let mut p = Scripted::default();
             p.push_exit(0, listed, "");
@@ -267,6 +333,93 @@ mod tests {
         let e = call(&mut p, &mut fs, "boxd_image", r#"{"work":"w1","name":"img"}"#, raw_context("{}", "{}")).unwrap_err();
         assert_eq!(e.code, Code::BoxdFailed, "{e:?}");
         assert_eq!(Ledger::new(&mut fs, "/l").require("w1").unwrap().images_pending, ["img"]);
+    }
+
+    /// A lost save's rerun that finds the name at a later version than v1, or at none boxd
+    /// names, cannot tell the snapshot is this work's: it is refused, not recorded as made,
+    /// and no longer as under way (before: answered alreadyMade and recorded as this work's,
+    /// though a save made after this work's look, or after its save, went into the name).
+    #[test]
+    fn a_lost_saves_rerun_is_made_only_at_v1() {
+        for (listed, code) in [
+            (r#"[{"name":"img","version":"v2","status":"ready"}]"#, Code::SnapshotExists),
+            (r#"[{"name":"img","status":"ready"}]"#, Code::BoxdFailed),
+            (r#"[{"name":"img"}]"#, Code::BoxdFailed),
+        ] {
+            let mut fs = pending_img();
+            let mut p = Scripted::default();
+            p.push_exit(0, listed, "");
+            p.push_exit(0, listed, "");
+            assert_eq!(crate::tools::check(&mut p, &mut fs, "boxd_image", r#"{"work":"w1","name":"img"}"#, raw_context("{}", "{}")), Ok(()), "the call must reach run to clear the name");
+            let e = call(&mut p, &mut fs, "boxd_image", r#"{"work":"w1","name":"img"}"#, raw_context("{}", "{}")).unwrap_err();
+            assert_eq!(e.code, code, "{listed}: {e:?}");
+            assert!(e.message.contains("not recorded as this work's") && e.next.contains("another name"), "{e:?}");
+            let w = Ledger::new(&mut fs, "/l").require("w1").unwrap();
+            assert!(w.images_pending.is_empty() && w.images.is_empty(), "{listed}: {w:?}");
+        }
+    }
+
+    /// The save's answer names the version it made. v1 is recorded; a later version means
+    /// someone made the name between this call's looks and its save: SNAPSHOT_EXISTS naming
+    /// the version added, nothing recorded as made or under way. With no version in the
+    /// answer, one listing decides; a failed listing keeps the name under way (a rerun
+    /// settles it). Before: every save that exited 0 was recorded as this work's.
+    #[test]
+    fn only_a_save_that_made_v1_is_recorded_as_this_works() {
+        let save = |answer: &str, after: &[(i32, &str)]| {
+            let mut fs = open_work(None);
+            let mut p = Scripted::default();
+            p.push_exit(0, "[]", "");
+            p.push_exit(0, OURS, "");
+            p.push_exit(0, "[]", "");
+            p.push_exit(0, answer, "");
+            for (code, text) in after {
+                if *code == 0 { p.push_exit(0, text, "") } else { p.push_fail(*code, text) }
+            }
+            let r = call(&mut p, &mut fs, "boxd_image", r#"{"work":"w1","name":"img"}"#, raw_context("{}", "{}"));
+            assert!(p.commands()[3] == "snapshots save oc-w1 img --json", "{:?}", p.commands());
+            (r, Ledger::new(&mut fs, "/l").require("w1").unwrap())
+        };
+        let (r, w) = save(r#"{"name":"img","version":"v1","status":"ready"}"#, &[]);
+        assert_eq!(r.unwrap()["snapshot"], "img");
+        assert!(w.images == ["img"] && w.images_pending.is_empty(), "{w:?}");
+
+        let (r, w) = save(r#"{"name":"img","version":"v2","status":"ready"}"#, &[]);
+        let e = r.unwrap_err();
+        assert!(e.code == Code::SnapshotExists && e.message.contains("version v2") && e.message.contains("someone else") && e.next.contains("another name"), "{e:?}");
+        assert!(w.images.is_empty() && w.images_pending.is_empty(), "{w:?}");
+
+        // Garbage or nothing for an answer: the listing after it decides.
+        let (r, w) = save("upstream connect error", &[(0, r#"[{"name":"img","version":"v1","status":"ready"}]"#)]);
+        assert!(r.is_ok() && w.images == ["img"], "{r:?}");
+        let (r, w) = save("", &[(0, r#"[{"name":"img","version":"v3","status":"ready"}]"#)]);
+        assert!(r.unwrap_err().code == Code::SnapshotExists && w.images.is_empty() && w.images_pending.is_empty());
+        let (r, w) = save("", &[(0, r#"[{"name":"img","status":"ready"}]"#)]);
+        assert!(r.unwrap_err().code == Code::BoxdFailed && w.images.is_empty() && w.images_pending.is_empty());
+        let (r, w) = save("", &[(1, "error: cannot connect to https://boxd.sh:9443: dns error")]);
+        let e = r.unwrap_err();
+        assert!(e.code == Code::BoxdFailed && e.next.contains("boxd_image again for work 'w1' with name 'img'"), "{e:?}");
+        assert!(w.images.is_empty() && w.images_pending == ["img"], "{w:?}");
+    }
+
+    /// The name is looked at again just before the save: taken since the plan's look, or
+    /// not known (a failed listing), nothing is saved and nothing stays under way.
+    #[test]
+    fn a_name_taken_after_the_plan_is_not_saved_into() {
+        for second in [Ok(r#"[{"name":"img","version":"v1","status":"ready"}]"#), Err("error: cannot connect to https://boxd.sh:9443: dns error")] {
+            let mut fs = open_work(None);
+            let mut p = Scripted::default();
+            p.push_exit(0, "[]", "");
+            p.push_exit(0, OURS, "");
+            match second {
+                Ok(l) => p.push_exit(0, l, ""),
+                Err(m) => p.push_fail(1, m),
+            }
+            let e = call(&mut p, &mut fs, "boxd_image", r#"{"work":"w1","name":"img"}"#, raw_context("{}", "{}")).unwrap_err();
+            assert_eq!(e.code, if second.is_ok() { Code::SnapshotExists } else { Code::BoxdFailed }, "{e:?}");
+            assert!(!p.commands().iter().any(|c| c.starts_with("snapshots save")), "{:?}", p.commands());
+            assert!(Ledger::new(&mut fs, "/l").require("w1").unwrap().images_pending.is_empty());
+        }
     }
 
     /// A save is not started on a work a drop has marked: its remove would abort the capture.
