@@ -321,8 +321,8 @@ fn image_after_a_proof_makes_an_immutable_snapshot() {
 
 /// A save whose answer was lost (boxd-local saved, then answered a timeout) is settled by
 /// the status boxd lists for it: pending holds both the image's rerun (SESSION_BUSY, still
-/// recorded) and a drop (nothing removed); failed clears the name (SNAPSHOT_EXISTS) and
-/// lets the drop go on.
+/// recorded), a submit and a drop (nothing sent, nothing removed); failed clears the name
+/// (SNAPSHOT_EXISTS) and lets the drop go on.
 #[test]
 fn a_lost_save_is_settled_by_its_listed_status_and_holds_the_drop_meanwhile() {
     let world = World::new("harvest-image-lost");
@@ -331,6 +331,11 @@ fn a_lost_save_is_settled_by_its_listed_status_and_holds_the_drop_meanwhile() {
     world.faults(r#"[{"verb":"snapshots save","times":1,"action":"fail","land":true,"exit_code":124,"message":"timed out waiting for boxd.sh"}]"#);
     world.err_call("boxd_image", r#"{"work":"w1","name":"w1-img"}"#, "TIMEOUT");
     world.faults("[]");
+    // No prompt runs under a capture that may still be landing (before: it ran).
+    world.forget_calls();
+    let v = world.err_call("boxd_submit", r#"{"work":"w1","prompt":"more"}"#, "SESSION_BUSY");
+    assert!(v["next"].as_str().unwrap().contains("boxd_image for work 'w1' with name 'w1-img'"), "{v:#}");
+    assert_eq!(world.calls_starting(&["machine", "exec"]), 0, "nothing sent");
     // boxd-local lists the status its version's meta.json holds.
     let meta = world.laptop.boxd_home.join("snapshots/w1-img/v1/meta.json");
     let set_status = |status: &str| {

@@ -515,3 +515,29 @@ fn two_images_of_one_name_at_once_are_one_works_only() {
         assert_eq!(images_of(&world, work), (want, Value::Null), "{work}: {ctx}");
     }
 }
+
+/// A boxd_submit that lands while boxd_image is between its plan and its save (the
+/// image's `machine get` answers 6 s late): the image saves nothing, since the machine
+/// now runs a prompt the laptop has not seen (NOT_PROVEN). Before: it saved, and recorded
+/// `imagesAt` counting the prompt.
+#[test]
+fn an_image_planned_before_a_submit_saves_nothing_the_laptop_has_not_seen() {
+    let world = World::new("races-image-submit");
+    let w = json!({ "work": "rs" }).to_string();
+    world.ok_call("boxd_ensure", &w);
+    world.ok_call("boxd_harvest", &w);
+    world.faults(r#"[{"verb":"machine get","machine":"oc-rs","times":1,"action":"delay","ms":6000}]"#);
+    world.forget_calls();
+    let (image, submitted) = std::thread::scope(|s| {
+        let image = s.spawn(|| world.call("boxd_image", r#"{"work":"rs","name":"img-rs"}"#));
+        until_running(&["machine", "get", "oc-rs"]);
+        let submitted = world.ok_call("boxd_submit", r#"{"work":"rs","prompt":"write a file please"}"#);
+        (image.join().unwrap(), submitted)
+    });
+    world.faults("[]");
+    assert_eq!(submitted["admitted"], true, "{submitted:#}");
+    assert_eq!((image.0, image.1["error"].as_str()), (1, Some("NOT_PROVEN")), "{:#}", image.1);
+    assert_eq!(world.calls_starting(&["snapshots", "save"]), 0, "nothing saved");
+    assert_eq!(images_of(&world, "rs"), (Value::Null, Value::Null));
+    world.job_until_idle("rs");
+}

@@ -115,6 +115,18 @@ fn not_ours(work: &str, name: &str, made: Made) -> ToolError {
     )
 }
 
+/// SESSION_BUSY while a save of the work is recorded as under way (boxd_submit): a prompt
+/// run now would change the machine under the capture, and the snapshot would hold a run
+/// the laptop has not seen.
+pub fn require_not_saving(w: &Work) -> ToolResult<()> {
+    let Some(name) = w.images_pending.first() else { return Ok(()) };
+    Err(ToolError::with_next(
+        Code::SessionBusy,
+        format!("work '{}': boxd_image is saving snapshot '{name}' of {} (or its save never answered); a prompt now would run under the capture, so nothing was sent", w.work, w.machine),
+        format!("Call boxd_image for work '{}' with name '{name}' again (it answers made, still saving, or failed and cleared), then boxd_submit.", w.work),
+    ))
+}
+
 /// The refusals an image gives before it records the save (see `plan`; a failed save of
 /// this work's own is refused by `run`, which clears its name).
 pub fn check(env: &mut Env, args: &Value) -> ToolResult<()> {
@@ -152,20 +164,29 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
         }
         Plan::Save(w) => w,
     };
-    // Not while a drop is under way: its machine may be removed under the capture.
-    let (n, mut dropping) = (name.clone(), false);
+    // The intent, checked against the record as it is now, not as `plan` read it: not
+    // while a drop is under way (its machine may be removed under the capture), nor once a
+    // prompt submitted since has made the work unproven (the capture would hold a run the
+    // laptop has not seen). The prompt count is taken here: boxd_submit refuses while the
+    // name is recorded as under way, so it is the count the snapshot holds.
+    let (n, mut refused, mut at) = (name.clone(), None, 0);
     ledger.update(&work, |w| {
-        dropping = w.state == WorkState::Dropping;
-        if !dropping && !w.images_pending.contains(&n) {
+        refused = if w.state == WorkState::Dropping {
+            Some(ToolError::with_next(
+                Code::SessionBusy,
+                format!("work '{work}' is being dropped; no snapshot was saved"),
+                format!("Call boxd_status; if work '{work}' is still open, call boxd_image again."),
+            ))
+        } else {
+            require_proven(w).err()
+        };
+        at = w.prompts.len() as u64;
+        if refused.is_none() && !w.images_pending.contains(&n) {
             w.images_pending.push(n);
         }
     })?;
-    if dropping {
-        return Err(ToolError::with_next(
-            Code::SessionBusy,
-            format!("work '{work}' is being dropped; no snapshot was saved"),
-            format!("Call boxd_status; if work '{work}' is still open, call boxd_image again."),
-        ));
+    if let Some(e) = refused {
+        return Err(e);
     }
     let withdraw = |ledger: &mut Ledger<'_, _>| {
         let n = name.clone();
@@ -219,7 +240,7 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
     let n = name.clone();
     ledger.update(&work, |w| {
         w.images_pending.retain(|p| p != &n);
-        w.images_at.insert(n.clone(), w.prompts.len() as u64);
+        w.images_at.insert(n.clone(), at);
         w.images.push(n);
     })?;
     let mut out = work_json(&w, "running");
@@ -420,6 +441,36 @@ mod tests {
             assert!(!p.commands().iter().any(|c| c.starts_with("snapshots save")), "{:?}", p.commands());
             assert!(Ledger::new(&mut fs, "/l").require("w1").unwrap().images_pending.is_empty());
         }
+    }
+
+    /// The intent is checked against the record as it is when it is written: a prompt
+    /// recorded after the plan read the record (a boxd_submit in between) makes the work
+    /// unproven, and nothing is saved. Before: the save ran, and imagesAt counted the
+    /// prompt the snapshot may not hold.
+    #[test]
+    fn a_prompt_recorded_after_the_plan_stops_the_save() {
+        use crate::testing::Shared;
+        /// Scripted boxd; a boxd_submit records its prompt while boxd answers the plan's
+        /// `machine get`.
+        struct SubmitDuringTheGet(Scripted, alloc::rc::Rc<core::cell::RefCell<crate::testing::MemFiles>>);
+        impl crate::caps::Programs for SubmitDuringTheGet {
+            fn run(&mut self, r: &crate::caps::RunRequest) -> Result<crate::caps::RunOutput, crate::caps::SpawnError> {
+                if r.args.iter().take(2).map(String::as_str).eq(["machine", "get"]) {
+                    let late = crate::ledger::Prompt { id: "p-late".into(), ..Default::default() };
+                    Ledger::new(&mut *self.1.borrow_mut(), "/l").update("w1", |w| w.prompts.push(late)).unwrap();
+                }
+                self.0.run(r)
+            }
+        }
+        let shared = alloc::rc::Rc::new(core::cell::RefCell::new(open_work(None)));
+        let mut p = SubmitDuringTheGet(Scripted::default(), shared.clone());
+        p.0.push_exit(0, "[]", "");
+        p.0.push_exit(0, OURS, "");
+        let e = call(&mut p, &mut Shared(shared.clone()), "boxd_image", r#"{"work":"w1","name":"img"}"#, raw_context("{}", "{}")).unwrap_err();
+        assert_eq!(e.code, Code::NotProven, "{e:?}");
+        assert_eq!(p.0.commands(), ["snapshots list --json", "machine get oc-w1 --json"], "nothing saved");
+        let w = Ledger::new(&mut *shared.borrow_mut(), "/l").require("w1").unwrap();
+        assert!(w.images_pending.is_empty() && w.images.is_empty(), "{w:?}");
     }
 
     /// A save is not started on a work a drop has marked: its remove would abort the capture.

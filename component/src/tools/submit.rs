@@ -136,6 +136,7 @@ fn admit(env: &mut Env, args: &Value) -> ToolResult<Admitted> {
     let mut ledger = Ledger::for_call(&mut env.files, ctx);
     let w = ledger.require(&work)?;
     super::require_open(&w)?;
+    super::image::require_not_saving(&w)?;
     super::admission::check_lifetime(&w, ctx)?;
     running_state(&mut Boxd::new(&mut env.programs, ctx.options.boxd_timeout_seconds), &mut ledger, ctx, &w)?;
     Ok(Admitted { work, machine, prompt, files, w })
@@ -190,6 +191,9 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
                     format!("Call boxd_status in a later turn. A drop that was interrupted is finished by boxd_drop for work '{work}', or its work reopened by boxd_ensure once the drop is 10 minutes old."),
                 ));
             }
+            // Checked again under the ledger's lock: a boxd_image that recorded its save
+            // since `admit` read the record is capturing the machine now.
+            super::image::require_not_saving(&w)?;
             w.prompts.push(p);
             Ok(Some(w))
         })?;
@@ -303,6 +307,39 @@ mod tests {
 
     const ARGS: &str = r#"{"work":"w1","prompt":"fix it","files":[{"from":"a.txt","to":"src/a.txt"}]}"#;
     const ADMITTED: &str = r#"{"ok":true,"admitted":true,"queued":false,"pending":0,"files":1}"#;
+
+    /// No prompt reaches a machine boxd_image is saving (its save recorded as under way):
+    /// SESSION_BUSY naming boxd_image for that name, before any boxd call, and also when the
+    /// image records its save while this submit's `machine get` runs (checked again under
+    /// the ledger's lock). Before: the prompt ran under the capture.
+    #[test]
+    fn no_prompt_is_sent_while_a_save_is_under_way() {
+        use crate::testing::Shared;
+        let mut fs = open_work(None);
+        Ledger::new(&mut fs, "/l").update("w1", |w| w.images_pending.push("img".into())).unwrap();
+        let mut p = Scripted::default();
+        let e = call(&mut p, &mut fs, "boxd_submit", r#"{"work":"w1","prompt":"go"}"#, raw(1)).unwrap_err();
+        assert!(e.code == Code::SessionBusy && e.message.contains("saving snapshot 'img'") && e.next.contains("boxd_image for work 'w1' with name 'img'"), "{e:?}");
+        assert!(p.commands().is_empty(), "{:?}", p.commands());
+        assert!(Ledger::new(&mut fs, "/l").require("w1").unwrap().prompts.is_empty());
+
+        struct ImageDuringTheGet(Scripted, alloc::rc::Rc<core::cell::RefCell<MemFiles>>);
+        impl crate::caps::Programs for ImageDuringTheGet {
+            fn run(&mut self, r: &crate::caps::RunRequest) -> Result<RunOutput, SpawnError> {
+                if r.args.iter().take(2).map(String::as_str).eq(["machine", "get"]) {
+                    Ledger::new(&mut *self.1.borrow_mut(), "/l").update("w1", |w| w.images_pending.push("img".into())).unwrap();
+                }
+                self.0.run(r)
+            }
+        }
+        let shared = alloc::rc::Rc::new(core::cell::RefCell::new(open_work(None)));
+        let mut p = ImageDuringTheGet(Scripted::default(), shared.clone());
+        p.0.push_exit(0, OURS, "");
+        let e = call(&mut p, &mut Shared(shared.clone()), "boxd_submit", r#"{"work":"w1","prompt":"go"}"#, raw(1)).unwrap_err();
+        assert_eq!(e.code, Code::SessionBusy, "{e:?}");
+        assert_eq!(p.0.commands(), ["machine get oc-w1 --json"], "nothing sent");
+        assert!(Ledger::new(&mut *shared.borrow_mut(), "/l").require("w1").unwrap().prompts.is_empty());
+    }
 
     /// The same text with a file of another size is a new prompt, not the lost one's retry;
     /// the same text and files keep the lost prompt's id.
