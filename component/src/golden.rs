@@ -400,7 +400,7 @@ fn install<P: Programs>(boxd: &mut Boxd<'_, P>, machine: &str, spec: &Spec, vers
             made => Err(not_ours(name, &made).into()),
         },
         Err(Failure::Timeout(m)) => save_ended_unsaid(boxd, machine, name, "timed out", m, steps).map(|()| out),
-        Err(f) => Err(f.into_error().into()),
+        Err(f) => save_failed(boxd, machine, name, f, steps).map(|()| out),
     }
 }
 
@@ -429,7 +429,30 @@ fn not_ours(name: &str, made: &Made) -> ToolError {
     )
 }
 
-/// A save that timed out may still be landing: its snapshot is looked for in the listing (up to `SAVE_LOOKS` times, each
+/// A save boxd answered with a failure (not a timeout) may have landed all the same (boxd
+/// failing after it acted): one look at the listing. Ready at `v1` (the name was free at
+/// the look just before the save) is taken as this build's; pending is left to land as
+/// after a timeout; anything else is the failure.
+fn save_failed<P: Programs>(boxd: &mut Boxd<'_, P>, machine: &str, name: &str, f: Failure, steps: &mut Vec<String>) -> Result<(), Stop> {
+    let e = f.into_error();
+    let listed = boxd.snapshots().ok().and_then(|l| l.into_iter().find(|s| s.name == name));
+    match listed {
+        Some(s) if s.capture() == Capture::Ready && version_number(&s.version) == Some(1) => {
+            steps.push(format!("the save answered a failure ({}), but boxd lists snapshot {name} ready at v1, and the name was free just before the save: it is this build's", e.message));
+            Ok(())
+        }
+        Some(s) if s.capture() == Capture::Pending => save_ended_unsaid(boxd, machine, name, "failed", e.message, steps),
+        Some(s) => {
+            let mut e = e;
+            e.message = format!("{}; boxd lists snapshot '{name}' as {:?} at version {:?}, which this build cannot tell is its own", e.message, crate::redact::redact(&s.status, 40), crate::redact::redact(&s.version, 40));
+            Err(e.into())
+        }
+        None => Err(e.into()),
+    }
+}
+
+/// A save that timed out (or failed while boxd lists its capture pending) may still be
+/// landing: its snapshot is looked for in the listing (up to `SAVE_LOOKS` times, each
 /// bounded by the boxd timeout) until boxd holds it ready (the build goes on, if at `v1`:
 /// the name was free at the look just before the save) or failed (the build machine is
 /// removed). Otherwise the machine is left for the capture, which removing it would abort.

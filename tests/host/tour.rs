@@ -266,6 +266,24 @@ fn listed_version(laptop: &Laptop, name: &str) -> serde_json::Value {
     v.as_array().unwrap().iter().find(|s| s["name"] == name).map(|s| s["version"].clone()).unwrap_or_default()
 }
 
+/// A save that lands and then answers a failure (boxd failing after it acted) is looked
+/// for once: listed ready at v1 under a name that was free just before, it is the build's
+/// snapshot, and the build machine is removed. Before: BOXD_FAILED, and a rebuild under
+/// the name was SNAPSHOT_EXISTS.
+#[test]
+fn a_golden_save_that_landed_then_failed_is_the_builds_snapshot() {
+    let laptop = Laptop::new("golden-save-failed");
+    let (url, _) = flaky_server(0, archive(&laptop.scratch.0));
+    std::fs::create_dir_all(&laptop.boxd_home).unwrap();
+    std::fs::write(laptop.boxd_home.join("faults.json"), r#"[{"verb":"snapshots save","times":1,"action":"fail","land":true,"message":"internal"}]"#).unwrap();
+    let (code, report, steps, _) = golden(&laptop, &url, &["--name", "gold3"]);
+    assert_eq!(code, Some(0), "{report}\n{steps}");
+    assert_eq!(report["buildMachineRemoved"], true, "{report}");
+    assert!(report["steps"].to_string().contains("answered a failure"), "{report}");
+    assert_eq!(listed_version(&laptop, "gold3"), "v1");
+    assert!(machine_names(&laptop).is_empty(), "{:?}", machine_names(&laptop));
+}
+
 /// Someone saves a snapshot under the build's name after its second look at the name and
 /// before its save (that look lists at once and answers 3 s late): the build's save becomes
 /// v2 of their snapshot. The answer is SNAPSHOT_EXISTS naming the version added, the build

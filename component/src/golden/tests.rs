@@ -204,6 +204,40 @@ fn a_save_that_made_a_later_version_is_not_this_builds() {
     assert!(e.code == Code::SnapshotExists && e.message.contains("v2"), "{e:?}");
 }
 
+/// A save boxd answers with a failure after it landed (not a timeout) is looked for
+/// once: listed ready at v1 (the name was free at the look just before), it is this
+/// build's (before: BOXD_FAILED, and a rebuild under the name SNAPSHOT_EXISTS); not
+/// listed, or at another version, the failure stands.
+#[test]
+fn a_save_that_landed_and_then_failed_is_adopted_only_at_v1() {
+    for (listed, ok) in [
+        (r#"[{"name":"opencode-golden","version":"v1","status":"ready"}]"#, true),
+        ("[]", false),
+        (r#"[{"name":"opencode-golden","version":"v2","status":"ready"}]"#, false),
+        (r#"[{"name":"opencode-golden","status":"ready"}]"#, false),
+    ] {
+        let (mut p, mut fs) = (Scripted::default(), MemFiles::new(&["/p", "/l"]));
+        to_the_second_look(&mut p);
+        p.push_exit(0, "[]", "");
+        p.push_fail(1, "error: internal");
+        p.push_exit(0, listed, "");
+        p.push_exit(0, "{}", "");
+        let r = run_build(&mut p, &mut fs);
+        assert_eq!(p.commands().last().unwrap(), &alloc::format!("machine remove {MACHINE} -y --json"), "{listed}");
+        match r {
+            Ok(v) => {
+                assert!(ok, "{listed}: {v:#}");
+                assert_eq!(v["buildMachineRemoved"], true);
+                assert!(v["steps"].to_string().contains("answered a failure (boxd snapshots save failed: error: internal)"), "{v:#}");
+            }
+            Err(e) => {
+                assert!(!ok && e.code == Code::BoxdFailed && e.message.contains("error: internal"), "{listed}: {e:?}");
+            }
+        }
+        assert!(left(&mut fs).is_empty());
+    }
+}
+
 /// A `machine new` that fails or times out may have landed: one `get`, and the build
 /// machine is removed when it is there; the message names it either way.
 #[test]
