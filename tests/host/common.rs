@@ -432,6 +432,27 @@ pub fn running(args: &[&str]) -> bool {
     })
 }
 
+/// Wait until a boxd-local of the provider state `home` runs with `args` in a row (one
+/// laptop's call under way while other tests run the same verb), at most 60 s.
+pub fn until_running_in(home: &Path, args: &[&str]) {
+    let want: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
+    let marker = format!("BOXD_LOCAL_HOME={}", home.display()).into_bytes();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let found = std::fs::read_dir("/proc").into_iter().flatten().flatten().any(|p| {
+            let argv = std::fs::read(p.path().join("cmdline")).unwrap_or_default();
+            let argv: Vec<&[u8]> = argv.split(|b| *b == 0).collect();
+            argv.windows(want.len()).any(|w| w == want.as_slice())
+                && std::fs::read(p.path().join("environ")).unwrap_or_default().split(|b| *b == 0).any(|v| v == marker.as_slice())
+        });
+        if found {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "nothing ran {args:?} in {}", home.display());
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
 /// Wait until a process runs with `args` in a row (the call under way), at most 60 s.
 pub fn until_running(args: &[&str]) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);

@@ -472,7 +472,9 @@ fn an_image_whose_name_is_taken_before_its_save_is_refused_and_says_what_it_adde
     let (code, v) = std::thread::scope(|s| {
         let image = s.spawn(|| world.call("boxd_image", r#"{"work":"ri","name":"shared-img"}"#));
         until("the image records its save", || saving(&world, "ri", "shared-img"));
-        std::thread::sleep(std::time::Duration::from_millis(700));
+        // Its second look has listed (it does at once) and now waits before answering.
+        until_running_in(&world.laptop.boxd_home, &["snapshots", "list"]);
+        std::thread::sleep(std::time::Duration::from_millis(300));
         let theirs = world.laptop.boxd(&["snapshots", "save", "someone-else", "shared-img"]);
         assert!(theirs.status.success(), "{}", String::from_utf8_lossy(&theirs.stderr));
         image.join().unwrap()

@@ -306,7 +306,9 @@ fn a_golden_build_whose_name_is_taken_before_its_save_says_what_it_added() {
             assert!(std::time::Instant::now() < deadline, "the install never ended");
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
-        std::thread::sleep(std::time::Duration::from_millis(700));
+        // Its second look has listed (it does at once) and now waits before answering.
+        until_running_in(&laptop.boxd_home, &["snapshots", "list"]);
+        std::thread::sleep(std::time::Duration::from_millis(300));
         let theirs = laptop.boxd(&["snapshots", "save", "someone-else", "gold"]);
         assert!(theirs.status.success(), "{}", String::from_utf8_lossy(&theirs.stderr));
         build.join().unwrap()
