@@ -203,6 +203,12 @@ pub struct Prompt {
     /// later submit is taken as this one's retry by.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub files_sha256: String,
+    /// The submit call now carrying it (a tag of that call's random bytes): the call that
+    /// recorded it, or the latest retry that took it over. A call that learns for certain
+    /// that its exec delivered nothing takes the prompt off the record only while it still
+    /// carries it, so never one another call may be delivering. Empty in older records.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub attempt: String,
     /// Fields this version does not know (a newer host wrote them): kept as they are, so
     /// an older host's read-modify-write never drops what a newer one recorded.
     #[serde(flatten)]
@@ -340,6 +346,21 @@ impl Work {
         self.prompts.iter().filter(|p| !p.admitted).map(|p| p.id.clone()).collect()
     }
 
+    /// Take `ids` off the prompt list. Proof and git counts are positions in this list:
+    /// they move down with it, so a newer prompt never slips under an older proof.
+    pub fn remove_prompts(&mut self, ids: &[String]) {
+        let removed_before = |n: u64| self.prompts.iter().take(n as usize).filter(|p| ids.contains(&p.id)).count() as u64;
+        let shifts: Vec<u64> = self.proofs.iter().map(|p| removed_before(p.prompts)).collect();
+        let git = self.git.as_ref().map(|g| removed_before(g.prompts));
+        for (p, d) in self.proofs.iter_mut().zip(shifts) {
+            p.prompts -= d;
+        }
+        if let (Some(g), Some(d)) = (self.git.as_mut(), git) {
+            g.prompts -= d;
+        }
+        self.prompts.retain(|p| !ids.contains(&p.id));
+    }
+
     /// Apply the guest's word on unresolved prompts: a prompt it knows was admitted; one it
     /// never saw was never delivered (the host stopped before sending it) and leaves the
     /// record, with a warning, so it does not block the proof for ever.
@@ -354,19 +375,7 @@ impl Work {
             }
         }
         if !lost.is_empty() {
-            // Proof and git counts are positions in this list: move them down with it, so a
-            // newer prompt never slips under an older proof.
-            let removed_before = |n: u64| self.prompts.iter().take(n as usize).filter(|p| lost.contains(&p.id)).count() as u64;
-            let shifts: Vec<u64> = self.proofs.iter().map(|p| removed_before(p.prompts)).collect();
-            for (p, d) in self.proofs.iter_mut().zip(shifts) {
-                p.prompts -= d;
-            }
-            if let Some(g) = self.git.as_ref().map(|g| removed_before(g.prompts)) {
-                if let Some(git) = self.git.as_mut() {
-                    git.prompts -= g;
-                }
-            }
-            self.prompts.retain(|p| !lost.contains(&p.id));
+            self.remove_prompts(&lost);
             self.warnings.push(format!("{now}: prompt(s) {} never reached the machine (the host stopped before sending); submit again if still wanted", lost.join(", ")));
         }
     }
