@@ -27,6 +27,31 @@ pub enum Failure {
     /// The host grants boxd but not these arguments: this component and the host's policy
     /// disagree, which no retry fixes.
     Refused(String),
+    /// A laptop file the host was to stream on the exec's stdin did not reach the guest
+    /// whole: the host refused it before starting boxd (`cannot be streamed`, or past a
+    /// limit: a refusal starts no child), or cut its frame because it changed while it was
+    /// sent (the guest refuses a cut frame before it admits anything). The host's words.
+    Unsent(String),
+}
+
+/// What both hosts say of a file to stream that they refused before starting the child
+/// (host-bridge/src/runtime/frames.rs, host-bridge/opencode/lib/frames.js).
+pub const NOT_STREAMED: &str = "cannot be streamed";
+/// What both hosts say of a file that changed while they streamed it: they withhold its
+/// digest, so the guest refuses the cut frame and admits nothing.
+pub const CHANGED: &str = "changed while it was sent";
+/// How a refused file past a limit starts (both hosts).
+const TOO_LARGE: &str = "FILE_TOO_LARGE: ";
+/// How the error of an `Unsent` failure starts: only the laptop says it (a guest's
+/// message starts with its machine's name), so a tool may take it as the host's word.
+pub const UNSENT: &str = "the host did not deliver a file to the machine: ";
+
+/// A spawn failure that is the host's refusal of (or cut in) a file it streams on stdin.
+fn unsent(request: &RunRequest, e: &SpawnError) -> Option<String> {
+    match e {
+        SpawnError::Failed(m) if !request.stdin_files.is_empty() && (m.contains(NOT_STREAMED) || m.starts_with(TOO_LARGE) || m.contains(CHANGED)) => Some(m.clone()),
+        _ => None,
+    }
 }
 
 /// A boxd call's outcome as the adapter takes it: a spawn error or a non-zero exit becomes
@@ -123,6 +148,11 @@ impl Failure {
             Failure::Timeout(m) => ToolError::new(Code::Timeout, m),
             Failure::Other(m) => ToolError::new(Code::BoxdFailed, m),
             Failure::Refused(m) => ToolError::new(Code::HostFailed, format!("the host's policy refused a boxd call this plugin makes: {m}")),
+            Failure::Unsent(m) => match m.strip_prefix(TOO_LARGE) {
+                Some(rest) => ToolError::new(Code::FileTooLarge, format!("{UNSENT}{rest}")),
+                None if m.contains(CHANGED) => ToolError::new(Code::PathRefused, format!("{UNSENT}{m}")),
+                None => ToolError::new(Code::PathRefused, format!("{UNSENT}{m}; boxd was not run")),
+            },
         }
     }
 }
@@ -477,7 +507,10 @@ impl<'a, P: Programs> Boxd<'a, P> {
             ..Default::default()
         };
         let bound = format!("{} s (its --timeout of {timeout_seconds} s plus 30 s)", deadline / 1000);
-        let out = self.programs.run(&request).map_err(|e| spawn_failure(e, request_what, &bound))?;
+        let out = self.programs.run(&request).map_err(|e| match unsent(&request, &e) {
+            Some(m) => Failure::Unsent(m),
+            None => spawn_failure(e, request_what, &bound),
+        })?;
         // Exit 1 with an `error:` line is the CLI failing, not the remote command.
         let err = String::from_utf8_lossy(&out.stderr);
         if out.exit_code == Some(1) && error_line_in(&err).is_some() {
