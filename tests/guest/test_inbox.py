@@ -113,9 +113,10 @@ class Inbox(unittest.TestCase):
         self.tree = Path(self.work.tree)
 
     # -- helpers
-    def submit(self, prompt_id, prompt="do it", files=(), frames=None):
-        """cli.main("submit"): (exit code, answer). files: [(to, bytes)]."""
-        payload = {"promptId": prompt_id, "prompt": prompt, "files": [{"to": to} for to, _ in files]}
+    def submit(self, prompt_id, prompt="do it", files=(), frames=None, **more):
+        """cli.main("submit"): (exit code, answer). files: [(to, bytes)]; `more` goes into
+        the payload (samePending=True, as the laptop sends it)."""
+        payload = {"promptId": prompt_id, "prompt": prompt, "files": [{"to": to} for to, _ in files], **more}
         body = b"".join(frame(data) for _, data in files) if frames is None else frames
         self.sys.use(json.dumps(payload).encode() + b"\n" + body)
         code = cli.main(["submit", "--work", "w1"])
@@ -320,3 +321,78 @@ class Inbox(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class SamePending(Inbox):
+    """A submit of the same text and files as a prompt still waiting or running, under
+    another id (a retry whose first call ran on after its client gave up, or two places at
+    once), is that prompt's duplicate: it runs once. After that run has ended the same words
+    are a prompt of their own. Each test fails on the helper before the rule (it admitted
+    the second id and ran the text twice)."""
+
+    # the Inbox tests are not run again here
+    locals().update({name: None for name in dir(Inbox) if name.startswith("test_")})
+
+    def test_a_retry_while_the_first_waits_is_its_duplicate_and_places_nothing(self):
+        code, out = self.submit("p1", "same words", files=[("f.txt", b"v1\n")], samePending=True)
+        self.assertEqual((code, out.get("duplicate")), (0, None), out)
+        (self.tree / "f.txt").write_bytes(b"the agent's edit\n")
+        code, out = self.submit("p2", "same words", files=[("f.txt", b"v1\n")], samePending=True)
+        self.assertEqual((code, out.get("duplicate"), out.get("duplicateOf")), (0, True, "p1"), out)
+        self.assertEqual((self.tree / "f.txt").read_bytes(), b"the agent's edit\n", "its file was not placed again")
+        self.assertEqual(self.inbox(), ["000000000001-p1.json"])
+        self.assertEqual(self.temps(), [])
+        self.assertEqual(self.work.resolved(["p2"]), {"p2": False})
+        self.assertEqual(self.pump(), ["same words"])
+
+    def test_a_retry_while_the_first_runs_is_its_duplicate(self):
+        self.submit("p1", "same words", samePending=True)
+        self.opencode = FakeOpencode()
+        self.opencode.get = lambda path, timeout=15.0, _get=self.opencode.get: (
+            {SID: {"type": "busy"}} if path == "/session/status" and self.opencode.sent else _get(path, timeout))
+        self.assertEqual(self.pump(ticks=2), ["same words"])
+        self.assertEqual(self.work.state().current["promptId"], "p1", "still running")
+        code, out = self.submit("p2", "same words", samePending=True)
+        self.assertEqual((code, out.get("duplicateOf")), (0, "p1"), out)
+        self.assertEqual(self.inbox(), [])
+
+    def test_the_same_words_after_the_run_ended_run_again(self):
+        self.submit("p1", "continue", samePending=True)
+        self.assertEqual(self.pump(), ["continue"])
+        self.assertIsNone(self.work.state().current)
+        code, out = self.submit("p2", "continue", samePending=True)
+        self.assertEqual((code, out.get("duplicate")), (0, None), out)
+        self.assertEqual(self.pump(), ["continue", "continue"])
+
+    def test_other_text_other_bytes_an_older_laptop_or_an_older_entry_are_admitted(self):
+        self.submit("p1", "words", files=[("f.txt", b"v1\n")], samePending=True)
+        for pid, prompt, data, more in [("p2", "other words", b"v1\n", {"samePending": True}),
+                                        ("p3", "words", b"v2\n", {"samePending": True}),
+                                        ("p4", "words", b"v1\n", {})]:
+            code, out = self.submit(pid, prompt, files=[("f.txt", data)], **more)
+            self.assertEqual((code, out.get("duplicate")), (0, None), (pid, out))
+        self.entry(9, "p9", "older")  # an older helper's admission: no key
+        code, out = self.submit("p10", "older", samePending=True)
+        self.assertEqual((code, out.get("duplicate")), (0, None), out)
+        self.assertEqual(len(self.inbox()), 6)
+
+    def test_two_simultaneous_submits_of_one_text_admit_it_once(self):
+        answers, barrier = {}, threading.Barrier(2)
+        real_receive = cli.receive_files
+
+        def receive(*a):
+            got = real_receive(*a)
+            barrier.wait(5)  # both have read their frames before either takes the lock
+            return got
+
+        def go(pid):
+            answers[pid] = self.submit(pid, "at once", files=[("f.txt", b"x")], samePending=True)
+        with mock.patch.object(cli, "receive_files", receive):
+            threads = [threading.Thread(target=go, args=(p,)) for p in ("pa", "pb")]
+            [t.start() for t in threads]
+            [t.join() for t in threads]
+        dups = [(pid, out.get("duplicateOf")) for pid, (code, out) in answers.items() if out.get("duplicate")]
+        self.assertEqual(len(dups), 1, answers)
+        self.assertEqual(len(self.inbox()), 1)
+        self.assertEqual(self.inbox()[0].split("-", 1)[1], "%s.json" % dups[0][1])
+        self.assertEqual(self.pump(), ["at once"])

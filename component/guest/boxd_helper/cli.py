@@ -20,7 +20,7 @@ from .protocol import (EXIT_CRASH, EXIT_DOMAIN, EXIT_OK, EXIT_USAGE, PROMPT_MAX,
                        failure, mib, workspace_failure)
 from .pump import ensure_pump, recover_session, run_pump, tick
 from .server import LISTEN_TIMEOUT, ensure_server
-from .state import PROMPT_ID_RE, SESSION_ID_RE, Work
+from .state import PROMPT_ID_RE, SESSION_ID_RE, Work, submit_key
 
 
 def read_stdin():
@@ -124,12 +124,20 @@ def cmd_submit(args):
         raise Fail("ARGS_INVALID", "prompt is not valid Unicode (it holds a lone surrogate)")
     if len(prompt.encode("utf-8")) > PROMPT_MAX:
         raise Fail("FILE_TOO_LARGE", "the prompt is %d bytes; the limit is %s" % (len(prompt.encode("utf-8")), mib(PROMPT_MAX)))
+    same_pending = payload.get("samePending") is True
     password = work.password()
-    received = receive_files(work, plan_files(work, files), sys.stdin.buffer)
+    planned, digests = plan_files(work, files), []
+    received = receive_files(work, planned, sys.stdin.buffer, digests)
+    key = submit_key(prompt, [("/".join(parts), d) for (parts, _), d in zip(planned, digests)])
+    if same_pending:
+        try:  # a run that has just ended is recorded as ended before the check below
+            tick(work, lock_timeout=20.0)
+        except Exception as e:
+            work.log("helper.log", "submit: pump step before admission failed: %s: %s" % (type(e).__name__, e))
     # admit: the duplicate check, the files and the inbox entry are one critical section
     # under the lock the pump dispatches under, so two submits of one id cannot both write
     # files and the pump cannot start this prompt in between; "queued" is decided there too
-    duplicate = False
+    duplicate, twin = False, None
     try:
         with work.state_lock(30.0):
             if work.sealed_recently():
@@ -141,9 +149,15 @@ def cmd_submit(args):
                 # A retry of a submit whose answer was lost: its files were placed then, and
                 # the agent may have changed them since. Putting them back would undo that work.
                 duplicate = True
+            elif same_pending and (twin := work.pending_twin(st, entries, key)):
+                # The same text and files still waiting or running under another id: a
+                # retry whose first call ran on after its client gave up, or the same
+                # submit from two places at once. It runs once; a repeat after that run
+                # has ended is admitted as a prompt of its own.
+                duplicate = True
             else:
                 write_files(work, received)
-                admit(work, st, entries, prompt_id, prompt)
+                admit(work, st, entries, prompt_id, prompt, key)
     finally:
         discard(received)  # those not placed (a refusal, a duplicate, a failure part way)
     ensure_git_exclude(work)
@@ -163,17 +177,22 @@ def cmd_submit(args):
            "files": len(files)}
     if duplicate:
         out["duplicate"] = True
+    if twin:
+        out["duplicateOf"] = twin
     if to_resolve:
         out["resolved"] = work.resolved(to_resolve)
     return out
 
 
-def admit(work, st, entries, prompt_id, prompt):
+def admit(work, st, entries, prompt_id, prompt, key=None):
     """Write the prompt's inbox entry durably, then the state that counts it. The entry is
     the admission: a helper killed before the state write leaves it, and the next admission
-    numbers past it and counts its id as admitted (Work.admission_seq, Work.admitted)."""
+    numbers past it and counts its id as admitted (Work.admission_seq, Work.admitted).
+    `key` (state.submit_key) lets a later identical submit find it while it waits or runs."""
     seq = work.admission_seq(st, entries)
     entry = {"seq": seq, "promptId": prompt_id, "prompt": prompt, "admittedAt": now_iso()}
+    if key:
+        entry["key"] = key
     path = os.path.join(work.inbox, "%012d-%s.json" % (seq, prompt_id))
     try:
         atomic_write(path, json.dumps(entry, ensure_ascii=True).encode("ascii"))

@@ -144,9 +144,10 @@ def plan_files(work, files):
     return planned
 
 
-def receive_files(work, planned, stream):
+def receive_files(work, planned, stream, digests=None):
     """Read one frame per planned file from `stream` into a temp file of the work's own
-    (digest checked): [(parts, target, temp)]. On any failure none is kept."""
+    (digest checked): [(parts, target, temp)]. On any failure none is kept. `digests`, when
+    given, gets each file's sha256 in order."""
     received, total = [], 0
     try:
         for parts, target in planned:
@@ -154,11 +155,13 @@ def receive_files(work, planned, stream):
                 fd, temp = tempfile.mkstemp(prefix="in-", suffix=".boxd-tmp", dir=work.p("tmp"))
                 received.append((parts, target, temp))
                 try:
-                    size, _ = copy_frame(stream, fd, "/".join(parts))
+                    size, sha = copy_frame(stream, fd, "/".join(parts))
                 finally:
                     os.close(fd)
             except OSError as e:
                 raise workspace_failure(e, "receiving %s" % "/".join(parts))
+            if digests is not None:
+                digests.append(sha)
             total += size
             if total > CALL_MAX:
                 raise Fail("FILE_TOO_LARGE", "the files add up to more than %s" % mib(CALL_MAX), path="/".join(parts))

@@ -314,6 +314,8 @@ def dispatch(work, st, info, entry):
     st.current = {"seq": seq, "promptId": item.get("promptId"), "sessionId": sid, "sentAt": now_iso(ts),
                      "baseCount": base_count, "idleTicks": 0, "idleSince": None,
                      "server": {k: info.get(k) for k in ("pid", "boot", "start", "cwd")}}
+    if isinstance(item.get("key"), str):
+        st.current["key"] = item["key"]  # a submit of the same prompt meanwhile is this run's duplicate
     st.runs += 1
     st.mark_dispatched(seq, name)
     st.last_activity_at = now_iso(ts)

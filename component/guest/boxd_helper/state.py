@@ -2,6 +2,7 @@
 tree), the inbox of admitted prompts and the state of its runs (state.json), which the
 commands and the pump share under the state lock."""
 
+import hashlib
 import json
 import os
 import re
@@ -105,6 +106,13 @@ class State:
         if key not in self.ran:
             self.ran = (self.ran + [key])[-RAN_KEPT:]
         self.remember(entry_id(name))
+
+
+def submit_key(prompt, files):
+    """What makes two submits the same prompt on the guest: the prompt's exact text and
+    each file's target and bytes, in order (`files`: [(target, sha256)])."""
+    doc = [hashlib.sha256(prompt.encode("utf-8")).hexdigest(), [[t, d] for t, d in files]]
+    return hashlib.sha256(json.dumps(doc, ensure_ascii=True).encode("ascii")).hexdigest()
 
 
 def entry_id(name):
@@ -266,6 +274,23 @@ class Work:
         ids.update(entry_id(name) for _, name in (self.inbox_entries() if entries is None else entries))
         ids.update(r["promptId"] for r in (st.current, st.last) if r and isinstance(r.get("promptId"), str))
         return ids
+
+    def pending_twin(self, st, entries, key):
+        """The promptId of an admitted prompt with submit key `key` that has not ended: the
+        run in flight, or one waiting in the inbox. None when there is none (entries an
+        older helper admitted carry no key, and match nothing)."""
+        if not key:
+            return None
+        cur = st.current or {}
+        if cur.get("key") == key and isinstance(cur.get("promptId"), str):
+            return cur["promptId"]
+        for seq, name in entries:
+            if st.dispatched(seq, name):
+                continue
+            item = read_json(os.path.join(self.inbox, name))
+            if isinstance(item, dict) and item.get("key") == key:
+                return entry_id(name)
+        return None
 
     def admission_seq(self, st, entries):
         """The sequence number of the next admission: past every number state.json knows
