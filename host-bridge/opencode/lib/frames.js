@@ -63,7 +63,9 @@ function openedWhereChecked(fd, p, preopens, what, created) {
   try {
     fs.closeSync(fd);
   } catch {}
-  throw new Error(`${p}: a symlink is on the way, or it leads out of its preopened folder`);
+  // A file to send is refused in the Rust host's words ("cannot be streamed"), which the
+  // component takes as the host's word that the child never started.
+  throw new Error(`${p}${created ? "" : " cannot be streamed"}: a symlink is on the way, or it leads out of its preopened folder`);
 }
 
 /** Open and check every file sent on stdin before the child starts: [{path, fd, size}]. */
@@ -75,7 +77,14 @@ export function openOutgoing(paths, preopens) {
     for (const p of paths) {
       confined(p, preopens, "file");
       // O_NONBLOCK: opening a FIFO must not wait for a writer; it is refused below.
-      const fd = fs.openSync(p, fs.constants.O_RDONLY | fs.constants.O_NOFOLLOW | fs.constants.O_NONBLOCK);
+      let fd;
+      try {
+        fd = fs.openSync(p, fs.constants.O_RDONLY | fs.constants.O_NOFOLLOW | fs.constants.O_NONBLOCK);
+      } catch (e) {
+        // Gone since the check, or a symlink now (ELOOP): the Rust host's words for it.
+        const why = e.code === "ELOOP" ? "a symlink is on the way, or it leads out of its preopened folder" : e.message;
+        throw new Error(`${p} cannot be streamed: ${why}`);
+      }
       openedWhereChecked(fd, p, preopens, "file", false);
       out.push({ path: p, fd, size: 0 });
       const st = fs.fstatSync(fd, { bigint: true });
