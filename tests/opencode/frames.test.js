@@ -121,8 +121,18 @@ describe("frames", { skip }, () => {
     fs.writeFileSync(path.join(d, "real"), "x");
     fs.symlinkSync(path.join(d, "real"), path.join(d, "link"));
     assert.throws(() => frames.openOutgoing([path.join(d, "link")], [d]), /cannot be streamed: .*symlink/);
-    // The words the component takes as the host's refusal (component/src/boxd.rs NOT_STREAMED).
-    assert.throws(() => frames.openOutgoing([path.join(d, "gone")], [d]), /gone cannot be streamed: /);
+    // Gone, or made a symlink, between the check and the open (the check is made to see
+    // it as it was): refused in the words the component takes as the host's refusal, as
+    // the Rust host words it (component/src/boxd.rs NOT_STREAMED). Before, Node's own
+    // "ENOENT: …" / "ELOOP: …" came through, and the component answered BOXD_FAILED.
+    const realpath = fs.realpathSync;
+    fs.realpathSync = (p) => p;
+    try {
+      assert.throws(() => frames.openOutgoing([path.join(d, "gone")], [d]), /gone cannot be streamed: /);
+      assert.throws(() => frames.openOutgoing([path.join(d, "link")], [d]), /link cannot be streamed: a symlink/);
+    } finally {
+      fs.realpathSync = realpath;
+    }
     assert.throws(() => frames.openOutgoing([d], [d]), /not a regular file/);
     assert.throws(() => frames.openOutgoing([path.join(d, "real")], [path.join(d, "elsewhere")]), /outside/);
     assert.throws(() => frames.checkIncoming([path.join(d, "link", "x")], [d]), /cannot be received|cannot be streamed/);
