@@ -237,3 +237,39 @@ fn a_resubmit_with_other_files_is_a_new_prompt_and_a_duplicate_places_no_file() 
     assert_eq!(record()["filesIn"].as_array().map_or(0, |f| f.len()), before, "a duplicate records no file");
     assert_eq!(on_guest(), "two");
 }
+
+/// The guest helper's own state of work `w1` (state.json).
+fn guest_state(world: &World) -> serde_json::Value {
+    let out = world.on_machine("oc-w1", "cat .boxd-helper/works/w1/state.json");
+    serde_json::from_slice(&out.stdout).unwrap_or(json!({}))
+}
+
+/// F1: a submit whose client gave up (a timeout, a cancel) runs on to its end and admits
+/// its prompt; the client's retry of the same words comes while that prompt still runs. It
+/// is the first's duplicate: answered with the first id, no second prompt recorded, the
+/// text run once. Once that run has ended, the same words sent again (a deliberate
+/// "continue") are a prompt of their own and run. Before, the retry got a new id and the
+/// guest ran the text twice.
+#[test]
+fn a_retry_while_the_first_runs_is_its_duplicate_and_a_repeat_after_it_runs_again() {
+    let world = World::new("guest-retry-running");
+    world.ok_call("boxd_ensure", W1);
+    std::fs::write(world.laptop.project.join("a.txt"), "one").unwrap();
+    let args = json!({ "work": "w1", "prompt": "slow words @@sleep:6000@@", "files": [{ "from": "a.txt", "to": "a.txt" }] }).to_string();
+    let first = world.ok_call("boxd_submit", &args);
+    let retry = world.ok_call("boxd_submit", &args);
+    assert_eq!((retry["promptId"].clone(), retry["duplicate"].as_bool(), retry["files"].clone()), (first["promptId"].clone(), Some(true), json!([])), "{retry:#}");
+    let record: serde_json::Value = serde_json::from_slice(&std::fs::read(world.laptop.ledger.join("works/w1/work.json")).unwrap()).unwrap();
+    assert_eq!(record["prompts"].as_array().map(Vec::len), Some(1), "{record:#}");
+    assert_eq!(record["filesIn"].as_array().map(Vec::len), Some(1), "{record:#}");
+    let v = world.job_until_idle("w1");
+    assert_eq!(v["outcome"], "completed", "{v:#}");
+    assert_eq!(guest_state(&world)["runs"], 1, "the text ran once");
+
+    let again = world.ok_call("boxd_submit", &args);
+    assert_ne!(again["promptId"], first["promptId"], "{again:#}");
+    assert_eq!(again["duplicate"], false, "{again:#}");
+    world.job_until_idle("w1");
+    assert_eq!(guest_state(&world)["runs"], 2, "a repeat after the run ended runs");
+    assert!(world.ok_call("boxd_harvest", W1)["proven"] == true);
+}

@@ -371,6 +371,81 @@ fn a_submit_whose_machine_is_put_to_sleep_under_it_answers_machine_asleep_and_lo
     assert!(ledger_problems(&world.laptop.ledger).is_empty());
 }
 
+/// F1: two hosts submit the same words to one work at the same moment (two sessions, two
+/// terminals). Both read the record before either records its prompt (`machine get` held
+/// back); the second to take the ledger's lock carries the first's id, so the guest admits
+/// the prompt once and runs it once; both answers name that id. Before, each recorded its
+/// own prompt and the guest ran the text twice.
+#[test]
+fn two_submits_of_the_same_words_at_once_run_them_once() {
+    let world = World::new("races-same-words");
+    let (work, machine) = ("rs", "oc-rs");
+    let w = json!({ "work": work }).to_string();
+    world.ok_call("boxd_ensure", &w);
+    world.faults(r#"[{"verb":"machine get","times":2,"action":"delay","ms":1500}]"#);
+    let args = json!({ "work": work, "prompt": "the same words from two places" }).to_string();
+    let answers: Vec<(i32, Value)> = std::thread::scope(|s| {
+        let a = s.spawn(|| world.call("boxd_submit", &args));
+        let b = s.spawn(|| world.call("boxd_submit", &args));
+        vec![a.join().unwrap(), b.join().unwrap()]
+    });
+    let ctx = format!("{:#} / {:#}", answers[0].1, answers[1].1);
+    assert!(answers.iter().all(|(code, _)| *code == 0), "{ctx}");
+    assert_eq!(answers[0].1["promptId"], answers[1].1["promptId"], "{ctx}");
+    let prompts = ledger_record(&world, work)["prompts"].clone();
+    assert_eq!(prompts.as_array().map(Vec::len), Some(1), "{ctx}\n{prompts:#}");
+    assert_eq!(prompts[0]["admitted"], true, "{prompts:#}");
+    world.job_until_idle(work);
+    let out = world.on_machine(machine, &format!("cat .boxd-helper/works/{work}/state.json"));
+    let st: Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    assert_eq!(st["runs"], 1, "the words ran once: {st:#}");
+    assert_eq!(guest_seen(&world, work), vec![prompts[0]["id"].as_str().unwrap().to_string()]);
+}
+
+/// F2: the file a submit sends vanishes, or is swapped for a symlink to a file outside the
+/// project, after the component checked it and before the host opens it (while `machine
+/// get` is held back). The host refuses it and starts no child: PATH_REFUSED naming the
+/// file and what to do, no exec run, and the prompt the call recorded leaves the record,
+/// so the work harvests and drops at once. Before: BOXD_FAILED ("read the boxd CLI's own
+/// message", though boxd never ran) and a prompt that kept image and drop at NOT_PROVEN
+/// for ten minutes.
+#[test]
+fn a_file_gone_or_swapped_mid_submit_is_path_refused_and_records_no_prompt() {
+    let world = World::new("races-file-gone");
+    let (work, machine) = ("rg", "oc-rg");
+    let w = json!({ "work": work }).to_string();
+    world.ok_call("boxd_ensure", &w);
+    let file = world.laptop.project.join("f.txt");
+    let outside = world.laptop.scratch.path("outside").join("secret.txt");
+    std::fs::write(&outside, "not the project's").unwrap();
+    for case in ["gone", "symlink"] {
+        std::fs::write(&file, "inside").unwrap();
+        world.faults(r#"[{"verb":"machine get","times":1,"action":"delay","ms":2000}]"#);
+        let execs = world.calls_starting(&["machine", "exec"]);
+        let args = json!({ "work": work, "prompt": format!("send it {case}"), "files": [{ "from": "f.txt", "to": "f.txt" }] }).to_string();
+        let (code, v) = std::thread::scope(|s| {
+            let submit = s.spawn(|| world.call("boxd_submit", &args));
+            until_running(&["machine", "get", machine]);
+            std::fs::remove_file(&file).unwrap();
+            if case == "symlink" {
+                std::os::unix::fs::symlink(&outside, &file).unwrap();
+            }
+            submit.join().unwrap()
+        });
+        assert_eq!((code, v["error"].as_str()), (1, Some("PATH_REFUSED")), "{case}: {v:#}");
+        assert!(v["message"].as_str().unwrap().contains("cannot be streamed"), "{case}: {v:#}");
+        assert!(v["next"].as_str().unwrap().contains("f.txt") && v["next"].as_str().unwrap().contains("boxd_submit"), "{case}: {v:#}");
+        assert_eq!(world.calls_starting(&["machine", "exec"]), execs, "{case}: boxd never ran");
+        let prompts = ledger_record(&world, work)["prompts"].clone();
+        assert_eq!(prompts, json!([]), "{case}: {prompts:#}");
+        let _ = std::fs::remove_file(&file);
+    }
+    assert_eq!(world.ok_call("boxd_harvest", &w)["proven"], true);
+    let d = world.ok_call("boxd_drop", &w);
+    assert_eq!(d["dropped"], true, "{d:#}");
+    assert!(ledger_problems(&world.laptop.ledger).is_empty());
+}
+
 /// Two boxd_fork calls of one parent with the same fork at once: the first one's `machine
 /// fork` is slow, so the second finds the fork recorded with no machine yet, makes it and
 /// readies it; the first's fork then finds the name taken by that machine. Neither may put
