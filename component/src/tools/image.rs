@@ -35,6 +35,12 @@ fn plan(env: &mut Env, work: &str, machine: &str, name: &str) -> ToolResult<Plan
     super::require_open(&w)?;
     require_proven(&w)?;
     let mut boxd = Boxd::new(&mut env.programs, ctx.options.boxd_timeout_seconds);
+    // The one state read first (it carries the id: a machine not ours is refused untouched);
+    // what its state means waits for the name's look, so a rerun of a save whose answer was
+    // lost is answered as made whatever the machine does now. The name is looked at last,
+    // just before the save (`run` writes only its intent in between): boxd has no save that
+    // refuses an existing name, so the window in which someone else can take it is that.
+    let state = owned_state(&mut boxd, &mut Ledger::for_call(&mut env.files, ctx), ctx, &w)?;
     if let Some(listed) = boxd.snapshots().map_err(Failure::into_error)?.into_iter().find(|s| s.name == name) {
         // A rerun of this work's own save (its answer lost) is answered as made once boxd
         // holds it ready; the same name asked for after a later prompt would be a new save,
@@ -76,7 +82,7 @@ fn plan(env: &mut Env, work: &str, machine: &str, name: &str) -> ToolResult<Plan
             None => return Err(ToolError::new(Code::SnapshotExists, format!("a snapshot named '{name}' already exists"))),
         }
     }
-    match owned_state(&mut boxd, &mut Ledger::for_call(&mut env.files, ctx), ctx, &w)? {
+    match state {
         State::Running => super::machine::require_restored(&w)?,
         State::Gone => return Err(ToolError::new(Code::MachineGone, format!("{machine} no longer exists"))),
         State::Starting => return Err(ToolError::new(Code::MachineStarting, format!("{machine} is still starting"))),
@@ -192,18 +198,6 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
         let n = name.clone();
         ledger.update(&work, |w| w.images_pending.retain(|p| p != &n)).map(drop)
     };
-    // A second look just before the save, to narrow the window in which someone else can
-    // take the name: boxd has no save that refuses an existing name.
-    match boxd.snapshots() {
-        Ok(list) if !list.iter().any(|s| s.name == name) => {}
-        looked => {
-            withdraw(&mut ledger)?;
-            return Err(match looked {
-                Err(f) => f.into_error(),
-                Ok(_) => ToolError::new(Code::SnapshotExists, format!("a snapshot named '{name}' appeared while this call got ready to save; nothing was saved")),
-            });
-        }
-    }
     let answered = match boxd.snapshot_save(&machine, &name) {
         Ok(v) => v,
         Err(f) => {
@@ -261,7 +255,6 @@ mod tests {
     fn a_save_the_machine_fell_asleep_under_is_machine_asleep() {
         let mut fs = open_work(None);
         let mut p = Scripted::default();
-        p.push_exit(0, "[]", "");
         p.push_exit(0, OURS, "");
         p.push_exit(0, "[]", "");
         p.push_fail(1, "error: VM 'oc-w1' is hibernated — run 'boxd machine wake oc-w1' first");
@@ -286,7 +279,6 @@ mod tests {
         ] {
             let mut fs = open_work(None);
             let mut p = Scripted::default();
-            p.push_exit(0, "[]", "");
             p.push_exit(0, OURS, "");
             p.push_exit(0, "[]", "");
             p.push_fail(fail.0, fail.1);
@@ -322,6 +314,7 @@ mod tests {
         for listed in [r#"[{"name":"img","version":"v1","status":"ready"}]"#, r#"[{"name":"img","version":"v1"}]"#] {
             let mut fs = pending_img();
             let mut p = Scripted::default();
+            p.push_exit(0, OURS, "");
             p.push_exit(0, listed, "");
             let v = call(&mut p, &mut fs, "boxd_image", r#"{"work":"w1","name":"img"}"#, raw_context("{}", "{}")).unwrap();
             assert_eq!(v["alreadyMade"], true, "{listed}");
@@ -331,17 +324,20 @@ mod tests {
 
         let mut fs = pending_img();
         let mut p = Scripted::default();
+        p.push_exit(0, OURS, "");
         p.push_exit(0, r#"[{"name":"img","version":"v1","status":"pending"}]"#, "");
         let e = call(&mut p, &mut fs, "boxd_image", r#"{"work":"w1","name":"img"}"#, raw_context("{}", "{}")).unwrap_err();
         assert!(e.code == Code::SessionBusy && e.message.contains("still saving") && e.next.contains("boxd_image again for work 'w1' with name 'img' in a minute"), "{e:?}");
         let w = Ledger::new(&mut fs, "/l").require("w1").unwrap();
         assert!(w.images_pending == ["img"] && w.images.is_empty(), "{w:?}");
-        assert_eq!(p.commands(), ["snapshots list --json"], "nothing saved");
+        assert_eq!(p.commands(), ["machine get oc-w1 --json", "snapshots list --json"], "nothing saved");
 
         let mut fs = pending_img();
         let mut p = Scripted::default();
-        p.push_exit(0, r#"[{"name":"img","version":"v1","status":"failed"}]"#, "");
-        p.push_exit(0, r#"[{"name":"img","version":"v1","status":"failed"}]"#, "");
+        for _ in 0..2 {
+            p.push_exit(0, OURS, "");
+            p.push_exit(0, r#"[{"name":"img","version":"v1","status":"failed"}]"#, "");
+        }
         assert_eq!(crate::tools::check(&mut p, &mut fs, "boxd_image", r#"{"work":"w1","name":"img"}"#, raw_context("{}", "{}")), Ok(()), "the call must reach run to clear the name");
         let e = call(&mut p, &mut fs, "boxd_image", r#"{"work":"w1","name":"img"}"#, raw_context("{}", "{}")).unwrap_err();
         assert!(e.code == Code::SnapshotExists && e.message.contains("failed save") && e.next.contains("another name"), "{e:?}");
@@ -350,6 +346,7 @@ mod tests {
 
         let mut fs = pending_img();
         let mut p = Scripted::default();
+        p.push_exit(0, OURS, "");
         p.push_exit(0, r#"[{"name":"img","status":"archiving-ish"}]"#, "");
         let e = call(&mut p, &mut fs, "boxd_image", r#"{"work":"w1","name":"img"}"#, raw_context("{}", "{}")).unwrap_err();
         assert_eq!(e.code, Code::BoxdFailed, "{e:?}");
@@ -369,8 +366,10 @@ mod tests {
         ] {
             let mut fs = pending_img();
             let mut p = Scripted::default();
-            p.push_exit(0, listed, "");
-            p.push_exit(0, listed, "");
+            for _ in 0..2 {
+                p.push_exit(0, OURS, "");
+                p.push_exit(0, listed, "");
+            }
             assert_eq!(crate::tools::check(&mut p, &mut fs, "boxd_image", r#"{"work":"w1","name":"img"}"#, raw_context("{}", "{}")), Ok(()), "the call must reach run to clear the name");
             let e = call(&mut p, &mut fs, "boxd_image", r#"{"work":"w1","name":"img"}"#, raw_context("{}", "{}")).unwrap_err();
             assert_eq!(e.code, code, "{listed}: {e:?}");
@@ -390,7 +389,6 @@ mod tests {
         let save = |answer: &str, after: &[(i32, &str)]| {
             let mut fs = open_work(None);
             let mut p = Scripted::default();
-            p.push_exit(0, "[]", "");
             p.push_exit(0, OURS, "");
             p.push_exit(0, "[]", "");
             p.push_exit(0, answer, "");
@@ -398,7 +396,7 @@ mod tests {
                 if *code == 0 { p.push_exit(0, text, "") } else { p.push_fail(*code, text) }
             }
             let r = call(&mut p, &mut fs, "boxd_image", r#"{"work":"w1","name":"img"}"#, raw_context("{}", "{}"));
-            assert!(p.commands()[3] == "snapshots save oc-w1 img --json", "{:?}", p.commands());
+            assert!(p.commands()[2] == "snapshots save oc-w1 img --json", "{:?}", p.commands());
             (r, Ledger::new(&mut fs, "/l").require("w1").unwrap())
         };
         let (r, w) = save(r#"{"name":"img","version":"v1","status":"ready"}"#, &[]);
@@ -423,14 +421,22 @@ mod tests {
         assert!(w.images.is_empty() && w.images_pending == ["img"], "{w:?}");
     }
 
-    /// The name is looked at again just before the save: taken since the plan's look, or
-    /// not known (a failed listing), nothing is saved and nothing stays under way.
+    /// The name is the last thing looked at before the save (after the machine's state
+    /// read; only the intent is written in between), so the window in which someone else
+    /// can take it is as short as the calls allow, in three round trips; a name taken by
+    /// then is refused with nothing saved and nothing left under way.
     #[test]
-    fn a_name_taken_after_the_plan_is_not_saved_into() {
+    fn the_names_look_is_the_last_call_before_the_save() {
+        let mut fs = open_work(None);
+        let mut p = Scripted::default();
+        p.push_exit(0, OURS, "");
+        p.push_exit(0, "[]", "");
+        p.push_exit(0, r#"{"name":"img","version":"v1","status":"ready"}"#, "");
+        call(&mut p, &mut fs, "boxd_image", r#"{"work":"w1","name":"img"}"#, raw_context("{}", "{}")).unwrap();
+        assert_eq!(p.commands(), ["machine get oc-w1 --json", "snapshots list --json", "snapshots save oc-w1 img --json"]);
         for second in [Ok(r#"[{"name":"img","version":"v1","status":"ready"}]"#), Err("error: cannot connect to https://boxd.sh:9443: dns error")] {
             let mut fs = open_work(None);
             let mut p = Scripted::default();
-            p.push_exit(0, "[]", "");
             p.push_exit(0, OURS, "");
             match second {
                 Ok(l) => p.push_exit(0, l, ""),
@@ -464,11 +470,11 @@ mod tests {
         }
         let shared = alloc::rc::Rc::new(core::cell::RefCell::new(open_work(None)));
         let mut p = SubmitDuringTheGet(Scripted::default(), shared.clone());
-        p.0.push_exit(0, "[]", "");
         p.0.push_exit(0, OURS, "");
+        p.0.push_exit(0, "[]", "");
         let e = call(&mut p, &mut Shared(shared.clone()), "boxd_image", r#"{"work":"w1","name":"img"}"#, raw_context("{}", "{}")).unwrap_err();
         assert_eq!(e.code, Code::NotProven, "{e:?}");
-        assert_eq!(p.0.commands(), ["snapshots list --json", "machine get oc-w1 --json"], "nothing saved");
+        assert_eq!(p.0.commands(), ["machine get oc-w1 --json", "snapshots list --json"], "nothing saved");
         let w = Ledger::new(&mut *shared.borrow_mut(), "/l").require("w1").unwrap();
         assert!(w.images_pending.is_empty() && w.images.is_empty(), "{w:?}");
     }
@@ -481,8 +487,8 @@ mod tests {
         w.state = crate::ledger::WorkState::Dropping;
         Ledger::new(&mut fs, "/l").write(&w).unwrap();
         let mut p = Scripted::default();
-        p.push_exit(0, "[]", "");
         p.push_exit(0, OURS, "");
+        p.push_exit(0, "[]", "");
         let e = call(&mut p, &mut fs, "boxd_image", r#"{"work":"w1","name":"img"}"#, raw_context("{}", "{}")).unwrap_err();
         assert_eq!(e.code, Code::SessionBusy, "{e:?}");
         assert!(!p.commands().iter().any(|c| c.starts_with("snapshots save")), "{:?}", p.commands());

@@ -238,7 +238,7 @@ fn a_machine_owing_the_transcript_is_neither_used_nor_copied() {
     for (tool, args, answers) in [
         ("boxd_submit", r#"{"work":"w1","prompt":"hi"}"#, &[OURS][..]),
         ("boxd_harvest", r#"{"work":"w1"}"#, &[OURS]),
-        ("boxd_image", r#"{"work":"w1","name":"snap-1"}"#, &["[]", OURS]),
+        ("boxd_image", r#"{"work":"w1","name":"snap-1"}"#, &[OURS, "[]"]),
         ("boxd_fork", r#"{"work":"w1","forks":["f1"]}"#, &[OURS]),
     ] {
         let mut fs = open_work(Some(GitRecord::default()));
