@@ -184,7 +184,7 @@ impl AuditLog {
             if !still_at(f, path) {
                 *f = open_log(path)?;
             }
-            f.write_all(&buf)
+            append_whole(f, &buf)
         })();
         if let Err(e) = written {
             let why = format!("cannot write the audit log {}: {e}; the line for {tool} is lost", path.display());
@@ -192,6 +192,53 @@ impl AuditLog {
             self.failed = Some(why);
         }
     }
+}
+
+/// Append `line` (newline included) in one `write`, or not at all. A write that lands only
+/// in part (a full disk, a file-size limit) is taken back, so the log holds whole lines
+/// only and the next line never lands glued to a fragment. It is never retried for the
+/// rest: with `O_APPEND` a second write may land after another host's line.
+///
+/// Where the fragment lies comes from where this write ended (the descriptor's offset),
+/// never from a length remembered before it: another host's line appended in between would
+/// be cut. The fragment is cut off when it is still the end of the file; when another
+/// host's line already follows it, cutting would lose that line, so the fragment is
+/// overwritten with spaces instead: the two make one line that is still one JSON value
+/// (leading whitespace is allowed), the other host's.
+fn append_whole(f: &mut std::fs::File, line: &[u8]) -> std::io::Result<()> {
+    use std::io::Seek;
+    let n = f.write(line)?;
+    if n == line.len() {
+        return Ok(());
+    }
+    let short = format!("only {n} of the line's {} bytes could be written (is the disk full?)", line.len());
+    let end = f.stream_position()?;
+    let start = end - n as u64;
+    let taken_back = if f.metadata()?.len() == end { f.set_len(start) } else { blank(f, start, n) };
+    match taken_back {
+        Ok(()) => Err(std::io::Error::other(format!("{short}; the part written was taken back"))),
+        Err(e) => Err(std::io::Error::other(format!("{short}, and the part written could not be taken back ({e})"))),
+    }
+}
+
+/// Overwrite `len` bytes at `at` with spaces. `O_APPEND` is cleared for the write (Linux
+/// appends a positioned write on such a descriptor) and set again; the descriptor is this
+/// log's own, used by one thread.
+fn blank(f: &std::fs::File, at: u64, len: usize) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::FileExt;
+    let fd = f.as_raw_fd();
+    // SAFETY: fcntl(2) reads and sets the status flags of a descriptor we own.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_APPEND) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let blanked = f.write_all_at(&vec![b' '; len], at);
+    // SAFETY: as above, restoring the flags read.
+    if unsafe { libc::fcntl(fd, libc::F_SETFL, flags) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    blanked
 }
 
 /// An audit log that cannot be opened, as a grant problem: OPTIONS_INVALID, naming the

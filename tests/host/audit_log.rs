@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 
 use crate::common::*;
 
-fn lines(log: &Path) -> Vec<Value> {
+pub fn lines(log: &Path) -> Vec<Value> {
     let text = std::fs::read_to_string(log).unwrap_or_default();
     text.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("a torn audit line ({e}): {l:?}"))).collect()
 }
@@ -25,8 +25,14 @@ fn mode(p: &Path) -> u32 {
 }
 
 /// boxd-host as `Laptop::host` makes it, started (not waited for).
-fn start(laptop: &Laptop, args: &[&str], stdin: Stdio) -> Child {
-    Command::new(boxd_host())
+pub fn start(laptop: &Laptop, args: &[&str], stdin: Stdio) -> Child {
+    command(laptop, args, stdin).spawn().unwrap()
+}
+
+/// boxd-host as `Laptop::host` makes it, not started: its output piped.
+pub fn command(laptop: &Laptop, args: &[&str], stdin: Stdio) -> Command {
+    let mut cmd = Command::new(boxd_host());
+    cmd
         .arg("--project")
         .arg(&laptop.project)
         .arg("--ledger")
@@ -38,13 +44,12 @@ fn start(laptop: &Laptop, args: &[&str], stdin: Stdio) -> Child {
         .env("BOXD_HOST_CACHE", cache_dir())
         .stdin(stdin)
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
+        .stderr(Stdio::piped());
+    cmd
 }
 
 /// The child's output, or a panic when it has not ended within `limit` (it is killed).
-fn within(mut child: Child, limit: Duration) -> std::process::Output {
+pub fn within(mut child: Child, limit: Duration) -> std::process::Output {
     let deadline = Instant::now() + limit;
     while child.try_wait().unwrap().is_none() {
         if Instant::now() > deadline {
@@ -179,17 +184,21 @@ fn the_hosts_own_opencode_version_lookup_is_audited() {
 }
 
 /// `boxd-host mcp` driven with raw JSON-RPC on stdio.
-struct Mcp {
-    child: Child,
+pub struct Mcp {
+    pub child: Child,
     stdin: Option<std::process::ChildStdin>,
     lines: mpsc::Receiver<Value>,
 }
 
 impl Mcp {
-    fn start(laptop: &Laptop, flags: &[&str]) -> Mcp {
+    pub fn start(laptop: &Laptop, flags: &[&str]) -> Mcp {
         let mut args = flags.to_vec();
         args.push("mcp");
-        let mut child = start(laptop, &args, Stdio::piped());
+        Mcp::from(start(laptop, &args, Stdio::piped()))
+    }
+
+    /// A server already started with piped stdio, past the handshake.
+    pub fn from(mut child: Child) -> Mcp {
         let stdout = child.stdout.take().unwrap();
         let (tx, lines) = mpsc::channel();
         std::thread::spawn(move || {
@@ -208,18 +217,18 @@ impl Mcp {
         mcp
     }
 
-    fn send(&mut self, msg: Value) {
+    pub fn send(&mut self, msg: Value) {
         let stdin = self.stdin.as_mut().unwrap();
         writeln!(stdin, "{msg}").unwrap();
         stdin.flush().unwrap();
     }
 
-    fn call(&mut self, id: u64, tool: &str, args: Value) {
+    pub fn call(&mut self, id: u64, tool: &str, args: Value) {
         self.send(json!({ "jsonrpc": "2.0", "id": id, "method": "tools/call", "params": { "name": tool, "arguments": args } }));
     }
 
     /// The responses (by id) until every id in `ids` has one.
-    fn responses(&mut self, ids: &[u64]) -> std::collections::BTreeMap<u64, Value> {
+    pub fn responses(&mut self, ids: &[u64]) -> std::collections::BTreeMap<u64, Value> {
         let mut got = std::collections::BTreeMap::new();
         let deadline = Instant::now() + Duration::from_secs(120);
         while !ids.iter().all(|i| got.contains_key(i)) {
@@ -232,13 +241,13 @@ impl Mcp {
         got
     }
 
-    fn request(&mut self, id: u64, method: &str, params: Value) -> Value {
+    pub fn request(&mut self, id: u64, method: &str, params: Value) -> Value {
         self.send(json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": params }));
         self.responses(&[id]).remove(&id).unwrap()
     }
 
     /// Close stdin (the client hangs up) and wait for the server to end.
-    fn close(mut self) -> std::process::Output {
+    pub fn close(mut self) -> std::process::Output {
         drop(self.stdin.take());
         let out = within(self.child, Duration::from_secs(60));
         assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));

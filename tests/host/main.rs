@@ -34,3 +34,4 @@ mod warm;
 mod world_lies;
 mod side_by_side;
 mod audit_log;
+mod audit_faults;

@@ -1,0 +1,79 @@
+//! The audit log when a line does not fit, and for calls refused before they run, against
+//! the real binaries: a line cut short by a full disk is taken back (the log holds whole
+//! lines only, and the next line is not glued to a fragment); `call` exits 2.
+//!
+//! A full disk is played by a file-size limit (RLIMIT_FSIZE, with SIGXFSZ ignored as a
+//! shell's `trap '' XFSZ` would): a write past it lands in part and the next fails with
+//! EFBIG, as a write to a full disk lands in part and the next fails with ENOSPC. The limit
+//! is raised (prlimit) to play space freed.
+
+use std::os::unix::process::CommandExt;
+use std::process::Stdio;
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::audit_log::{command, lines, within};
+use crate::common::*;
+
+/// Past this size no file of the host's (or its children's) grows.
+const LIMIT: u64 = 1 << 20;
+
+/// An audit log that already holds one whole line and ends 40 bytes short of `LIMIT`:
+/// every line after it lands in part.
+fn nearly_full_log(laptop: &Laptop) -> std::path::PathBuf {
+    let log = laptop.scratch.0.join("audit.jsonl");
+    let pad = "x".repeat(LIMIT as usize - 40 - r#"{"pad":""}"#.len() - 1);
+    std::fs::write(&log, format!("{}\n", json!({ "pad": pad }))).unwrap();
+    assert_eq!(std::fs::metadata(&log).unwrap().len(), LIMIT - 40);
+    log
+}
+
+/// boxd-host started under the file-size limit (no compiled cache written: it would pass it).
+fn start_limited(laptop: &Laptop, args: &[&str], stdin: Stdio) -> std::process::Child {
+    let mut args = args.to_vec();
+    args.insert(0, "--no-cache");
+    let mut cmd = command(laptop, &args, stdin);
+    // SAFETY: between fork and exec only signal(2) and setrlimit(2), async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+            let limit = libc::rlimit { rlim_cur: LIMIT, rlim_max: libc::RLIM_INFINITY };
+            if libc::setrlimit(libc::RLIMIT_FSIZE, &limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    cmd.spawn().unwrap()
+}
+
+/// Space freed: the running host's file-size limit lifted.
+#[allow(dead_code)]
+fn lift_limit(pid: u32) {
+    let none = libc::rlimit { rlim_cur: libc::RLIM_INFINITY, rlim_max: libc::RLIM_INFINITY };
+    // SAFETY: prlimit(2) on our own child, from a local.
+    let r = unsafe { libc::prlimit(pid as libc::pid_t, libc::RLIMIT_FSIZE, &none, std::ptr::null_mut()) };
+    assert_eq!(r, 0, "prlimit: {}", std::io::Error::last_os_error());
+}
+
+#[test]
+fn a_line_cut_short_by_a_full_disk_is_taken_back_and_call_exits_2() {
+    let laptop = Laptop::new("audit-full-call");
+    let log = nearly_full_log(&laptop);
+    let before = std::fs::read(&log).unwrap();
+    let log_s = log.to_str().unwrap();
+    let out = within(start_limited(&laptop, &["--audit-log", log_s, "call", "boxd_status"], Stdio::null()), Duration::from_secs(60));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    stdout_json(&out);
+    assert!(stderr.contains("cannot write the audit log") && stderr.contains("taken back"), "{stderr}");
+    // Nothing of the line is left: the log is as it was.
+    assert!(std::fs::read(&log).unwrap() == before, "a fragment was left in the log");
+
+    // Space again: the next line is whole, on its own line.
+    let out = laptop.host(&["--audit-log", log_s, "call", "boxd_status"]);
+    assert!(matches!(out.status.code(), Some(0 | 1)), "{}", String::from_utf8_lossy(&out.stderr));
+    let all = lines(&log);
+    assert_eq!(all.iter().filter(|l| l["tool"] == "boxd_status").count(), 1, "{:?}", all.iter().map(|l| &l["tool"]).collect::<Vec<_>>());
+}
