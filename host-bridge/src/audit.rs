@@ -109,6 +109,8 @@ pub struct AuditLog {
     file: Option<(PathBuf, std::fs::File)>,
     /// What went wrong with the last line that could not be written.
     failed: Option<String>,
+    /// How many lines could not be written since it was opened.
+    lost: u32,
 }
 
 /// Open `path` for appending: create it 0600, never through a symbolic link, never
@@ -160,12 +162,17 @@ impl AuditLog {
             Some(p) => Some((p.to_path_buf(), open_log(p).map_err(|e| problem(p, from, e))?)),
             None => None,
         };
-        Ok(AuditLog { file, failed: None })
+        Ok(AuditLog { file, failed: None, lost: 0 })
     }
 
     /// What went wrong with the last line that could not be written, if one could not.
     pub fn failed(&self) -> Option<&str> {
         self.failed.as_deref()
+    }
+
+    /// How many lines could not be written since the log was opened (each said on stderr).
+    pub fn lost(&self) -> u32 {
+        self.lost
     }
 
     pub fn record(&mut self, tool: &str, duration_ms: u64, result: &std::result::Result<(), String>, trace: &Trace) {
@@ -189,6 +196,7 @@ impl AuditLog {
         if let Err(e) = written {
             let why = format!("cannot write the audit log {}: {e}; the line for {tool} is lost", path.display());
             eprintln!("boxd-host: {why}");
+            self.lost += 1;
             self.failed = Some(why);
         }
     }

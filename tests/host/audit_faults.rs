@@ -1,6 +1,7 @@
 //! The audit log when a line does not fit, and for calls refused before they run, against
 //! the real binaries: a line cut short by a full disk is taken back (the log holds whole
-//! lines only, and the next line is not glued to a fragment); `call` exits 2.
+//! lines only, and the next line is not glued to a fragment); `call` exits 2 and the MCP
+//! server says `auditFailed` in every later result.
 //!
 //! A full disk is played by a file-size limit (RLIMIT_FSIZE, with SIGXFSZ ignored as a
 //! shell's `trap '' XFSZ` would): a write past it lands in part and the next fails with
@@ -11,9 +12,9 @@ use std::os::unix::process::CommandExt;
 use std::process::Stdio;
 use std::time::Duration;
 
-use serde_json::json;
+use serde_json::{json, Value};
 
-use crate::audit_log::{command, lines, within};
+use crate::audit_log::{command, lines, within, Mcp};
 use crate::common::*;
 
 /// Past this size no file of the host's (or its children's) grows.
@@ -49,7 +50,6 @@ fn start_limited(laptop: &Laptop, args: &[&str], stdin: Stdio) -> std::process::
 }
 
 /// Space freed: the running host's file-size limit lifted.
-#[allow(dead_code)]
 fn lift_limit(pid: u32) {
     let none = libc::rlimit { rlim_cur: libc::RLIM_INFINITY, rlim_max: libc::RLIM_INFINITY };
     // SAFETY: prlimit(2) on our own child, from a local.
@@ -76,4 +76,30 @@ fn a_line_cut_short_by_a_full_disk_is_taken_back_and_call_exits_2() {
     assert!(matches!(out.status.code(), Some(0 | 1)), "{}", String::from_utf8_lossy(&out.stderr));
     let all = lines(&log);
     assert_eq!(all.iter().filter(|l| l["tool"] == "boxd_status").count(), 1, "{:?}", all.iter().map(|l| &l["tool"]).collect::<Vec<_>>());
+}
+
+#[test]
+fn mcp_results_say_audit_failed_once_a_line_is_lost_and_the_log_stays_whole() {
+    let laptop = Laptop::new("audit-full-mcp");
+    let log = nearly_full_log(&laptop);
+    let child = start_limited(&laptop, &["--audit-log", log.to_str().unwrap(), "mcp"], Stdio::piped());
+    let pid = child.id();
+    let mut mcp = Mcp::from(child);
+    let first = mcp.request(2, "tools/call", json!({ "name": "boxd_status", "arguments": {} }));
+    let note = &first["result"]["structuredContent"]["auditFailed"];
+    assert_eq!(note["error"], "AUDIT_FAILED", "the client was not told its call is not in the log: {first:#}");
+    assert!(note["message"].as_str().unwrap().contains("taken back") && !note["next"].as_str().unwrap().is_empty(), "{note:#}");
+    // The tool's own answer is all there, beside the note (boxd_status names the host).
+    assert_eq!(first["result"]["structuredContent"]["host"]["name"], "boxd-host-mcp", "{first:#}");
+    let text: Value = serde_json::from_str(first["result"]["content"][0]["text"].as_str().unwrap()).unwrap();
+    assert_eq!(text["auditFailed"], *note, "the text the model reads says it too");
+
+    lift_limit(pid);
+    let second = mcp.request(3, "tools/call", json!({ "name": "boxd_job", "arguments": { "work": "w1" } }));
+    assert_eq!(second["result"]["structuredContent"]["auditFailed"]["error"], "AUDIT_FAILED", "the log is still missing a call: {second:#}");
+    let out = mcp.close();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("the line for boxd_status is lost"));
+    // Whole lines only: the lost one left nothing, the one after it is on its own line.
+    let tools: Vec<Value> = lines(&log).iter().map(|l| l["tool"].clone()).filter(|t| t != "host:opencode").collect();
+    assert_eq!(tools[1..], [json!("boxd_job")], "{tools:?}");
 }

@@ -22,6 +22,7 @@ use rmcp::service::{RequestContext, RoleServer};
 use rmcp::{ErrorData, ServerHandler, ServiceExt as _};
 use serde_json::Value;
 
+use crate::audit::AuditLog;
 use crate::cli::Grants;
 use crate::policy::HostProblem;
 use crate::runtime::OnFirstSpawn;
@@ -63,7 +64,8 @@ pub fn serve(grants: &Grants) -> Result<u8> {
     let tools = tools_from_manifest(&manifest)?;
     let long_running = Arc::new(long_running_from_manifest(&manifest));
     let hung_up = Arc::new(AtomicBool::new(false));
-    let server = Server { host: Arc::new(host), tools: Arc::new(tools), long_running, hung_up: hung_up.clone() };
+    let audit_failed = Arc::default();
+    let server = Server { host: Arc::new(host), tools: Arc::new(tools), long_running, hung_up: hung_up.clone(), audit_failed };
 
     // One thread drives the protocol; tool calls run on tokio's blocking pool.
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("cannot start the async runtime")?;
@@ -148,6 +150,27 @@ fn not_started(tool: &str) -> Value {
     host_failed(tool, "the call was cancelled (or its client went away) before it started; it did not run")
 }
 
+/// Once the audit log has lost a line (a full disk, a removed folder), every later result
+/// says so in `auditFailed` beside the tool's own fields: the calls still run and their
+/// answers stand (the call whose line was lost did run), but the log the user asked for is
+/// missing calls. It stays until the server is restarted, since those lines stay lost.
+/// (`boxd-host call` exits 2 instead; docs/hosts.md.)
+pub fn with_audit_failed(answer: std::result::Result<Value, Value>, lost: Option<(u32, String)>) -> std::result::Result<Value, Value> {
+    let Some((lost, why)) = lost else { return answer };
+    let note = serde_json::json!({
+        "error": "AUDIT_FAILED",
+        "message": format!("{lost} audit line(s) of this server could not be written, so the audit log is missing calls; the last: {why}"),
+        "next": "The calls ran and their answers stand. Tell the user: make the audit log writable again (free space, or restore its folder), then restart this MCP server; the server's stderr names each lost line.",
+    });
+    let add = |mut v: Value| {
+        if let Some(o) = v.as_object_mut() {
+            o.insert("auditFailed".into(), note.clone());
+        }
+        v
+    };
+    answer.map(add).map_err(add)
+}
+
 /// The MCP result for one answer: pretty JSON text plus the same value structured.
 pub fn to_result(answer: std::result::Result<Value, Value>) -> CallToolResult {
     let (value, is_error) = match answer {
@@ -181,9 +204,18 @@ struct Server {
     long_running: Arc<BTreeSet<String>>,
     /// The client closed stdin (Watched).
     hung_up: Arc<AtomicBool>,
+    /// Once the audit log has lost a line: how many, and the last failure (AuditLog).
+    audit_failed: Arc<std::sync::Mutex<Option<(u32, String)>>>,
 }
 
 impl Server {
+    /// Remember that the audit log has lost lines, if it has (every later result says so).
+    fn note_audit(&self, audit: &AuditLog) {
+        if let Some(why) = audit.failed() {
+            *self.audit_failed.lock().unwrap_or_else(|e| e.into_inner()) = Some((audit.lost(), why.to_string()));
+        }
+    }
+
     async fn progress(&self, ctx: &RequestContext<RoleServer>, tool: &str, done: bool) {
         let Some(token) = ctx.meta.get_progress_token() else { return };
         let (progress, message) = if done { (1.0, format!("{tool} finished")) } else { (0.0, format!("{tool} started")) };
@@ -219,8 +251,11 @@ impl Server {
             return Err(not_started(tool));
         }
         let (answered, answer) = tokio::sync::oneshot::channel();
+        let noted = self.clone();
         let call = tokio::task::spawn_blocking(move || {
-            let _ = answered.send(session.call_watched(&name, &args, hook));
+            let answer = session.call_watched(&name, &args, hook);
+            noted.note_audit(&session.audit);
+            let _ = answered.send(answer);
             // While the answer goes out: the next call's instance (Session::ready_next).
             session.ready_next();
         });
@@ -261,7 +296,9 @@ impl ServerHandler for Server {
 
     async fn call_tool(&self, request: CallToolRequestParams, ctx: RequestContext<RoleServer>) -> Result<CallToolResponse, ErrorData> {
         let args = Value::Object(request.arguments.unwrap_or_default()).to_string();
-        Ok(to_result(self.run(&ctx, &request.name, args).await).into())
+        let answer = self.run(&ctx, &request.name, args).await;
+        let lost = self.audit_failed.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        Ok(to_result(with_audit_failed(answer, lost)).into())
     }
 }
 
