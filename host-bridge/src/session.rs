@@ -170,6 +170,27 @@ impl Session {
     }
 }
 
+/// The audit log of a host whose grants could not be made (every call is refused with the
+/// problem): `--audit-log`, else the plugin option `auditLog`, when it can be opened. None
+/// when none was asked for, or when the log itself is the problem.
+pub fn refused_audit(f: &Grants) -> Option<AuditLog> {
+    let option = || -> Option<PathBuf> {
+        let options: Value = serde_json::from_str(f.options.as_deref()?).ok()?;
+        options.get(crate::policy::AUDIT_LOG_OPTION)?.as_str().filter(|p| p.starts_with('/')).map(PathBuf::from)
+    };
+    let log = match &f.audit_log {
+        Some(flag) => AuditLog::open(Some(flag)),
+        None => AuditLog::open_from(option().as_deref(), crate::policy::AUDIT_LOG_OPTION),
+    };
+    log.ok()
+}
+
+/// The audit line of a call refused for a grant problem: it ran nothing and touched no
+/// path; its result is the problem's code.
+pub fn record_refused(audit: &mut AuditLog, tool: &str, problem: &crate::policy::HostProblem) {
+    audit.record(tool, 0, &Err(problem.code.clone()), &Trace::default());
+}
+
 /// The component the flags name (`--component`), else the one built in (its sha256
 /// computed at build time), loaded under `policy`.
 fn load(f: &Grants, policy: crate::policy::Policy, cache: Option<&std::path::Path>) -> Result<Runtime> {

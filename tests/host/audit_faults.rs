@@ -1,7 +1,8 @@
 //! The audit log when a line does not fit, and for calls refused before they run, against
 //! the real binaries: a line cut short by a full disk is taken back (the log holds whole
 //! lines only, and the next line is not glued to a fragment); `call` exits 2 and the MCP
-//! server says `auditFailed` in every later result.
+//! server says `auditFailed` in every later result; a call refused for a grant problem
+//! (a missing project folder) still gets its line, from `call` and from the MCP server.
 //!
 //! A full disk is played by a file-size limit (RLIMIT_FSIZE, with SIGXFSZ ignored as a
 //! shell's `trap '' XFSZ` would): a write past it lands in part and the next fails with
@@ -9,6 +10,7 @@
 //! is raised (prlimit) to play space freed.
 
 use std::os::unix::process::CommandExt;
+use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -102,4 +104,33 @@ fn mcp_results_say_audit_failed_once_a_line_is_lost_and_the_log_stays_whole() {
     // Whole lines only: the lost one left nothing, the one after it is on its own line.
     let tools: Vec<Value> = lines(&log).iter().map(|l| l["tool"].clone()).filter(|t| t != "host:opencode").collect();
     assert_eq!(tools[1..], [json!("boxd_job")], "{tools:?}");
+}
+
+/// The calls a host refuses for a grant problem (here, a project folder that is gone)
+/// run nothing, and their audit line says so.
+fn refused_line(log: &Path, tool: &str) -> Value {
+    let all = lines(log);
+    let line = all.iter().find(|l| l["tool"] == tool).unwrap_or_else(|| panic!("no audit line for the refused {tool}: {all:#?}"));
+    assert_eq!(line["result"], json!({ "error": "OPTIONS_INVALID" }), "{line:#}");
+    assert_eq!((line["spawns"].clone(), line["paths"].clone()), (json!([]), json!([])), "{line:#}");
+    line.clone()
+}
+
+#[test]
+fn calls_refused_for_a_grant_problem_are_audited() {
+    let laptop = Laptop::new("audit-refused");
+    std::fs::remove_dir_all(&laptop.project).unwrap();
+    let log = laptop.scratch.0.join("audit.jsonl");
+    let log_s = log.to_str().unwrap();
+    let out = laptop.host(&["--audit-log", log_s, "call", "boxd_ensure", r#"{"work":"w9"}"#]);
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(stdout_json(&out)["error"], "OPTIONS_INVALID");
+    refused_line(&log, "boxd_ensure");
+
+    let mut mcp = Mcp::start(&laptop, &["--audit-log", log_s]);
+    let drop = mcp.request(2, "tools/call", json!({ "name": "boxd_drop", "arguments": { "work": "w9" } }));
+    assert_eq!(drop["result"]["structuredContent"]["error"], "OPTIONS_INVALID", "{drop:#}");
+    mcp.close();
+    refused_line(&log, "boxd_drop");
+    assert!(laptop.boxd_calls().is_empty(), "a refused call ran boxd: {:?}", laptop.boxd_calls());
 }

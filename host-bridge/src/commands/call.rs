@@ -17,10 +17,15 @@ pub fn run(grants: &Grants, tool: &str, mut args: String) -> Result<u8> {
         Ok(s) => s,
         // A grant the host cannot make (a relative ledgerDir, a missing allowed root) is
         // answered in the tools' own shape, as the OpenCode bridge answers every call.
+        // Its audit line says so (the log is asked for apart from the other grants).
         Err(e) => match e.downcast_ref::<crate::policy::HostProblem>() {
             Some(p) => {
+                let mut audit = crate::session::refused_audit(grants);
+                if let Some(log) = audit.as_mut() {
+                    crate::session::record_refused(log, tool, p);
+                }
                 crate::outln!("{}", serde_json::to_string_pretty(&serde_json::json!({ "error": p.code, "message": p.message, "next": p.next }))?);
-                return Ok(1);
+                return Ok(if audit.is_some_and(|log| log.failed().is_some()) { 2 } else { 1 });
             }
             None => return Err(e),
         },

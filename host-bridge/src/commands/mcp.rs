@@ -56,7 +56,10 @@ pub fn serve(grants: &Grants) -> Result<u8> {
             (Host::Ready(Arc::new(tokio::sync::Mutex::new(session))), described)
         }
         Err(e) => match e.downcast::<HostProblem>() {
-            Ok(problem) => (Host::Refused(problem), crate::session::ungranted_runtime(grants)?.describe()?),
+            Ok(problem) => {
+                let audit = crate::session::refused_audit(grants).map(std::sync::Mutex::new);
+                (Host::Refused(problem, audit), crate::session::ungranted_runtime(grants)?.describe()?)
+            }
             Err(e) => return Err(e),
         },
     };
@@ -194,7 +197,8 @@ enum Host {
     /// and it is taken before the call goes to the blocking pool, so pipelined calls run
     /// in the order the client sent them.
     Ready(Arc<tokio::sync::Mutex<Session>>),
-    Refused(HostProblem),
+    /// Each call is answered with the problem, and audited (when the log could be opened).
+    Refused(HostProblem, Option<std::sync::Mutex<AuditLog>>),
 }
 
 #[derive(Clone)]
@@ -233,7 +237,14 @@ impl Server {
     /// has started runs to its end whatever the client does (serve says why).
     async fn run(&self, ctx: &RequestContext<RoleServer>, tool: &str, args: String) -> std::result::Result<Value, Value> {
         let session = match self.host.as_ref() {
-            Host::Refused(problem) => return Err(problem.to_json()),
+            Host::Refused(problem, audit) => {
+                if let Some(audit) = audit {
+                    let mut audit = audit.lock().unwrap_or_else(|e| e.into_inner());
+                    crate::session::record_refused(&mut audit, tool, problem);
+                    self.note_audit(&audit);
+                }
+                return Err(problem.to_json());
+            }
             Host::Ready(session) => session.clone(),
         };
         let watched = self.long_running.contains(tool) && ctx.meta.get_progress_token().is_some();
