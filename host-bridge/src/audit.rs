@@ -177,13 +177,18 @@ impl AuditLog {
 
     pub fn record(&mut self, tool: &str, duration_ms: u64, result: &std::result::Result<(), String>, trace: &Trace) {
         let Some((path, f)) = &mut self.file else { return };
-        let line = json!({
+        let mut line = json!({
             "tool": tool,
             "duration_ms": duration_ms,
             "result": match result { Ok(()) => json!("ok"), Err(code) => json!({ "error": code }) },
             "spawns": trace.spawns,
             "paths": trace.paths,
         });
+        // A signal is stopping the host (crate::interrupt): this call's children were
+        // killed, or never started (their outcome says "interrupted").
+        if let Some(sig) = crate::interrupt::received() {
+            line["interrupted"] = json!(crate::interrupt::name(sig));
+        }
         // The whole line, newline included, in one buffer and one write.
         let mut buf = line.to_string().into_bytes();
         buf.push(b'\n');

@@ -8,6 +8,7 @@
 pub mod audit;
 pub mod cli;
 pub mod commands;
+pub mod interrupt;
 pub mod opencode_version;
 pub mod out;
 pub mod policy;

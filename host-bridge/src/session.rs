@@ -109,7 +109,11 @@ impl Session {
 
     /// As `call`, with a hook run just before the call's first spawn (the MCP server's
     /// progress starts there: runtime::OnFirstSpawn).
+    ///
+    /// A signal that stops the host meanwhile (crate::interrupt) ends it once the audit
+    /// line is written, when `_in_flight` is dropped: this returns only when none came.
     pub fn call_watched(&mut self, tool: &str, args: &str, on_first_spawn: Option<OnFirstSpawn>) -> Result<std::result::Result<Value, Value>> {
+        let _in_flight = crate::interrupt::in_flight();
         let ctx = self.fresh_ctx();
         let started = Instant::now();
         let (result, trace) = self.runtime.call_watched(tool, args, &ctx, on_first_spawn);
@@ -125,6 +129,7 @@ impl Session {
     /// The golden-image operation (`boxd-host golden`, the tour), granted, traced and
     /// audited like a tool call; `spec` is docs/golden-image.md's spec.
     pub fn build_golden(&mut self, spec: &Value) -> Result<std::result::Result<Value, Value>> {
+        let _in_flight = crate::interrupt::in_flight();
         let ctx = self.fresh_ctx();
         let started = Instant::now();
         let (result, trace) = self.runtime.build_golden(&spec.to_string(), &ctx);
@@ -246,13 +251,7 @@ pub fn host_call(audit: &mut AuditLog, what: &str, grant: String, spawn: crate::
         args: crate::runtime::mask_args(args),
         grant: Some(grant),
         exit_code: out.as_ref().ok().and_then(|o| o.exit_code),
-        outcome: match &out {
-            Ok(_) => "exited",
-            Err(SpawnFailure::TimedOut) => "timed-out",
-            Err(SpawnFailure::NotFound(_)) => "not-found",
-            Err(SpawnFailure::Failed(_)) => "failed",
-        }
-        .into(),
+        outcome: out.as_ref().err().map_or("exited", SpawnFailure::outcome).into(),
         duration_ms: started.elapsed().as_millis() as u64,
     };
     let code = match &out {

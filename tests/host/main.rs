@@ -35,3 +35,4 @@ mod world_lies;
 mod side_by_side;
 mod audit_log;
 mod audit_faults;
+mod interrupt;

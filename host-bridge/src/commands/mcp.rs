@@ -258,7 +258,7 @@ impl Server {
             session = session.lock_owned() => session,
             () = ctx.ct.cancelled() => return Err(not_started(tool)),
         };
-        if ctx.ct.is_cancelled() || self.hung_up.load(Ordering::SeqCst) {
+        if ctx.ct.is_cancelled() || self.hung_up.load(Ordering::SeqCst) || crate::interrupt::received().is_some() {
             return Err(not_started(tool));
         }
         let (answered, answer) = tokio::sync::oneshot::channel();

@@ -15,6 +15,12 @@ use crate::cli::{Cli, Command};
 
 pub fn run(cli: Cli) -> Result<u8> {
     let grants = &cli.grants;
+    // The commands that make tool calls: a signal kills their children and writes the
+    // call's audit line before the host ends (crate::interrupt). live-check handles the
+    // signals its own way (it cleans up what it made).
+    if matches!(cli.command, Command::Call { .. } | Command::Mcp | Command::Golden(_)) {
+        crate::interrupt::install()?;
+    }
     match cli.command {
         Command::Describe => describe::run(grants),
         Command::Call { tool, args } => call::run(grants, &tool, args),

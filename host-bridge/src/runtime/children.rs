@@ -84,6 +84,8 @@ impl wit_spawn::Host for HostState {
                 Err(wit_spawn::Error::NotAllowed(_)) => "not-allowed".into(),
                 Err(wit_spawn::Error::NotFound(_)) => "not-found".into(),
                 Err(wit_spawn::Error::TimedOut) => "timed-out".into(),
+                // The host stopping (crate::interrupt) killed it or did not start it.
+                Err(wit_spawn::Error::Failed(_)) if crate::interrupt::received().is_some() => "interrupted".into(),
                 Err(wit_spawn::Error::Failed(_)) => "failed".into(),
             };
             self.trace.spawns.push(record);
@@ -156,6 +158,7 @@ impl Checked<'_> {
             Err(SpawnFailure::NotFound(m)) => Err(wit_spawn::Error::NotFound(m)),
             Err(SpawnFailure::TimedOut) => Err(wit_spawn::Error::TimedOut),
             Err(SpawnFailure::Failed(m)) => Err(wit_spawn::Error::Failed(m)),
+            Err(SpawnFailure::Interrupted(sig)) => Err(wit_spawn::Error::Failed(SpawnFailure::interrupted_message(&r.program, sig))),
         }
     }
 }

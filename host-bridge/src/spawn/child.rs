@@ -53,7 +53,9 @@ enum Exit {
 }
 
 impl Child {
+    /// Listed as running (running.rs) until it is reaped.
     fn new(pid: i32, stdin: Option<File>, stderr: File, exit: Exit) -> Child {
+        super::running::listed(pid);
         Child { pid, stdin, stderr, exit, status: None, reaped: false }
     }
 
@@ -92,6 +94,8 @@ impl Child {
             },
             Exit::Reported(f) => {
                 let mut word = [0u8; 4];
+                // The thread reaped it: its pid is no longer surely ours.
+                super::running::unlisted(self.pid);
                 f.read_exact(&mut word).map_err(|_| io::Error::other("the wait for it failed"))?;
                 self.reaped = true;
                 i32::from_ne_bytes(word)
@@ -110,6 +114,8 @@ impl Child {
         if matches!(self.exit, Exit::Reported(_)) {
             return self.exit_status();
         }
+        // Unlisted first: once reaped, its pid may name someone else's process.
+        super::running::unlisted(self.pid);
         loop {
             let mut status = 0;
             // SAFETY: waitpid on our own unreaped child, into a local.

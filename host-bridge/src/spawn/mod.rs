@@ -19,6 +19,9 @@
 //! the child dies with it rather than running on as an orphan.
 
 mod child;
+mod running;
+
+pub use running::{kill_group, kill_running, kill_self};
 
 use std::fs::File;
 use std::io::{Read, Write};
@@ -54,6 +57,26 @@ pub enum SpawnFailure {
     NotFound(String),
     TimedOut,
     Failed(String),
+    /// The host received this signal (crate::interrupt): the child was killed with its
+    /// group, or never started.
+    Interrupted(i32),
+}
+
+impl SpawnFailure {
+    /// The audit's word for how the spawn ended (runtime/trace.rs `outcome`).
+    pub fn outcome(&self) -> &'static str {
+        match self {
+            SpawnFailure::NotFound(_) => "not-found",
+            SpawnFailure::TimedOut => "timed-out",
+            SpawnFailure::Failed(_) => "failed",
+            SpawnFailure::Interrupted(_) => "interrupted",
+        }
+    }
+
+    /// What the component is told (the WIT `failed` variant) for `Interrupted`.
+    pub fn interrupted_message(name: &str, sig: i32) -> String {
+        format!("{name}: the host received {} and is stopping, so it killed this child (or did not start it)", crate::interrupt::name(sig))
+    }
 }
 
 /// The bounds every spawn runs under (host-bridge/policy.json).
@@ -168,6 +191,10 @@ type StartChild = fn(&child::Start<'_>) -> std::io::Result<child::Child>;
 
 fn run_started_by(s: Spawn<'_>, streams: Streams<'_>, start_child: StartChild) -> Result<Output, SpawnFailure> {
     let failed = |e: std::io::Error| SpawnFailure::Failed(format!("{}: {e}", s.name));
+    // A host stopping (crate::interrupt) starts nothing more.
+    if let Some(sig) = crate::interrupt::received() {
+        return Err(SpawnFailure::Interrupted(sig));
+    }
     // A missing working folder would otherwise read as a missing program (both are ENOENT
     // from the exec's side).
     if let Some(cwd) = s.cwd.filter(|c| !c.is_dir()) {
@@ -230,6 +257,11 @@ fn run_started_by(s: Spawn<'_>, streams: Streams<'_>, start_child: StartChild) -
     let mut grace_until = None;
     let mut stderr_open = true;
     loop {
+        // Checked first: a child killed by kill_running has exited by now, and a child
+        // started just as the signal came was not listed yet when the groups were killed.
+        if let Some(sig) = crate::interrupt::received() {
+            return end(&mut child, SpawnFailure::Interrupted(sig));
+        }
         if status.is_some() && !stderr_open {
             break;
         }
@@ -334,26 +366,6 @@ fn run_started_by(s: Spawn<'_>, streams: Streams<'_>, start_child: StartChild) -
 
 /// How long the stdin writer may take to report once the child exited.
 const STDIN_SETTLE: Duration = Duration::from_secs(1);
-
-/// SIGKILL the child's process group (the child and everything it started that did not
-/// leave the group).
-pub fn kill_group(pgid: i32) {
-    // SAFETY: kill(2) on a process group we created and on its leader, our unreaped child
-    // (which may have left the group with setsid); no memory is involved.
-    unsafe {
-        libc::kill(-pgid, libc::SIGKILL);
-        libc::kill(pgid, libc::SIGKILL);
-    }
-}
-
-/// Kill this host at once, as `kill -9` would (the test-only kill points).
-pub fn kill_self() -> ! {
-    // SAFETY: kill(2) on our own pid.
-    unsafe {
-        libc::kill(libc::getpid(), libc::SIGKILL);
-    }
-    std::process::abort()
-}
 
 #[cfg(test)]
 mod tests {

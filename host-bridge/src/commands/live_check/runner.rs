@@ -117,6 +117,7 @@ impl<'a> Boxd<'a> {
             }),
             Err(SpawnFailure::TimedOut) => Err(format!("no answer within {} s", timeout.as_secs())),
             Err(SpawnFailure::NotFound(m) | SpawnFailure::Failed(m)) => Err(m),
+            Err(SpawnFailure::Interrupted(sig)) => Err(SpawnFailure::interrupted_message("boxd", sig)),
         }
     }
 }
