@@ -103,7 +103,9 @@ pub fn render(reach: &Value) -> String {
 /// without blocking (a FIFO there would block the open forever), and made owner-only.
 /// Before each line the path is looked at again: a log deleted or rotated away is
 /// reopened (created) by its path, so lines never go to an unlinked file. A line that cannot
-/// be written is said on stderr and remembered (`failed`): `call` then exits 2.
+/// be written (a part of it written is taken back: `append_whole`) is said on stderr and
+/// remembered (`failed`, `lost`): `call` then exits 2, the MCP server says `auditFailed` in
+/// every later result. A line written while a signal stops the host says `interrupted`.
 pub struct AuditLog {
     /// The path and its open file.
     file: Option<(PathBuf, std::fs::File)>,

@@ -1,6 +1,7 @@
 //! `boxd-host call TOOL [ARGS_JSON]`: one tool call; the result or the error object on
 //! stdout, exit 1 for a tool error, 2 when its audit line could not be written; on a
-//! terminal, a spinner on stderr while a long tool runs.
+//! terminal, a spinner on stderr while a long tool runs. Ctrl-C (SIGTERM, SIGHUP) kills
+//! its children, writes its audit line and ends the host by the signal (crate::interrupt).
 
 use anyhow::{Context as _, Result};
 

@@ -8,6 +8,8 @@
 //! text is `{"error","message","next"}` so the model sees the code and the one next step.
 //! Which tools are destructive or long-running comes from the manifest, never from here;
 //! a run's `taskState` (boxd_job) is the component's own field, passed on as is.
+//! Once the audit log has lost a line, every result says so (`with_audit_failed`); a
+//! signal ends the server as crate::interrupt says (the call's line first).
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -16,7 +16,9 @@
 //!   process is left alone.
 //!
 //! On Linux each child also gets PR_SET_PDEATHSIG(SIGKILL): if the host itself is killed,
-//! the child dies with it rather than running on as an orphan.
+//! the child dies with it rather than running on as an orphan. A host stopped by SIGTERM,
+//! SIGINT or SIGHUP (crate::interrupt) kills every running child's group (running.rs),
+//! and from then on a run starts nothing and ends any it waits on (`Interrupted`).
 
 mod child;
 mod running;
