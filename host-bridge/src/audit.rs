@@ -270,3 +270,26 @@ fn problem(path: &Path, from: &str, e: std::io::Error) -> crate::policy::HostPro
     };
     crate::policy::HostProblem { code: invalid.code.clone(), message, next }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fragment with another host's line already after it is blanked in place, and the
+    /// descriptor appends again afterwards.
+    #[test]
+    fn a_fragment_followed_by_another_line_is_blanked_and_appending_goes_on() {
+        let path = std::env::temp_dir().join(format!("audit-blank-{}.jsonl", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let mut f = open_log(&path).unwrap();
+        f.write_all(b"{\"a\":1}\n{\"torn\":{\"b\":2}\n").unwrap();
+        blank(&f, 8, 8).unwrap();
+        f.write_all(b"{\"c\":3}\n").unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(text, "{\"a\":1}\n        {\"b\":2}\n{\"c\":3}\n");
+        for line in text.lines() {
+            serde_json::from_str::<Value>(line).unwrap();
+        }
+        let _ = std::fs::remove_file(&path);
+    }
+}
