@@ -187,7 +187,7 @@ fn the_hosts_own_opencode_version_lookup_is_audited() {
 pub struct Mcp {
     pub child: Child,
     stdin: Option<std::process::ChildStdin>,
-    lines: mpsc::Receiver<Value>,
+    pub lines: mpsc::Receiver<Value>,
 }
 
 impl Mcp {
@@ -215,6 +215,14 @@ impl Mcp {
         assert!(init["result"]["serverInfo"].is_object(), "{init:#}");
         mcp.send(json!({ "jsonrpc": "2.0", "method": "notifications/initialized" }));
         mcp
+    }
+
+    /// One line as given (a newline added).
+    pub fn raw(&mut self, line: &[u8]) {
+        let stdin = self.stdin.as_mut().unwrap();
+        stdin.write_all(line).unwrap();
+        stdin.write_all(b"\n").unwrap();
+        stdin.flush().unwrap();
     }
 
     pub fn send(&mut self, msg: Value) {

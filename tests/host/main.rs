@@ -36,3 +36,4 @@ mod side_by_side;
 mod audit_log;
 mod audit_faults;
 mod interrupt;
+mod mcp_lines;

@@ -76,7 +76,10 @@ pub fn serve(grants: &Grants) -> Result<u8> {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("cannot start the async runtime")?;
     runtime.block_on(async move {
         let (stdin, stdout) = rmcp::transport::stdio();
-        let running = server.serve((Watched { inner: stdin, hung_up }, stdout)).await.context("the MCP handshake failed")?;
+        // Every request line answered, whatever it holds (mcp_lines.rs).
+        let in_flight = super::mcp_lines::InFlight::default();
+        let transport = (super::mcp_lines::Lines::new(Watched { inner: stdin, hung_up }, in_flight.clone()), super::mcp_lines::Sent::new(stdout, in_flight));
+        let running = server.serve(transport).await.context("the MCP handshake failed")?;
         running.waiting().await.context("the MCP session ended with an error")?;
         anyhow::Ok(())
     })?;
@@ -174,6 +177,17 @@ pub fn with_audit_failed(answer: std::result::Result<Value, Value>, lost: Option
         v
     };
     answer.map(add).map_err(add)
+}
+
+/// The answer to a line mcp_lines.rs refused: the JSON-RPC error it names, or the tool
+/// error (FILE_TOO_LARGE).
+fn refused_line(arguments: JsonObject) -> Result<CallToolResponse, ErrorData> {
+    if let Some(error) = arguments.get("toolError") {
+        return Ok(to_result(Err(error.clone())).into());
+    }
+    let code = arguments.get("code").and_then(Value::as_i64).unwrap_or(-32600) as i32;
+    let message = arguments.get("message").and_then(Value::as_str).unwrap_or("the request was refused").to_string();
+    Err(ErrorData::new(rmcp::model::ErrorCode(code), message, None))
 }
 
 /// The MCP result for one answer: pretty JSON text plus the same value structured.
@@ -308,7 +322,14 @@ impl ServerHandler for Server {
     // component's check gives ARGS_INVALID with a next step, the same as `boxd-host call`.
 
     async fn call_tool(&self, request: CallToolRequestParams, ctx: RequestContext<RoleServer>) -> Result<CallToolResponse, ErrorData> {
-        let args = Value::Object(request.arguments.unwrap_or_default()).to_string();
+        if request.name == super::mcp_lines::REFUSE {
+            return refused_line(request.arguments.unwrap_or_default());
+        }
+        // Arguments that were not an object reach the component as they came (mcp_lines.rs).
+        let args = match request.arguments {
+            Some(mut a) if a.len() == 1 && a.contains_key(super::mcp_lines::RAW_ARGUMENTS) => a.remove(super::mcp_lines::RAW_ARGUMENTS).unwrap_or_default().to_string(),
+            other => Value::Object(other.unwrap_or_default()).to_string(),
+        };
         let answer = self.run(&ctx, &request.name, args).await;
         let lost = self.audit_failed.lock().unwrap_or_else(|e| e.into_inner()).clone();
         Ok(to_result(with_audit_failed(answer, lost)).into())
