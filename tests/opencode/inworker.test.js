@@ -131,6 +131,19 @@ describe("a child run in the worker", { skip }, () => {
     assert.match(r.val.val, /more than 1 MiB on stderr/);
   });
 
+  // The watch tells the streams apart by file, not by descriptor number: a child that
+  // points fd 1 at its stderr file floods stderr (it read as stdout past 64 MiB whenever
+  // the watch looked late), and one that points fd 2 at its stdout file may write stdout
+  // past 1 MiB (it was killed as past the stderr cap).
+  test("a child's own redirections do not change which stream's cap applies", async () => {
+    const over = await (await runner(shGrants(scratch("to-err")))).run("exec >&2; head -c 70000000 /dev/zero; sleep 2");
+    assert.equal(over.val.tag, "failed");
+    assert.match(over.val.val, /more than 1 MiB on stderr/);
+    const under = await (await runner(shGrants(scratch("to-out")))).run("exec 2>&1; head -c 2000000 /dev/zero; sleep 0.4");
+    assert.equal(under.tag, "ok", JSON.stringify(under.val).slice(0, 300));
+    assert.equal(under.val.stdout.length, 2000000);
+  });
+
   test("a cap passed only after the child exited: what it left writing in its group is killed", async () => {
     const dir = scratch("late-cap");
     const pidFile = path.join(dir, "pid");

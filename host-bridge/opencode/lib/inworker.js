@@ -27,7 +27,12 @@ export const REPLY = 0; // raised by the main thread when a spawn reply is on th
 export const ABORTED = 1; // the id of the call the user aborted
 export const CAPPED_PID = 2; // a child the main thread killed for its output…
 export const CAPPED_STREAM = 3; // …and which stream (1 stdout, 2 stderr)
-export const SHARED_WORDS = 4;
+// The inodes of the running child's stdout and stderr files (low and high 32 bits each):
+// the watch tells the streams apart by file, not by descriptor number, since a child may
+// point its fd 1 at its stderr file (`>&2`) or its fd 2 at its stdout (`2>&1`).
+export const STDOUT_FILE = 4;
+export const STDERR_FILE = 6;
+export const SHARED_WORDS = 8;
 
 const STREAMS = { 1: "stdout", 2: "stderr" };
 const err = (tag, val) => ({ tag: "err", val: val === undefined ? { tag } : { tag, val } });
@@ -74,6 +79,8 @@ export function runInWorker(req, grants, shared, call, onGrant = () => {}) {
   try {
     files.push(takeOutputFile(), takeOutputFile());
     const [out, errOut] = files;
+    setFile(shared, STDOUT_FILE, out);
+    setFile(shared, STDERR_FILE, errOut);
     const r = spawnSync(launch.binary, req.args, {
       cwd: launch.cwd,
       env: launch.env,
@@ -113,6 +120,18 @@ export function runInWorker(req, grants, shared, call, onGrant = () => {}) {
   }
 }
 
+/** Note the inode of the output file `fd` in the shared words at `at`. */
+function setFile(shared, at, fd) {
+  const ino = fs.fstatSync(fd, { bigint: true }).ino;
+  Atomics.store(shared, at, Number(ino & 0xffffffffn) | 0);
+  Atomics.store(shared, at + 1, Number((ino >> 32n) & 0xffffffffn) | 0);
+}
+
+/** The inode noted at `at` (setFile). */
+function fileAt(shared, at) {
+  return (BigInt(Atomics.load(shared, at + 1) >>> 0) << 32n) | BigInt(Atomics.load(shared, at) >>> 0);
+}
+
 // `alsoPid` for a child still running (listed, not yet reaped): should it not lead its
 // group after all, it dies anyway. Once spawnSync returned, the pid is reaped and may
 // already be another process's, so only the group is killed then.
@@ -149,15 +168,18 @@ export function killChildrenOf(tid) {
 export function watchOutput(tid, shared, aborted) {
   const timer = setInterval(() => {
     if (aborted()) return killChildrenOf(tid);
+    const files = { [fileAt(shared, STDOUT_FILE)]: 1, [fileAt(shared, STDERR_FILE)]: 2 };
     for (const pid of childrenOf(tid)) {
-      for (const [fd, stream] of Object.entries(STREAMS)) {
-        let size = 0;
+      for (const fd of Object.keys(STREAMS)) {
+        let file;
         try {
-          // Only the file we gave it: a child may point its fd 1 elsewhere itself.
-          if (fs.readlinkSync(`/proc/${pid}/fd/${fd}`).includes(OUTPUT_FILE_MARK)) size = fs.statSync(`/proc/${pid}/fd/${fd}`).size;
+          // Only a file we gave it (a child may point its fd 1 elsewhere itself), and by
+          // which file it is: `cat >&2` writes its stderr file through fd 1.
+          if (fs.readlinkSync(`/proc/${pid}/fd/${fd}`).includes(OUTPUT_FILE_MARK)) file = fs.statSync(`/proc/${pid}/fd/${fd}`, { bigint: true });
         } catch {}
-        if (size > BOUNDS[stream]) {
-          Atomics.store(shared, CAPPED_STREAM, Number(fd));
+        const stream = file && files[file.ino];
+        if (stream && file.size > BigInt(BOUNDS[STREAMS[stream]])) {
+          Atomics.store(shared, CAPPED_STREAM, stream);
           Atomics.store(shared, CAPPED_PID, pid);
           killGroup(pid, true);
         }
