@@ -27,7 +27,21 @@ fn stubborn_boxd(dir: &Path) -> PathBuf {
 }
 
 fn host(laptop: &Laptop, boxd: &Path, log: &Path, args: &[&str], stdin: Stdio) -> Child {
-    Command::new(boxd_host())
+    use std::os::unix::process::CommandExt;
+    let mut cmd = Command::new(boxd_host());
+    // The host keeps a signal ignored that it was started with ignored (nohup ignores
+    // SIGHUP, a shell's background job SIGINT), and this test may itself run so: its host
+    // starts with the three at their default, as a terminal or an MCP client starts one.
+    // SAFETY: signal(2) only, between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
+                libc::signal(sig, libc::SIG_DFL);
+            }
+            Ok(())
+        });
+    }
+    cmd
         .arg("--project")
         .arg(&laptop.project)
         .arg("--ledger")
