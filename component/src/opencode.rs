@@ -23,6 +23,18 @@ pub fn known_version(ctx: &Context) -> Option<String> {
     ctx.facts.opencode_version.clone().or_else(|| (ctx.host_name == "opencode").then(|| ctx.host_version.clone()))
 }
 
+/// Whether the laptop's OpenCode holds a session (`Opencode::held`).
+#[derive(Debug)]
+pub enum Held {
+    Absent,
+    Copy(Value),
+    /// It answered but printed no session: held, contents unknown.
+    Unreadable(String),
+}
+
+/// How many `opencode export` runs `held` starts side by side (the hosts' run-all bound).
+const HELD_BATCH: usize = 4;
+
 /// Drives the laptop's `opencode` CLI through the `Programs` capability.
 pub struct Opencode<'a, P: Programs> {
     programs: &'a mut P,
@@ -94,23 +106,46 @@ impl<'a, P: Programs> Opencode<'a, P> {
         })
     }
 
-    fn run(&mut self, args: &[&str], cwd: &str) -> ToolResult<RunOutput> {
-        let req = RunRequest {
-            program: "opencode".into(),
-            args: args.iter().map(|a| a.to_string()).collect(),
-            stdin: None,
-            env: Vec::new(),
-            cwd: Some(cwd.to_string()),
-            timeout_ms: SESSION_TIMEOUT_MS,
-            ..Default::default()
-        };
-        self.programs.run(&req).map_err(|e| match e {
-            SpawnError::NotAllowed(m) | SpawnError::NotFound(m) => {
-                ToolError::new(Code::OpencodeMissing, format!("the laptop's opencode is not available to this host ({m})"))
+    /// Whether the laptop holds each session: `opencode export` of each, up to four side
+    /// by side. One that exits non-zero is absent (as `export` reads it).
+    pub fn held(&mut self, sessions: &[&str], cwd: &str) -> ToolResult<Vec<Held>> {
+        let mut out = Vec::with_capacity(sessions.len());
+        for batch in sessions.chunks(HELD_BATCH) {
+            let requests: Vec<RunRequest> = batch.iter().map(|id| request(&["export", id], cwd)).collect();
+            for r in self.programs.run_all(&requests) {
+                let o = r.map_err(|e| spawn_error(e, "export"))?;
+                out.push(match (o.exit_code, first_json(&o.stdout)) {
+                    (Some(0), Some(v)) => Held::Copy(v),
+                    (Some(0), None) => Held::Unreadable(said(&o.stderr)),
+                    _ => Held::Absent,
+                });
             }
-            SpawnError::TimedOut => ToolError::new(Code::Timeout, format!("opencode {} did not finish in time", args[0])),
-            SpawnError::Failed(m) => ToolError::new(Code::ImportFailed, format!("could not run opencode {}: {m}", args[0])),
-        })
+        }
+        Ok(out)
+    }
+
+    fn run(&mut self, args: &[&str], cwd: &str) -> ToolResult<RunOutput> {
+        self.programs.run(&request(args, cwd)).map_err(|e| spawn_error(e, args[0]))
+    }
+}
+
+fn request(args: &[&str], cwd: &str) -> RunRequest {
+    RunRequest {
+        program: "opencode".into(),
+        args: args.iter().map(|a| a.to_string()).collect(),
+        stdin: None,
+        env: Vec::new(),
+        cwd: Some(cwd.to_string()),
+        timeout_ms: SESSION_TIMEOUT_MS,
+        ..Default::default()
+    }
+}
+
+fn spawn_error(e: SpawnError, verb: &str) -> ToolError {
+    match e {
+        SpawnError::NotAllowed(m) | SpawnError::NotFound(m) => ToolError::new(Code::OpencodeMissing, format!("the laptop's opencode is not available to this host ({m})")),
+        SpawnError::TimedOut => ToolError::new(Code::Timeout, format!("opencode {verb} did not finish in time")),
+        SpawnError::Failed(m) => ToolError::new(Code::ImportFailed, format!("could not run opencode {verb}: {m}")),
     }
 }
 

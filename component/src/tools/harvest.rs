@@ -72,6 +72,8 @@ fn message_ids(session: &Value) -> alloc::collections::BTreeSet<&str> {
 fn parse_export(v: &Value) -> ToolResult<Vec<Exported>> {
     let sessions = v.get("sessions").and_then(Value::as_array).ok_or_else(|| invalid("no session list".into()))?;
     let mut all = Vec::new();
+    // Message and part ids seen so far: each is one row on the laptop, in one session.
+    let mut seen = BTreeSet::new();
     for (i, s) in sessions.iter().enumerate() {
         let id = s["info"]["id"].as_str().filter(|id| !id.is_empty()).ok_or_else(|| invalid(format!("session {i} has no id")))?;
         let msgs = s["messages"].as_array().ok_or_else(|| invalid(format!("session {id} has no message list")))?;
@@ -80,13 +82,22 @@ fn parse_export(v: &Value) -> ToolResult<Vec<Exported>> {
                 return Err(invalid(format!("message {j} of session {id} is malformed")));
             }
         }
+        transcript::check_session(s, id, &mut seen).map_err(invalid)?;
+        if all.iter().any(|e: &Exported| e.id == id) {
+            return Err(invalid(format!("session {id} appears twice")));
+        }
         all.push(Exported {
             id: id.to_string(),
             parent: s["info"]["parentID"].as_str().map(String::from),
             messages: msgs.len() as u64,
             digest: canonical_digest(msgs),
-            json: json!({ "info": s["info"], "messages": msgs }),
+            json: transcript::clean_session(s),
         });
+    }
+    // The root is the work's own session: it hangs under nothing on the laptop (a fork's
+    // guest starts a root session of its own too; docs/architecture.md, "Forks").
+    if let Some(root) = all.first().filter(|s| s.parent.is_some()) {
+        return Err(invalid(format!("its root session {} names a parent ({}): a work's root session has none", root.id, root.parent.as_deref().unwrap_or_default())));
     }
     // Parents first: a session goes once its parent is placed (or it is the root).
     let ids: BTreeSet<String> = all.iter().map(|s| s.id.clone()).collect();
@@ -107,7 +118,9 @@ fn parse_export(v: &Value) -> ToolResult<Vec<Exported>> {
             }
         }
         if rest.len() == before {
-            return Err(ToolError::new(Code::ParentMissing, "the export's sessions form no tree".to_string()));
+            // Every parent is in the export, yet none of these hangs under the root: a cycle.
+            let ids: Vec<&str> = rest.iter().map(|s| s.id.as_str()).collect();
+            return Err(invalid(format!("sessions {} are each other's parents (a cycle), not a tree under the root", ids.join(", "))));
         }
         all = rest;
     }
@@ -126,12 +139,24 @@ fn import_and_prove(env: &mut Env, w: &Work, sessions: &[Exported]) -> ToolResul
     let mut proofs = Vec::new();
     let new: Vec<&str> = sessions.iter().map(|s| s.id.as_str()).filter(|id| !last.contains_key(*id)).collect();
     refuse_foreign_sessions(env, w, &new)?;
+    // Reused only while the stored export is whole: one deleted or damaged in the ledger
+    // is stored again and imported (an import adds only ids the laptop lacks).
+    let mut reused = Vec::with_capacity(sessions.len());
     for s in sessions {
-        // Reused only while the stored export is whole: one deleted or damaged in the ledger
-        // is stored again and imported (an import adds only ids the laptop lacks).
-        let (name, imported) = match last.get(&s.id) {
-            Some((d, Some(f))) if *d == s.digest && stored_intact(&mut Ledger::for_call(&mut env.files, env.ctx), &w.work, f, None)? => (f.clone(), false),
-            _ => {
+        reused.push(match last.get(&s.id) {
+            Some((d, Some(f))) if *d == s.digest && stored_intact(&mut Ledger::for_call(&mut env.files, env.ctx), &w.work, f, None)? => Some(f.clone()),
+            _ => None,
+        });
+    }
+    // Before anything is imported: no id of it is held elsewhere on the laptop.
+    let imports: Vec<&Exported> = sessions.iter().zip(&reused).filter(|(_, r)| r.is_none()).map(|(s, _)| s).collect();
+    transcript::refuse_foreign_ids(env, w, &imports)?;
+    let fresh: Vec<&Exported> = sessions.iter().filter(|s| new.contains(&s.id.as_str())).collect();
+    transcript::refuse_held_sessions(env, w, &fresh)?;
+    for (s, reused) in sessions.iter().zip(reused) {
+        let (name, imported) = match reused {
+            Some(f) => (f, false),
+            None => {
                 let bytes = serde_json::to_vec(&s.json).expect("serialises");
                 let name = format!("export-{}.json", &sha256_hex(&bytes)[..16]);
                 let mut ledger = Ledger::for_call(&mut env.files, env.ctx);
@@ -201,6 +226,19 @@ pub(super) fn restore_for_drop(env: &mut Env, w: &Work) -> ToolResult<(Vec<Strin
         let intact = p.file.as_ref().map_or(Ok(false), |f| stored_intact(&mut ledger, &w.work, f, None))?;
         let stored = p.file.as_ref().filter(|_| intact).map(|f| format!("{}/{f}", ledger.work_dir(&w.work)));
         let json = stored.as_ref().and_then(|path| env.files.read(path).ok().flatten()).and_then(|b| serde_json::from_slice::<Value>(&b).ok());
+        // Cleaned as a harvest cleans it: an export an earlier version stored as the guest
+        // gave it (its permission rules among it) is imported from a cleaned copy.
+        let json = json.filter(|j| transcript::check_session(j, &p.id, &mut BTreeSet::new()).is_ok()).map(|j| (transcript::clean_session(&j), j));
+        let (stored, json) = match (stored, json) {
+            (Some(_), Some((clean, raw))) if clean != raw => {
+                let bytes = serde_json::to_vec(&clean).expect("serialises");
+                let name = format!("export-{}.json", &sha256_hex(&bytes)[..16]);
+                let mut ledger = Ledger::for_call(&mut env.files, env.ctx);
+                ledger.put_blob(&w.work, &name, &bytes)?;
+                (Some(format!("{}/{name}", ledger.work_dir(&w.work))), Some(clean))
+            }
+            (path, json) => (path, json.map(|(clean, _)| clean)),
+        };
         let (Some(path), Some(json)) = (stored, json) else {
             return Err(ToolError::with_next(
                 Code::NotProven,
@@ -518,6 +556,8 @@ fn granted_repository<F: crate::caps::Files + ?Sized>(files: &mut F, ctx: &crate
     }
     false
 }
+
+mod transcript;
 
 #[cfg(test)]
 mod tests;
