@@ -1,8 +1,8 @@
 //! The guest's transcript made fit to import into the laptop's OpenCode. The guest is
 //! untrusted: its agent can edit its own OpenCode data and rewrite the helper's answers.
 //! So a session's `info` is rebuilt from the few fields OpenCode needs to list and continue
-//! it (never its permission rules, agent, model, revert or workspace, which change how the
-//! laptop's OpenCode acts), a user message loses what would steer a laptop turn (`system`,
+//! it (never a permission rule but one that denies, nor its agent, model, revert or
+//! workspace, which change how the laptop's OpenCode acts), a user message loses what would steer a laptop turn (`system`,
 //! `tools`, `format`), and a patch part loses its file list (a revert on the laptop deletes
 //! the listed files it cannot check out). Every message and part must name the session and
 //! message it is in (the import files a part under the message its `messageID` names), and
@@ -24,8 +24,9 @@ use crate::tools::Env;
 
 /// What a session's `info` keeps: OpenCode's import requires `id`, `slug`, `title`,
 /// `version` and `time` (it sets the project, directory and path itself); `parentID` links
-/// a child. Everything else (`permission`, `agent`, `model`, `revert`, `share`,
-/// `workspaceID`, `metadata`, `summary`, cost and tokens) is left out.
+/// a child; of its `permission` rules only those that deny. Everything else (rules that
+/// allow or ask, `agent`, `model`, `revert`, `share`, `workspaceID`, `metadata`,
+/// `summary`, cost and tokens) is left out.
 const SESSION_KEYS: [&str; 5] = ["id", "slug", "parentID", "title", "version"];
 
 /// What a user message keeps: its identity, time and the agent and model it ran with
@@ -49,8 +50,19 @@ pub(super) fn clean_session(s: &Value) -> Value {
         }
     }
     out.insert("time".into(), Value::Object(time));
+    // A rule that denies can only narrow what the laptop grants (OpenCode's task tool gives
+    // a child session such rules): kept. One that allows or asks is the guest's to choose
+    // for itself only.
+    let denies: Vec<Value> = info["permission"].as_array().into_iter().flatten().filter(|r| is_deny(r)).map(|r| serde_json::json!({ "permission": r["permission"], "pattern": r["pattern"], "action": "deny" })).collect();
+    if !denies.is_empty() {
+        out.insert("permission".into(), Value::Array(denies));
+    }
     let messages: Vec<Value> = s["messages"].as_array().into_iter().flatten().map(clean_message).collect();
     serde_json::json!({ "info": Value::Object(out), "messages": messages })
+}
+
+fn is_deny(rule: &Value) -> bool {
+    rule["permission"].is_string() && rule["pattern"].is_string() && rule["action"] == "deny"
 }
 
 fn clean_message(m: &Value) -> Value {
