@@ -361,3 +361,151 @@ exec "$real" "$@"
     world.err_call("boxd_drop", r#"{"work":"w2"}"#, "NOT_PROVEN");
     assert_eq!(machine_get(&world, "oc-w2")["status"], "running", "w2's own session is still only on its machine");
 }
+
+/// Make the helper's `export --work WORK` on `machine` answer what `lie` makes of it (a
+/// Python filter: the real answer on stdin, the lie on stdout), as the agent in the machine
+/// could: a `python3` first on the guest's PATH. `None` takes the lie away.
+pub(crate) fn export_lie(world: &World, machine: &str, work: &str, lie: Option<&str>) {
+    let Some(lie) = lie else {
+        assert!(world.on_machine(machine, "rm -f .local/bin/python3").status.success());
+        return;
+    };
+    let shim = format!(
+        r#"#!/bin/sh
+d=$(dirname "$0")
+real=$(PATH=$(echo "$PATH" | tr : "\n" | grep -vx "$d" | paste -sd:) command -v python3)
+case " $* " in *" export --work {work} "*) "$real" "$@" | "$real" "$d/lie.py"; exit 0;; esac
+exec "$real" "$@"
+"#
+    );
+    for (path, bytes) in [(".local/bin/lie.py", lie.as_bytes()), (".local/bin/python3", shim.as_bytes())] {
+        let mut child = std::process::Command::new(boxd_local())
+            .args(["machine", "exec", machine, "--", "sh", "-c", &format!("'mkdir -p .local/bin && cat > {path} && chmod +x {path}'")])
+            .env("BOXD_LOCAL_HOME", &world.laptop.boxd_home)
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::io::Write::write_all(&mut child.stdin.take().unwrap(), bytes).unwrap();
+        assert!(child.wait().unwrap().success(), "wrote {path} on {machine}");
+    }
+}
+
+/// The start of every export lie: the real answer in `real`, its root session `root`.
+const LIE_HEAD: &str = "import json, sys\nreal = json.loads(sys.stdin.read())\nroot = real[\"sessions\"][0]\n";
+const LIE_TAIL: &str = "sys.stdout.write(json.dumps(real) + \"\\n\")\n";
+
+/// A session of the user's own on the laptop, in another folder: no work's.
+fn users_own_session(world: &World) -> (String, std::path::PathBuf) {
+    let (sid, mid) = ("ses_2320ffffffffUSERSOWNSESSN", "msg_2320ffffffffUSERSOWNMSG01");
+    let session = json!({
+        "info": { "id": sid, "slug": "users-own", "projectID": "x", "directory": "/x", "title": "my own", "version": "1.18.33", "time": { "created": 1, "updated": 1 } },
+        "messages": [{ "info": { "id": mid, "sessionID": sid, "role": "user", "time": { "created": 1 }, "agent": "build", "model": { "providerID": "scripted", "modelID": "scripted-model" } },
+            "parts": [{ "id": "prt_2320ffffffffUSERSOWNPRT01", "sessionID": sid, "messageID": mid, "type": "text", "text": "MY OWN LAPTOP CONVERSATION" }] }],
+    });
+    let other = world.laptop.scratch.path("otherproj");
+    let file = world.laptop.scratch.0.join("users-own.json");
+    std::fs::write(&file, session.to_string()).unwrap();
+    let out = std::process::Command::new(opencode_bin()).arg("import").arg(&file).current_dir(&other).envs(world.laptop_env()).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    (sid.to_string(), other)
+}
+
+/// The laptop's copy of a session read from `dir`, or None when it holds none.
+fn laptop_copy(world: &World, dir: &std::path::Path, id: &str) -> Option<Value> {
+    let path = world.laptop.scratch.0.join(format!("copy-{id}.json"));
+    let out = std::process::Command::new(opencode_bin()).args(["export", id]).current_dir(dir).envs(world.laptop_env()).stdout(std::fs::File::create(&path).unwrap()).output().unwrap();
+    let text = std::fs::read_to_string(&path).unwrap();
+    out.status.success().then(|| serde_json::from_str(&text[text.find('{').unwrap()..]).unwrap())
+}
+
+/// The guest exports the user's own laptop session's id as its root (every message and part
+/// made to name it), then a tree whose root names its own child as its parent. Both are
+/// EXPORT_INVALID with nothing imported: the user's session keeps its messages and folder,
+/// and no session of the cycle reaches the laptop (one there hid from the session list and
+/// spun `opencode session delete`). The guest's honest export then proves.
+#[test]
+fn a_guest_that_exports_the_users_own_session_or_a_parent_cycle_imports_nothing() {
+    let world = World::new("lies-tree");
+    let (users, other) = users_own_session(&world);
+    let users_before = laptop_copy(&world, &other, &users).unwrap();
+    world.ok_call("boxd_ensure", W1);
+    world.ok_call("boxd_submit", r#"{"work":"w1","prompt":"delegate @@task:{\"description\":\"sub\",\"prompt\":\"child hi\",\"subagent_type\":\"general\"}@@"}"#);
+    assert_eq!(world.job_until_idle("w1")["outcome"], "completed");
+
+    let take_over = format!(
+        "{LIE_HEAD}old = root[\"info\"][\"id\"]\nfor s in real[\"sessions\"]:\n    if s[\"info\"].get(\"parentID\") == old: s[\"info\"][\"parentID\"] = \"{users}\"\nroot[\"info\"][\"id\"] = \"{users}\"\nfor m in root[\"messages\"]:\n    m[\"info\"][\"sessionID\"] = \"{users}\"\n    for p in m[\"parts\"]: p[\"sessionID\"] = \"{users}\"\n{LIE_TAIL}"
+    );
+    export_lie(&world, "oc-w1", "w1", Some(&take_over));
+    let v = world.err_call("boxd_harvest", W1, "EXPORT_INVALID");
+    assert!(v["message"].as_str().unwrap().contains(&users) && v["message"].as_str().unwrap().contains("already holds"), "{v:#}");
+    assert_eq!(laptop_copy(&world, &other, &users).unwrap(), users_before, "the user's session is as it was, in its own folder");
+
+    let cycle = format!("{LIE_HEAD}root[\"info\"][\"parentID\"] = real[\"sessions\"][1][\"info\"][\"id\"]\n{LIE_TAIL}");
+    export_lie(&world, "oc-w1", "w1", Some(&cycle));
+    let v = world.err_call("boxd_harvest", W1, "EXPORT_INVALID");
+    assert!(v["message"].as_str().unwrap().contains("names a parent"), "{v:#}");
+    let record = record(&world, "w1");
+    assert!(record["proofs"].as_array().is_none_or(|p| p.is_empty()), "nothing proven: {record:#}");
+
+    export_lie(&world, "oc-w1", "w1", None);
+    let v = world.ok_call("boxd_harvest", W1);
+    let sessions = v["sessions"].as_array().unwrap();
+    assert_eq!(sessions.len(), 2, "{v:#}");
+    assert!(sessions[0]["parentId"].is_null() && sessions[1]["parentId"] == sessions[0]["id"], "{v:#}");
+    assert!(sessions.iter().all(|s| s["id"] != users.as_str()), "{v:#}");
+    assert_eq!(laptop_copy(&world, &other, &users).unwrap(), users_before);
+}
+
+/// A fork's machine holds its parent's OpenCode data, every id of the parent's proven
+/// transcript. Its guest grafts its root under the parent's session, files a part under the
+/// parent's message, or gives one of its own messages the id of the parent's (the import
+/// would keep the parent's row and file the fork's parts under it): each is EXPORT_INVALID,
+/// nothing imported, the parent's laptop transcript unchanged. The honest fork and its
+/// parent then prove, harvested in either order.
+#[test]
+fn a_forks_guest_never_writes_into_its_parents_transcript_and_honest_forks_prove_either_order() {
+    let world = World::new("lies-fork-ids");
+    world.ok_call("boxd_ensure", W1);
+    crate::harvest::run_on(&world, "w1", "hello from w1");
+    let sid1 = world.ok_call("boxd_harvest", W1)["sessions"][0]["id"].as_str().unwrap().to_string();
+    let w1_before = crate::harvest::laptop_export(&world, &sid1);
+    let m1 = w1_before["messages"][0]["info"]["id"].as_str().unwrap().to_string();
+    let fork = world.ok_call("boxd_fork", r#"{"work":"w1","forks":["w2"]}"#);
+    assert_eq!(fork["forks"][0]["state"], "running", "{fork:#}");
+    crate::harvest::run_on(&world, "w2", "FORK-TEXT");
+
+    let lies = [
+        ("graft", format!("{LIE_HEAD}root[\"info\"][\"parentID\"] = \"{sid1}\"\n{LIE_TAIL}"), "names a parent"),
+        (
+            "part",
+            format!("{LIE_HEAD}m = root[\"messages\"][-1]\nm[\"parts\"].append({{\"id\": \"prt_2320ffffffffINJECTEDBYW2\", \"messageID\": \"{m1}\", \"sessionID\": root[\"info\"][\"id\"], \"type\": \"text\", \"text\": \"INJECTED BY w2\"}})\n{LIE_TAIL}"),
+            "names message",
+        ),
+        (
+            "message id",
+            format!("{LIE_HEAD}m = root[\"messages\"][-1]\nm[\"info\"][\"id\"] = \"{m1}\"\nfor p in m[\"parts\"]: p[\"messageID\"] = \"{m1}\"\n{LIE_TAIL}"),
+            "work 'w1''s session",
+        ),
+    ];
+    for (what, lie, said) in lies {
+        export_lie(&world, "oc-w2", "w2", Some(&lie));
+        let v = world.err_call("boxd_harvest", r#"{"work":"w2"}"#, "EXPORT_INVALID");
+        assert!(v["message"].as_str().unwrap().contains(said), "{what}: {v:#}");
+        assert_eq!(crate::harvest::laptop_export(&world, &sid1), w1_before, "{what}: w1's transcript on the laptop is unchanged");
+    }
+    export_lie(&world, "oc-w2", "w2", None);
+
+    // Honest: the fork first, then the parent; then the parent first, then the fork.
+    let v = world.ok_call("boxd_harvest", r#"{"work":"w2"}"#);
+    let sid2 = v["sessions"][0]["id"].as_str().unwrap().to_string();
+    assert!(sid2 != sid1 && v["sessions"][0]["parentId"].is_null() && v["forkOf"]["work"] == "w1", "{v:#}");
+    crate::harvest::run_on(&world, "w1", "more for w1");
+    assert_eq!(world.ok_call("boxd_harvest", W1)["proven"], true);
+    crate::harvest::run_on(&world, "w1", "and more for w1");
+    crate::harvest::run_on(&world, "w2", "more for w2");
+    assert_eq!(world.ok_call("boxd_harvest", W1)["proven"], true);
+    assert_eq!(world.ok_call("boxd_harvest", r#"{"work":"w2"}"#)["proven"], true);
+    let w1_now = crate::harvest::laptop_export(&world, &sid1).to_string();
+    assert!(!w1_now.contains("FORK-TEXT") && !w1_now.contains("more for w2"), "nothing of w2 in w1's transcript");
+    assert!(crate::harvest::laptop_export(&world, &sid2).to_string().contains("more for w2"));
+}
