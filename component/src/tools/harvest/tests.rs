@@ -340,4 +340,15 @@ fn a_session_the_laptop_already_holds_with_other_messages_is_never_imported() {
     programs.push_exit(0, &session("ses_a", None, 2).to_string(), "");
     let mut env = Env { programs: &mut programs, files: &mut files, ctx: &ctx };
     assert_eq!(import_and_prove(&mut env, &w1, &one).unwrap().0.len(), 1);
+
+    // Another harvest of this work at once proved it meanwhile (the record this one read
+    // before had no proof): its own, not looked up.
+    let (ctx, mut files) = ledger_with(&[]);
+    proven(&mut files, "w1", &session("ses_a", None, 1));
+    let mut programs = crate::testing::Scripted::default();
+    programs.push_exit(0, "", "");
+    programs.push_exit(0, &session("ses_a", None, 2).to_string(), "");
+    let mut env = Env { programs: &mut programs, files: &mut files, ctx: &ctx };
+    assert_eq!(import_and_prove(&mut env, &w1, &one).unwrap().0.len(), 1);
+    assert_eq!(programs.requests[0].args[0], "import", "{:?}", programs.commands());
 }

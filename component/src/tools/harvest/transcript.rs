@@ -182,6 +182,14 @@ pub(super) fn refuse_held_sessions(env: &mut Env, w: &Work, new: &[&Exported]) -
     if new.is_empty() {
         return Ok(());
     }
+    // Another harvest of this work at once may have imported and proven one since this one
+    // began: it is this work's own.
+    let now = Ledger::for_call(&mut env.files, env.ctx).read(&w.work)?;
+    let proven: BTreeSet<&str> = now.iter().flat_map(|w| w.proofs.last()).flat_map(|p| &p.sessions).map(|s| s.id.as_str()).collect();
+    let new: Vec<&Exported> = new.iter().filter(|s| !proven.contains(s.id.as_str())).copied().collect();
+    if new.is_empty() {
+        return Ok(());
+    }
     let ids: Vec<&str> = new.iter().map(|s| s.id.as_str()).collect();
     let held = Opencode::new(&mut env.programs).held(&ids, &w.directory)?;
     for (s, h) in new.iter().zip(held) {
@@ -194,7 +202,7 @@ pub(super) fn refuse_held_sessions(env: &mut Env, w: &Work, new: &[&Exported]) -
         let others = back["messages"].as_array().into_iter().flatten().filter(|m| !m["info"]["id"].as_str().is_some_and(|id| theirs.contains(id))).count();
         if others > 0 {
             let place = back["info"]["directory"].as_str().unwrap_or("another folder");
-            return Err(tampered(w, format!("session {}, which this laptop's OpenCode already holds in {place} with {others} messages not in the guest's export (not a session of any work's)", s.id)));
+            return Err(tampered(w, format!("session {}, which this laptop's OpenCode already holds in {place} with {others} messages not in the guest's export (a session no work of this ledger proved: the user's own)", s.id)));
         }
     }
     Ok(())
