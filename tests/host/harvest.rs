@@ -550,3 +550,25 @@ sys.stdout.write(json.dumps(real) + "\n")
     clean(&restored);
     assert_eq!(restored["messages"].as_array().unwrap().len(), proven["messages"].as_array().unwrap().len());
 }
+
+/// The host killed right after its `opencode import` of a work's first session, before the
+/// proof is recorded: the laptop holds the session, and the next harvest finds it new to
+/// the work. Holding only the guest's messages, it is this work's own import, not a session
+/// of the user's: imported again and proven (not EXPORT_INVALID), and the work drops.
+#[test]
+fn a_harvest_killed_after_its_import_is_finished_by_the_next_not_refused_as_the_users_session() {
+    let world = World::new("harvest-killed-import");
+    world.ok_call("boxd_ensure", W1);
+    run(&world, "one");
+    // get, the export exec, the laptop's look at the new id, then the import.
+    assert!(world.killed_at("after-spawn:4", "boxd_harvest", W1), "killed after the import");
+    let record: serde_json::Value = serde_json::from_slice(&std::fs::read(world.laptop.ledger.join("works/w1/work.json")).unwrap()).unwrap();
+    assert!(record["proofs"].as_array().is_none_or(|p| p.is_empty()), "no proof recorded: {record:#}");
+    let sid = String::from_utf8(world.on_machine("oc-w1", "cat .boxd-helper/works/w1/session").stdout).unwrap().trim().to_string();
+    assert!(laptop_export(&world, &sid)["messages"].as_array().is_some_and(|m| !m.is_empty()), "the laptop holds the session the killed harvest imported");
+    let v = world.ok_call("boxd_harvest", W1);
+    assert_eq!(v["proven"], true, "{v:#}");
+    assert_eq!(v["sessions"][0]["id"], sid.as_str());
+    assert_eq!(laptop_export(&world, &sid)["messages"].as_array().unwrap().len() as u64, v["sessions"][0]["messages"].as_u64().unwrap());
+    assert_eq!(world.ok_call("boxd_drop", W1)["dropped"], true);
+}

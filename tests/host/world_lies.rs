@@ -326,8 +326,8 @@ s = json.load(open(os.path.expanduser("~/w1-session.json")))
 m = copy.deepcopy(s["messages"][-1])
 m["info"]["id"] = "msg_23146cc7a001zzzzzzzzzzzzzz"
 m["info"]["time"]["created"] += 100000
-for p in m["parts"]:
-    p["id"] = "prt_23146cd25001zzzzzzzzzzzzzz"; p["messageID"] = m["info"]["id"]
+for i, p in enumerate(m["parts"]):
+    p["id"] = "prt_23146cd25001zzzzzzzzzzzz%02d" % i; p["messageID"] = m["info"]["id"]
     if "text" in p: p["text"] = "INJECTED BY GUEST w2"
 s["messages"].append(m)
 real["sessions"] = [s]

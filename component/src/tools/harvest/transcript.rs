@@ -2,9 +2,9 @@
 //! untrusted: its agent can edit its own OpenCode data and rewrite the helper's answers.
 //! So a session's `info` is rebuilt from the few fields OpenCode needs to list and continue
 //! it (never a permission rule but one that denies, nor its agent, model, revert or
-//! workspace, which change how the laptop's OpenCode acts), a user message loses what would steer a laptop turn (`system`,
-//! `tools`, `format`), and a patch part loses its file list (a revert on the laptop deletes
-//! the listed files it cannot check out). Every message and part must name the session and
+//! workspace, which change how the laptop's OpenCode acts), a user message loses what
+//! would steer a laptop turn (`system`, `tools`, `format`), and a patch part loses its file
+//! list (a revert on the laptop deletes the listed files it cannot check out). Every message and part must name the session and
 //! message it is in (the import files a part under the message its `messageID` names), and
 //! no message, part or session may be one the laptop already holds elsewhere: another
 //! work's proven transcript, this work's other session, or a session of the user's own.
