@@ -67,10 +67,8 @@ fn is_deny(rule: &Value) -> bool {
 
 fn clean_message(m: &Value) -> Value {
     let mut m = m.clone();
-    if m["info"]["role"] == "user" {
-        if let Some(info) = m["info"].as_object_mut() {
-            info.retain(|k, _| USER_KEYS.contains(&k.as_str()));
-        }
+    if let Some(info) = m["info"].as_object_mut().filter(|i| i.get("role").is_some_and(|r| r == "user")) {
+        info.retain(|k, _| USER_KEYS.contains(&k.as_str()));
     }
     for p in m["parts"].as_array_mut().into_iter().flatten() {
         if p["type"] == "patch" {
