@@ -173,15 +173,22 @@ fn a_refused_create_is_withdrawn_and_a_later_machine_under_the_name_is_not_adopt
     assert_eq!(p.commands(), ["machine get oc-w1 --json"], "nothing uploaded, prepared or recorded");
     // Any other failure may have made it (boxd failing after the create): uncertain, so
     // the work stays creating for ensure to adopt, with no look spent.
+    let (mut fs, commands) = uncertain_create("error: internal server error");
+    assert_eq!(commands.len(), 4, "{commands:?}");
+    assert_eq!(Ledger::new(&mut fs, "/l").require("w1").unwrap().state, WorkState::Creating);
+}
+
+/// A first ensure of w1 whose `machine new` fails with `error`, on an empty ledger: the
+/// files after it and the commands it sent.
+fn uncertain_create(error: &str) -> (crate::testing::MemFiles, alloc::vec::Vec<alloc::string::String>) {
     let mut fs = crate::testing::MemFiles::new(&["/p", "/l"]);
     let mut p = Scripted::default();
     p.push_fail(1, "error: VM 'oc-w1' not found");
     p.push_exit(0, "[]", "");
     p.push_exit(0, r#"[{"name":"opencode-golden","version":"1","status":"ready"}]"#, "");
-    p.push_fail(1, "error: internal server error");
-    call(&mut p, &mut fs, "boxd_ensure", r#"{"work":"w1"}"#, raw_context("{}", facts)).unwrap_err();
-    assert_eq!(p.commands().len(), 4, "{:?}", p.commands());
-    assert_eq!(Ledger::new(&mut fs, "/l").require("w1").unwrap().state, WorkState::Creating);
+    p.push_fail(1, error);
+    call(&mut p, &mut fs, "boxd_ensure", r#"{"work":"w1"}"#, raw_context("{}", r#"{"opencodeVersion":"1.18.33"}"#)).unwrap_err();
+    (fs, p.commands())
 }
 
 /// A create whose answer never came leaves the work creating; the machine a later ensure
@@ -192,13 +199,7 @@ fn a_refused_create_is_withdrawn_and_a_later_machine_under_the_name_is_not_adopt
 fn an_uncertain_create_adopts_only_a_machine_made_like_ours() {
     let facts = r#"{"opencodeVersion":"1.18.33"}"#;
     let uncertain = || {
-        let mut fs = crate::testing::MemFiles::new(&["/p", "/l"]);
-        let mut p = Scripted::default();
-        p.push_fail(1, "error: VM 'oc-w1' not found");
-        p.push_exit(0, "[]", "");
-        p.push_exit(0, r#"[{"name":"opencode-golden","version":"1","status":"ready"}]"#, "");
-        p.push_fail(1, "error: connection reset by peer");
-        call(&mut p, &mut fs, "boxd_ensure", r#"{"work":"w1"}"#, raw_context("{}", facts)).unwrap_err();
+        let (mut fs, _) = uncertain_create("error: connection reset by peer");
         assert_eq!(Ledger::new(&mut fs, "/l").require("w1").unwrap().state, WorkState::Creating);
         fs
     };
