@@ -37,3 +37,4 @@ mod audit_log;
 mod audit_faults;
 mod interrupt;
 mod mcp_lines;
+mod mcp_retry;

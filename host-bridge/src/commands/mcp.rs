@@ -70,7 +70,8 @@ pub fn serve(grants: &Grants) -> Result<u8> {
     let long_running = Arc::new(long_running_from_manifest(&manifest));
     let hung_up = Arc::new(AtomicBool::new(false));
     let audit_failed = Arc::default();
-    let server = Server { host: Arc::new(host), tools: Arc::new(tools), long_running, hung_up: hung_up.clone(), audit_failed };
+    let changes = Arc::new(change_tools_from_manifest(&manifest));
+    let server = Server { host: Arc::new(host), tools: Arc::new(tools), long_running, changes, kept: Arc::default(), hung_up: hung_up.clone(), audit_failed };
 
     // One thread drives the protocol; tool calls run on tokio's blocking pool.
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("cannot start the async runtime")?;
@@ -139,6 +140,12 @@ pub fn tools_from_manifest(manifest: &Value) -> Result<Vec<Tool>> {
 pub fn long_running_from_manifest(manifest: &Value) -> BTreeSet<String> {
     let tools = manifest.get("tools").and_then(Value::as_array).into_iter().flatten();
     tools.filter(|t| flag(t, "longRunning")).filter_map(|t| t.get("name").and_then(Value::as_str)).map(str::to_string).collect()
+}
+
+/// The tools whose access is not "read": a cancelled call of one keeps its answer (mcp_kept.rs).
+fn change_tools_from_manifest(manifest: &Value) -> BTreeSet<String> {
+    let tools = manifest.get("tools").and_then(Value::as_array).into_iter().flatten();
+    tools.filter(|t| t.get("access").and_then(Value::as_str) != Some("read")).filter_map(|t| t.get("name").and_then(Value::as_str)).map(str::to_string).collect()
 }
 
 /// A manifest tool's boolean field; absent is false.
@@ -222,6 +229,9 @@ struct Server {
     host: Arc<Host>,
     tools: Arc<Vec<Tool>>,
     long_running: Arc<BTreeSet<String>>,
+    /// Tools that change something, and the answer of the last one its client cancelled.
+    changes: Arc<BTreeSet<String>>,
+    kept: Arc<super::mcp_kept::Kept>,
     /// The client closed stdin (Watched).
     hung_up: Arc<AtomicBool>,
     /// Once the audit log has lost a line: how many, and the last failure (AuditLog).
@@ -277,10 +287,22 @@ impl Server {
         if ctx.ct.is_cancelled() || self.hung_up.load(Ordering::SeqCst) || crate::interrupt::received().is_some() {
             return Err(not_started(tool));
         }
+        let change = self.changes.contains(tool);
+        if change {
+            // The client asks again what it cancelled (mcp_kept.rs): that run's answer.
+            if let Some(answer) = self.kept.take(tool, &args) {
+                session.audit.record(tool, 0, &Ok(()), &Default::default());
+                self.note_audit(&session.audit);
+                return Ok(answer);
+            }
+        }
         let (answered, answer) = tokio::sync::oneshot::channel();
-        let noted = self.clone();
+        let (noted, ct) = (self.clone(), ctx.ct.clone());
         let call = tokio::task::spawn_blocking(move || {
             let answer = session.call_watched(&name, &args, hook);
+            if let (true, true, Ok(Ok(v))) = (change, ct.is_cancelled(), &answer) {
+                noted.kept.keep(&name, &args, v);
+            }
             noted.note_audit(&session.audit);
             let _ = answered.send(answer);
             // While the answer goes out: the next call's instance (Session::ready_next).

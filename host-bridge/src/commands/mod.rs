@@ -7,6 +7,7 @@ mod describe;
 pub mod golden;
 pub mod live_check;
 pub mod mcp;
+mod mcp_kept;
 mod mcp_lines;
 pub mod tour;
 
