@@ -4,6 +4,18 @@ use super::*;
 use crate::testing::{open_work, raw_at, raw_context, MemFiles, Scripted, Shared, OURS};
 use crate::tools::call;
 
+/// A prepared parent w1 whose machine runs alone, and the boxd answers a fork call reads
+/// first: the laptop's OpenCode version, the parent's state, the listing.
+fn parent_running() -> (MemFiles, Scripted) {
+    let mut fs = open_work(None);
+    Ledger::new(&mut fs, "/l").update("w1", |w| w.helper_sha256 = Some(crate::encode::sha256_hex(crate::guest::HELPER))).unwrap();
+    let mut p = Scripted::default();
+    p.push_exit(0, "1.18.33", "");
+    p.push_exit(0, OURS, "");
+    p.push_exit(0, r#"[{"name":"oc-w1","status":"running"}]"#, "");
+    (fs, p)
+}
+
 fn fork_call(fs: &mut MemFiles, running: &[&str], admit: &[&str], options: &str, args: &str) -> (ToolResult<Value>, Vec<String>) {
     // The parent was prepared: the ledger knows its machine holds this helper, and a
     // fork's copied home does too.
@@ -394,12 +406,7 @@ fn a_fork_a_drop_marked_is_never_opened_and_the_next_drop_finishes_it() {
 /// another work id" joined to "call boxd_fork again" as before.
 #[test]
 fn a_parent_whose_name_now_holds_another_machine_leaves_one_next_step() {
-    let mut fs = open_work(None);
-    Ledger::new(&mut fs, "/l").update("w1", |w| w.helper_sha256 = Some(crate::encode::sha256_hex(crate::guest::HELPER))).unwrap();
-    let mut p = Scripted::default();
-    p.push_exit(0, "1.18.33", "");
-    p.push_exit(0, OURS, "");
-    p.push_exit(0, r#"[{"name":"oc-w1","status":"running"}]"#, "");
+    let (mut fs, mut p) = parent_running();
     p.push_exit(0, r#"{"name":"oc-fa","id":"vm_fa","boot":"5ms"}"#, "");
     p.push_exit(0, "", "");
     p.push_exit(0, r#"{"ok":true,"work":"fa"}"#, "");
@@ -422,12 +429,7 @@ fn a_fork_that_timed_out_is_not_left_claimed() {
     let at = || raw_at(2 * FORK_CLAIM_MS);
     let landed = OURS.replace("oc-w1", "oc-fa").replace("vm_1", "vm_fa");
     for late in [None, Some(landed.as_str())] {
-        let mut fs = open_work(None);
-        Ledger::new(&mut fs, "/l").update("w1", |w| w.helper_sha256 = Some(crate::encode::sha256_hex(crate::guest::HELPER))).unwrap();
-        let mut p = Scripted::default();
-        p.push_exit(0, "1.18.33", "");
-        p.push_exit(0, OURS, "");
-        p.push_exit(0, r#"[{"name":"oc-w1","status":"running"}]"#, "");
+        let (mut fs, mut p) = parent_running();
         p.push_spawn_error(crate::caps::SpawnError::TimedOut);
         let e = call(&mut p, &mut fs, "boxd_fork", r#"{"work":"w1","forks":["fa"]}"#, at()).unwrap_err();
         assert!(e.code == Code::CreateUncertain && e.next.contains("boxd_fork for work 'w1' again"), "{e:?}");
