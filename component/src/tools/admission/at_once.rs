@@ -248,3 +248,27 @@ fn a_killed_calls_claim_counts_for_claim_ms_and_no_longer() {
         assert_eq!(left.len(), usize::from(!admitted), "the old claim is removed: {left:?}");
     }
 }
+
+/// A killed call's claim of a work the ledger holds closed since (the work was recovered
+/// and dropped) counts for nothing, however young: a dropped work starts nothing. Before,
+/// it held a slot for CLAIM_MS, so a run of killed-then-dropped works (the kill matrix)
+/// kept every other create CAP_REACHED naming calls that were gone.
+#[test]
+fn a_claim_of_a_work_closed_since_counts_for_nothing() {
+    use crate::ledger::{Claim, CLAIM_MS};
+    let now = 3 * CLAIM_MS;
+    for (state, admitted) in [(WorkState::Creating, false), (WorkState::Closed, true)] {
+        let (fs, account) = world();
+        let mut files = fs.clone();
+        let mut killed = Work::new("k", "/p", "t");
+        (killed.state, killed.created_ms) = (state, now - 1000);
+        Ledger::new(&mut files, "/l").write(&killed).unwrap();
+        let claim = Claim { work: "k".into(), directory: "/p".into(), size: "2x8".into(), wake: false, at_ms: now - 1000 };
+        let _ = Ledger::new(&mut files, "/l").claim(&claim).unwrap();
+        let mut p = AtOnce { account: account.clone(), at: "", other: None };
+        let mut raw = raw_context(r#"{"maxRunningPerLedger":2}"#, "{}");
+        raw.now_ms = now;
+        let r = call(&mut p, &mut files, "boxd_ensure", r#"{"work":"c1"}"#, raw);
+        assert_eq!(r.is_ok(), admitted, "{state:?}: {r:?}");
+    }
+}
