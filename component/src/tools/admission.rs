@@ -67,6 +67,13 @@ fn in_project(ctx: &Context, directory: &str) -> bool {
     directory == p || directory.strip_prefix(p).is_some_and(|rest| rest.starts_with('/'))
 }
 
+/// When `w`'s newest run began (None when it never ran); a closed work as if after every
+/// claim.
+fn last_started(w: &Work) -> (String, Option<u64>) {
+    let at = if w.is_closed() { Some(u64::MAX) } else { w.runs.last().map(|r| r.from_ms) };
+    (w.work.clone(), at)
+}
+
 /// Read what is running, leaving `work` itself out (its own machine never counts against
 /// its wake). The claims are read before the listing: a claim released since was released
 /// once boxd listed its machine, so one of the two reads shows it.
@@ -77,14 +84,12 @@ pub fn headroom<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F
     let account: Vec<String> = listing.iter().filter(|m| m.name.starts_with("oc-") && m.name != own && machine_is_up(&m.status)).map(|m| m.name.clone()).collect();
     let listed: Vec<String> = listing.iter().map(|m| m.name.clone()).collect();
     let own = listing.iter().find(|m| m.name == own).map(|m| m.status.clone());
-    let (mut running, mut closed) = (Vec::new(), Vec::new());
+    let (mut running, mut started) = (Vec::new(), Vec::new());
     for id in ledger.ids()? {
         // An unreadable record is that work's problem; it cannot be counted, but it is
         // still on the account's count if it runs.
         let Ok(Some(w)) = ledger.read(&id) else { continue };
-        if w.is_closed() {
-            closed.push(w.work.clone());
-        }
+        started.push(last_started(&w));
         // A work whose name a tool saw holding another machine is not running: that one is
         // someone else's (it stays on the account's count).
         if w.work != work && !w.is_closed() && w.name_taken_by.is_none() && account.contains(&w.machine) {
@@ -92,7 +97,7 @@ pub fn headroom<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F
         }
     }
     let mut room = Headroom { account, ledger: running, own };
-    room.claimed(ctx, work, claims, Some(&listed), &closed);
+    room.claimed(ctx, work, claims, Some(&listed), &started);
     Ok(room)
 }
 
@@ -103,19 +108,17 @@ pub fn headroom<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F
 /// the records: a wake releases its claim only once its run is recorded.
 pub fn headroom_known<F: Files>(ledger: &mut Ledger<F>, ctx: &Context, work: &str) -> ToolResult<Headroom> {
     let claims = ledger.claims(ctx.now_ms)?;
-    let (mut running, mut account, mut closed) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut running, mut account, mut started) = (Vec::new(), Vec::new(), Vec::new());
     for id in ledger.ids()? {
         let Ok(Some(w)) = ledger.read(&id) else { continue };
-        if w.is_closed() {
-            closed.push(w.work.clone());
-        }
+        started.push(last_started(&w));
         if w.work != work && !w.is_closed() && w.name_taken_by.is_none() && w.running_since().is_some() {
             account.push(w.machine.clone());
             running.push(Running::of(ctx, w));
         }
     }
     let mut room = Headroom { account, ledger: running, own: None };
-    room.claimed(ctx, work, claims, None, &closed);
+    room.claimed(ctx, work, claims, None, &started);
     Ok(room)
 }
 
@@ -123,11 +126,15 @@ impl Headroom {
     /// Count the claims of other works not already counted. A create's or fork's claim
     /// counts while the listing (when read) does not show its name: once boxd lists the
     /// machine, the listing says whether it runs. A wake's counts whatever the listing
-    /// says (it lists the machine asleep until the wake is through). A claim of a work the
-    /// ledger holds closed counts for nothing: a dropped work starts nothing (a host killed
-    /// mid-call left it, and its work was finished and dropped since).
-    fn claimed(&mut self, ctx: &Context, work: &str, claims: Vec<Claim>, listed: Option<&[String]>, closed: &[String]) {
-        for c in claims.into_iter().filter(|c| c.work != work && !closed.contains(&c.work)) {
+    /// says (it lists the machine asleep until the wake is through). A claim is spent once
+    /// its work's record shows a run that began after it (the machine a later call started
+    /// has run since: the listing and the records count it from then; a call's own run
+    /// begins at its claim's time, and it releases its claim itself), or
+    /// the work is closed (a dropped work starts nothing): a host killed mid-call left it,
+    /// and its work was recovered since (`last_started`).
+    fn claimed(&mut self, ctx: &Context, work: &str, claims: Vec<Claim>, listed: Option<&[String]>, started: &[(String, Option<u64>)]) {
+        let spent = |c: &Claim| started.iter().any(|(w, at)| *w == c.work && at.is_some_and(|at| at > c.at_ms));
+        for c in claims.into_iter().filter(|c| c.work != work && !spent(c)) {
             let machine = paths::machine_name(&c.work);
             if self.account.contains(&machine) || (!c.wake && listed.is_some_and(|l| l.contains(&machine))) {
                 continue;

@@ -14,6 +14,7 @@ use crate::caps::{Files, FsError, Meta, Programs, RunOutput, RunRequest, SpawnEr
 use crate::errors::Code;
 use crate::ledger::{Ledger, Work, WorkState};
 use crate::testing::{raw_context, MemFiles};
+use crate::tools::RawContext;
 use crate::tools::call;
 
 /// One in-memory ledger the calls share.
@@ -140,6 +141,9 @@ fn world() -> (Shared, Rc<RefCell<Account>>) {
 
 type Answer = Rc<RefCell<Option<Result<serde_json::Value, crate::errors::ToolError>>>>;
 
+/// Both calls' clock: after the world's runs (at 1 and 2 ms), as a real clock is.
+const NOW: u64 = 60_000;
+
 /// Call `first`; while its first command starting with `at` is under way, `second` runs
 /// whole. Returns both answers.
 fn at_once(fs: &Shared, account: &Rc<RefCell<Account>>, options: &'static str, at: &'static str, first: (&str, &str), second: (&'static str, &'static str)) -> [Result<serde_json::Value, crate::errors::ToolError>; 2] {
@@ -149,12 +153,12 @@ fn at_once(fs: &Shared, account: &Rc<RefCell<Account>>, options: &'static str, a
         Box::new(move || {
             let mut p = AtOnce { account, at: "", other: None };
             let mut raw = raw_context(options, "{}");
-            raw.entropy = alloc::vec![2; 32];
+            (raw.entropy, raw.now_ms) = (alloc::vec![2; 32], NOW);
             *answer.borrow_mut() = Some(call(&mut p, &mut fs.clone(), second.0, second.1, raw));
         })
     };
     let mut p = AtOnce { account: account.clone(), at, other: Some(other) };
-    let r = call(&mut p, &mut fs.clone(), first.0, first.1, raw_context(options, "{}"));
+    let r = call(&mut p, &mut fs.clone(), first.0, first.1, RawContext { now_ms: NOW, ..raw_context(options, "{}") });
     let second = answer.borrow_mut().take().expect("the second call ran");
     [r, second]
 }
@@ -270,5 +274,33 @@ fn a_claim_of_a_work_closed_since_counts_for_nothing() {
         raw.now_ms = now;
         let r = call(&mut p, &mut files, "boxd_ensure", r#"{"work":"c1"}"#, raw);
         assert_eq!(r.is_ok(), admitted, "{state:?}: {r:?}");
+    }
+}
+
+/// A killed call's claim whose work was recovered since (a later call made its machine and
+/// recorded its run) counts for nothing, even once that machine is gone again (removed by
+/// hand, so no listing shows it): the claim's start happened. Before, it held a slot for
+/// CLAIM_MS after every such kill.
+#[test]
+fn a_claim_whose_work_has_run_since_counts_for_nothing() {
+    use crate::ledger::{Claim, CLAIM_MS};
+    let now = 3 * CLAIM_MS;
+    for (ran_at, admitted) in [(None, false), (Some(now - 2000), false), (Some(now - 500), true)] {
+        let (fs, account) = world();
+        let mut files = fs.clone();
+        let mut killed = Work::new("k", "/p", "t");
+        killed.state = WorkState::Open;
+        killed.machine_id = Some("vm_k".into());
+        if let Some(at) = ran_at {
+            killed.open_run(at);
+        }
+        Ledger::new(&mut files, "/l").write(&killed).unwrap();
+        let claim = Claim { work: "k".into(), directory: "/p".into(), size: "2x8".into(), wake: false, at_ms: now - 1000 };
+        let _ = Ledger::new(&mut files, "/l").claim(&claim).unwrap();
+        let mut p = AtOnce { account: account.clone(), at: "", other: None };
+        let mut raw = raw_context(r#"{"maxRunningPerLedger":2}"#, "{}");
+        raw.now_ms = now;
+        let r = call(&mut p, &mut files, "boxd_ensure", r#"{"work":"c1"}"#, raw);
+        assert_eq!(r.is_ok(), admitted, "run at {ran_at:?}: {r:?}");
     }
 }
