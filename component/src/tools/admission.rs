@@ -127,13 +127,12 @@ impl Headroom {
     /// counts while the listing (when read) does not show its name: once boxd lists the
     /// machine, the listing says whether it runs. A wake's counts whatever the listing
     /// says (it lists the machine asleep until the wake is through). A claim is spent once
-    /// its work's record shows a run that began after it (the machine a later call started
-    /// has run since: the listing and the records count it from then; a call's own run
-    /// begins at its claim's time, and it releases its claim itself), or
+    /// its work's record shows a run that began at or after it (that call, or a later one,
+    /// started the machine: the listing and the records count it from then), or
     /// the work is closed (a dropped work starts nothing): a host killed mid-call left it,
     /// and its work was recovered since (`last_started`).
     fn claimed(&mut self, ctx: &Context, work: &str, claims: Vec<Claim>, listed: Option<&[String]>, started: &[(String, Option<u64>)]) {
-        let spent = |c: &Claim| started.iter().any(|(w, at)| *w == c.work && at.is_some_and(|at| at > c.at_ms));
+        let spent = |c: &Claim| started.iter().any(|(w, at)| *w == c.work && at.is_some_and(|at| at >= c.at_ms));
         for c in claims.into_iter().filter(|c| c.work != work && !spent(c)) {
             let machine = paths::machine_name(&c.work);
             if self.account.contains(&machine) || (!c.wake && listed.is_some_and(|l| l.contains(&machine))) {
