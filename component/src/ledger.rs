@@ -164,9 +164,9 @@ impl<'a, F: Files> Ledger<'a, F> {
 
     /// `upsert` for a work that must exist: `f` changes it in place.
     pub fn update(&mut self, work: &str, f: impl FnOnce(&mut Work)) -> ToolResult<Work> {
-        let root = self.root.clone();
+        let unknown = self.unknown(work);
         let w = self.upsert(work, |cur| {
-            let mut w = cur.ok_or_else(|| ToolError::new(Code::WorkUnknown, format!("the ledger at {root} has no work '{work}'")))?;
+            let mut w = cur.ok_or(unknown)?;
             f(&mut w);
             Ok(Some(w))
         })?;
@@ -239,9 +239,13 @@ impl<'a, F: Files> Ledger<'a, F> {
 
     /// A work the tool needs to exist.
     pub fn require(&mut self, work: &str) -> ToolResult<Work> {
-        self.read(work)?.ok_or_else(|| {
-            ToolError::new(Code::WorkUnknown, format!("the ledger at {} has no work '{work}'", self.root))
-        })
+        let w = self.read(work)?;
+        w.ok_or_else(|| self.unknown(work))
+    }
+
+    /// WORK_UNKNOWN for `work`, naming this ledger (another ledger may hold it).
+    pub fn unknown(&self, work: &str) -> ToolError {
+        ToolError::new(Code::WorkUnknown, format!("the ledger at {} has no work '{work}'", self.root))
     }
 
     /// Write a whole record under its lock (callers that just read it and own the change).

@@ -184,8 +184,9 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
         ..Default::default()
     };
     let mut chosen: Option<(Prompt, bool, Vec<String>)> = None;
+    let unknown = ledger.unknown(&work);
     ledger.upsert(&work, |cur| {
-        let mut w = cur.ok_or_else(|| ToolError::new(Code::WorkUnknown, format!("the ledger has no work '{work}'")))?;
+        let mut w = cur.ok_or(unknown)?;
         if w.state != WorkState::Open {
             return Err(ToolError::with_next(
                 Code::SessionBusy,

@@ -253,26 +253,32 @@ fn a_killed_calls_claim_counts_for_claim_ms_and_no_longer() {
     }
 }
 
+/// Whether c1's create is admitted at cap 2 (one work running) beside a claim a killed call
+/// left for `killed`, made 1 s before now, with `killed`'s record as given.
+fn admitted_beside_a_dead_claim(killed: Work, now: u64) -> crate::errors::ToolResult<serde_json::Value> {
+    use crate::ledger::Claim;
+    let (fs, account) = world();
+    let mut files = fs.clone();
+    Ledger::new(&mut files, "/l").write(&killed).unwrap();
+    let claim = Claim { work: killed.work.clone(), directory: "/p".into(), size: "2x8".into(), wake: false, at_ms: now - 1000 };
+    let _ = Ledger::new(&mut files, "/l").claim(&claim).unwrap();
+    let mut p = AtOnce { account, at: "", other: None };
+    let mut raw = raw_context(r#"{"maxRunningPerLedger":2}"#, "{}");
+    raw.now_ms = now;
+    call(&mut p, &mut files, "boxd_ensure", r#"{"work":"c1"}"#, raw)
+}
+
 /// A killed call's claim of a work the ledger holds closed since (the work was recovered
 /// and dropped) counts for nothing, however young: a dropped work starts nothing. Before,
 /// it held a slot for CLAIM_MS, so a run of killed-then-dropped works (the kill matrix)
 /// kept every other create CAP_REACHED naming calls that were gone.
 #[test]
 fn a_claim_of_a_work_closed_since_counts_for_nothing() {
-    use crate::ledger::{Claim, CLAIM_MS};
-    let now = 3 * CLAIM_MS;
+    let now = 3 * crate::ledger::CLAIM_MS;
     for (state, admitted) in [(WorkState::Creating, false), (WorkState::Closed, true)] {
-        let (fs, account) = world();
-        let mut files = fs.clone();
         let mut killed = Work::new("k", "/p", "t");
         (killed.state, killed.created_ms) = (state, now - 1000);
-        Ledger::new(&mut files, "/l").write(&killed).unwrap();
-        let claim = Claim { work: "k".into(), directory: "/p".into(), size: "2x8".into(), wake: false, at_ms: now - 1000 };
-        let _ = Ledger::new(&mut files, "/l").claim(&claim).unwrap();
-        let mut p = AtOnce { account: account.clone(), at: "", other: None };
-        let mut raw = raw_context(r#"{"maxRunningPerLedger":2}"#, "{}");
-        raw.now_ms = now;
-        let r = call(&mut p, &mut files, "boxd_ensure", r#"{"work":"c1"}"#, raw);
+        let r = admitted_beside_a_dead_claim(killed, now);
         assert_eq!(r.is_ok(), admitted, "{state:?}: {r:?}");
     }
 }
@@ -283,26 +289,17 @@ fn a_claim_of_a_work_closed_since_counts_for_nothing() {
 /// CLAIM_MS after every such kill.
 #[test]
 fn a_claim_whose_work_has_run_since_counts_for_nothing() {
-    use crate::ledger::{Claim, CLAIM_MS};
-    let now = 3 * CLAIM_MS;
+    let now = 3 * crate::ledger::CLAIM_MS;
     // The killed call may have recorded the run itself (at its claim's time) and died
     // before it released the claim.
     for (ran_at, admitted) in [(None, false), (Some(now - 2000), false), (Some(now - 1000), true), (Some(now - 500), true)] {
-        let (fs, account) = world();
-        let mut files = fs.clone();
         let mut killed = Work::new("k", "/p", "t");
         killed.state = WorkState::Open;
         killed.machine_id = Some("vm_k".into());
         if let Some(at) = ran_at {
             killed.open_run(at);
         }
-        Ledger::new(&mut files, "/l").write(&killed).unwrap();
-        let claim = Claim { work: "k".into(), directory: "/p".into(), size: "2x8".into(), wake: false, at_ms: now - 1000 };
-        let _ = Ledger::new(&mut files, "/l").claim(&claim).unwrap();
-        let mut p = AtOnce { account: account.clone(), at: "", other: None };
-        let mut raw = raw_context(r#"{"maxRunningPerLedger":2}"#, "{}");
-        raw.now_ms = now;
-        let r = call(&mut p, &mut files, "boxd_ensure", r#"{"work":"c1"}"#, raw);
+        let r = admitted_beside_a_dead_claim(killed, now);
         assert_eq!(r.is_ok(), admitted, "run at {ran_at:?}: {r:?}");
     }
 }
