@@ -164,6 +164,10 @@ fn before_command(
             out.line(&text);
             Ok(Some(0))
         }
+        Action::Flood => {
+            flood(rule)?;
+            Ok(Some(rule.exit_code.unwrap_or(0)))
+        }
         Action::Delay if rule.land => {
             // The command acts at once and answers late: a slow fork that holds its name
             // from its start.
@@ -194,6 +198,28 @@ fn before_command(
             Ok(None)
         }
     }
+}
+
+/// The `flood` fault: a CLI that will not stop talking (a proxy's error page on repeat, a
+/// debug log left on). Lines of noise until `bytes` are out or the reader has gone.
+fn flood(rule: &Rule) -> Res<()> {
+    let line = b"upstream connect error or disconnect/reset before headers. reset reason: connection termination\n";
+    let mut left = rule.bytes.unwrap_or(80 << 20);
+    let chunk: Vec<u8> = line.iter().copied().cycle().take(64 * 1024).collect();
+    let mut to: Box<dyn Write> = match rule.stream.as_deref() {
+        None | Some("stdout") => Box::new(std::io::stdout().lock()),
+        Some("stderr") => Box::new(std::io::stderr().lock()),
+        Some(other) => return Err(Fail::new(format!("fault rule: flood's stream is stdout or stderr, not '{other}'"))),
+    };
+    while left > 0 {
+        let n = left.min(chunk.len() as u64) as usize;
+        if to.write_all(&chunk[..n]).is_err() {
+            break; // the reader stopped listening: that is the point
+        }
+        left -= n as u64;
+    }
+    let _ = to.flush();
+    Ok(())
 }
 
 fn dispatch(ctx: &Ctx) -> Res<i32> {

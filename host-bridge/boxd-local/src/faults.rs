@@ -20,6 +20,7 @@ pub enum Action {
     SignedOut,
     Network,
     Delay,
+    Flood,
 }
 
 impl Action {
@@ -33,6 +34,7 @@ impl Action {
             Action::SignedOut => "signed_out",
             Action::Network => "network",
             Action::Delay => "delay",
+            Action::Flood => "flood",
         }
     }
 }
@@ -65,6 +67,12 @@ pub struct Rule {
     /// `garbage`: what to print instead of the default.
     #[serde(default)]
     pub output: Option<String>,
+    /// `flood`: how many bytes (default 80 MiB, past every cap a host sets on stdout).
+    #[serde(default)]
+    pub bytes: Option<u64>,
+    /// `flood`: `stdout` (default) or `stderr`.
+    #[serde(default)]
+    pub stream: Option<String>,
 }
 
 impl Rule {

@@ -92,6 +92,25 @@ fn fail_network_and_garbage() {
 }
 
 #[test]
+fn flood_prints_noise_until_its_bytes_are_out_on_the_stream_it_names() {
+    let h = Home::new("flood");
+    h.write_faults(json!([
+        {"verb": "machine list", "times": 1, "action": "flood", "bytes": 300000},
+        {"verb": "machine list", "times": 1, "action": "flood", "bytes": 70000, "stream": "stderr", "exit_code": 1},
+        {"verb": "machine list", "times": 1, "action": "flood", "stream": "both"}
+    ]));
+    let r = h.run(&["machine", "list", "--json"]);
+    assert_eq!((r.code, r.raw.len(), r.err.as_str()), (0, 300000, ""));
+    assert!(r.out.starts_with("upstream connect error"), "{}", &r.out[..80]);
+    let r = h.run(&["machine", "list", "--json"]);
+    assert_eq!((r.code, r.raw.len(), r.err.len()), (1, 0, 70000));
+    let r = h.run(&["machine", "list", "--json"]);
+    assert_eq!(r.code, 1);
+    assert!(r.err.contains("flood's stream is stdout or stderr, not 'both'"), "{}", r.err);
+    assert_eq!(h.json(&["machine", "list"]), json!([]), "all rules spent");
+}
+
+#[test]
 fn boot_timeout_appears_then_starts_then_runs() {
     let h = Home::new("boot");
     h.write_faults(json!([{"verb": "machine new", "times": 1, "action": "boot_timeout", "appear_after_ms": 600, "starting_ms": 800}]));
