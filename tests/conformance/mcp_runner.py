@@ -40,7 +40,34 @@ def setup_flags(a, scenario, name):
     return flags
 
 
+def arm_faults(step):
+    """A step's boxd-local fault rules (scenario `faults`), written just before it."""
+    if "faults" in step:
+        with open(os.path.join(os.environ["BOXD_LOCAL_HOME"], "faults.json"), "w") as f:
+            json.dump(step["faults"], f)
+
+
+def disarm_faults(step):
+    """After a step with faults: every rule fired, and none is left for the next step."""
+    if "faults" not in step:
+        return
+    path = os.path.join(os.environ["BOXD_LOCAL_HOME"], "faults.json")
+    rules = json.load(open(path))
+    os.remove(path)
+    for rule in rules:
+        if rule.get("times") != 0:
+            raise SystemExit(f"{step['tool']}: the fault {rule} never fired")
+
+
 async def run_step(s, step):
+    arm_faults(step)
+    try:
+        return await call_step(s, step)
+    finally:
+        disarm_faults(step)
+
+
+async def call_step(s, step):
     for _ in range(240):
         r = await s.call_tool(step["tool"], step["args"])
         value = json.loads(r.content[0].text)

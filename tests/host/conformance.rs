@@ -71,6 +71,26 @@ fn setup_flags(step: &Value) -> Vec<String> {
     flags
 }
 
+/// A step's boxd-local fault rules (scenario `faults`), written just before it.
+fn arm_faults(boxd_home: &std::path::Path, step: &Value) {
+    if let Some(rules) = step.get("faults") {
+        std::fs::write(boxd_home.join("faults.json"), rules.to_string()).unwrap();
+    }
+}
+
+/// After a step with faults: every rule fired (its uses spent), and none is left for the next.
+fn disarm_faults(boxd_home: &std::path::Path, step: &Value) {
+    if step.get("faults").is_none() {
+        return;
+    }
+    let file = boxd_home.join("faults.json");
+    let rules: Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    std::fs::remove_file(&file).unwrap();
+    for rule in rules.as_array().unwrap() {
+        assert_eq!(rule["times"], json!(0), "{}: the fault {rule} never fired", step["tool"]);
+    }
+}
+
 /// A runner's results: each step normalised, and each step's raw answer (for a failure's message).
 type Results = (Vec<Value>, Vec<Value>);
 
@@ -82,7 +102,9 @@ fn via_cli() -> Results {
         let (tool, args) = (step["tool"].as_str().unwrap(), step["args"].to_string());
         let flags = setup_flags(step);
         let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        arm_faults(&world.laptop.boxd_home, step);
         let mut v = world.call_with(&flags, tool, &args).1;
+        disarm_faults(&world.laptop.boxd_home, step);
         let until = step.get("until").and_then(Value::as_object);
         let mut tries = 0;
         while until.is_some_and(|u| u.iter().all(|(k, x)| &v[k] == x)) && tries < 240 {

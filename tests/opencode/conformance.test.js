@@ -62,30 +62,60 @@ describe("the conformance scenario through the OpenCode bridge", { skip }, () =>
   });
   after(() => l?.stop());
 
+  // A step's boxd-local fault rules (scenario `faults`), written just before it; after it,
+  // every rule fired (its uses spent) and none is left for the next step.
+  function armFaults(step) {
+    if (step.faults) l.faults(step.faults);
+  }
+  function disarmFaults(step) {
+    if (!step.faults) return;
+    const file = path.join(l.boxdHome, "faults.json");
+    const rules = JSON.parse(fs.readFileSync(file, "utf8"));
+    fs.rmSync(file);
+    for (const rule of rules) assert.equal(rule.times, 0, `${step.tool}: the fault ${JSON.stringify(rule)} never fired`);
+  }
+
+  /** One step: {tool, isError, value}. */
+  async function runStep(step) {
+    if (step.host !== undefined) {
+      // The plugin module runs in this process: for the call, this laptop's environment
+      // (its HOME, XDG folders and boxd-local state), as the opencode it serves has.
+      const saved = Object.fromEntries(Object.keys(l.env).map((k) => [k, process.env[k]]));
+      Object.assign(process.env, l.env);
+      const hooks = await setupHooks(l, SCENARIO.hosts[step.host]);
+      try {
+        const value = await callHook(hooks, step.tool, step.args);
+        return { tool: step.tool, isError: value?.error !== undefined, value };
+      } finally {
+        await hooks.dispose();
+        for (const [k, v] of Object.entries(saved)) {
+          if (v === undefined) delete process.env[k];
+          else process.env[k] = v;
+        }
+      }
+    }
+    let value;
+    for (let i = 0; i < 240; i++) {
+      value = outputJson(await l.callTool(step.tool, step.args));
+      const until = step.until ?? {};
+      if (value.error === undefined && Object.keys(until).length && Object.entries(until).every(([k, v]) => value[k] === v)) {
+        await new Promise((r) => setTimeout(r, 500));
+        continue;
+      }
+      break;
+    }
+    return { tool: step.tool, isError: value.error !== undefined, value };
+  }
+
   test("every step, as the other hosts run it", { timeout: 600000 }, async () => {
     const results = [];
     for (const step of SCENARIO.steps) {
-      if (step.host !== undefined) {
-        const hooks = await setupHooks(l, SCENARIO.hosts[step.host]);
-        try {
-          const value = await callHook(hooks, step.tool, step.args);
-          results.push({ tool: step.tool, isError: value?.error !== undefined, value });
-        } finally {
-          await hooks.dispose();
-        }
-        continue;
+      armFaults(step);
+      try {
+        results.push(await runStep(step));
+      } finally {
+        disarmFaults(step);
       }
-      let value;
-      for (let i = 0; i < 240; i++) {
-        value = outputJson(await l.callTool(step.tool, step.args));
-        const until = step.until ?? {};
-        if (value.error === undefined && Object.keys(until).length && Object.entries(until).every(([k, v]) => value[k] === v)) {
-          await new Promise((r) => setTimeout(r, 500));
-          continue;
-        }
-        break;
-      }
-      results.push({ tool: step.tool, isError: value.error !== undefined, value });
     }
     const v = results.map((r) => r.value);
     assert.equal(v[0].boxd.cli, "signed in");
@@ -103,6 +133,16 @@ describe("the conformance scenario through the OpenCode bridge", { skip }, () =>
     assert.equal(v[18].error, "OPTIONS_INVALID", JSON.stringify(v[18]));
     assert.equal(v[19], "not-allowed: {}: not in the host's policy (allowed: boxd, opencode, git)");
     assert.equal(v[20].error, "HOST_FAILED", JSON.stringify(v[20]));
+    // A boxd CLI that is not kind: each fault answered with a code and a next step, the work untouched.
+    assert.equal(v[21].created, true, JSON.stringify(v[21]));
+    assert.deepEqual(v.slice(22, 28).map((x) => x.error), ["BOXD_FAILED", "BOXD_FAILED", "TIMEOUT", "BOXD_FAILED", "BOXD_FAILED", "BOXD_FAILED"], JSON.stringify(v.slice(22, 28)));
+    assert.match(v[22].message, /more than 64 MiB on stdout/);
+    assert.match(v[23].message, /more than 1 MiB on stderr/);
+    assert.match(v[24].message, /did not answer within 5 s/);
+    for (const x of v.slice(22, 28)) assert.ok(x.next, JSON.stringify(x));
+    assert.equal(v[28].state, "idle", JSON.stringify(v[28]));
+    assert.equal(v[29].proven, true, JSON.stringify(v[29]));
+    assert.equal(v[30].dropped, true, JSON.stringify(v[30]));
     fs.mkdirSync(path.dirname(RESULTS), { recursive: true });
     fs.writeFileSync(RESULTS, JSON.stringify(results, null, 1));
   });
