@@ -32,6 +32,7 @@ mod live_check;
 mod boxd_local_remove;
 mod warm;
 mod world_lies;
+mod acted_then_failed;
 mod side_by_side;
 mod audit_log;
 mod audit_faults;
