@@ -70,7 +70,7 @@ pub(super) fn discard(env: &mut Env, landing: &[Landing], e: ToolError) -> ToolE
     for l in landing {
         let _ = env.files.remove_file(&l.temp);
     }
-    laptop_full(landing, e)
+    landing_refused(landing, laptop_full(landing, e))
 }
 
 /// The host could not write the frames into the temp files because the laptop's disk is
@@ -83,17 +83,40 @@ fn laptop_full(landing: &[Landing], e: ToolError) -> ToolError {
     if e.code != Code::BoxdFailed || !said.starts_with("could not run boxd") || !full {
         return e;
     }
-    let folders: Vec<&str> = landing.iter().map(|l| paths::parent(&l.dest)).fold(Vec::new(), |mut v, f| {
-        if !v.contains(&f) {
-            v.push(f);
-        }
-        v
-    });
+    let folders = folders_of(landing);
     ToolError::with_next(
         Code::PathRefused,
         format!("the laptop's disk is full: the harvested files could not be written into {} ({}); none was placed, and they stay owed", folders.join(", "), e.message),
         "Free space on the laptop's disk that holds those folders (or harvest with 'to' naming a folder on another disk), then call boxd_harvest again.",
     )
+}
+
+/// The host refused to make the temp files (both hosts' words: a folder on the way that
+/// is a symlink now, outside the project, or gone; a `cannot create` while the frames
+/// arrived: made read-only, removed, its temp name taken): a laptop folder changed after
+/// this harvest checked it. The laptop's to mend, said as such, not the boxd CLI's.
+fn landing_refused(landing: &[Landing], e: ToolError) -> ToolError {
+    let said = &e.message;
+    let refused = ["cannot be streamed", "cannot be received", "the files framed on its stdout: cannot create "].iter().any(|w| said.contains(w));
+    if e.code != Code::BoxdFailed || !said.starts_with("could not run boxd") || !refused {
+        return e;
+    }
+    let folders = folders_of(landing).join(", ");
+    ToolError::with_next(
+        Code::PathRefused,
+        format!("the harvested files could not be written into {folders} ({said}); none was placed, and they stay owed"),
+        format!("A folder on the way changed after this harvest checked it (replaced by a symlink, moved, removed or made read-only): make {folders} a plain writable folder inside the project again, then call boxd_harvest again."),
+    )
+}
+
+/// The folders the landing writes into, each once, in order.
+fn folders_of(landing: &[Landing]) -> Vec<&str> {
+    landing.iter().map(|l| paths::parent(&l.dest)).fold(Vec::new(), |mut v, f| {
+        if !v.contains(&f) {
+            v.push(f);
+        }
+        v
+    })
 }
 
 /// How long a recorded temp file may belong to a harvest still running: its files arrive

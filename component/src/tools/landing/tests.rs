@@ -328,3 +328,34 @@ fn a_full_laptop_disk_is_the_laptops_failure_not_boxds() {
     }
     assert_eq!(files.text("/p/a.txt.x-0.boxd-tmp"), None, "the temp file is removed");
 }
+
+/// A folder on the way changed after the harvest checked it, so the host refused to make
+/// the temp files (a symlink now, gone, read-only): said as the laptop's, with the folder
+/// to mend, where it was BOXD_FAILED "read the boxd CLI's own message". A guest frame that
+/// arrived damaged stays the guest's (not a laptop path).
+#[test]
+fn a_landing_the_host_refuses_names_the_laptop_folder_not_boxd() {
+    use crate::testing::{raw_context, MemFiles, Scripted};
+    let ctx = crate::tools::context(raw_context("{}", "{}")).unwrap();
+    let mut files = MemFiles::new(&["/p", "/l"]);
+    let (landing, _) = a_txt_arrived(&mut files, b"half");
+    let mut programs = Scripted::default();
+    let mut env = Env { programs: &mut programs, files: &mut files, ctx: &ctx };
+    for (said, laptop) in [
+        ("could not run boxd machine exec: /p cannot be streamed: a symlink is on the way, or the path is not clean", true),
+        ("could not run boxd machine exec: /p/gone cannot be streamed: No such file or directory (os error 2)", true),
+        ("could not run boxd machine exec: /p/ cannot be received: it names no file", true),
+        ("could not run boxd machine exec: boxd: the files framed on its stdout: cannot create /p/a.txt.x-0.boxd-tmp: Permission denied (os error 13)", true),
+        ("could not run boxd machine exec: boxd: the files framed on its stdout: /p/a.txt.x-0.boxd-tmp arrived damaged: its digest is 00, the sender's 11", false),
+        ("boxd machine exec failed: error: cannot create /p: Permission denied", false),
+    ] {
+        let e = discard(&mut env, &landing, ToolError::new(Code::BoxdFailed, said));
+        match laptop {
+            true => assert!(
+                e.code == Code::PathRefused && e.message.starts_with("the harvested files could not be written into /p (") && e.message.ends_with("they stay owed") && e.next.contains("make /p a plain writable folder"),
+                "{e:?}"
+            ),
+            false => assert_eq!(e.code, Code::BoxdFailed, "{e:?}"),
+        }
+    }
+}
