@@ -152,10 +152,15 @@ describe("frames", { skip }, () => {
     fs.renameSync(path.join(project, "out"), path.join(d, "moved"));
     fs.symlinkSync(outside, path.join(project, "out"));
     const got = received(d, Buffer.from(`{}\n2\nhi${sha("hi")}\n`), [dest], [project]);
-    assert.match(got.error ?? "", /symlink/);
+    // In the Rust host's words, which the component reads as a laptop folder that changed.
+    assert.match(got.error ?? "", new RegExp(`^cannot create ${dest}: .*symlink`));
     assert.deepEqual(fs.readdirSync(outside), [], "nothing written or left outside the preopen");
     // A file to send, its folder swapped the same way between the check and the open.
     fs.writeFileSync(path.join(outside, "secret"), "not the project's");
     assert.throws(() => frames.openOutgoing([path.join(project, "out", "secret")], [project]), /cannot be streamed: .*(symlink|outside)/);
+    // A landing folder removed after the check: the same words.
+    fs.rmSync(path.join(project, "out"));
+    const gone = received(d, Buffer.from(`{}\n2\nhi${sha("hi")}\n`), [dest], [project]);
+    assert.match(gone.error ?? "", new RegExp(`^cannot create ${dest}: ENOENT`));
   });
 });

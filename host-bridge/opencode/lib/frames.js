@@ -232,8 +232,15 @@ export function receive(fd, cap, paths, preopens) {
       const size = Number(header);
       total += size;
       if (size > fileMax || total > callMax) return fail(`FILE_TOO_LARGE: frame ${received.length + 1} would pass the cap of ${fileMax} bytes a file, ${callMax} a call (protocol.json)`);
-      const out = fs.openSync(p, fs.constants.O_WRONLY | fs.constants.O_CREAT | fs.constants.O_EXCL | fs.constants.O_NOFOLLOW, 0o666);
-      openedWhereChecked(out, p, preopens, "file", true);
+      // Said as the Rust host says it ("cannot create <path>: …"): the component tells a
+      // laptop folder that changed after its check from the guest's failures by it.
+      let out;
+      try {
+        out = fs.openSync(p, fs.constants.O_WRONLY | fs.constants.O_CREAT | fs.constants.O_EXCL | fs.constants.O_NOFOLLOW, 0o666);
+        openedWhereChecked(out, p, preopens, "file", true);
+      } catch (e) {
+        return fail(`cannot create ${p}: ${String(e.message).replace(`${p}: `, "")}`);
+      }
       const entry = { path: p, size: BigInt(size), sha256: "" };
       received.push(entry);
       const hash = createHash("sha256");
