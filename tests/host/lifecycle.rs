@@ -283,3 +283,22 @@ fn status_reports_one_corrupt_record_as_that_works_problem_and_the_rest_as_usual
     assert_eq!(good["state"], "running", "{v:#}");
     assert_eq!(std::fs::read(world.laptop.ledger.join("works/w1/work.json")).unwrap(), b"{\"schema\":1,\"wo", "left as it is");
 }
+
+/// A machine listed under the name of a work the ledger closed (here made by hand after
+/// the drop; a fork or create that lands after a drop looked shows the same way) is named
+/// by boxd_status with how to check and remove it, and no tool touches it.
+#[test]
+fn status_names_a_machine_listed_under_a_closed_works_name_and_nothing_touches_it() {
+    let world = World::new("closed-listed");
+    world.ok_call("boxd_ensure", W1);
+    world.ok_call("boxd_harvest", W1);
+    assert_eq!(world.ok_call("boxd_drop", W1)["dropped"], true);
+    assert!(world.ok_call("boxd_status", "{}").get("closedWorksMachines").is_none(), "nothing listed under the name yet");
+    assert!(world.laptop.boxd(&["machine", "new", "oc-w1", "--json"]).status.success());
+    world.forget_calls();
+    let status = world.ok_call("boxd_status", "{}");
+    assert_eq!(status["closedWorksMachines"]["machines"], json!([{ "work": "w1", "machine": "oc-w1", "status": "running" }]), "{status:#}");
+    assert_eq!(world.ok_call("boxd_drop", W1)["dropped"], false, "the closed work stays closed");
+    assert_eq!(world.calls_starting(&["machine", "remove"]) + world.calls_starting(&["machine", "exec"]), 0, "nothing touched it");
+    assert_eq!(stdout_json(&world.laptop.boxd(&["machine", "get", "oc-w1", "--json"]))["status"], "running");
+}

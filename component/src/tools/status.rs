@@ -65,6 +65,7 @@ pub fn run(env: &mut Env, _args: &Value) -> ToolResult<Value> {
 
     let ids = Ledger::new(&mut env.files, &ctx.ledger).ids().map_err(|e| ToolError::new(Code::StatusUnavailable, format!("the ledger could not be read: {}", e.message)))?;
     let mut works = Vec::new();
+    let mut closed_listed = Vec::new();
     let (mut total, mut burn) = (0u64, 0u64);
     for id in ids {
         // One unreadable record is that work's problem, reported in its row; the rest go on.
@@ -78,6 +79,11 @@ pub fn run(env: &mut Env, _args: &Value) -> ToolResult<Value> {
             }
         };
         if w.is_closed() {
+            // A closed work's name still listed: a create or fork that landed after its
+            // drop looked (it bills), or a machine someone made under the name since.
+            if let Some(st) = states.get(&w.machine) {
+                closed_listed.push(json!({ "work": w.work, "machine": w.machine, "status": st }));
+            }
             continue;
         }
         let (state, machine) = match (&listing, states.get(&w.machine)) {
@@ -192,6 +198,12 @@ pub fn run(env: &mut Env, _args: &Value) -> ToolResult<Value> {
         answer["buildMachinesLeft"] = json!({
             "machines": builds_left,
             "note": "left by a golden build that was stopped before removing them; the next boxd-host golden removes them, or remove each with 'boxd machine remove NAME -y'",
+        });
+    }
+    if !closed_listed.is_empty() {
+        answer["closedWorksMachines"] = json!({
+            "machines": closed_listed,
+            "note": "machines listed under the name of a work this ledger has closed: a create or fork that landed after the work was dropped (it bills), or one someone made under the name since. No tool touches them; check each with 'boxd machine get NAME', and remove one that is no one's to keep with 'boxd machine remove NAME -y'",
         });
     }
     // What only the OpenCode bridge knows appears only there (its rules, its skill copy).
@@ -363,6 +375,29 @@ mod tests {
             let v = call(&mut p, &mut f, "boxd_status", "{}", raw("{}", "{}")).unwrap();
             assert!(v["next"].as_str().unwrap().contains(want), "{listed} {parent}: {v:#}");
         }
+    }
+
+    /// A machine listed under the name of a work the ledger has closed (a fork or create
+    /// that landed after the drop looked, or someone's since) is named with how to check
+    /// and remove it by hand; a closed work whose name is not listed is not, and status
+    /// asks boxd nothing more for either.
+    #[test]
+    fn a_machine_listed_under_a_closed_works_name_is_named_and_left_alone() {
+        use crate::ledger::{Ledger, WorkState};
+        let (mut p, mut f) = (Scripted::default(), MemFiles::new(&["/p", "/l"]));
+        for id in ["w1", "w2"] {
+            let mut w = Work::new(id, "/p", "t");
+            w.state = WorkState::Closed;
+            Ledger::new(&mut f, "/l").write(&w).unwrap();
+        }
+        p.push_exit(0, r#"[{"name":"oc-w1","status":"running"}]"#, "");
+        p.push_exit(0, "[]", "");
+        let v = call(&mut p, &mut f, "boxd_status", "{}", raw("{}", "")).unwrap();
+        assert_eq!(v["works"], json!([]), "closed works have no row");
+        assert_eq!(v["closedWorksMachines"]["machines"], json!([{ "work": "w1", "machine": "oc-w1", "status": "running" }]));
+        assert!(v["closedWorksMachines"]["note"].as_str().unwrap().contains("'boxd machine remove NAME -y'"), "{v:#}");
+        assert_eq!(p.requests.len(), 2, "the two listings only");
+        assert!(status("{}", "").get("closedWorksMachines").is_none());
     }
 
     /// A work whose record grew (every run and sleep kept for the spend, many prompts and
