@@ -21,6 +21,7 @@ import { spawnSync } from "node:child_process";
 import fs from "node:fs";
 import { OUTPUT_FILE_MARK, readStart, takeOutputFile } from "./outputs.js";
 import { BOUNDS, checkLaunch, overCap } from "./policy.js";
+import { guard } from "./watchdog.js";
 
 // The shared words of a worker (Int32Array over a SharedArrayBuffer).
 export const REPLY = 0; // raised by the main thread when a spawn reply is on the port
@@ -166,10 +167,21 @@ export function killChildrenOf(tid) {
  * child is (one started just as the abort came). Returns the stop function.
  */
 export function watchOutput(tid, shared, aborted) {
+  // Each child seen is given to the watchdog (lib/watchdog.js) until it is gone: one that
+  // starts and outlives a SIGKILL of this process within 50 ms is missed.
+  const guarded = new Map();
   const timer = setInterval(() => {
     if (aborted()) return killChildrenOf(tid);
     const files = { [fileAt(shared, STDOUT_FILE)]: 1, [fileAt(shared, STDERR_FILE)]: 2 };
-    for (const pid of childrenOf(tid)) {
+    const pids = childrenOf(tid);
+    for (const [pid, unguard] of guarded) {
+      if (!pids.includes(pid)) {
+        unguard();
+        guarded.delete(pid);
+      }
+    }
+    for (const pid of pids) {
+      if (!guarded.has(pid)) guarded.set(pid, guard(pid));
       for (const fd of Object.keys(STREAMS)) {
         let file;
         try {
@@ -187,5 +199,8 @@ export function watchOutput(tid, shared, aborted) {
     }
   }, 50);
   timer.unref?.();
-  return () => clearInterval(timer);
+  return () => {
+    clearInterval(timer);
+    for (const unguard of guarded.values()) unguard();
+  };
 }

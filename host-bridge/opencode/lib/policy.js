@@ -11,6 +11,7 @@ import path from "node:path";
 import * as frames from "./frames.js";
 import { readStart, takeOutputFile } from "./outputs.js";
 import { checkArgs, confinedTo, invalidGrants } from "./args.js";
+import { guard } from "./watchdog.js";
 
 const HOST_ERRORS = { hostFailed: "HOST_FAILED", optionsInvalid: "OPTIONS_INVALID", ledgerFailed: "LEDGER_FAILED" };
 
@@ -100,8 +101,7 @@ export function hostFailed(tool, message) {
 
 // Children still running, so they can be killed when this process exits. Node has no
 // PR_SET_PDEATHSIG: a plugin host that exits (normally, or by a signal OpenCode handles)
-// kills them here; one killed outright with SIGKILL cannot, and its children run on until
-// they end (docs/architecture.md).
+// kills them here; for one killed outright with SIGKILL, lib/watchdog.js does.
 const live = new Set();
 process.once("exit", () => {
   for (const kill of live) kill();
@@ -413,6 +413,7 @@ export function runChild(req, grants, track = () => () => {}, onGrant = () => {}
     };
     const untrack = track(killGroup);
     live.add(killGroup);
+    const unguard = guard(child.pid);
     const stdoutSize = () => {
       try {
         return fs.fstatSync(outFd).size;
@@ -435,6 +436,7 @@ export function runChild(req, grants, track = () => () => {}, onGrant = () => {}
       clearInterval(watch);
       untrack();
       live.delete(killGroup);
+      unguard();
       if (typeof result === "function") {
         try {
           result = result();

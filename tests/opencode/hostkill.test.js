@@ -1,0 +1,68 @@
+// The laptop's OpenCode killed outright (SIGKILL) in the middle of a change tool: the boxd
+// call the plugin was running dies with it, as boxd-host's children do (PR_SET_PDEATHSIG),
+// instead of running on alone — a hung one for ever — and boxd-host then recovers the work
+// from the ledger. Real `opencode serve` with the plugin, boxd-local with a `hang` fault.
+import { test, describe, after } from "node:test";
+import assert from "node:assert/strict";
+import { execFileSync } from "node:child_process";
+import fs from "node:fs";
+import path from "node:path";
+import { BOXD_HOST, BOXD_LOCAL, Laptop, OPENCODE, missingPrerequisite, waitGone } from "./harness.mjs";
+
+const skip = missingPrerequisite() ?? (fs.existsSync(BOXD_HOST) ? false : `${BOXD_HOST} is missing: cargo build -p boxd-host`);
+const T = { timeout: 240000 };
+
+/** The processes whose parent is `ppid`: [{pid, argv}]. */
+function childrenOf(ppid) {
+  const out = [];
+  for (const name of fs.readdirSync("/proc")) {
+    if (!/^\d+$/.test(name)) continue;
+    try {
+      const stat = fs.readFileSync(`/proc/${name}/stat`, "utf8");
+      if (Number(stat.slice(stat.lastIndexOf(")") + 2).split(" ")[1]) !== ppid) continue;
+      out.push({ pid: Number(name), argv: fs.readFileSync(`/proc/${name}/cmdline`, "utf8").split("\0") });
+    } catch {}
+  }
+  return out;
+}
+
+describe("OpenCode killed with SIGKILL mid-call", { skip }, () => {
+  const left = [];
+  let l;
+  after(() => {
+    // Whatever outlived its host (the old behaviour) is ended here, by pid.
+    for (const pid of left) {
+      try {
+        process.kill(-pid, "SIGKILL");
+      } catch {}
+    }
+    l?.stop();
+  });
+
+  test("the boxd call it ran dies with it, and boxd-host recovers the work", T, async () => {
+    l = await Laptop.start("hostkill", {});
+    l.seedGuestGolden();
+    l.faults([{ verb: "machine new", times: 1, action: "hang" }]); // hangs for ever
+    const serve = l.children.at(-1);
+    await l.promptAsync(await l.session(), '@@tool:boxd_ensure:{"work":"w1"}@@');
+    const create = await l.waitFor("the plugin's boxd machine new", async () =>
+      childrenOf(serve.pid).find((c) => c.argv[0] === BOXD_LOCAL && c.argv[1] === "machine" && c.argv[2] === "new"), 90000, 50);
+    left.push(create.pid);
+    const watchdog = childrenOf(serve.pid).find((c) => c.argv[0] === "/bin/sh" && c.argv[1] === "-c");
+    if (watchdog) left.push(watchdog.pid);
+
+    process.kill(serve.pid, "SIGKILL");
+    assert.ok(await waitGone(create.pid, 10000), "boxd machine new outlived the OpenCode that ran it");
+    if (watchdog) assert.ok(await waitGone(watchdog.pid, 10000), "the watchdog stayed after its work was done");
+
+    // The same call again through the other host, on the same ledger: the work is
+    // recovered, with one machine.
+    l.faults([]);
+    const out = execFileSync(BOXD_HOST, ["--project", l.project, "--ledger", l.ledger, "--boxd", BOXD_LOCAL, "--opencode", OPENCODE, "call", "boxd_ensure", '{"work":"w1"}'], { env: l.env, encoding: "utf8", timeout: 180000 });
+    assert.equal(JSON.parse(out).machine, "oc-w1", out);
+    const machines = JSON.parse(l.boxd("machine", "list", "--json")).map((m) => m.name);
+    assert.deepEqual(machines, ["oc-w1"]);
+    const record = JSON.parse(fs.readFileSync(path.join(l.ledger, "works/w1/work.json"), "utf8"));
+    assert.equal(record.state, "open");
+  });
+});
