@@ -1,5 +1,6 @@
-// The laptop's OpenCode killed outright (SIGKILL) in the middle of a change tool: the boxd
-// call the plugin was running dies with it, as boxd-host's children do (PR_SET_PDEATHSIG),
+// The laptop's OpenCode killed (SIGKILL) or stopped (SIGTERM: OpenCode 1.18 then exits
+// without running the plugin's exit handler) in the middle of a change tool: the boxd call
+// the plugin was running dies with it, as boxd-host's children do (PR_SET_PDEATHSIG),
 // instead of running on alone — a hung one for ever — and boxd-host then recovers the work
 // from the ledger. Real `opencode serve` with the plugin, boxd-local with a `hang` fault.
 import { test, describe, after } from "node:test";
@@ -26,9 +27,9 @@ function childrenOf(ppid) {
   return out;
 }
 
-describe("OpenCode killed with SIGKILL mid-call", { skip }, () => {
+describe("OpenCode killed or stopped mid-call", { skip }, () => {
   const left = [];
-  let l;
+  const laptops = [];
   after(() => {
     // Whatever outlived its host (the old behaviour) is ended here, by pid.
     for (const pid of left) {
@@ -36,11 +37,12 @@ describe("OpenCode killed with SIGKILL mid-call", { skip }, () => {
         process.kill(-pid, "SIGKILL");
       } catch {}
     }
-    l?.stop();
+    for (const l of laptops) l.stop();
   });
 
-  test("the boxd call it ran dies with it, and boxd-host recovers the work", T, async () => {
-    l = await Laptop.start("hostkill", {});
+  for (const signal of ["SIGKILL", "SIGTERM"]) test(`${signal}: the boxd call it ran dies with it, and boxd-host recovers the work`, T, async () => {
+    const l = await Laptop.start("hostkill", {});
+    laptops.push(l);
     l.seedGuestGolden();
     l.faults([{ verb: "machine new", times: 1, action: "hang" }]); // hangs for ever
     const serve = l.children.at(-1);
@@ -51,7 +53,8 @@ describe("OpenCode killed with SIGKILL mid-call", { skip }, () => {
     const watchdog = childrenOf(serve.pid).find((c) => c.argv[0] === "/bin/sh" && c.argv[1] === "-c");
     if (watchdog) left.push(watchdog.pid);
 
-    process.kill(serve.pid, "SIGKILL");
+    process.kill(serve.pid, signal);
+    assert.ok(await waitGone(serve.pid, 15000), `opencode did not exit on ${signal}`);
     assert.ok(await waitGone(create.pid, 10000), "boxd machine new outlived the OpenCode that ran it");
     if (watchdog) assert.ok(await waitGone(watchdog.pid, 10000), "the watchdog stayed after its work was done");
 
