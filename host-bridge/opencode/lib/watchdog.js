@@ -8,7 +8,8 @@
 // child's group is announced as it starts ("+ PID START") and taken back once it is
 // answered ("- PID START"); when the pipe ends (this process is gone, however it ended)
 // the watchdog kills each group still listed whose leader is still that same process (its
-// start time in /proc/PID/stat), so a pid used again by someone else is never touched.
+// start time in /proc/PID/stat), so a pid used again by someone else is never touched, and
+// still running: a child that had exited is left with what it left behind, as ever.
 // Linux only (it reads /proc); elsewhere children still outlive a SIGKILL.
 import { spawn } from "node:child_process";
 import fs from "node:fs";
@@ -26,6 +27,8 @@ for g in $live; do
   pid=\${g%%:*}
   read -r stat 2>/dev/null < /proc/$pid/stat || continue
   set -- \${stat##*) }
+  # A leader that has exited (a zombie no one reaped) is left, with what it left behind.
+  [ "$1" = Z ] && continue
   shift 19
   [ "$1" = "\${g#*:}" ] && kill -9 -$pid 2>/dev/null
 done
