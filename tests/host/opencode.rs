@@ -13,7 +13,7 @@ fn the_opencode_bridge_suite_passes_against_the_real_opencode() {
     build_bridge();
     // conformance.test.js runs from tests/host/conformance.rs, which compares its results.
     let out = Command::new("node")
-        .args(["--test", "tests/opencode/bridge.test.js", "tests/opencode/bounds.test.js", "tests/opencode/frames.test.js", "tests/opencode/ledger.test.js", "tests/opencode/opencode.test.js", "tests/opencode/asking.test.js", "tests/opencode/inworker.test.js", "tests/opencode/audit.test.js", "tests/opencode/bun.test.js"])
+        .args(["--test", "tests/opencode/bridge.test.js", "tests/opencode/bounds.test.js", "tests/opencode/frames.test.js", "tests/opencode/ledger.test.js", "tests/opencode/opencode.test.js", "tests/opencode/asking.test.js", "tests/opencode/inworker.test.js", "tests/opencode/audit.test.js", "tests/opencode/bun.test.js", "tests/opencode/hostkill.test.js"])
         .current_dir(&repo)
         .env("BOXD_LOCAL_BIN", boxd_local())
         // audit.test.js makes its spawn requests through the test-only probe component.
