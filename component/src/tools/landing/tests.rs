@@ -307,26 +307,31 @@ fn a_killed_harvests_placed_file_stays_this_works_after_the_sweep() {
 /// The laptop's disk filled while the host wrote the frames: that is said as the laptop's,
 /// with what to free, where it was BOXD_FAILED "read the boxd CLI's own message". A full
 /// disk boxd itself reports (the machine's) stays BOXD_FAILED.
-#[test]
-fn a_full_laptop_disk_is_the_laptops_failure_not_boxds() {
+/// What `discard` makes of each BOXD_FAILED message, after a.txt's bytes arrived in its
+/// temp file; and whether that temp file is gone afterwards.
+fn discarded(messages: &[&str]) -> (Vec<ToolError>, bool) {
     use crate::testing::{raw_context, MemFiles, Scripted};
     let ctx = crate::tools::context(raw_context("{}", "{}")).unwrap();
     let mut files = MemFiles::new(&["/p", "/l"]);
     let (landing, _) = a_txt_arrived(&mut files, b"half");
     let mut programs = Scripted::default();
     let mut env = Env { programs: &mut programs, files: &mut files, ctx: &ctx };
-    for (said, laptop) in [
-        ("could not run boxd machine exec: boxd: the files framed on its stdout: cannot write /p/a.txt.x-0.boxd-tmp: No space left on device (os error 28)", true),
-        ("could not run boxd machine exec: boxd: the files framed on its stdout: ENOSPC: no space left on device, write", true),
-        ("boxd machine exec failed: error: No space left on device", false),
-    ] {
-        let e = discard(&mut env, &landing, ToolError::new(Code::BoxdFailed, said));
-        match laptop {
-            true => assert!(e.code == Code::PathRefused && e.message.starts_with("the laptop's disk is full") && e.message.contains("/p ") && e.next.contains("Free space on the laptop"), "{e:?}"),
-            false => assert_eq!(e.code, Code::BoxdFailed, "{e:?}"),
-        }
+    let errors = messages.iter().map(|said| discard(&mut env, &landing, ToolError::new(Code::BoxdFailed, *said))).collect();
+    (errors, files.text("/p/a.txt.x-0.boxd-tmp").is_none())
+}
+
+#[test]
+fn a_full_laptop_disk_is_the_laptops_failure_not_boxds() {
+    let (errors, temp_gone) = discarded(&[
+        "could not run boxd machine exec: boxd: the files framed on its stdout: cannot write /p/a.txt.x-0.boxd-tmp: No space left on device (os error 28)",
+        "could not run boxd machine exec: boxd: the files framed on its stdout: ENOSPC: no space left on device, write",
+        "boxd machine exec failed: error: No space left on device",
+    ]);
+    for e in &errors[..2] {
+        assert!(e.code == Code::PathRefused && e.message.starts_with("the laptop's disk is full") && e.message.contains("/p ") && e.next.contains("Free space on the laptop"), "{e:?}");
     }
-    assert_eq!(files.text("/p/a.txt.x-0.boxd-tmp"), None, "the temp file is removed");
+    assert_eq!(errors[2].code, Code::BoxdFailed, "{:?}", errors[2]);
+    assert!(temp_gone, "the temp file is removed");
 }
 
 /// A folder on the way changed after the harvest checked it, so the host refused to make
@@ -335,27 +340,21 @@ fn a_full_laptop_disk_is_the_laptops_failure_not_boxds() {
 /// arrived damaged stays the guest's (not a laptop path).
 #[test]
 fn a_landing_the_host_refuses_names_the_laptop_folder_not_boxd() {
-    use crate::testing::{raw_context, MemFiles, Scripted};
-    let ctx = crate::tools::context(raw_context("{}", "{}")).unwrap();
-    let mut files = MemFiles::new(&["/p", "/l"]);
-    let (landing, _) = a_txt_arrived(&mut files, b"half");
-    let mut programs = Scripted::default();
-    let mut env = Env { programs: &mut programs, files: &mut files, ctx: &ctx };
-    for (said, laptop) in [
-        ("could not run boxd machine exec: /p cannot be streamed: a symlink is on the way, or the path is not clean", true),
-        ("could not run boxd machine exec: /p/gone cannot be streamed: No such file or directory (os error 2)", true),
-        ("could not run boxd machine exec: /p/ cannot be received: it names no file", true),
-        ("could not run boxd machine exec: boxd: the files framed on its stdout: cannot create /p/a.txt.x-0.boxd-tmp: Permission denied (os error 13)", true),
-        ("could not run boxd machine exec: boxd: the files framed on its stdout: /p/a.txt.x-0.boxd-tmp arrived damaged: its digest is 00, the sender's 11", false),
-        ("boxd machine exec failed: error: cannot create /p: Permission denied", false),
-    ] {
-        let e = discard(&mut env, &landing, ToolError::new(Code::BoxdFailed, said));
-        match laptop {
-            true => assert!(
-                e.code == Code::PathRefused && e.message.starts_with("the harvested files could not be written into /p (") && e.message.ends_with("they stay owed") && e.next.contains("make /p a plain writable folder"),
-                "{e:?}"
-            ),
-            false => assert_eq!(e.code, Code::BoxdFailed, "{e:?}"),
-        }
+    let (errors, _) = discarded(&[
+        "could not run boxd machine exec: /p cannot be streamed: a symlink is on the way, or the path is not clean",
+        "could not run boxd machine exec: /p/gone cannot be streamed: No such file or directory (os error 2)",
+        "could not run boxd machine exec: /p/ cannot be received: it names no file",
+        "could not run boxd machine exec: boxd: the files framed on its stdout: cannot create /p/a.txt.x-0.boxd-tmp: Permission denied (os error 13)",
+        "could not run boxd machine exec: boxd: the files framed on its stdout: /p/a.txt.x-0.boxd-tmp arrived damaged: its digest is 00, the sender's 11",
+        "boxd machine exec failed: error: cannot create /p: Permission denied",
+    ]);
+    for e in &errors[..4] {
+        assert!(
+            e.code == Code::PathRefused && e.message.starts_with("the harvested files could not be written into /p (") && e.message.ends_with("they stay owed") && e.next.contains("make /p a plain writable folder"),
+            "{e:?}"
+        );
+    }
+    for e in &errors[4..] {
+        assert_eq!(e.code, Code::BoxdFailed, "{e:?}");
     }
 }
