@@ -39,3 +39,4 @@ mod audit_faults;
 mod interrupt;
 mod mcp_lines;
 mod mcp_retry;
+mod changed_world;

@@ -36,6 +36,11 @@ pub struct Work {
     pub warnings: Vec<String>,
     #[serde(default)]
     pub git: Option<GitRecord>,
+    /// The git records of machines since rebuilt, oldest first: a rebuilt machine starts
+    /// from a new work tree, so what a gone one's tree held at its last harvest is only in
+    /// these bundles and patches, which no later harvest's record replaces.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub earlier_git: Vec<GitRecord>,
     /// sha256 of the guest helper uploaded for this work.
     #[serde(default)]
     pub helper_sha256: Option<String>,

@@ -460,6 +460,11 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
         out["restoredToLaptop"] = json!(restored);
     }
     out["next"] = json!("Done: the machine is destroyed and the work is closed in the ledger. Its commits are in the ledger's bundle (git fetch <bundle>), its uncommitted changes in the stored patch.");
+    if !w.earlier_git.is_empty() {
+        // A rebuild started the tree afresh: what the gone machines' trees held is in these.
+        out["earlierGit"] = json!(w.earlier_git.iter().map(|g| json!({ "head": g.head, "bundle": g.bundle, "patch": g.patch, "at": g.at })).collect::<Vec<_>>());
+        out["next"] = json!("Done: the machine is destroyed and the work is closed in the ledger. Its commits are in the ledger's bundle (git fetch <bundle>), its uncommitted changes in the stored patch; those of the machines it was rebuilt from are in the bundles and patches earlierGit names.");
+    }
     // A file an interrupted harvest moved aside stays on the laptop; status no longer lists
     // a closed work, so this answer is the last to say where it is.
     let mut left = super::landing::left_on_laptop(env.files, &w.temps);

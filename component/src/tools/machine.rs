@@ -231,6 +231,14 @@ fn create_admitted<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledge
             let covered = w.proofs.last().map_or(0, |p| p.prompts as usize).min(w.prompts.len());
             let lost: Vec<alloc::string::String> = w.prompts.drain(covered..).map(|p| p.id).collect();
             w.restore_pending = !w.proofs.is_empty();
+            // The rebuilt machine starts from a new work tree, and the next harvest records
+            // that one: the gone tree's bundle and patch stay named, or only an unnamed file
+            // in the ledger would hold its commits and changes.
+            if let Some(g) = w.git.take().filter(|g| g.bundle.is_some() || g.patch.is_some()) {
+                let kept: Vec<&str> = g.bundle.iter().chain(g.patch.iter()).map(|s| s.as_str()).collect();
+                w.warnings.push(format!("{now}: {machine} was rebuilt with a new work tree; the commits and uncommitted changes the gone one held at the last harvest are in the ledger's {} (earlierGit in the work's record)", kept.join(" and ")));
+                w.earlier_git.push(g);
+            }
             if !lost.is_empty() {
                 w.warnings.push(format!("{now}: prompt(s) {} ran on {machine} after the last harvest; that machine was gone when it was rebuilt, so their runs are lost (the rebuilt machine holds the transcript as of the last harvest)", lost.join(", ")));
                 w.unrecovered.extend(lost);

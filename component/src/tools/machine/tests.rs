@@ -150,6 +150,29 @@ fn a_rebuild_without_an_id_stays_creating_until_ensure_adopts_it() {
     assert!(last[0] == "machine get oc-w1 --json" && last[1].contains("upload.tmp") && last[2].contains("prepare --work w1"), "{last:?}");
 }
 
+/// A rebuilt machine starts from a new work tree, and the next harvest records that one:
+/// the gone tree's bundle and patch stay named in the record (`earlier_git`, with a warning
+/// naming them), in the rebuild's intent write, and a rebuild asked again keeps them once.
+#[test]
+fn a_rebuild_keeps_the_gone_trees_bundle_and_patch_named() {
+    let gone = GitRecord { head: "c0ffee".into(), bundle: Some("bundle-0123456789abcdef.bundle".into()), patch: Some("patch-0123456789abcdef.diff".into()), ..Default::default() };
+    let mut fs = open_work(Some(gone.clone()));
+    for _ in 0..2 {
+        let mut p = Scripted::default();
+        p.push_exit(0, "1.18.33", "");
+        p.push_fail(1, "error: VM 'oc-w1' not found");
+        p.push_exit(0, "[]", "");
+        p.push_exit(0, r#"[{"name":"opencode-golden","version":"1","status":"ready"}]"#, "");
+        p.push_exit(0, r#"{"name":"oc-w1"}"#, "");
+        let e = call(&mut p, &mut fs, "boxd_resume", r#"{"work":"w1"}"#, raw_context("{}", "{}")).unwrap_err();
+        assert_eq!(e.code, Code::CreateUncertain, "{e:?}");
+    }
+    let w = Ledger::new(&mut fs, "/l").require("w1").unwrap();
+    assert_eq!((w.git, w.earlier_git), (None, alloc::vec![gone]), "the new tree has no harvest yet; the gone one's record is kept once");
+    let warned: Vec<&String> = w.warnings.iter().filter(|t| t.contains("bundle-0123456789abcdef.bundle and patch-0123456789abcdef.diff")).collect();
+    assert_eq!(warned.len(), 1, "{:?}", w.warnings);
+}
+
 /// A create boxd refused made nothing: the work does not stay "creating", so a machine
 /// someone else later makes under its name is refused, never adopted and prepared.
 #[test]

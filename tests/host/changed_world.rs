@@ -1,0 +1,50 @@
+//! The laptop and the world change between calls, and names are used again: what a work
+//! made stays named and reachable through every such change.
+
+use serde_json::Value;
+
+use crate::common::*;
+use crate::harvest::{bash, run_on};
+use crate::nothing_lost::git;
+
+const W1: &str = r#"{"work":"w1"}"#;
+
+fn record(world: &World) -> Value {
+    serde_json::from_slice(&std::fs::read(world.laptop.ledger.join("works/w1/work.json")).unwrap()).unwrap()
+}
+
+/// A machine lost after a harvest and rebuilt by boxd_resume starts from a new work tree,
+/// which the next harvest records. The gone tree's commits and uncommitted changes stay
+/// named: in the record (`earlierGit`), in a warning boxd_status shows, and in the drop's
+/// answer. (Before, the next harvest's record named only the new tree's bundle, and the
+/// drop said the work's commits were there: the gone tree's bundle and patch were files no
+/// record named.)
+#[test]
+fn a_rebuild_keeps_the_gone_trees_commits_and_changes_named_through_the_drop() {
+    let world = World::new("changed-rebuild");
+    world.ok_call("boxd_ensure", W1);
+    run_on(&world, "w1", &format!("commit {}", bash("echo before-loss > OLD.md && git add OLD.md && git commit -qm old && echo wip > WIP.md && git add WIP.md")));
+    let first = world.ok_call("boxd_harvest", W1);
+    let (bundle, patch) = (first["git"]["bundle"].as_str().unwrap().to_string(), first["git"]["patch"].as_str().unwrap().to_string());
+    assert!(world.laptop.boxd(&["machine", "remove", "oc-w1", "-y"]).status.success());
+    assert_eq!(world.ok_call("boxd_resume", W1)["action"], "rebuilt");
+    let status = world.ok_call("boxd_status", "{}");
+    let warnings = status["works"][0]["warnings"].to_string();
+    assert!(warnings.contains(&bundle) && warnings.contains(&patch), "status names where the gone tree went: {status:#}");
+    run_on(&world, "w1", &format!("again {}", bash("echo after > NEW.md && git add NEW.md && git commit -qm new")));
+    let second = world.ok_call("boxd_harvest", W1);
+    assert_ne!(second["git"]["bundle"].as_str(), Some(bundle.as_str()), "{second:#}");
+    let r = record(&world);
+    assert_eq!((r["earlierGit"][0]["bundle"].as_str(), r["earlierGit"][0]["patch"].as_str()), (Some(bundle.as_str()), Some(patch.as_str())), "{:#}", r["earlierGit"]);
+    let dropped = world.ok_call("boxd_drop", W1);
+    assert_eq!(dropped["dropped"], true, "{dropped:#}");
+    assert_eq!(dropped["earlierGit"][0]["bundle"].as_str(), Some(bundle.as_str()), "{dropped:#}");
+    assert!(dropped["next"].as_str().unwrap().contains("earlierGit"), "{dropped:#}");
+    // What the drop names holds the gone tree: its commit and its uncommitted change.
+    let dir = world.laptop.ledger.join("works/w1");
+    let clone = world.laptop.scratch.path("clone");
+    git(&clone, &["init", "-q"]);
+    git(&clone, &["fetch", "-q", dir.join(&bundle).to_str().unwrap(), "HEAD:refs/heads/gone"]);
+    assert_eq!(git(&clone, &["show", "gone:OLD.md"]), "before-loss\n");
+    assert!(std::fs::read_to_string(dir.join(&patch)).unwrap().contains("+wip"), "the patch holds the staged change");
+}
