@@ -48,3 +48,25 @@ fn a_rebuild_keeps_the_gone_trees_commits_and_changes_named_through_the_drop() {
     assert_eq!(git(&clone, &["show", "gone:OLD.md"]), "before-loss\n");
     assert!(std::fs::read_to_string(dir.join(&patch)).unwrap().contains("+wip"), "the patch holds the staged change");
 }
+
+/// After a harvest the user deletes the session in the laptop's OpenCode, and then the
+/// machine goes (boxd lost it). The drop closes the work as a gone one, and, as a drop of a
+/// live machine does, imports the proven session again from the ledger's export first and
+/// says so (before: it closed saying only that nothing was unrecovered, and the transcript
+/// was in no OpenCode).
+#[test]
+fn a_gone_works_drop_puts_the_deleted_proven_session_back_on_the_laptop() {
+    let world = World::new("changed-gone-deleted");
+    world.ok_call("boxd_ensure", W1);
+    run_on(&world, "w1", "marker-gone-deleted");
+    let sid = world.ok_call("boxd_harvest", W1)["sessions"][0]["id"].as_str().unwrap().to_string();
+    let before = crate::harvest::laptop_export(&world, &sid)["messages"].to_string();
+    let opencode = |args: &[&str]| std::process::Command::new(opencode_bin()).args(args).current_dir(&world.laptop.project).envs(world.laptop_env()).output().unwrap();
+    assert!(opencode(&["session", "delete", &sid]).status.success());
+    assert!(!opencode(&["export", &sid]).status.success(), "the laptop's copy is deleted");
+    assert!(world.laptop.boxd(&["machine", "remove", "oc-w1", "-y"]).status.success());
+    let v = world.ok_call("boxd_drop", W1);
+    assert_eq!((v["dropped"].as_bool(), v["machineWasGone"].as_bool()), (Some(true), Some(true)), "{v:#}");
+    assert_eq!(v["restoredToLaptop"], serde_json::json!([sid]), "{v:#}");
+    assert_eq!(crate::harvest::laptop_export(&world, &sid)["messages"].to_string(), before, "the transcript is back as it was proven");
+}

@@ -299,13 +299,16 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
     // What an interrupted harvest left on the laptop goes first, whatever the drop decides
     // (not in `plan`, which `check` runs and which changes nothing).
     let w = Ledger::for_call(&mut env.files, env.ctx).require(&work)?;
-    if !w.is_closed() {
-        super::landing::sweep_temps(env, w)?;
-    }
+    let before = if w.is_closed() { w } else { super::landing::sweep_temps(env, w)? };
     let plan = plan(env, &work, &machine)?;
-    // The laptop must still hold the proven transcript before its machine goes.
+    // The laptop must still hold the proven transcript before its machine goes. A gone
+    // machine's work is closed as well: nothing is left on boxd to refuse for, so what
+    // cannot be put back is said, not refused (the ledger keeps the proven export).
     let (restored, unchecked) = match &plan {
         Plan::Live(w) => super::harvest::restore_for_drop(env, w)?,
+        Plan::Gone(..) => super::harvest::restore_for_drop(env, &before).unwrap_or_else(|e| {
+            (Vec::new(), Some(format!("the laptop's OpenCode does not hold the whole proven transcript and it could not be put back ({}: {}); the ledger keeps its proven exports", e.code.as_str(), e.message)))
+        }),
         _ => (Vec::new(), None),
     };
     let ctx = env.ctx;
@@ -369,7 +372,19 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
                 Err(w) => Err(changed(&w, "nothing was closed")),
             };
         }
-        Plan::Gone(planned, taken_by) => return close_gone(&mut ledger, &work, ctx, &planned, taken_by.as_deref()),
+        Plan::Gone(planned, taken_by) => {
+            let mut out = close_gone(&mut ledger, &work, ctx, &planned, taken_by.as_deref())?;
+            if out["machineWasGone"] == true {
+                // Deleted in the laptop's OpenCode since the harvest: put back, as a live drop does.
+                if !restored.is_empty() {
+                    out["restoredToLaptop"] = json!(restored);
+                }
+                if let Some(note) = unchecked {
+                    out["warnings"] = json!([note]);
+                }
+            }
+            return Ok(out);
+        }
         Plan::Live(w) => w,
     };
     let mut boxd = Boxd::new(&mut env.programs, ctx.options.boxd_timeout_seconds);

@@ -197,3 +197,44 @@ fn a_remove_answered_with_a_json_error_is_not_taken_for_done() {
     assert!(e.code == Code::BoxdFailed && e.message.contains("machine is busy"), "{e:?}");
     assert_eq!(Ledger::new(&mut fs, "/l").require("w1").unwrap().state, WorkState::Dropping);
 }
+
+/// A gone machine's work whose proven session was deleted in the laptop's OpenCode since the
+/// harvest: its drop imports it again from the ledger's export, as a live drop does, and
+/// says so. One it cannot put back (no stored export either) is said, and the work still
+/// closes: nothing is left on boxd to keep it open for.
+#[test]
+fn a_gone_works_drop_puts_a_deleted_proven_session_back_on_the_laptop() {
+    use crate::ledger::{Proof, SessionProof};
+    let session = json!({ "info": { "id": "ses_a", "slug": "s", "title": "boxd work w1", "version": "1.18.33", "time": { "created": 1, "updated": 1 } },
+        "messages": [{ "info": { "id": "msg_1", "sessionID": "ses_a", "role": "user", "time": { "created": 1 } },
+            "parts": [{ "id": "prt_1", "sessionID": "ses_a", "messageID": "msg_1", "type": "text", "text": "hi" }] }] });
+    let bytes = serde_json::to_vec(&session).unwrap();
+    let name = format!("export-{}.json", &crate::encode::sha256_hex(&bytes)[..16]);
+    let digest = super::super::harvest::canonical_digest(session["messages"].as_array().unwrap());
+    for stored in [true, false] {
+        let mut fs = work_with(None);
+        if stored {
+            fs.put(&format!("/l/works/w1/{name}"), &bytes);
+        }
+        let mut w = Ledger::new(&mut fs, "/l").require("w1").unwrap();
+        w.proofs = alloc::vec![Proof { prompts: 0, sessions: alloc::vec![SessionProof { id: "ses_a".into(), messages: 1, digest: digest.clone(), file: Some(name.clone()), ..Default::default() }], ..Default::default() }];
+        Ledger::new(&mut fs, "/l").write(&w).unwrap();
+        let mut p = Scripted::default();
+        p.push_fail(1, "error: VM 'oc-w1' not found");
+        p.push_exit(0, "[]", "");
+        p.push_fail(1, "Error: Session not found: ses_a");
+        if stored {
+            p.push_exit(0, "Imported session: ses_a", "");
+            p.push_exit(0, &session.to_string(), "");
+        }
+        let v = call(&mut p, &mut fs, "boxd_drop", r#"{"work":"w1"}"#, raw()).unwrap();
+        assert_eq!((v["dropped"].as_bool(), v["machineWasGone"].as_bool()), (Some(true), Some(true)), "{v:#}");
+        assert!(Ledger::new(&mut fs, "/l").require("w1").unwrap().is_closed());
+        if stored {
+            assert_eq!(v["restoredToLaptop"], json!(["ses_a"]), "{v:#}");
+            assert_eq!(p.requests[3].args, ["import", &format!("/l/works/w1/{name}")]);
+        } else {
+            assert!(v.get("restoredToLaptop").is_none() && v["warnings"][0].as_str().unwrap().contains("could not be put back"), "{v:#}");
+        }
+    }
+}
