@@ -70,3 +70,25 @@ fn a_gone_works_drop_puts_the_deleted_proven_session_back_on_the_laptop() {
     assert_eq!(v["restoredToLaptop"], serde_json::json!([sid]), "{v:#}");
     assert_eq!(crate::harvest::laptop_export(&world, &sid)["messages"].to_string(), before, "the transcript is back as it was proven");
 }
+
+/// A work's record removed by hand while its machine runs: boxd_status names the work, its
+/// machine and what to put back (before: the work vanished from status while its machine
+/// billed and held what the work made, and no tool could reach it). With the record put
+/// back, the work goes on.
+#[test]
+fn a_record_removed_by_hand_while_its_machine_runs_is_named_by_status() {
+    let world = World::new("changed-record-gone");
+    world.ok_call("boxd_ensure", W1);
+    let record = world.laptop.ledger.join("works/w1/work.json");
+    let saved = std::fs::read(&record).unwrap();
+    std::fs::remove_file(&record).unwrap();
+    let status = world.ok_call("boxd_status", "{}");
+    let row = &status["works"][0];
+    assert_eq!((row["work"].as_str(), row["machine"].as_str(), row["error"].as_str()), (Some("w1"), Some("oc-w1"), Some("LEDGER_FAILED")), "{status:#}");
+    assert!(row["next"].as_str().unwrap().contains("work.json back"), "{row:#}");
+    std::fs::write(&record, saved).unwrap();
+    let status = world.ok_call("boxd_status", "{}");
+    assert_eq!((status["works"][0]["state"].as_str(), status["works"][0].get("error")), (Some("running"), None), "{status:#}");
+    world.ok_call("boxd_harvest", W1);
+    assert_eq!(world.ok_call("boxd_drop", W1)["dropped"], true);
+}

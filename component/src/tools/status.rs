@@ -14,6 +14,22 @@ use crate::ledger::{amount, Ledger, Work, WorkState};
 use crate::options::{self, AccessOption, Context, ToolRule};
 use super::registry::{ToolAccess, ToolSpec, TOOLS};
 
+/// A work folder whose record is gone (removed by hand) while boxd still lists its
+/// machine: the password file says this ledger prepared that machine, which bills and may
+/// hold unharvested work that no tool can reach without the record. Said, not skipped.
+fn record_missing(files: &mut dyn crate::caps::Files, root: &str, id: &str, states: &BTreeMap<String, String>) -> Option<Value> {
+    let machine = crate::paths::machine_name(id);
+    let status = states.get(&machine)?;
+    let dir = Ledger::new(&mut &mut *files, root).work_dir(id);
+    files.stat(&format!("{dir}/password")).ok().flatten()?;
+    let e = ToolError::with_next(
+        Code::LedgerFailed,
+        format!("{dir} holds work '{id}' (its machine's password) but no record (work.json), and boxd lists {machine} ({status}): no tool can reach that machine or what it holds until the record is back"),
+        format!("Put {dir}/work.json back from a backup, then call boxd_status again; remove {machine} yourself ('boxd machine remove {machine} -y') only if nothing on it is still wanted."),
+    );
+    Some(json!({ "work": id, "machine": machine, "state": "unknown", "error": e.code.as_str(), "message": e.message, "next": e.next }))
+}
+
 pub fn run(env: &mut Env, _args: &Value) -> ToolResult<Value> {
     let ctx = env.ctx;
     let opts = &ctx.options;
@@ -71,7 +87,13 @@ pub fn run(env: &mut Env, _args: &Value) -> ToolResult<Value> {
         // One unreadable record is that work's problem, reported in its row; the rest go on.
         let w = match Ledger::new(&mut env.files, &ctx.ledger).summary(&id) {
             Ok(Some(w)) => w,
-            Ok(None) => continue,
+            Ok(None) => {
+                if let Some(row) = record_missing(env.files, &ctx.ledger, &id, &states) {
+                    next.get_or_insert_with(|| row["next"].as_str().unwrap_or_default().to_string());
+                    works.push(row);
+                }
+                continue;
+            }
             Err(e) => {
                 next.get_or_insert_with(|| e.next.clone());
                 works.push(json!({ "work": id, "state": "unknown", "error": e.code.as_str(), "message": e.message, "next": e.next }));
@@ -339,6 +361,29 @@ mod tests {
         // A rule never loosens the access option.
         let v = status(r#"{"access":"read-only"}"#, r#"{"toolRules":{"boxd_ensure":"allow"}}"#);
         assert_eq!(row(&v, "boxd_ensure")["runs"], "denied");
+    }
+
+    /// A work folder whose record was removed by hand, while boxd lists the machine this
+    /// ledger prepared (its password file): a row naming it and what to put back, not
+    /// silence. A folder without that file (a create refused before anything was made) or
+    /// without a listed machine says nothing.
+    #[test]
+    fn a_work_whose_record_was_removed_while_its_machine_runs_is_named() {
+        let listed = |fs: &mut MemFiles| {
+            let mut p = Scripted::default();
+            p.push_exit(0, r#"[{"name":"oc-w1","status":"running"}]"#, "");
+            p.push_exit(0, r#"[{"name":"opencode-golden","version":"v1","status":"ready"}]"#, "");
+            call(&mut p, fs, "boxd_status", "{}", raw("{}", "{}")).unwrap()
+        };
+        let mut f = MemFiles::new(&["/p", "/l"]);
+        crate::caps::Files::create_dir_all(&mut f, "/l/works/w1").unwrap();
+        assert_eq!(listed(&mut f)["works"], json!([]), "an empty folder is no work");
+        f.put("/l/works/w1/password", b"secret");
+        let v = listed(&mut f);
+        let w = &v["works"][0];
+        assert_eq!((w["work"].as_str(), w["state"].as_str(), w["error"].as_str()), (Some("w1"), Some("unknown"), Some("LEDGER_FAILED")), "{v:#}");
+        assert!(w["message"].as_str().unwrap().contains("no record") && w["next"].as_str().unwrap().contains("/l/works/w1/work.json back"), "{w:#}");
+        assert_eq!(v["next"], w["next"]);
     }
 
     /// A fork queued for a slot: the next step is one its parent allows (boxd_resume while
