@@ -307,7 +307,7 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
     let (restored, unchecked) = match &plan {
         Plan::Live(w) => super::harvest::restore_for_drop(env, w)?,
         Plan::Gone(..) => super::harvest::restore_for_drop(env, &before).unwrap_or_else(|e| {
-            (Vec::new(), Some(format!("the laptop's OpenCode does not hold the whole proven transcript and it could not be put back ({}: {}); the ledger keeps its proven exports", e.code.as_str(), e.message)))
+            (Vec::new(), Some(format!("the laptop's OpenCode copy of the proven transcript could not be checked or put back ({}: {}); the ledger keeps its proven exports", e.code.as_str(), e.message)))
         }),
         _ => (Vec::new(), None),
     };
