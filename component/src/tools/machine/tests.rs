@@ -123,17 +123,24 @@ fn every_tool_refuses_a_machine_in_a_state_it_does_not_know_before_touching_it()
 
 /// A gone machine is rebuilt through the one create: intent first, and a create whose
 /// answer carries no id leaves the work creating for ensure to adopt.
-#[test]
-fn a_rebuild_without_an_id_stays_creating_until_ensure_adopts_it() {
-    let mut fs = open_work(Some(GitRecord::default()));
+/// boxd_resume of w1 whose machine is gone, rebuilt by a create that answers no id: the
+/// scripted boxd after the call, and its refusal (CREATE_UNCERTAIN).
+fn rebuilt_without_an_id(fs: &mut crate::testing::MemFiles) -> (Scripted, crate::errors::ToolError) {
     let mut p = Scripted::default();
     p.push_exit(0, "1.18.33", "");
     p.push_fail(1, "error: VM 'oc-w1' not found");
     p.push_exit(0, "[]", "");
     p.push_exit(0, r#"[{"name":"opencode-golden","version":"1","status":"ready"}]"#, "");
     p.push_exit(0, r#"{"name":"oc-w1"}"#, "");
-    let e = call(&mut p, &mut fs, "boxd_resume", r#"{"work":"w1"}"#, raw_context("{}", "{}")).unwrap_err();
+    let e = call(&mut p, fs, "boxd_resume", r#"{"work":"w1"}"#, raw_context("{}", "{}")).unwrap_err();
     assert_eq!(e.code, Code::CreateUncertain, "{e:?}");
+    (p, e)
+}
+
+#[test]
+fn a_rebuild_without_an_id_stays_creating_until_ensure_adopts_it() {
+    let mut fs = open_work(Some(GitRecord::default()));
+    let (mut p, e) = rebuilt_without_an_id(&mut fs);
     assert!(e.message.contains("rebuilt oc-w1"), "{}", e.message);
     assert_eq!(p.commands()[2], "machine list --json", "admission reads what runs before the create");
     assert!(p.commands()[4].starts_with("machine new oc-w1 --from-snapshot opencode-golden"), "{:?}", p.commands());
@@ -158,14 +165,7 @@ fn a_rebuild_keeps_the_gone_trees_bundle_and_patch_named() {
     let gone = GitRecord { head: "c0ffee".into(), bundle: Some("bundle-0123456789abcdef.bundle".into()), patch: Some("patch-0123456789abcdef.diff".into()), ..Default::default() };
     let mut fs = open_work(Some(gone.clone()));
     for _ in 0..2 {
-        let mut p = Scripted::default();
-        p.push_exit(0, "1.18.33", "");
-        p.push_fail(1, "error: VM 'oc-w1' not found");
-        p.push_exit(0, "[]", "");
-        p.push_exit(0, r#"[{"name":"opencode-golden","version":"1","status":"ready"}]"#, "");
-        p.push_exit(0, r#"{"name":"oc-w1"}"#, "");
-        let e = call(&mut p, &mut fs, "boxd_resume", r#"{"work":"w1"}"#, raw_context("{}", "{}")).unwrap_err();
-        assert_eq!(e.code, Code::CreateUncertain, "{e:?}");
+        rebuilt_without_an_id(&mut fs);
     }
     let w = Ledger::new(&mut fs, "/l").require("w1").unwrap();
     assert_eq!((w.git, w.earlier_git), (None, alloc::vec![gone]), "the new tree has no harvest yet; the gone one's record is kept once");
