@@ -14,6 +14,7 @@ import { progressReporter } from "./lib/progress.js";
 import { addDefaultRules } from "./lib/rules.js";
 import { checkSkill } from "./lib/skill.js";
 import { opencodeVersion } from "./lib/version.js";
+import { idle as watchdogIdle } from "./lib/watchdog.js";
 import { checkWorld } from "./lib/wit.js";
 
 const SKILLS = fileURLToPath(new URL("./dist/skills", import.meta.url));
@@ -207,6 +208,7 @@ async function server(input, options) {
     dispose: async () => {
       pool.close();
       auditLog?.close();
+      watchdogIdle();
     },
   };
 }

@@ -5,10 +5,10 @@
 // from the ledger. Real `opencode serve` with the plugin, boxd-local with a `hang` fault.
 import { test, describe, after } from "node:test";
 import assert from "node:assert/strict";
-import { execFileSync } from "node:child_process";
+import { execFileSync, spawn } from "node:child_process";
 import fs from "node:fs";
 import path from "node:path";
-import { BOXD_HOST, BOXD_LOCAL, Laptop, OPENCODE, missingPrerequisite, waitGone } from "./harness.mjs";
+import { BOXD_HOST, BOXD_LOCAL, Laptop, OPENCODE, PLUGIN, missingPrerequisite, waitGone } from "./harness.mjs";
 
 const skip = missingPrerequisite() ?? (fs.existsSync(BOXD_HOST) ? false : `${BOXD_HOST} is missing: cargo build -p boxd-host`);
 const T = { timeout: 240000 };
@@ -67,5 +67,26 @@ describe("OpenCode killed or stopped mid-call", { skip }, () => {
     assert.deepEqual(machines, ["oc-w1"]);
     const record = JSON.parse(fs.readFileSync(path.join(l.ledger, "works/w1/work.json"), "utf8"));
     assert.equal(record.state, "open");
+  });
+
+  // A disposed plugin leaves no process behind: its watchdog ends once the last child it
+  // guards is answered (never before), and the next child starts another.
+  test("the watchdog ends when the plugin is disposed and no child is left to guard", async () => {
+    const watchdog = await import(path.join(PLUGIN, "lib/watchdog.js"));
+    const child = () => spawn("sleep", ["30"], { detached: true, stdio: "ignore" });
+    const a = child();
+    const unguardA = watchdog.guard(a.pid);
+    const first = watchdog.watchdogPid;
+    assert.ok(first && fs.existsSync(`/proc/${first}`), "a watchdog runs while a child is guarded");
+    watchdog.idle(); // disposed, with a child still running: it keeps watching
+    assert.equal(await waitGone(first, 500), false, "the watchdog ended while a child was still guarded");
+    unguardA();
+    assert.ok(await waitGone(first, 10000), "the watchdog outlived the disposed plugin");
+    assert.equal(await waitGone(a.pid, 300), false, "a child already answered is not the watchdog's to kill");
+    const b = child();
+    const unguardB = watchdog.guard(b.pid);
+    assert.ok(watchdog.watchdogPid && watchdog.watchdogPid !== first, "the next child starts another watchdog");
+    unguardB();
+    for (const c of [a, b]) process.kill(-c.pid, "SIGKILL");
   });
 });

@@ -71,6 +71,25 @@ function watchdog() {
 /** The watchdog's pid, once started (tests). */
 export let watchdogPid;
 
+// Children announced and not yet taken back; and whether the plugin was disposed, so the
+// watchdog ends once the last of them is answered: a disposed plugin leaves no process.
+let guarded = 0;
+let ending = false;
+function endIfIdle() {
+  if (!ending || guarded > 0 || !pipe) return;
+  try {
+    pipe.end(); // EOF with nothing listed: the watchdog kills nothing and exits
+  } catch {}
+  pipe = undefined; // the next child starts another
+  watchdogPid = undefined;
+}
+
+/** The plugin was disposed: end the watchdog once no child of this process is guarded. */
+export function idle() {
+  ending = true;
+  endIfIdle();
+}
+
 /**
  * Have child `pid` (the leader of its own group) killed with its group should this process
  * die before it is answered. Returns the function that takes that back.
@@ -85,10 +104,14 @@ export function guard(pid) {
     } catch {}
   };
   say("+");
+  guarded++;
+  ending = false;
   let done = false;
   return () => {
     if (done) return;
     done = true;
     say("-");
+    guarded--;
+    endIfIdle();
   };
 }
