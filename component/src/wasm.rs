@@ -129,6 +129,17 @@ struct WitFiles {
     writes: u32,
 }
 
+/// The entry names of folder `d`, sorted; the host's error as it gave it.
+fn names_in(d: &Descriptor) -> Result<Vec<String>, ErrorCode> {
+    let stream = d.read_directory()?;
+    let mut names = Vec::new();
+    while let Some(entry) = stream.read_directory_entry()? {
+        names.push(entry.name);
+    }
+    names.sort();
+    Ok(names)
+}
+
 fn io(e: ErrorCode) -> FsError {
     // The code's own name and text ("no-entry: No such file or directory"), never its Debug.
     let text = alloc::format!("{}: {}", e.name(), e.message());
@@ -298,13 +309,16 @@ impl Files for WitFiles {
                 Err(e) => return Err(io(e)),
             }
         };
-        let stream = d.read_directory().map_err(io)?;
-        let mut names = Vec::new();
-        while let Some(entry) = stream.read_directory_entry().map_err(io)? {
-            names.push(entry.name);
+        // The host reads each entry's type as it lists (wasmtime-wasi looks each one up), so
+        // an entry removed meanwhile (another call releasing its admission claim) fails the
+        // listing with no-entry: the folder changed while it was read, so read it again.
+        let mut tries = 0;
+        loop {
+            match names_in(d) {
+                Err(ErrorCode::NoEntry) if tries < 64 => tries += 1,
+                r => return r.map_err(io),
+            }
         }
-        names.sort();
-        Ok(names)
     }
 
     // Not `stat`: its record carries timestamps, which would import wasi:clocks. Opening

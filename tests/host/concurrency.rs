@@ -94,3 +94,29 @@ fn two_harvests_of_one_work_at_once_both_prove_the_same_transcript_and_bring_the
     assert!(record["temps"].as_array().is_none_or(|t| t.is_empty()), "no temp file is owed: {record:#}");
     assert_eq!(world.ok_call("boxd_drop", r#"{"work":"w1"}"#)["dropped"], true);
 }
+
+/// A folder the component lists while other calls add and remove entries in it (claims
+/// released, works made): the host reads each entry's type as it lists, and an entry gone
+/// meanwhile failed the whole listing (LEDGER_FAILED "could not list the ledger's admission
+/// claims: no-entry", seen in caps_at_once under load). The listing is read again instead.
+#[test]
+fn a_folder_that_changes_while_it_is_listed_is_read_again_not_ledger_failed() {
+    let world = World::new("list-churn");
+    let works = world.laptop.ledger.join("works");
+    std::fs::create_dir_all(&works).unwrap();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut i = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let d = works.join(format!("churn{}", i % 64));
+                let _ = std::fs::create_dir(&d);
+                let _ = std::fs::remove_dir(&d);
+                i += 1;
+            }
+        });
+        let failed: Vec<Value> = (0..40).map(|_| world.call("boxd_status", "{}")).filter(|(code, _)| *code != 0).map(|(_, v)| v).collect();
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        assert!(failed.is_empty(), "{} of 40 failed: {:#}", failed.len(), failed[0]);
+    });
+}
