@@ -32,6 +32,11 @@ pub enum Failure {
     /// limit: a refusal starts no child), or cut its frame because it changed while it was
     /// sent (the guest refuses a cut frame before it admits anything). The host's words.
     Unsent(String),
+    /// The files the host was to write on the laptop from the exec's stdout did not land:
+    /// it refused a path before starting boxd, or could not create or write a file as the
+    /// frames arrived (a folder changed after the tool checked it, or the laptop's disk is
+    /// full: `full`). The host's words; a frame the guest damaged is not one (`Other`).
+    Unreceived { full: bool, said: String },
 }
 
 /// What both hosts say of a file to stream that they refused before starting the child
@@ -45,6 +50,30 @@ const TOO_LARGE: &str = "FILE_TOO_LARGE: ";
 /// How the error of an `Unsent` failure starts: only the laptop says it (a guest's
 /// message starts with its machine's name), so a tool may take it as the host's word.
 pub const UNSENT: &str = "the host did not deliver a file to the machine: ";
+
+/// How the error of an `Unreceived` failure starts (the laptop's disk full, or a path
+/// refused): only the laptop says it, so a tool may take it as the host's word.
+pub const UNRECEIVED: &str = "the host could not write the files the machine sent onto the laptop: ";
+pub const LAPTOP_FULL: &str = "the laptop's disk is full: ";
+/// How both hosts start a failure in writing the frames of the exec's stdout
+/// (host-bridge/src/spawn/mod.rs, host-bridge/opencode/lib/policy.js), and what they say
+/// of a file they could not make, or of a path they refused before starting the child.
+const FRAMED_OUT: &str = "the files framed on its stdout: ";
+const NOT_CREATED: &str = "cannot create ";
+const NOT_RECEIVED: &str = "cannot be received";
+
+/// A spawn failure that is the host's failure to land a file it writes from stdout:
+/// `Some(full, said)`. A full disk is its own (what to free differs from what to mend).
+fn unreceived(request: &RunRequest, e: &SpawnError) -> Option<(bool, String)> {
+    let SpawnError::Failed(m) = e else { return None };
+    if request.stdout_files.is_empty() {
+        return None;
+    }
+    let lower = m.to_ascii_lowercase();
+    let full = ["no space left on device", "quota exceeded", "enospc", "edquot"].iter().any(|w| lower.contains(w));
+    let refused = m.contains(NOT_STREAMED) || m.contains(NOT_RECEIVED) || m.contains(&format!("{FRAMED_OUT}{NOT_CREATED}"));
+    (full || refused).then(|| (full, m.clone()))
+}
 
 /// A spawn failure that is the host's refusal of (or cut in) a file it streams on stdin.
 fn unsent(request: &RunRequest, e: &SpawnError) -> Option<String> {
@@ -153,6 +182,8 @@ impl Failure {
                 None if m.contains(CHANGED) => ToolError::new(Code::PathRefused, format!("{UNSENT}{m}")),
                 None => ToolError::new(Code::PathRefused, format!("{UNSENT}{m}; boxd was not run")),
             },
+            Failure::Unreceived { full: true, said } => ToolError::new(Code::PathRefused, format!("{LAPTOP_FULL}{said}")),
+            Failure::Unreceived { full: false, said } => ToolError::new(Code::PathRefused, format!("{UNRECEIVED}{said}")),
         }
     }
 }
@@ -507,9 +538,10 @@ impl<'a, P: Programs> Boxd<'a, P> {
             ..Default::default()
         };
         let bound = format!("{} s (its --timeout of {timeout_seconds} s plus 30 s)", deadline / 1000);
-        let out = self.programs.run(&request).map_err(|e| match unsent(&request, &e) {
-            Some(m) => Failure::Unsent(m),
-            None => spawn_failure(e, request_what, &bound),
+        let out = self.programs.run(&request).map_err(|e| match (unsent(&request, &e), unreceived(&request, &e)) {
+            (Some(m), _) => Failure::Unsent(m),
+            (None, Some((full, said))) => Failure::Unreceived { full, said },
+            (None, None) => spawn_failure(e, request_what, &bound),
         })?;
         // Exit 1 with an `error:` line is the CLI failing, not the remote command.
         let err = String::from_utf8_lossy(&out.stderr);

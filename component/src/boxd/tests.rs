@@ -113,3 +113,25 @@ fn a_snapshot_row_without_a_name_fails_the_whole_listing() {
     p.push_exit(0, r#"[{"name":"img","status":"ready"}]"#, "");
     assert_eq!(Boxd::new(&mut p, 10).snapshots().unwrap()[0].name, "img");
 }
+
+/// A file the host could not land from the exec's stdout is the laptop's (PATH_REFUSED,
+/// said as the host's word); the same words from an exec that lands nothing, and a frame
+/// the guest damaged, stay the CLI's (BOXD_FAILED).
+#[test]
+fn a_landing_the_host_could_not_make_is_the_laptops_not_boxds() {
+    use crate::caps::{SpawnError, Streams};
+    let landing = Streams { stdin_files: Vec::new(), stdout_files: vec!["/p/a.txt.x-0.boxd-tmp".into()] };
+    let said = |streams: &Streams, host: &str| {
+        let mut p = Scripted::default();
+        p.push_spawn_error(SpawnError::Failed(host.into()));
+        Boxd::new(&mut p, 10).exec_streaming("oc-x", &["true"], None, streams, 10).unwrap_err().into_error()
+    };
+    let full = said(&landing, "boxd: the files framed on its stdout: cannot write /p/a.txt.x-0.boxd-tmp: No space left on device (os error 28)");
+    assert!(full.code == Code::PathRefused && full.message.starts_with(LAPTOP_FULL), "{full:?}");
+    let refused = said(&landing, "boxd: the files framed on its stdout: cannot create /p/a.txt.x-0.boxd-tmp: Permission denied (os error 13)");
+    assert!(refused.code == Code::PathRefused && refused.message.starts_with(UNRECEIVED), "{refused:?}");
+    let damaged = said(&landing, "boxd: the files framed on its stdout: /p/a.txt.x-0.boxd-tmp arrived damaged: its digest is 00, the sender's 11");
+    assert_eq!(damaged.code, Code::BoxdFailed, "{damaged:?}");
+    let nothing_landed = said(&Streams::default(), "boxd: the files framed on its stdout: cannot create /p/a: Permission denied (os error 13)");
+    assert!(nothing_landed.code == Code::BoxdFailed && nothing_landed.message.starts_with("could not run boxd machine exec"), "{nothing_landed:?}");
+}

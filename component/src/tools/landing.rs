@@ -65,48 +65,32 @@ pub(super) fn landing(env: &mut Env, w: Work, wanted: &[String], dest_dir: &str)
 
 /// A harvest that stops after the files arrived removes their temp files: each stays owed.
 /// (Their names stay recorded until the next harvest sweeps them: a record write here
-/// could fail too, and removing an absent file is harmless.)
+/// could fail too, and removing an absent file is harmless.) A landing the host could not
+/// make (`boxd::UNRECEIVED`, `boxd::LAPTOP_FULL`: the laptop's failure, not the boxd
+/// CLI's) is said with the folders it writes into and what to do about them.
 pub(super) fn discard(env: &mut Env, landing: &[Landing], e: ToolError) -> ToolError {
     for l in landing {
         let _ = env.files.remove_file(&l.temp);
     }
-    landing_refused(landing, laptop_full(landing, e))
-}
-
-/// The host could not write the frames into the temp files because the laptop's disk is
-/// full (or over quota): the laptop's failure, said as such, not the boxd CLI's. Only a
-/// spawn failure (the host's words, "could not run boxd …"): boxd's own message about a
-/// full disk is the machine's.
-fn laptop_full(landing: &[Landing], e: ToolError) -> ToolError {
-    let said = e.message.to_ascii_lowercase();
-    let full = ["no space left on device", "quota exceeded", "enospc", "edquot"].iter().any(|w| said.contains(w));
-    if e.code != Code::BoxdFailed || !said.starts_with("could not run boxd") || !full {
-        return e;
-    }
-    let folders = folders_of(landing);
-    ToolError::with_next(
-        Code::PathRefused,
-        format!("the laptop's disk is full: the harvested files could not be written into {} ({}); none was placed, and they stay owed", folders.join(", "), e.message),
-        "Free space on the laptop's disk that holds those folders (or harvest with 'to' naming a folder on another disk), then call boxd_harvest again.",
-    )
-}
-
-/// The host refused to make the temp files (both hosts' words: a folder on the way that
-/// is a symlink now, outside the project, or gone; a `cannot create` while the frames
-/// arrived: made read-only, removed, its temp name taken): a laptop folder changed after
-/// this harvest checked it. The laptop's to mend, said as such, not the boxd CLI's.
-fn landing_refused(landing: &[Landing], e: ToolError) -> ToolError {
-    let said = &e.message;
-    let refused = ["cannot be streamed", "cannot be received", "the files framed on its stdout: cannot create "].iter().any(|w| said.contains(w));
-    if e.code != Code::BoxdFailed || !said.starts_with("could not run boxd") || !refused {
+    if e.code != Code::PathRefused {
         return e;
     }
     let folders = folders_of(landing).join(", ");
-    ToolError::with_next(
-        Code::PathRefused,
-        format!("the harvested files could not be written into {folders} ({said}); none was placed, and they stay owed"),
-        format!("A folder on the way changed after this harvest checked it (replaced by a symlink, moved, removed or made read-only): make {folders} a plain writable folder inside the project again, then call boxd_harvest again."),
-    )
+    if let Some(said) = e.message.strip_prefix(crate::boxd::LAPTOP_FULL) {
+        return ToolError::with_next(
+            Code::PathRefused,
+            format!("the laptop's disk is full: the harvested files could not be written into {folders} ({said}); none was placed, and they stay owed"),
+            "Free space on the laptop's disk that holds those folders (or harvest with 'to' naming a folder on another disk), then call boxd_harvest again.",
+        );
+    }
+    match e.message.strip_prefix(crate::boxd::UNRECEIVED) {
+        Some(said) => ToolError::with_next(
+            Code::PathRefused,
+            format!("the harvested files could not be written into {folders} ({said}); none was placed, and they stay owed"),
+            format!("A folder on the way changed after this harvest checked it (replaced by a symlink, moved, removed or made read-only): make {folders} a plain writable folder inside the project again, then call boxd_harvest again."),
+        ),
+        None => e,
+    }
 }
 
 /// The folders the landing writes into, each once, in order.

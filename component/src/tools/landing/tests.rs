@@ -307,25 +307,40 @@ fn a_killed_harvests_placed_file_stays_this_works_after_the_sweep() {
 /// The laptop's disk filled while the host wrote the frames: that is said as the laptop's,
 /// with what to free, where it was BOXD_FAILED "read the boxd CLI's own message". A full
 /// disk boxd itself reports (the machine's) stays BOXD_FAILED.
-/// What `discard` makes of each BOXD_FAILED message, after a.txt's bytes arrived in its
-/// temp file; and whether that temp file is gone afterwards.
-fn discarded(messages: &[&str]) -> (Vec<ToolError>, bool) {
+/// What the harvest's exec, answered each way (`Ok`: the host's words as it failed to run
+/// boxd; `Err`: boxd's own stderr as it exits 1), becomes once `discard` has it, after
+/// a.txt's bytes arrived in its temp file; and whether that temp file is gone afterwards.
+fn discarded(answers: &[Result<&str, &str>]) -> (Vec<ToolError>, bool) {
+    use crate::caps::{SpawnError, Streams};
     use crate::testing::{raw_context, MemFiles, Scripted};
     let ctx = crate::tools::context(raw_context("{}", "{}")).unwrap();
     let mut files = MemFiles::new(&["/p", "/l"]);
     let (landing, _) = a_txt_arrived(&mut files, b"half");
     let mut programs = Scripted::default();
-    let mut env = Env { programs: &mut programs, files: &mut files, ctx: &ctx };
-    let errors = messages.iter().map(|said| discard(&mut env, &landing, ToolError::new(Code::BoxdFailed, *said))).collect();
+    for a in answers {
+        match a {
+            Ok(host) => programs.push_spawn_error(SpawnError::Failed((*host).into())),
+            Err(boxd) => programs.push_fail(1, boxd),
+        }
+    }
+    let streams = Streams { stdin_files: Vec::new(), stdout_files: landing.iter().map(|l| l.temp.clone()).collect() };
+    let errors = answers
+        .iter()
+        .map(|_| {
+            let e = crate::boxd::Boxd::new(&mut programs, 30).exec_streaming("oc-x", &["true"], None, &streams, 30).unwrap_err().into_error();
+            let mut env = Env { programs: &mut Scripted::default(), files: &mut files, ctx: &ctx };
+            discard(&mut env, &landing, e)
+        })
+        .collect();
     (errors, files.text("/p/a.txt.x-0.boxd-tmp").is_none())
 }
 
 #[test]
 fn a_full_laptop_disk_is_the_laptops_failure_not_boxds() {
     let (errors, temp_gone) = discarded(&[
-        "could not run boxd machine exec: boxd: the files framed on its stdout: cannot write /p/a.txt.x-0.boxd-tmp: No space left on device (os error 28)",
-        "could not run boxd machine exec: boxd: the files framed on its stdout: ENOSPC: no space left on device, write",
-        "boxd machine exec failed: error: No space left on device",
+        Ok("boxd: the files framed on its stdout: cannot write /p/a.txt.x-0.boxd-tmp: No space left on device (os error 28)"),
+        Ok("boxd: the files framed on its stdout: ENOSPC: no space left on device, write"),
+        Err("error: No space left on device"),
     ]);
     for e in &errors[..2] {
         assert!(e.code == Code::PathRefused && e.message.starts_with("the laptop's disk is full") && e.message.contains("/p ") && e.next.contains("Free space on the laptop"), "{e:?}");
@@ -337,16 +352,16 @@ fn a_full_laptop_disk_is_the_laptops_failure_not_boxds() {
 /// A folder on the way changed after the harvest checked it, so the host refused to make
 /// the temp files (a symlink now, gone, read-only): said as the laptop's, with the folder
 /// to mend, where it was BOXD_FAILED "read the boxd CLI's own message". A guest frame that
-/// arrived damaged stays the guest's (not a laptop path).
+/// arrived damaged stays the guest's (not a laptop path), as does boxd's own refusal.
 #[test]
 fn a_landing_the_host_refuses_names_the_laptop_folder_not_boxd() {
     let (errors, _) = discarded(&[
-        "could not run boxd machine exec: /p cannot be streamed: a symlink is on the way, or the path is not clean",
-        "could not run boxd machine exec: /p/gone cannot be streamed: No such file or directory (os error 2)",
-        "could not run boxd machine exec: /p/ cannot be received: it names no file",
-        "could not run boxd machine exec: boxd: the files framed on its stdout: cannot create /p/a.txt.x-0.boxd-tmp: Permission denied (os error 13)",
-        "could not run boxd machine exec: boxd: the files framed on its stdout: /p/a.txt.x-0.boxd-tmp arrived damaged: its digest is 00, the sender's 11",
-        "boxd machine exec failed: error: cannot create /p: Permission denied",
+        Ok("/p cannot be streamed: a symlink is on the way, or the path is not clean"),
+        Ok("/p/gone cannot be streamed: No such file or directory (os error 2)"),
+        Ok("/p/ cannot be received: it names no file"),
+        Ok("boxd: the files framed on its stdout: cannot create /p/a.txt.x-0.boxd-tmp: Permission denied (os error 13)"),
+        Ok("boxd: the files framed on its stdout: /p/a.txt.x-0.boxd-tmp arrived damaged: its digest is 00, the sender's 11"),
+        Err("error: cannot create /p: Permission denied"),
     ]);
     for e in &errors[..4] {
         assert!(
