@@ -36,6 +36,9 @@ fn each_change_boxd_made_before_failing_is_settled_by_the_same_call_again_never_
     assert_eq!(machine_status(&world, "oc-w1"), "hibernated");
     let again = world.ok_call("boxd_sleep", W1);
     assert_eq!((&again["state"], &again["alreadyAsleep"]), (&"asleep".into(), &true.into()), "{again:#}");
+    // The first sleep recorded its intent before the hibernate: the machine is down by it.
+    assert_eq!(again["asleepBy"], "boxd_sleep", "{again:#}");
+    assert!(again["sleptAt"].is_string(), "{again:#}");
     assert_eq!(world.calls_starting(&["machine", "hibernate"]), 1, "hibernated once");
 
     acted_then_failed(&world, "machine wake");

@@ -48,6 +48,13 @@ pub struct Work {
     /// then says `asleepBy: boxd_sleep` (else the idle bound or the CLI did).
     #[serde(default)]
     pub asleep_by_tool: bool,
+    /// A boxd_sleep about to hibernate the machine: recorded before the hibernate, cleared
+    /// by its answer or by a tool that sees the machine running since. The next boxd_sleep
+    /// that finds the machine down takes it for this one's (a hibernate that landed though
+    /// its answer was lost or said it failed), and a ledger that cannot be written refuses
+    /// the sleep before the machine is touched.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sleeping: Option<Sleep>,
     /// Guest paths a harvest was asked for that have not come home yet: drop refuses
     /// while any is owed, unless the user discards it by name.
     #[serde(default)]

@@ -73,14 +73,14 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
     // The status exec is traffic boxd's idle clock counts (and comes after the guest's own
     // lastActivityAt): recorded, so the run is not ended before it when the machine is
     // later found hibernated. A machine woken outside the plugin opens its run here.
-    if w.asleep_by_tool || !known.is_empty() || w.use_unrecorded(ctx.now_ms) {
+    if w.asleep_by_tool || w.sleeping.is_some() || !known.is_empty() || w.use_unrecorded(ctx.now_ms) {
         // Only over the run this call read: a sleep or drop that wrote while the exec ran
         // saw the machine later than this look did (no run reopened under it).
-        let runs_then = (w.sleeps.len(), w.runs.len(), w.runs.last().map(|r| (r.from_ms, r.to_ms)));
+        let runs_then = (w.sleeps.len(), w.runs.len(), w.runs.last().map(|r| (r.from_ms, r.to_ms)), w.sleeping.clone());
         ledger.update(&work, |r| {
             r.resolve_prompts(&known, &now, ctx.now_ms);
-            if !r.is_closed() && (r.sleeps.len(), r.runs.len(), r.runs.last().map(|x| (x.from_ms, x.to_ms))) == runs_then {
-                r.asleep_by_tool = false;
+            if !r.is_closed() && (r.sleeps.len(), r.runs.len(), r.runs.last().map(|x| (x.from_ms, x.to_ms)), r.sleeping.clone()) == runs_then {
+                (r.asleep_by_tool, r.sleeping) = (false, None);
                 r.in_use(ctx.now_ms);
             }
         })?;

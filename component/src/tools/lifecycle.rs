@@ -210,12 +210,15 @@ pub fn sleep(env: &mut Env, args: &Value) -> ToolResult<Value> {
         State::Gone => return Err(ToolError::new(Code::MachineGone, format!("{machine} no longer exists"))),
         State::Starting => return Err(ToolError::new(Code::MachineStarting, format!("{machine} is still starting"))),
         _ => {
+            // Intent before effect (`Work::sleeping`).
+            ledger.update(&work, |w| w.sleeping = Some(Sleep { by: "boxd_sleep".into(), at: now.clone(), ..Default::default() }))?;
             boxd.hibernate(&machine).map_err(Failure::into_error)?;
             false
         }
     };
     let mut warning = None;
     let w = ledger.update(&work, |w| {
+        let earlier = w.sleeping.take();
         if !w.prompts.is_empty() && !w.proven() {
             let text = format!("slept at {now} {}: the transcript on this laptop is behind the machine", super::harvest::UNHARVESTED_SLEEP);
             w.warnings.push(text.clone());
@@ -226,6 +229,12 @@ pub fn sleep(env: &mut Env, args: &Value) -> ToolResult<Value> {
             w.asleep_by_tool = true;
             w.close_run(ctx.now_ms, "boxd_sleep");
         } else {
+            // An earlier boxd_sleep's hibernate landed though its answer did not (its spend
+            // still ends as a machine seen down does: the later, so never under-counted).
+            if let Some(s) = earlier {
+                w.sleeps.push(s);
+                w.asleep_by_tool = true;
+            }
             w.seen_not_running(ctx.now_ms, ctx.options.idle_ms(), false);
         }
     })?;
@@ -375,7 +384,7 @@ pub fn resume(env: &mut Env, args: &Value) -> ToolResult<Value> {
         boxd.set_idle(&machine, ctx.options.idle_seconds()).map_err(Failure::into_error)?;
     }
     let w = ledger.update(&work, |w| {
-        w.asleep_by_tool = false;
+        (w.asleep_by_tool, w.sleeping) = (false, None);
         if matches!(action, Wake::Woken | Wake::Started) {
             // It was down: whatever the ledger thought ran ended an idle bound after use.
             w.seen_not_running(ctx.now_ms, ctx.options.idle_ms(), false);

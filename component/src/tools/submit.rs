@@ -271,7 +271,7 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
         None => known.insert(id.clone(), answer.get("admitted").and_then(Value::as_bool).unwrap_or(true)),
     };
     ledger.update(&work, |w| {
-        w.asleep_by_tool = false;
+        (w.asleep_by_tool, w.sleeping) = (false, None);
         let ours_carried = w.prompts.iter().any(|p| p.id == id && !p.admitted && p.attempt == attempt);
         match &twin {
             // The guest has the same prompt under its id and admitted nothing under ours.

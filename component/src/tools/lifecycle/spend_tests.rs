@@ -219,3 +219,72 @@ fn a_job_never_reopens_a_run_a_sleep_or_drop_closed_while_it_looked() {
         assert_eq!(w.asleep_by_tool, name == "sleep", "{name}");
     }
 }
+
+/// A hibernate that landed though boxd answered it failed: the sleep recorded its intent
+/// before the hibernate, so the next boxd_sleep, finding the machine down, says it was
+/// this plugin's sleep (when it was asked), where it said the idle bound or the CLI did.
+/// Its run still ends as a machine seen down does (never under-counted).
+#[test]
+fn a_hibernate_that_landed_though_it_failed_is_the_sleeps_not_the_idle_bounds() {
+    let mut fs = running_since_t0(|_| {});
+    let mut p = Scripted::default();
+    p.push_exit(0, OURS, "");
+    p.push_fail(1, "error: internal server error");
+    let e = call(&mut p, &mut fs, "boxd_sleep", r#"{"work":"w1"}"#, at(T0 + H, "{}")).unwrap_err();
+    assert_eq!(e.code, Code::BoxdFailed, "{e:?}");
+    let w = Ledger::new(&mut fs, "/l").require("w1").unwrap();
+    let asked_at = w.sleeping.as_ref().map(|s| s.at.clone()).expect("the intent stays while the hibernate's fate is unknown");
+    let mut p = Scripted::default();
+    p.push_exit(0, &ours("hibernated"), "");
+    let v = call(&mut p, &mut fs, "boxd_sleep", r#"{"work":"w1"}"#, at(T0 + 5 * H, "{}")).unwrap();
+    assert_eq!((v["alreadyAsleep"].as_bool(), v["asleepBy"].as_str(), v["sleptAt"].as_str()), (Some(true), Some("boxd_sleep"), Some(asked_at.as_str())), "{v:#}");
+    assert_eq!(p.commands().len(), 1, "no second hibernate");
+    let w = Ledger::new(&mut fs, "/l").require("w1").unwrap();
+    assert!(w.sleeping.is_none() && w.asleep_by_tool && w.sleeps.len() == 1, "{w:?}");
+    assert_eq!((w.runs[0].to_ms, w.runs[0].ended_by.as_deref()), (Some(T0 + H / 2), Some("seen asleep")), "ended as a machine seen down");
+}
+
+/// A sleep whose hibernate did not land, then the machine seen running by boxd_job: the
+/// intent is spent, so a later idle hibernate is not taken for that sleep.
+#[test]
+fn a_machine_seen_running_after_a_failed_sleep_is_not_that_sleeps_later() {
+    let mut fs = running_since_t0(|_| {});
+    let mut p = Scripted::default();
+    p.push_exit(0, OURS, "");
+    p.push_fail(1, "error: internal server error");
+    call(&mut p, &mut fs, "boxd_sleep", r#"{"work":"w1"}"#, at(T0 + H, "{}")).unwrap_err();
+    let mut p = Scripted::default();
+    p.push_exit(0, OURS, "");
+    p.push_exit(0, r#"{"ok":true,"state":"idle","pending":0}"#, "");
+    call(&mut p, &mut fs, "boxd_job", r#"{"work":"w1"}"#, at(T0 + 2 * H, "{}")).unwrap();
+    assert!(Ledger::new(&mut fs, "/l").require("w1").unwrap().sleeping.is_none(), "seen running: the intent is spent");
+    let mut p = Scripted::default();
+    p.push_exit(0, &ours("hibernated"), "");
+    let v = call(&mut p, &mut fs, "boxd_sleep", r#"{"work":"w1"}"#, at(T0 + 5 * H, "{}")).unwrap();
+    assert_eq!(v["asleepBy"].as_str(), Some("idle_or_cli"), "{v:#}");
+}
+
+/// A ledger that takes no write refuses the sleep before the machine is touched: the
+/// intent is its first write, so nothing acts that the record could not then say.
+#[test]
+fn a_ledger_that_cannot_be_written_refuses_the_sleep_before_the_hibernate() {
+    struct ReadOnly(MemFiles);
+    impl crate::caps::Files for ReadOnly {
+        fn read(&mut self, p: &str) -> Result<Option<Vec<u8>>, crate::caps::FsError> { self.0.read(p) }
+        fn write_atomic(&mut self, _: &str, _: &[u8]) -> Result<(), crate::caps::FsError> { Err(crate::caps::FsError::Io("read-only".into())) }
+        fn create_dir_all(&mut self, p: &str) -> Result<(), crate::caps::FsError> { self.0.create_dir_all(p) }
+        fn list(&mut self, d: &str) -> Result<Vec<String>, crate::caps::FsError> { self.0.list(d) }
+        fn stat(&mut self, p: &str) -> Result<Option<crate::caps::Meta>, crate::caps::FsError> { self.0.stat(p) }
+        fn remove_file(&mut self, _: &str) -> Result<(), crate::caps::FsError> { Err(crate::caps::FsError::Io("read-only".into())) }
+        fn create_new(&mut self, _: &str, _: &[u8]) -> Result<bool, crate::caps::FsError> { Err(crate::caps::FsError::Io("read-only".into())) }
+        fn rename(&mut self, _: &str, _: &str) -> Result<bool, crate::caps::FsError> { Err(crate::caps::FsError::Io("read-only".into())) }
+        fn place_new(&mut self, _: &str, _: &str) -> Result<bool, crate::caps::FsError> { Err(crate::caps::FsError::Io("read-only".into())) }
+    }
+    let mut fs = ReadOnly(running_since_t0(|_| {}));
+    let mut p = Scripted::default();
+    p.push_exit(0, OURS, "");
+    p.push_exit(0, "", "");
+    let e = call(&mut p, &mut fs, "boxd_sleep", r#"{"work":"w1"}"#, at(T0 + H, "{}")).unwrap_err();
+    assert_eq!(e.code, Code::LedgerFailed, "{e:?}");
+    assert!(p.commands().iter().all(|c| !c.contains("hibernate")), "nothing hibernated: {:?}", p.commands());
+}
