@@ -231,7 +231,8 @@ pub fn sleep(env: &mut Env, args: &Value) -> ToolResult<Value> {
         } else {
             // An earlier boxd_sleep's hibernate landed though its answer did not (its spend
             // still ends as a machine seen down does: the later, so never under-counted).
-            if let Some(s) = earlier {
+            // One left by a sleep that raced another's, which recorded it down, adds nothing.
+            if let Some(s) = earlier.filter(|_| !w.asleep_by_tool) {
                 w.sleeps.push(s);
                 w.asleep_by_tool = true;
             }

@@ -288,3 +288,22 @@ fn a_ledger_that_cannot_be_written_refuses_the_sleep_before_the_hibernate() {
     assert_eq!(e.code, Code::LedgerFailed, "{e:?}");
     assert!(p.commands().iter().all(|c| !c.contains("hibernate")), "nothing hibernated: {:?}", p.commands());
 }
+
+/// Two sleeps at once: one hibernates and records it, the other wrote its intent after
+/// and failed on the machine already going down. The next sleep finds the record saying
+/// boxd_sleep put it down: the leftover intent adds no second sleep.
+#[test]
+fn a_leftover_intent_of_a_raced_sleep_adds_no_second_sleep() {
+    let mut fs = running_since_t0(|w| {
+        w.close_run(T0 + H, "boxd_sleep");
+        w.asleep_by_tool = true;
+        w.sleeps.push(Sleep { by: "boxd_sleep".into(), at: "first".into(), ..Default::default() });
+        w.sleeping = Some(Sleep { by: "boxd_sleep".into(), at: "second".into(), ..Default::default() });
+    });
+    let mut p = Scripted::default();
+    p.push_exit(0, &ours("hibernated"), "");
+    let v = call(&mut p, &mut fs, "boxd_sleep", r#"{"work":"w1"}"#, at(T0 + 2 * H, "{}")).unwrap();
+    assert_eq!((v["asleepBy"].as_str(), v["sleptAt"].as_str()), (Some("boxd_sleep"), Some("first")), "{v:#}");
+    let w = Ledger::new(&mut fs, "/l").require("w1").unwrap();
+    assert!(w.sleeping.is_none() && w.sleeps.len() == 1, "{w:?}");
+}
