@@ -231,8 +231,9 @@ pub fn sleep(env: &mut Env, args: &Value) -> ToolResult<Value> {
         } else {
             // An earlier boxd_sleep's hibernate landed though its answer did not (its spend
             // still ends as a machine seen down does: the later, so never under-counted).
-            // One left by a sleep that raced another's, which recorded it down, adds nothing.
-            if let Some(s) = earlier.filter(|_| !w.asleep_by_tool) {
+            // One left by a sleep that raced another's, which recorded it down, adds nothing;
+            // and a hibernate does not stop a machine (one stopped by hand is not the sleep's).
+            if let Some(s) = earlier.filter(|_| !w.asleep_by_tool && st == State::Asleep) {
                 w.sleeps.push(s);
                 w.asleep_by_tool = true;
             }
@@ -384,8 +385,13 @@ pub fn resume(env: &mut Env, args: &Value) -> ToolResult<Value> {
         // must not leave the default bound behind.
         boxd.set_idle(&machine, ctx.options.idle_seconds()).map_err(Failure::into_error)?;
     }
+    let sleeping_then = w.sleeping.clone();
     let w = ledger.update(&work, |w| {
-        (w.asleep_by_tool, w.sleeping) = (false, None);
+        w.asleep_by_tool = false;
+        // An intent recorded since this call read the record is a sleep under way's.
+        if w.sleeping == sleeping_then {
+            w.sleeping = None;
+        }
         if matches!(action, Wake::Woken | Wake::Started) {
             // It was down: whatever the ledger thought ran ended an idle bound after use.
             w.seen_not_running(ctx.now_ms, ctx.options.idle_ms(), false);

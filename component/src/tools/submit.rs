@@ -184,6 +184,9 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
         ..Default::default()
     };
     let mut chosen: Option<(Prompt, bool, Vec<String>)> = None;
+    // A sleep's intent recorded before this exec: the machine ran since, so it is spent
+    // (one recorded while the exec ran belongs to a sleep still under way: it is left).
+    let mut sleeping_then = None;
     let unknown = ledger.unknown(&work);
     ledger.upsert(&work, |cur| {
         let mut w = cur.ok_or(unknown)?;
@@ -197,6 +200,7 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
         // Checked again under the ledger's lock: a boxd_image that recorded its save since
         // `admit` read the record is capturing the machine now.
         super::image::require_not_saving(&w)?;
+        sleeping_then = w.sleeping.clone();
         let same_files = |p: &Prompt| p.files_sha256 == files_sha || p.files_sha256.is_empty();
         let (sent, recorded) = match w.prompts.iter_mut().find(|p| !p.admitted && p.sha256 == prompt_sha && same_files(p)) {
             // A retry: this call carries it now, and its exec may take as long as any.
@@ -271,7 +275,10 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
         None => known.insert(id.clone(), answer.get("admitted").and_then(Value::as_bool).unwrap_or(true)),
     };
     ledger.update(&work, |w| {
-        (w.asleep_by_tool, w.sleeping) = (false, None);
+        w.asleep_by_tool = false;
+        if w.sleeping == sleeping_then {
+            w.sleeping = None;
+        }
         let ours_carried = w.prompts.iter().any(|p| p.id == id && !p.admitted && p.attempt == attempt);
         match &twin {
             // The guest has the same prompt under its id and admitted nothing under ours.

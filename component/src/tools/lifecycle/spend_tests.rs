@@ -307,3 +307,16 @@ fn a_leftover_intent_of_a_raced_sleep_adds_no_second_sleep() {
     let w = Ledger::new(&mut fs, "/l").require("w1").unwrap();
     assert!(w.sleeping.is_none() && w.sleeps.len() == 1, "{w:?}");
 }
+
+/// A sleep's intent left recorded, then the machine found stopped (by hand: a hibernate
+/// does not stop a machine): not taken for that sleep.
+#[test]
+fn a_machine_found_stopped_is_not_a_leftover_intents_sleep() {
+    let mut fs = running_since_t0(|w| w.sleeping = Some(Sleep { by: "boxd_sleep".into(), at: "asked".into(), ..Default::default() }));
+    let mut p = Scripted::default();
+    p.push_exit(0, &ours("stopped"), "");
+    let v = call(&mut p, &mut fs, "boxd_sleep", r#"{"work":"w1"}"#, at(T0 + 2 * H, "{}")).unwrap();
+    assert_eq!((v["state"].as_str(), v["asleepBy"].as_str()), (Some("stopped"), Some("idle_or_cli")), "{v:#}");
+    let w = Ledger::new(&mut fs, "/l").require("w1").unwrap();
+    assert!(w.sleeping.is_none() && w.sleeps.is_empty(), "{w:?}");
+}

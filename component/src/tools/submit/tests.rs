@@ -339,3 +339,24 @@ fn no_prompt_is_sent_while_a_save_is_under_way() {
     assert_eq!(p.0.commands(), ["machine get oc-w1 --json"], "nothing sent");
     assert!(Ledger::new(&mut *shared.borrow_mut(), "/l").require("w1").unwrap().prompts.is_empty());
 }
+
+/// A sleep's intent recorded before this submit is spent by it (the machine ran the
+/// prompt since); one a sleep records while the exec runs is that sleep's, and stays.
+#[test]
+fn a_submit_spends_an_earlier_sleeps_intent_but_not_one_under_way() {
+    use crate::ledger::Sleep;
+    let intent = |w: &mut Work| w.sleeping = Some(Sleep { by: "boxd_sleep".into(), at: "asked".into(), ..Default::default() });
+    let mut fs = open_work(Some(GitRecord::default()));
+    Ledger::new(&mut fs, "/l").update("w1", intent).unwrap();
+    let mut p = Scripted::default();
+    answered(&mut p, ADMITTED, &[]);
+    call(&mut p, &mut fs, "boxd_submit", r#"{"work":"w1","prompt":"go"}"#, raw(1)).unwrap();
+    assert_eq!(Ledger::new(&mut fs, "/l").require("w1").unwrap().sleeping, None, "spent");
+
+    let mut fs = open_work(Some(GitRecord::default()));
+    let mut p = Scripted::default();
+    answered(&mut p, ADMITTED, &[]);
+    let mut files = Between { fs: &mut fs, n: 1, locks: 0, change: intent };
+    call(&mut p, &mut files, "boxd_submit", r#"{"work":"w1","prompt":"go"}"#, raw(1)).unwrap();
+    assert!(Ledger::new(&mut fs, "/l").require("w1").unwrap().sleeping.is_some(), "the sleep under way keeps its intent");
+}
