@@ -100,6 +100,17 @@ describe("OpenCode killed or stopped mid-call", { skip }, () => {
     await listed();
     assert.ok(watchdog.watchdogPid && watchdog.watchdogPid !== first, "the next child starts another watchdog");
     unguardB();
-    for (const c of [a, b]) process.kill(-c.pid, "SIGKILL");
+    // Disposed before its child was listed: the watchdog still starts for it, and ends
+    // once it is answered.
+    const c = child();
+    const unguardC = watchdog.guard(c.pid);
+    watchdog.idle();
+    await listed();
+    const third = watchdog.watchdogPid;
+    assert.ok(third && fs.existsSync(`/proc/${third}`), "a child started before the dispose is guarded");
+    unguardC();
+    assert.ok(await waitGone(third, 10000), "the watchdog outlived a disposed plugin whose last child was listed after the dispose");
+    assert.deepEqual(lists(), [], "the ended watchdog removed its list");
+    for (const k of [a, b, c]) process.kill(-k.pid, "SIGKILL");
   });
 });

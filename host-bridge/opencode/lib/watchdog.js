@@ -72,6 +72,13 @@ function watchdog() {
     watchdogPid = child.pid;
   } catch {
     pipe = null;
+    if (list) {
+      try {
+        fs.closeSync(list.fd);
+        fs.unlinkSync(list.path);
+      } catch {}
+      list = undefined;
+    }
   }
   return pipe;
 }
@@ -79,10 +86,11 @@ function watchdog() {
 /** The watchdog's pid, once started (tests). */
 export let watchdogPid;
 
-// Children guarded and not yet answered (pid → start time); and whether the plugin was
-// disposed, so the watchdog ends once the last of them is answered: a disposed plugin
-// leaves no process.
+// Children guarded and not yet answered (pid → start time), children started and not yet
+// listed, and whether the plugin was disposed, so the watchdog ends once the last of them
+// is answered: a disposed plugin leaves no process.
 const live = new Map();
+let waiting = 0;
 let ending = false;
 
 /** Write the list of children guarded over the watchdog's file, in place. */
@@ -96,7 +104,7 @@ function writeList() {
 }
 
 function endIfIdle() {
-  if (!ending || live.size > 0 || !pipe) return;
+  if (!ending || live.size > 0 || waiting > 0 || !pipe) return;
   try {
     pipe.end(); // EOF with nothing listed: the watchdog kills nothing, removes the list, exits
   } catch {}
@@ -123,29 +131,34 @@ export const GUARD_AFTER_MS = 10;
  *
  * It is listed GUARD_AFTER_MS after its start, not at once: a read of /proc/PID/stat
  * waits while that process execs, which held the plugin's thread ~0.3 ms a child (the
- * bridge's boxd_status 1.35x its two calls under Bun, 1.0x without), and a child answered
- * by then needs no guard. Its pid is not another's before it is answered (it is ours to
- * reap), so the start time read then is still its own.
+ * bridge's boxd_status under Bun 1.32-1.46x its two calls, against 1.16-1.19x with no
+ * watchdog), and a child answered by then needs no guard. Its pid is not another's before
+ * it is answered (it is ours to reap), so the start time read then is still its own.
  */
 export function guard(pid) {
-  let done = false;
-  let listed = false;
+  // waiting → listed (or unlisted: gone by then, or no watchdog) → answered
+  let state = "waiting";
+  waiting++;
+  ending = false;
   const timer = setTimeout(() => {
-    const start = done ? undefined : startTime(pid);
-    if (start === undefined || !watchdog()) return;
+    waiting--;
+    const start = startTime(pid);
+    state = start !== undefined && watchdog() ? "listed" : "unlisted";
+    if (state !== "listed") return endIfIdle();
     live.set(pid, start);
-    ending = false;
-    listed = true;
     writeList();
   }, GUARD_AFTER_MS);
   timer.unref?.();
   return () => {
-    if (done) return;
-    done = true;
-    clearTimeout(timer);
-    if (!listed) return;
-    live.delete(pid);
-    writeList();
-    endIfIdle();
+    const was = state;
+    state = "answered";
+    if (was === "waiting") {
+      clearTimeout(timer);
+      waiting--;
+    } else if (was === "listed") {
+      live.delete(pid);
+      writeList();
+    }
+    if (was !== "answered") endIfIdle();
   };
 }
