@@ -353,6 +353,16 @@ impl Work {
         self.state == WorkState::Closed
     }
 
+    /// A call saw the machine running: it is not down by boxd_sleep, and a sleep's intent
+    /// the call read before it looked (`sleeping_then`) did not put it down, so it is
+    /// spent. One recorded since belongs to a sleep still under way, and stays.
+    pub fn seen_running(&mut self, sleeping_then: &Option<Sleep>) {
+        self.asleep_by_tool = false;
+        if self.sleeping == *sleeping_then {
+            self.sleeping = None;
+        }
+    }
+
     /// Prompts the guest may or may not have: recorded before their exec, not yet answered.
     pub fn unresolved(&self) -> Vec<String> {
         self.prompts.iter().filter(|p| !p.admitted).map(|p| p.id.clone()).collect()

@@ -76,11 +76,11 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
     if w.asleep_by_tool || w.sleeping.is_some() || !known.is_empty() || w.use_unrecorded(ctx.now_ms) {
         // Only over the run this call read: a sleep or drop that wrote while the exec ran
         // saw the machine later than this look did (no run reopened under it).
-        let runs_then = (w.sleeps.len(), w.runs.len(), w.runs.last().map(|r| (r.from_ms, r.to_ms)), w.sleeping.clone());
+        let runs_then = (w.sleeps.len(), w.runs.len(), w.runs.last().map(|r| (r.from_ms, r.to_ms)));
         ledger.update(&work, |r| {
             r.resolve_prompts(&known, &now, ctx.now_ms);
-            if !r.is_closed() && (r.sleeps.len(), r.runs.len(), r.runs.last().map(|x| (x.from_ms, x.to_ms)), r.sleeping.clone()) == runs_then {
-                (r.asleep_by_tool, r.sleeping) = (false, None);
+            if !r.is_closed() && (r.sleeps.len(), r.runs.len(), r.runs.last().map(|x| (x.from_ms, x.to_ms))) == runs_then {
+                r.seen_running(&w.sleeping);
                 r.in_use(ctx.now_ms);
             }
         })?;

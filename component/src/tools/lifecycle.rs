@@ -387,11 +387,7 @@ pub fn resume(env: &mut Env, args: &Value) -> ToolResult<Value> {
     }
     let sleeping_then = w.sleeping.clone();
     let w = ledger.update(&work, |w| {
-        w.asleep_by_tool = false;
-        // An intent recorded since this call read the record is a sleep under way's.
-        if w.sleeping == sleeping_then {
-            w.sleeping = None;
-        }
+        w.seen_running(&sleeping_then);
         if matches!(action, Wake::Woken | Wake::Started) {
             // It was down: whatever the ledger thought ran ended an idle bound after use.
             w.seen_not_running(ctx.now_ms, ctx.options.idle_ms(), false);

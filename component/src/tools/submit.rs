@@ -184,8 +184,7 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
         ..Default::default()
     };
     let mut chosen: Option<(Prompt, bool, Vec<String>)> = None;
-    // A sleep's intent recorded before this exec: the machine ran since, so it is spent
-    // (one recorded while the exec ran belongs to a sleep still under way: it is left).
+    // A sleep's intent as this call read it, before its exec (`Work::seen_running`).
     let mut sleeping_then = None;
     let unknown = ledger.unknown(&work);
     ledger.upsert(&work, |cur| {
@@ -275,10 +274,7 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
         None => known.insert(id.clone(), answer.get("admitted").and_then(Value::as_bool).unwrap_or(true)),
     };
     ledger.update(&work, |w| {
-        w.asleep_by_tool = false;
-        if w.sleeping == sleeping_then {
-            w.sleeping = None;
-        }
+        w.seen_running(&sleeping_then);
         let ours_carried = w.prompts.iter().any(|p| p.id == id && !p.admitted && p.attempt == attempt);
         match &twin {
             // The guest has the same prompt under its id and admitted nothing under ours.
