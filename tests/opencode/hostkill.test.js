@@ -7,7 +7,6 @@ import { test, describe, after } from "node:test";
 import assert from "node:assert/strict";
 import { execFileSync, spawn } from "node:child_process";
 import fs from "node:fs";
-import os from "node:os";
 import path from "node:path";
 import { BOXD_HOST, BOXD_LOCAL, Laptop, OPENCODE, PLUGIN, missingPrerequisite, waitGone } from "./harness.mjs";
 
@@ -75,42 +74,46 @@ describe("OpenCode killed or stopped mid-call", { skip }, () => {
   test("the watchdog ends when the plugin is disposed and no child is left to guard", async () => {
     const watchdog = await import(path.join(PLUGIN, "lib/watchdog.js"));
     const child = () => spawn("sleep", ["30"], { detached: true, stdio: "ignore" });
-    const listed = () => new Promise((r) => setTimeout(r, watchdog.GUARD_AFTER_MS * 5));
-    const lists = () => fs.readdirSync(os.tmpdir()).filter((f) => f.startsWith(`boxd-watchdog-${process.pid}-`));
-    // A child answered before it is listed costs nothing: no watchdog, no list.
-    const quick = child();
-    watchdog.guard(quick.pid)();
-    await listed();
-    assert.equal(watchdog.watchdogPid, undefined, "a child answered at once started a watchdog");
-    process.kill(-quick.pid, "SIGKILL");
     const a = child();
     const unguardA = watchdog.guard(a.pid);
-    await listed();
     const first = watchdog.watchdogPid;
-    assert.equal(lists().length, 1, "the watchdog's list of children is in the temp folder");
     assert.ok(first && fs.existsSync(`/proc/${first}`), "a watchdog runs while a child is guarded");
     watchdog.idle(); // disposed, with a child still running: it keeps watching
     assert.equal(await waitGone(first, 500), false, "the watchdog ended while a child was still guarded");
     unguardA();
     assert.ok(await waitGone(first, 10000), "the watchdog outlived the disposed plugin");
-    assert.deepEqual(lists(), [], "the ended watchdog removed its list");
     assert.equal(await waitGone(a.pid, 300), false, "a child already answered is not the watchdog's to kill");
     const b = child();
     const unguardB = watchdog.guard(b.pid);
-    await listed();
     assert.ok(watchdog.watchdogPid && watchdog.watchdogPid !== first, "the next child starts another watchdog");
     unguardB();
-    // Disposed before its child was listed: the watchdog still starts for it, and ends
-    // once it is answered.
-    const c = child();
-    const unguardC = watchdog.guard(c.pid);
-    watchdog.idle();
-    await listed();
-    const third = watchdog.watchdogPid;
-    assert.ok(third && fs.existsSync(`/proc/${third}`), "a child started before the dispose is guarded");
-    unguardC();
-    assert.ok(await waitGone(third, 10000), "the watchdog outlived a disposed plugin whose last child was listed after the dispose");
-    assert.deepEqual(lists(), [], "the ended watchdog removed its list");
-    for (const k of [a, b, c]) process.kill(-k.pid, "SIGKILL");
+    for (const c of [a, b]) process.kill(-c.pid, "SIGKILL");
+  });
+
+  // A process killed the moment after it started a child: the child is guarded from its
+  // first instant (the watchdog, not the plugin, reads its start time), and one already
+  // answered is left alone.
+  test("a child is guarded from its start: the process killed at once takes it along", async () => {
+    const script = `
+      import { spawn } from "node:child_process";
+      const w = await import(${JSON.stringify(path.join(PLUGIN, "lib/watchdog.js"))});
+      const child = () => spawn("sleep", ["30"], { detached: true, stdio: "ignore" });
+      const answered = child();
+      w.guard(answered.pid)();
+      const running = child();
+      w.guard(running.pid);
+      console.log(JSON.stringify({ answered: answered.pid, running: running.pid, watchdog: w.watchdogPid }));
+      process.kill(process.pid, "SIGKILL");`;
+    let out = "";
+    try {
+      execFileSync(process.execPath, ["--input-type=module", "-e", script], { encoding: "utf8" });
+    } catch (e) {
+      out = e.stdout;
+    }
+    const pids = JSON.parse(out);
+    assert.ok(await waitGone(pids.running, 10000), "a child started just before its process was killed outlived it");
+    assert.ok(await waitGone(pids.watchdog, 10000), "the watchdog stayed after its work was done");
+    assert.equal(await waitGone(pids.answered, 300), false, "a child already answered is not the watchdog's to kill");
+    process.kill(-pids.answered, "SIGKILL");
   });
 });

@@ -4,64 +4,53 @@
 // outright left every boxd call it was running to go on alone: one that hung ran for ever,
 // and a slow one landed long after the next call had taken over its work.
 //
-// One watchdog a process stands in: /bin/sh waiting on a pipe only this process holds. The
-// children it guards are listed in a file of its own (owner-only, in the temp folder),
-// rewritten as each child starts ("PID START") and as it is answered (taken off), so the
-// watchdog is never woken while the plugin lives: a child costs two small synchronous
-// writes, where a line down the pipe for each start and end woke the shell twice a child
-// and cost the bridge ~0.3 ms a child under Bun. When the pipe ends (this process is gone,
-// however it ended, or the plugin was disposed with nothing listed) the watchdog kills each
-// group still listed whose leader is still that same process (its start time in
-// /proc/PID/stat), so a pid used again by someone else is never touched, and still
-// running: a child that had exited is left with what it left behind, as ever. Every line
-// has the same length, so a rewrite cut short by a kill (before its truncate) leaves whole
-// lines of children already answered, which that check skips. Linux only (it reads /proc); elsewhere children still outlive a SIGKILL.
+// One watchdog a process stands in: /bin/sh reading a pipe only this process holds. A
+// child's group is announced as it starts ("+ PID") and taken back once it is answered
+// ("- PID"). The watchdog notes each announced child's start time (/proc/PID/stat) as the
+// line arrives: read there, not here, because that read waits while the child is still
+// in its exec, which held the plugin's thread ~0.3 ms a child (docs/performance.md). The
+// pid is the plugin's child until the plugin reaps it, and the "-" written after that
+// follows in the pipe, so a time noted for a pid already used again is taken back with it
+// (unless the plugin dies in the instant between that reap and that write). When the
+// pipe ends (this process is gone, however it ended) the watchdog kills each group still
+// listed whose leader is still that same process, so a pid used again by someone else is
+// never touched, and still running: a child that had exited is left with what it left
+// behind, as ever. Linux only (it reads /proc); elsewhere children still outlive a SIGKILL.
 import { spawn } from "node:child_process";
-import crypto from "node:crypto";
 import fs from "node:fs";
-import os from "node:os";
-import path from "node:path";
 
-// `read`, `kill` and `:` are builtins: nothing to find on PATH once the laptop is in
-// trouble (only the list's removal at the end names /bin/rm).
+// `read`, `set`, `shift` and `kill` are builtins: nothing to find on PATH once the laptop
+// is in trouble.
 const SCRIPT = `
-list=$1
-while read -r _; do :; done
-while read -r pid start; do
-  case $pid in ''|*[!0-9]*) continue ;; esac
+started() { read -r stat 2>/dev/null < /proc/$1/stat || return 1; set -- \${stat##*) }; shift 19; at=$1; }
+live=
+while read -r op pid; do
+  case $op in
+    +) started "$pid" && live="$live $pid:$at" ;;
+    -) kept=; for g in $live; do [ "\${g%%:*}" = "$pid" ] || kept="$kept $g"; done; live=$kept ;;
+  esac
+done
+for g in $live; do
+  pid=\${g%%:*}
   read -r stat 2>/dev/null < /proc/$pid/stat || continue
   set -- \${stat##*) }
   # A leader that has exited (a zombie no one reaped) is left, with what it left behind.
   [ "$1" = Z ] && continue
   shift 19
-  [ "$1" = "$start" ] && kill -9 -$pid 2>/dev/null
-done < "$list"
-/bin/rm -f "$list"
+  [ "$1" = "\${g#*:}" ] && kill -9 -$pid 2>/dev/null
+done
 exit 0
 `;
 
-/** The start time of process `pid` (field 22 of /proc/PID/stat), or undefined. */
-export function startTime(pid) {
-  try {
-    const stat = fs.readFileSync(`/proc/${pid}/stat`, "utf8");
-    return stat.slice(stat.lastIndexOf(")") + 2).split(" ")[19];
-  } catch {
-    return undefined;
-  }
-}
-
 let pipe; // the watchdog's stdin, once started; null where there is none
-let list; // { path, fd } of the file naming the children guarded
 function watchdog() {
   if (pipe !== undefined) return pipe;
   pipe = null;
   if (!fs.existsSync("/proc/self/stat")) return pipe;
   try {
-    const at = path.join(os.tmpdir(), `boxd-watchdog-${process.pid}-${crypto.randomBytes(6).toString("hex")}`);
-    list = { path: at, fd: fs.openSync(at, fs.constants.O_RDWR | fs.constants.O_CREAT | fs.constants.O_EXCL | fs.constants.O_NOFOLLOW, 0o600) };
     // Its own group: a signal to OpenCode's group (a terminal's, a harness's) leaves it
     // standing to do its job.
-    const child = spawn("/bin/sh", ["-c", SCRIPT, "boxd-watchdog", at], { stdio: ["pipe", "ignore", "ignore"], detached: true, env: {} });
+    const child = spawn("/bin/sh", ["-c", SCRIPT], { stdio: ["pipe", "ignore", "ignore"], detached: true, env: {} });
     child.on("error", () => (pipe = null));
     child.stdin.on("error", () => (pipe = null));
     // Neither keeps the plugin's process alive: it ends when it would have ended anyway.
@@ -72,13 +61,6 @@ function watchdog() {
     watchdogPid = child.pid;
   } catch {
     pipe = null;
-    if (list) {
-      try {
-        fs.closeSync(list.fd);
-        fs.unlinkSync(list.path);
-      } catch {}
-      list = undefined;
-    }
   }
   return pipe;
 }
@@ -86,33 +68,16 @@ function watchdog() {
 /** The watchdog's pid, once started (tests). */
 export let watchdogPid;
 
-// Children guarded and not yet answered (pid → start time), children started and not yet
-// listed, and whether the plugin was disposed, so the watchdog ends once the last of them
-// is answered: a disposed plugin leaves no process.
-const live = new Map();
-let waiting = 0;
+// Children announced and not yet taken back; and whether the plugin was disposed, so the
+// watchdog ends once the last of them is answered: a disposed plugin leaves no process.
+let guarded = 0;
 let ending = false;
-
-/** Write the list of children guarded over the watchdog's file, in place. */
-function writeList() {
-  if (!list) return;
-  const text = Buffer.from([...live].map(([pid, start]) => `${String(pid).padStart(10)} ${String(start).padStart(20)}\n`).join(""));
-  try {
-    fs.writeSync(list.fd, text, 0, text.length, 0);
-    fs.ftruncateSync(list.fd, text.length);
-  } catch {}
-}
-
 function endIfIdle() {
-  if (!ending || live.size > 0 || waiting > 0 || !pipe) return;
+  if (!ending || guarded > 0 || !pipe) return;
   try {
-    pipe.end(); // EOF with nothing listed: the watchdog kills nothing, removes the list, exits
-  } catch {}
-  try {
-    fs.closeSync(list.fd);
+    pipe.end(); // EOF with nothing listed: the watchdog kills nothing and exits
   } catch {}
   pipe = undefined; // the next child starts another
-  list = undefined;
   watchdogPid = undefined;
 }
 
@@ -122,43 +87,27 @@ export function idle() {
   endIfIdle();
 }
 
-/** How long after its start a child is listed (see `guard`). */
-export const GUARD_AFTER_MS = 10;
-
 /**
  * Have child `pid` (the leader of its own group) killed with its group should this process
  * die before it is answered. Returns the function that takes that back.
- *
- * It is listed GUARD_AFTER_MS after its start, not at once: a read of /proc/PID/stat
- * waits while that process execs, which held the plugin's thread ~0.3 ms a child (the
- * bridge's boxd_status under Bun 1.32-1.46x its two calls, against 1.16-1.19x with no
- * watchdog), and a child answered by then needs no guard. Its pid is not another's before
- * it is answered (it is ours to reap), so the start time read then is still its own.
  */
 export function guard(pid) {
-  // waiting → listed (or unlisted: gone by then, or no watchdog) → answered
-  let state = "waiting";
-  waiting++;
+  const to = watchdog();
+  if (!to) return () => {};
+  const say = (op) => {
+    try {
+      to.write(`${op} ${pid}\n`);
+    } catch {}
+  };
+  say("+");
+  guarded++;
   ending = false;
-  const timer = setTimeout(() => {
-    waiting--;
-    const start = startTime(pid);
-    state = start !== undefined && watchdog() ? "listed" : "unlisted";
-    if (state !== "listed") return endIfIdle();
-    live.set(pid, start);
-    writeList();
-  }, GUARD_AFTER_MS);
-  timer.unref?.();
+  let done = false;
   return () => {
-    const was = state;
-    state = "answered";
-    if (was === "waiting") {
-      clearTimeout(timer);
-      waiting--;
-    } else if (was === "listed") {
-      live.delete(pid);
-      writeList();
-    }
-    if (was !== "answered") endIfIdle();
+    if (done) return;
+    done = true;
+    say("-");
+    guarded--;
+    endIfIdle();
   };
 }
