@@ -7,6 +7,7 @@ import { test, describe, after } from "node:test";
 import assert from "node:assert/strict";
 import { execFileSync, spawn } from "node:child_process";
 import fs from "node:fs";
+import os from "node:os";
 import path from "node:path";
 import { BOXD_HOST, BOXD_LOCAL, Laptop, OPENCODE, PLUGIN, missingPrerequisite, waitGone } from "./harness.mjs";
 
@@ -92,24 +93,31 @@ describe("OpenCode killed or stopped mid-call", { skip }, () => {
 
   // A process killed the moment after it started a child: the child is guarded from its
   // first instant (the watchdog, not the plugin, reads its start time), and one already
-  // answered is left alone.
-  test("a child is guarded from its start: the process killed at once takes it along", async () => {
-    const script = `
+  // answered is left alone. Under Node and under Bun, OpenCode's runtime, whose
+  // child_process left the line for the next turn of the event loop: the thread is kept
+  // busy between the guard and the kill, as the plugin's is while it starts the next child.
+  for (const runtime of ["node", "bun"]) test(`${runtime}: a child is guarded from its start: the process killed at once takes it along`, async () => {
+    const script = path.join(fs.mkdtempSync(path.join(os.tmpdir(), "boxd-guard-")), "guard.mjs");
+    fs.writeFileSync(script, `
       import { spawn } from "node:child_process";
+      import fs from "node:fs";
       const w = await import(${JSON.stringify(path.join(PLUGIN, "lib/watchdog.js"))});
       const child = () => spawn("sleep", ["30"], { detached: true, stdio: "ignore" });
       const answered = child();
       w.guard(answered.pid)();
       const running = child();
       w.guard(running.pid);
-      console.log(JSON.stringify({ answered: answered.pid, running: running.pid, watchdog: w.watchdogPid }));
-      process.kill(process.pid, "SIGKILL");`;
+      fs.writeSync(1, JSON.stringify({ answered: answered.pid, running: running.pid, watchdog: w.watchdogPid }));
+      for (const t = Date.now(); Date.now() - t < 50; );
+      process.kill(process.pid, "SIGKILL");`);
+    const [bin, env] = runtime === "bun" ? [OPENCODE, { ...process.env, BUN_BE_BUN: "1" }] : [process.execPath, process.env];
     let out = "";
     try {
-      execFileSync(process.execPath, ["--input-type=module", "-e", script], { encoding: "utf8" });
+      execFileSync(bin, [script], { encoding: "utf8", env });
     } catch (e) {
       out = e.stdout;
     }
+    fs.rmSync(path.dirname(script), { recursive: true, force: true });
     const pids = JSON.parse(out);
     assert.ok(await waitGone(pids.running, 10000), "a child started just before its process was killed outlived it");
     assert.ok(await waitGone(pids.watchdog, 10000), "the watchdog stayed after its work was done");

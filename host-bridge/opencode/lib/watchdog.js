@@ -42,27 +42,54 @@ done
 exit 0
 `;
 
-let pipe; // the watchdog's stdin, once started; null where there is none
+// The watchdog's stdin once started, as {write(line), end()}; null where there is none.
+let pipe;
 function watchdog() {
   if (pipe !== undefined) return pipe;
   pipe = null;
   if (!fs.existsSync("/proc/self/stat")) return pipe;
   try {
-    // Its own group: a signal to OpenCode's group (a terminal's, a harness's) leaves it
-    // standing to do its job.
-    const child = spawn("/bin/sh", ["-c", SCRIPT], { stdio: ["pipe", "ignore", "ignore"], detached: true, env: {} });
-    child.on("error", () => (pipe = null));
-    child.stdin.on("error", () => (pipe = null));
-    // Neither keeps the plugin's process alive: it ends when it would have ended anyway.
-    child.unref();
-    child.stdin.unref?.();
-    child.stdin._handle?.unref?.();
-    pipe = child.stdin;
-    watchdogPid = child.pid;
+    pipe = globalThis.Bun ? startUnderBun() : startUnderNode();
   } catch {
     pipe = null;
   }
   return pipe;
+}
+
+// Each watchdog runs in its own group: a signal to OpenCode's group (a terminal's, a
+// harness's) leaves it standing to do its job. Neither it nor its stdin keeps the plugin's
+// process alive: it ends when it would have ended anyway.
+
+// Node writes to a child's stdin at once when nothing is queued before it (libuv tries the
+// write before queueing it), so a line is in the pipe when write() returns.
+function startUnderNode() {
+  const child = spawn("/bin/sh", ["-c", SCRIPT], { stdio: ["pipe", "ignore", "ignore"], detached: true, env: {} });
+  child.on("error", () => (pipe = null));
+  child.stdin.on("error", () => (pipe = null));
+  child.unref();
+  child.stdin.unref?.();
+  child.stdin._handle?.unref?.();
+  watchdogPid = child.pid;
+  return { write: (line) => child.stdin.write(line), end: () => child.stdin.end() };
+}
+
+// Bun's child_process leaves a write to a child's stdin for the next turn of the event loop:
+// a child announced while the plugin's thread was busy (starting the call's next child)
+// was not in the pipe when a SIGKILL came, and outlived OpenCode. Bun.spawn's stdin is a
+// FileSink, whose flush() writes what it holds before returning.
+function startUnderBun() {
+  const child = Bun.spawn({ cmd: ["/bin/sh", "-c", SCRIPT], stdin: "pipe", stdout: "ignore", stderr: "ignore", detached: true, env: {} });
+  child.unref();
+  child.stdin.unref?.();
+  watchdogPid = child.pid;
+  const settled = (r) => r?.catch?.(() => (pipe = null)); // a write to a watchdog gone
+  return {
+    write: (line) => {
+      child.stdin.write(line);
+      settled(child.stdin.flush());
+    },
+    end: () => settled(child.stdin.end()),
+  };
 }
 
 /** The watchdog's pid, once started (tests). */
