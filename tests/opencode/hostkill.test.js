@@ -71,24 +71,31 @@ describe("OpenCode killed or stopped mid-call", { skip }, () => {
   });
 
   // A disposed plugin leaves no process behind: its watchdog ends once the last child it
-  // guards is answered (never before), and the next child starts another.
-  test("the watchdog ends when the plugin is disposed and no child is left to guard", async () => {
-    const watchdog = await import(path.join(PLUGIN, "lib/watchdog.js"));
-    const child = () => spawn("sleep", ["30"], { detached: true, stdio: "ignore" });
-    const a = child();
-    const unguardA = watchdog.guard(a.pid);
-    const first = watchdog.watchdogPid;
-    assert.ok(first && fs.existsSync(`/proc/${first}`), "a watchdog runs while a child is guarded");
-    watchdog.idle(); // disposed, with a child still running: it keeps watching
-    assert.equal(await waitGone(first, 500), false, "the watchdog ended while a child was still guarded");
-    unguardA();
-    assert.ok(await waitGone(first, 10000), "the watchdog outlived the disposed plugin");
-    assert.equal(await waitGone(a.pid, 300), false, "a child already answered is not the watchdog's to kill");
-    const b = child();
-    const unguardB = watchdog.guard(b.pid);
-    assert.ok(watchdog.watchdogPid && watchdog.watchdogPid !== first, "the next child starts another watchdog");
-    unguardB();
-    for (const c of [a, b]) process.kill(-c.pid, "SIGKILL");
+  // guards is answered (never before), and the next child starts another. Under Node and
+  // under Bun, where the watchdog is started and ended through Bun.spawn's stdin.
+  for (const runtime of ["node", "bun"]) test(`${runtime}: the watchdog ends when the plugin is disposed and no child is left to guard`, async () => {
+    const seen = JSON.parse(runScript(runtime, `
+      const child = () => spawn("sleep", ["30"], { detached: true, stdio: "ignore" });
+      const a = child();
+      const unguardA = w.guard(a.pid);
+      const first = w.watchdogPid;
+      const ran = Boolean(first) && !gone(first);
+      w.idle(); // disposed, with a child still running: it keeps watching
+      const keptWhileGuarded = !(await waitGone(first, 500));
+      unguardA();
+      const ended = await waitGone(first, 10000);
+      const answeredLeft = !(await waitGone(a.pid, 300));
+      const b = child();
+      const unguardB = w.guard(b.pid);
+      const another = Boolean(w.watchdogPid) && w.watchdogPid !== first && !gone(w.watchdogPid);
+      unguardB();
+      for (const c of [a, b]) process.kill(-c.pid, "SIGKILL");
+      say({ ran, keptWhileGuarded, ended, answeredLeft, another });`));
+    assert.ok(seen.ran, "a watchdog runs while a child is guarded");
+    assert.ok(seen.keptWhileGuarded, "the watchdog ended while a child was still guarded");
+    assert.ok(seen.ended, "the watchdog outlived the disposed plugin");
+    assert.ok(seen.answeredLeft, "a child already answered is not the watchdog's to kill");
+    assert.ok(seen.another, "the next child starts another watchdog");
   });
 
   // A process killed the moment after it started a child: the child is guarded from its
@@ -97,31 +104,44 @@ describe("OpenCode killed or stopped mid-call", { skip }, () => {
   // child_process left the line for the next turn of the event loop: the thread is kept
   // busy between the guard and the kill, as the plugin's is while it starts the next child.
   for (const runtime of ["node", "bun"]) test(`${runtime}: a child is guarded from its start: the process killed at once takes it along`, async () => {
-    const script = path.join(fs.mkdtempSync(path.join(os.tmpdir(), "boxd-guard-")), "guard.mjs");
-    fs.writeFileSync(script, `
-      import { spawn } from "node:child_process";
-      import fs from "node:fs";
-      const w = await import(${JSON.stringify(path.join(PLUGIN, "lib/watchdog.js"))});
+    const pids = JSON.parse(runScript(runtime, `
       const child = () => spawn("sleep", ["30"], { detached: true, stdio: "ignore" });
       const answered = child();
       w.guard(answered.pid)();
       const running = child();
       w.guard(running.pid);
-      fs.writeSync(1, JSON.stringify({ answered: answered.pid, running: running.pid, watchdog: w.watchdogPid }));
+      say({ answered: answered.pid, running: running.pid, watchdog: w.watchdogPid });
       for (const t = Date.now(); Date.now() - t < 50; );
-      process.kill(process.pid, "SIGKILL");`);
-    const [bin, env] = runtime === "bun" ? [OPENCODE, { ...process.env, BUN_BE_BUN: "1" }] : [process.execPath, process.env];
-    let out = "";
-    try {
-      execFileSync(bin, [script], { encoding: "utf8", env });
-    } catch (e) {
-      out = e.stdout;
-    }
-    fs.rmSync(path.dirname(script), { recursive: true, force: true });
-    const pids = JSON.parse(out);
+      process.kill(process.pid, "SIGKILL");`));
     assert.ok(await waitGone(pids.running, 10000), "a child started just before its process was killed outlived it");
     assert.ok(await waitGone(pids.watchdog, 10000), "the watchdog stayed after its work was done");
     assert.equal(await waitGone(pids.answered, 300), false, "a child already answered is not the watchdog's to kill");
     process.kill(-pids.answered, "SIGKILL");
   });
 });
+
+/**
+ * Run `body` as a module under `runtime` (node, or bun: OpenCode's own binary), with
+ * lib/watchdog.js as `w`, spawn, harness's gone and waitGone, and `say(value)` writing one
+ * JSON line to stdout at once (the process may kill itself next). Returns its stdout,
+ * however it ended.
+ */
+function runScript(runtime, body) {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "boxd-watchdog-"));
+  const script = path.join(dir, "script.mjs");
+  fs.writeFileSync(script, `
+    import { spawn } from "node:child_process";
+    import fs from "node:fs";
+    const w = await import(${JSON.stringify(path.join(PLUGIN, "lib/watchdog.js"))});
+    const { gone, waitGone } = await import(${JSON.stringify(new URL("./harness.mjs", import.meta.url).pathname)});
+    const say = (value) => fs.writeSync(1, JSON.stringify(value));
+    ${body}`);
+  const [bin, env] = runtime === "bun" ? [OPENCODE, { ...process.env, BUN_BE_BUN: "1" }] : [process.execPath, process.env];
+  try {
+    return execFileSync(bin, [script], { encoding: "utf8", env, timeout: 60000 });
+  } catch (e) {
+    return e.stdout;
+  } finally {
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+}
