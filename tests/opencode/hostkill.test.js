@@ -98,6 +98,28 @@ describe("OpenCode killed or stopped mid-call", { skip }, () => {
     assert.ok(seen.another, "the next child starts another watchdog");
   });
 
+  // A watchdog killed by someone else while it guards a child: the next one is started at
+  // once and told of that child, so the child still dies with the plugin's process, as
+  // does one guarded after. Before, every later child was guarded by no one.
+  for (const runtime of ["node", "bun"]) test(`${runtime}: a watchdog killed by someone else is replaced, and its children still guarded`, async () => {
+    const seen = JSON.parse(runScript(runtime, `
+      const child = () => spawn("sleep", ["30"], { detached: true, stdio: "ignore" });
+      const before = child();
+      w.guard(before.pid);
+      const first = w.watchdogPid;
+      process.kill(first, "SIGKILL");
+      for (const t = Date.now(); !(w.watchdogPid && w.watchdogPid !== first) && Date.now() - t < 10000; ) await new Promise((r) => setTimeout(r, 10));
+      const after = child();
+      w.guard(after.pid);
+      say({ before: before.pid, after: after.pid, first, second: w.watchdogPid });
+      for (const t = Date.now(); Date.now() - t < 50; );
+      process.kill(process.pid, "SIGKILL");`));
+    assert.ok(seen.second && seen.second !== seen.first, `no watchdog took over from the one killed (${JSON.stringify(seen)})`);
+    assert.ok(await waitGone(seen.before, 10000), "a child guarded by the killed watchdog outlived its process");
+    assert.ok(await waitGone(seen.after, 10000), "a child guarded after the watchdog was killed outlived its process");
+    assert.ok(await waitGone(seen.second, 10000), "the watchdog that took over stayed after its work was done");
+  });
+
   // A process killed the moment after it started a child: the child is guarded from its
   // first instant (the watchdog, not the plugin, reads its start time), and one already
   // answered is left alone. Under Node and under Bun, OpenCode's runtime, whose

@@ -64,13 +64,15 @@ function watchdog() {
 // write before queueing it), so a line is in the pipe when write() returns.
 function startUnderNode() {
   const child = spawn("/bin/sh", ["-c", SCRIPT], { stdio: ["pipe", "ignore", "ignore"], detached: true, env: {} });
-  child.on("error", () => (pipe = null));
-  child.stdin.on("error", () => (pipe = null));
+  const self = { write: (line) => child.stdin.write(line), end: () => child.stdin.end() };
+  child.on("error", () => lost(self, null)); // it could not start: none from now on
+  child.on("exit", () => lost(self));
+  child.stdin.on("error", () => {}); // a write to a watchdog gone: its exit says so
   child.unref();
   child.stdin.unref?.();
   child.stdin._handle?.unref?.();
   watchdogPid = child.pid;
-  return { write: (line) => child.stdin.write(line), end: () => child.stdin.end() };
+  return self;
 }
 
 // Bun's child_process leaves a write to a child's stdin for the next turn of the event loop:
@@ -79,28 +81,48 @@ function startUnderNode() {
 // FileSink, whose flush() writes what it holds before returning.
 function startUnderBun() {
   const child = Bun.spawn({ cmd: ["/bin/sh", "-c", SCRIPT], stdin: "pipe", stdout: "ignore", stderr: "ignore", detached: true, env: {} });
-  child.unref();
-  child.stdin.unref?.();
-  watchdogPid = child.pid;
-  const settled = (r) => r?.catch?.(() => (pipe = null)); // a write to a watchdog gone
-  return {
+  const settled = (r) => r?.catch?.(() => {}); // a write to a watchdog gone: its exit says so
+  const self = {
     write: (line) => {
       child.stdin.write(line);
       settled(child.stdin.flush());
     },
     end: () => settled(child.stdin.end()),
   };
+  child.exited.then(() => lost(self));
+  child.unref();
+  child.stdin.unref?.();
+  watchdogPid = child.pid;
+  return self;
+}
+
+// A watchdog that ended while it was still this process's (killed by someone, or a
+// failure): the next one is started at once and told every child still guarded, whose
+// start time it reads as the old one did (each is this process's unreaped child, so its
+// pid is still its own). `next` null: none can be started, and none is tried again; nor
+// after REPLACEMENTS, so one that cannot live does not make a process of every turn.
+const REPLACEMENTS = 10;
+let replaced = 0;
+function lost(self, next = undefined) {
+  if (pipe !== self) return; // ended by idle(), or already replaced
+  pipe = next === undefined && replaced >= REPLACEMENTS ? null : next;
+  watchdogPid = undefined;
+  if (pipe !== undefined || guarded.size === 0) return;
+  replaced++;
+  const to = watchdog();
+  for (const pid of guarded.keys()) to?.write(`+ ${pid}\n`);
 }
 
 /** The watchdog's pid, once started (tests). */
 export let watchdogPid;
 
-// Children announced and not yet taken back; and whether the plugin was disposed, so the
-// watchdog ends once the last of them is answered: a disposed plugin leaves no process.
-let guarded = 0;
+// Children announced and not yet taken back (pid → how many guards); and whether the plugin
+// was disposed, so the watchdog ends once the last of them is answered: a disposed plugin
+// leaves no process.
+const guarded = new Map();
 let ending = false;
 function endIfIdle() {
-  if (!ending || guarded > 0 || !pipe) return;
+  if (!ending || guarded.size > 0 || !pipe) return;
   try {
     pipe.end(); // EOF with nothing listed: the watchdog kills nothing and exits
   } catch {}
@@ -119,22 +141,25 @@ export function idle() {
  * die before it is answered. Returns the function that takes that back.
  */
 export function guard(pid) {
-  const to = watchdog();
-  if (!to) return () => {};
+  // To the watchdog running as each line is written: one started after the first ended
+  // was told of this child (lost), and takes the "-" too.
   const say = (op) => {
     try {
-      to.write(`${op} ${pid}\n`);
+      watchdog()?.write(`${op} ${pid}\n`);
     } catch {}
   };
+  if (!watchdog()) return () => {};
   say("+");
-  guarded++;
+  guarded.set(pid, (guarded.get(pid) ?? 0) + 1);
   ending = false;
   let done = false;
   return () => {
     if (done) return;
     done = true;
-    say("-");
-    guarded--;
+    const left = guarded.get(pid) - 1;
+    if (left > 0) guarded.set(pid, left);
+    else guarded.delete(pid);
+    if (!left) say("-");
     endIfIdle();
   };
 }
