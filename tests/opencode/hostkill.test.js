@@ -9,7 +9,7 @@ import { execFileSync, spawn } from "node:child_process";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
-import { BOXD_HOST, BOXD_LOCAL, Laptop, OPENCODE, PLUGIN, missingPrerequisite, waitGone } from "./harness.mjs";
+import { BOXD_HOST, BOXD_LOCAL, Laptop, OPENCODE, PLUGIN, gone, missingPrerequisite, waitGone } from "./harness.mjs";
 
 const skip = missingPrerequisite() ?? (fs.existsSync(BOXD_HOST) ? false : `${BOXD_HOST} is missing: cargo build -p boxd-host`);
 const T = { timeout: 240000 };
@@ -118,6 +118,29 @@ describe("OpenCode killed or stopped mid-call", { skip }, () => {
     assert.ok(await waitGone(seen.before, 10000), "a child guarded by the killed watchdog outlived its process");
     assert.ok(await waitGone(seen.after, 10000), "a child guarded after the watchdog was killed outlived its process");
     assert.ok(await waitGone(seen.second, 10000), "the watchdog that took over stayed after its work was done");
+  });
+
+  // A pid still guarded but no longer the plugin's child (reaped, its answer not yet taken
+  // back, the pid used again by another process): the watchdog that takes over is not told
+  // of it, so that other process is not killed with the plugin. Here the other process is
+  // the test's own child, guarded by the plugin's process as if it were its own.
+  for (const runtime of ["node", "bun"]) test(`${runtime}: a watchdog that takes over is told only of the plugin's own children`, async () => {
+    const stranger = spawn("sleep", ["30"], { detached: true, stdio: "ignore" });
+    try {
+      const seen = JSON.parse(runScript(runtime, `
+        w.guard(${stranger.pid});
+        const first = w.watchdogPid;
+        process.kill(first, "SIGKILL");
+        for (const t = Date.now(); !(w.watchdogPid && w.watchdogPid !== first) && Date.now() - t < 10000; ) await new Promise((r) => setTimeout(r, 10));
+        say({ first, second: w.watchdogPid });
+        for (const t = Date.now(); Date.now() - t < 50; );
+        process.kill(process.pid, "SIGKILL");`));
+      assert.ok(seen.second && seen.second !== seen.first, `no watchdog took over (${JSON.stringify(seen)})`);
+      assert.ok(await waitGone(seen.second, 10000), "the watchdog that took over stayed after its work was done");
+      assert.equal(gone(stranger.pid), false, "a process that was not the plugin's child was killed with the plugin");
+    } finally {
+      process.kill(-stranger.pid, "SIGKILL");
+    }
   });
 
   // A process killed the moment after it started a child: the child is guarded from its

@@ -97,10 +97,10 @@ function startUnderBun() {
 }
 
 // A watchdog that ended while it was still this process's (killed by someone, or a
-// failure): the next one is started at once and told every child still guarded, whose
-// start time it reads as the old one did (each is this process's unreaped child, so its
-// pid is still its own). `next` null: none can be started, and none is tried again; nor
-// after REPLACEMENTS, so one that cannot live does not make a process of every turn.
+// failure): the next one is started at once and told every child still guarded that is
+// still this process's child (ours). `next` null: none can be started, and none is tried
+// again; nor after REPLACEMENTS, so one that cannot live does not make a process of every
+// turn.
 const REPLACEMENTS = 10;
 let replaced = 0;
 function lost(self, next = undefined) {
@@ -110,7 +110,20 @@ function lost(self, next = undefined) {
   if (pipe !== undefined || guarded.size === 0) return;
   replaced++;
   const to = watchdog();
-  for (const pid of guarded.keys()) to?.write(`+ ${pid}\n`);
+  for (const pid of guarded.keys()) if (ours(pid)) to?.write(`+ ${pid}\n`);
+}
+
+// Whether `pid` is still this process's child. A child is taken back some time after it
+// was reaped (lib/policy.js answers after a grace), and its pid may be another process's
+// by then: the first watchdog noted the child's own start time, so that stranger is never
+// matched, but a new watchdog would note the stranger's.
+function ours(pid) {
+  try {
+    const stat = fs.readFileSync(`/proc/${pid}/stat`, "utf8");
+    return Number(stat.slice(stat.lastIndexOf(")") + 2).split(" ")[1]) === process.pid;
+  } catch {
+    return false;
+  }
 }
 
 /** The watchdog's pid, once started (tests). */
