@@ -10,8 +10,9 @@
 // line arrives: read there, not here, because that read waits while the child is still
 // in its exec, which held the plugin's thread ~0.3 ms a child (docs/performance.md). The
 // pid is the plugin's child until the plugin reaps it, and the "-" written after that
-// follows in the pipe, so a time noted for a pid already used again is taken back with it
-// (unless the plugin dies in the instant between that reap and that write). When the
+// follows in the pipe, so a time noted for a pid already used again (a line the watchdog
+// read only after the reap) is taken back with it, unless the plugin dies before writing
+// it (lib/policy.js answers a child a grace after its exit). When the
 // pipe ends (this process is gone, however it ended) the watchdog kills each group still
 // listed whose leader is still that same process, so a pid used again by someone else is
 // never touched, and still running: a child that had exited is left with what it left
