@@ -106,9 +106,7 @@ describe("OpenCode killed or stopped mid-call", { skip }, () => {
       const child = () => spawn("sleep", ["30"], { detached: true, stdio: "ignore" });
       const before = child();
       w.guard(before.pid);
-      const first = w.watchdogPid;
-      process.kill(first, "SIGKILL");
-      for (const t = Date.now(); !(w.watchdogPid && w.watchdogPid !== first) && Date.now() - t < 10000; ) await new Promise((r) => setTimeout(r, 10));
+      const first = await killWatchdog();
       const after = child();
       w.guard(after.pid);
       say({ before: before.pid, after: after.pid, first, second: w.watchdogPid });
@@ -129,9 +127,7 @@ describe("OpenCode killed or stopped mid-call", { skip }, () => {
     try {
       const seen = JSON.parse(runScript(runtime, `
         w.guard(${stranger.pid});
-        const first = w.watchdogPid;
-        process.kill(first, "SIGKILL");
-        for (const t = Date.now(); !(w.watchdogPid && w.watchdogPid !== first) && Date.now() - t < 10000; ) await new Promise((r) => setTimeout(r, 10));
+        const first = await killWatchdog();
         say({ first, second: w.watchdogPid });
         for (const t = Date.now(); Date.now() - t < 50; );
         process.kill(process.pid, "SIGKILL");`));
@@ -167,8 +163,9 @@ describe("OpenCode killed or stopped mid-call", { skip }, () => {
 
 /**
  * Run `body` as a module under `runtime` (node, or bun: OpenCode's own binary), with
- * lib/watchdog.js as `w`, spawn, harness's gone and waitGone, and `say(value)` writing one
- * JSON line to stdout at once (the process may kill itself next). Returns its stdout,
+ * lib/watchdog.js as `w`, spawn, harness's gone and waitGone, `killWatchdog()`, and
+ * `say(value)` writing one JSON line to stdout at once (the process may kill itself next).
+ * Returns its stdout,
  * however it ended.
  */
 function runScript(runtime, body) {
@@ -180,6 +177,13 @@ function runScript(runtime, body) {
     const w = await import(${JSON.stringify(path.join(PLUGIN, "lib/watchdog.js"))});
     const { gone, waitGone } = await import(${JSON.stringify(new URL("./harness.mjs", import.meta.url).pathname)});
     const say = (value) => fs.writeSync(1, JSON.stringify(value));
+    // SIGKILL the watchdog as someone else would, and wait for the next (at most 10 s); its pid.
+    const killWatchdog = async () => {
+      const first = w.watchdogPid;
+      process.kill(first, "SIGKILL");
+      for (const t = Date.now(); !(w.watchdogPid && w.watchdogPid !== first) && Date.now() - t < 10000; ) await new Promise((r) => setTimeout(r, 10));
+      return first;
+    };
     ${body}`);
   const [bin, env] = runtime === "bun" ? [OPENCODE, { ...process.env, BUN_BE_BUN: "1" }] : [process.execPath, process.env];
   try {

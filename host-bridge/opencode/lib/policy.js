@@ -523,6 +523,9 @@ export function runChild(req, grants, track = () => () => {}, onGrant = () => {}
       return { tag: "ok", val: { ...val, stdout: new Uint8Array(got.line), files: [...sent, ...got.files] } };
     };
     child.on("exit", (code, signal) => {
+      // Taken back from the watchdog now, not when answered: it never kills a group whose
+      // leader has exited, and once reaped the pid may be another process's.
+      unguard();
       exitCode = code ?? (signal ? null : undefined);
       if (timedOut) return finish(err("timed-out"));
       // A background process the child started may keep stderr open, which would hold

@@ -5,14 +5,15 @@
 // and a slow one landed long after the next call had taken over its work.
 //
 // One watchdog a process stands in: /bin/sh reading a pipe only this process holds. A
-// child's group is announced as it starts ("+ PID") and taken back once it is answered
+// child's group is announced as it starts ("+ PID") and taken back once it has exited
 // ("- PID"). The watchdog notes each announced child's start time (/proc/PID/stat) as the
 // line arrives: read there, not here, because that read waits while the child is still
 // in its exec, which held the plugin's thread ~0.3 ms a child (docs/performance.md). The
 // pid is the plugin's child until the plugin reaps it, and the "-" written after that
 // follows in the pipe, so a time noted for a pid already used again (a line the watchdog
-// read only after the reap) is taken back with it, unless the plugin dies before writing
-// it (lib/policy.js answers a child a grace after its exit). When the
+// read only after the reap) is taken back with it, unless the plugin dies in the instant
+// between that reap and that write (lib/policy.js writes it as the child's exit is heard;
+// lib/inworker.js at its next look, within 50 ms). When the
 // pipe ends (this process is gone, however it ended) the watchdog kills each group still
 // listed whose leader is still that same process, so a pid used again by someone else is
 // never touched, and still running: a child that had exited is left with what it left
@@ -110,13 +111,13 @@ function lost(self, next = undefined) {
   watchdogPid = undefined;
   if (pipe !== undefined || guarded.size === 0) return;
   replaced++;
-  const to = watchdog();
-  for (const pid of guarded.keys()) if (ours(pid)) to?.write(`+ ${pid}\n`);
+  watchdog();
+  for (const pid of guarded.keys()) if (ours(pid)) tell(`+ ${pid}\n`);
 }
 
-// Whether `pid` is still this process's child. A child is taken back some time after it
-// was reaped (lib/policy.js answers after a grace), and its pid may be another process's
-// by then: the first watchdog noted the child's own start time, so that stranger is never
+// Whether `pid` is still this process's child. A child may be taken back a moment after it
+// was reaped (lib/inworker.js looks every 50 ms), and its pid may be another process's by
+// then: the first watchdog noted the child's own start time, so that stranger is never
 // matched, but a new watchdog would note the stranger's.
 function ours(pid) {
   try {
@@ -125,6 +126,15 @@ function ours(pid) {
   } catch {
     return false;
   }
+}
+
+// A line to the watchdog running as it is written: one started after the first ended was
+// told of the children still guarded (lost), and takes their "-" too. Never throws: a
+// watchdog gone is heard of through its exit.
+function tell(line) {
+  try {
+    watchdog()?.write(line);
+  } catch {}
 }
 
 /** The watchdog's pid, once started (tests). */
@@ -155,15 +165,8 @@ export function idle() {
  * die before it is answered. Returns the function that takes that back.
  */
 export function guard(pid) {
-  // To the watchdog running as each line is written: one started after the first ended
-  // was told of this child (lost), and takes the "-" too.
-  const say = (op) => {
-    try {
-      watchdog()?.write(`${op} ${pid}\n`);
-    } catch {}
-  };
   if (!watchdog()) return () => {};
-  say("+");
+  tell(`+ ${pid}\n`);
   guarded.set(pid, (guarded.get(pid) ?? 0) + 1);
   ending = false;
   let done = false;
@@ -173,7 +176,7 @@ export function guard(pid) {
     const left = guarded.get(pid) - 1;
     if (left > 0) guarded.set(pid, left);
     else guarded.delete(pid);
-    if (!left) say("-");
+    if (!left) tell(`- ${pid}\n`);
     endIfIdle();
   };
 }
