@@ -77,16 +77,28 @@ fn signal(pid: i32, sig: i32) {
 }
 
 /// SIGKILL every process of the machine, rescanning until none is left (children forked
-/// between scans are caught by the next one). Stopped processes die too. The bound is
+/// between scans are caught by the next one), and wait until each one signalled has exited.
+/// A killed process leaves the scan the moment its memory is let go (its environ reads
+/// empty), but it keeps its working folder and open files until its exit ends, and freeing
+/// a few GiB takes a good part of a second: a remove that answered then would move the
+/// folder from under a process still in it. Stopped processes die too. The bound is
 /// generous: on a loaded 2-core machine one scan of /proc can take a good part of a second.
 pub fn kill_all(id: &str) {
     let deadline = Instant::now() + Duration::from_secs(15);
+    // (pid, start time): a pid reused after its reap is not waited for.
+    let mut dying: Vec<(i32, u64)> = Vec::new();
     loop {
         let pids = pids_of(id);
-        if pids.is_empty() || Instant::now() > deadline {
+        dying.retain(|&(pid, start)| matches!(stat(pid), Some((state, t)) if t == start && !matches!(state, 'Z' | 'X')));
+        if (pids.is_empty() && dying.is_empty()) || Instant::now() > deadline {
             return;
         }
         for pid in pids {
+            if let Some((_, start)) = stat(pid) {
+                if !dying.contains(&(pid, start)) {
+                    dying.push((pid, start));
+                }
+            }
             signal(pid, libc::SIGKILL);
         }
         std::thread::sleep(Duration::from_millis(5));
