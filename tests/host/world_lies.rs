@@ -25,12 +25,26 @@ fn verbs(world: &World) -> Vec<String> {
 
 /// Someone else's oc-w1 (id `theirs`, their `theirs.txt` in it) after our create was
 /// refused: ensure refuses it, drop drops nothing, and nothing was removed or prepared.
+///
+/// The work's record stays open with no machine of its own while theirs runs under its
+/// name: status shows it not ours (nothing of it bills), the caps do not count their
+/// machine as this ledger's, and a drop closes the record, sending boxd nothing for it.
 fn left_alone(world: &World, theirs: &Value) {
     world.err_call("boxd_ensure", W1, "NOT_OURS");
-    let (_, dropped) = world.call("boxd_drop", W1);
-    assert_ne!(dropped["dropped"], true, "{dropped:#}");
+    let status = world.ok_call("boxd_status", "{}");
+    let row = status["works"].as_array().unwrap().iter().find(|w| w["work"] == "w1").unwrap().clone();
+    assert_eq!(row["state"], "notOurs", "{status:#}");
+    assert_eq!(row["spend"]["burnPerHour"], 0.0, "{row:#}");
+    assert_eq!(status["spend"]["burnPerHour"], 0.0, "their machine is not this ledger's burn: {status:#}");
+    // Their machine takes no slot of this ledger's: with room for one, w2 is made.
+    let (code, v) = world.call_with(&["--options", r#"{"maxRunningPerLedger":1}"#], "boxd_ensure", r#"{"work":"w2"}"#);
+    assert_eq!(code, 0, "{v:#}");
+    let dropped = world.ok_call("boxd_drop", W1);
+    assert_eq!((&dropped["dropped"], &dropped["nameTakenBy"]), (&json!(true), theirs), "{dropped:#}");
+    assert!(dropped["next"].as_str().unwrap().contains("no machine of its own"), "{dropped:#}");
+    assert_eq!(record(world, "w1")["state"], "closed");
     assert_eq!(world.calls_starting(&["machine", "remove"]), 0);
-    assert_eq!(world.calls_starting(&["machine", "exec"]), 1, "only their own echo: nothing was prepared on their machine");
+    assert_eq!(world.calls_starting(&["machine", "exec", "oc-w1"]), 1, "only their own echo: nothing was prepared on their machine");
     assert_eq!(&machine_get(world, "oc-w1")["id"], theirs, "their machine still runs");
     assert_eq!(String::from_utf8_lossy(&world.on_machine("oc-w1", "cat theirs.txt").stdout), "mine\n");
 }
@@ -198,8 +212,9 @@ fn an_uncertain_create_never_adopts_a_machine_someone_else_makes_under_the_name(
     assert!(world.laptop.boxd(&["machine", "new", "oc-w1", "--json"]).status.success());
     let theirs = machine_get(&world, "oc-w1")["id"].clone();
     assert!(world.on_machine("oc-w1", "echo mine > theirs.txt").status.success());
-    left_alone(&world, &theirs);
+    world.err_call("boxd_ensure", W1, "NOT_OURS");
     assert_eq!(record(&world, "w1")["state"], "open", "the intent is withdrawn: {:#}", record(&world, "w1"));
+    left_alone(&world, &theirs);
 }
 
 /// boxd answers a create with an empty id: nothing is recorded as the id (every later
@@ -217,6 +232,38 @@ fn a_create_that_answers_an_empty_id_is_adopted_by_the_id_boxd_gives_later() {
     assert_eq!(world.ok_call("boxd_ensure", W1)["adopted"], true);
     assert_eq!(record(&world, "w1")["machineId"], machine_get(&world, "oc-w1")["id"]);
     assert_eq!(world.ok_call("boxd_job", W1)["state"], "idle", "our own machine is ours to every tool");
+}
+
+/// A create answered with an id and a boot that timed out leaves the work creating with
+/// that id. When that machine never comes up and the name is someone else's since, the
+/// ensure refuses it (NOT_OURS, whose next step is a drop) and the drop closes the record,
+/// sending boxd nothing for their machine: the two no longer send the user to each other.
+/// One whose machine is simply gone closes too, with no machine made just to be dropped.
+#[test]
+fn a_create_whose_boot_timed_out_closes_once_its_machine_is_gone_or_its_name_taken() {
+    let world = World::new("lies-boot-timeout");
+    let answer = |w: &str| format!(r#"[{{"verb":"machine new","times":1,"action":"garbage","output":"{{\"name\":\"oc-{w}\",\"id\":\"vm_{w}_never\",\"boot\":\"timeout\"}}"}}]"#);
+    world.faults(&answer("w1"));
+    world.err_call("boxd_ensure", W1, "CREATE_UNCERTAIN");
+    let r = record(&world, "w1");
+    assert_eq!((r["state"].as_str(), r["machineId"].as_str()), (Some("creating"), Some("vm_w1_never")), "{r:#}");
+    assert!(world.laptop.boxd(&["machine", "new", "oc-w1", "--json"]).status.success());
+    let theirs = machine_get(&world, "oc-w1")["id"].clone();
+    let v = world.err_call("boxd_ensure", W1, "NOT_OURS");
+    assert!(v["next"].as_str().unwrap().contains("boxd_drop"), "{v:#}");
+    let dropped = world.ok_call("boxd_drop", W1);
+    assert_eq!((&dropped["dropped"], &dropped["nameTakenBy"]), (&json!(true), &theirs), "{dropped:#}");
+    assert_eq!(record(&world, "w1")["state"], "closed");
+    assert_eq!(world.calls_starting(&["machine", "remove"]), 0);
+    assert_eq!(machine_get(&world, "oc-w1")["id"], theirs, "their machine still runs");
+
+    world.faults(&answer("w2"));
+    world.err_call("boxd_ensure", r#"{"work":"w2"}"#, "CREATE_UNCERTAIN");
+    let made = world.calls_starting(&["machine", "new"]);
+    let dropped = world.ok_call("boxd_drop", r#"{"work":"w2"}"#);
+    assert_eq!(dropped["dropped"], true, "{dropped:#}");
+    assert_eq!(record(&world, "w2")["state"], "closed");
+    assert_eq!(world.calls_starting(&["machine", "new"]), made, "no machine made just to be dropped");
 }
 
 /// A proxy's 404 on the machine, and a listing whose rows have no `name`: the listing

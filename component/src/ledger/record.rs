@@ -353,6 +353,14 @@ impl Work {
         self.state == WorkState::Closed
     }
 
+    /// Open with no machine id: its create was withdrawn (boxd refused it, or the name
+    /// held a machine someone else made), and none has been made since. Every create
+    /// records its intent as `creating` first, so no machine under the name is this
+    /// ledger's: status shows it as not ours, the caps do not count it, a drop closes it.
+    pub fn holds_no_machine(&self) -> bool {
+        self.state == WorkState::Open && self.machine_id.is_none()
+    }
+
     /// A call saw the machine running: it is not down by boxd_sleep, and a sleep's intent
     /// the call read before it looked (`sleeping_then`) did not put it down, so it is
     /// spent. One recorded since belongs to a sleep still under way, and stays.

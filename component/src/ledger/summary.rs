@@ -25,6 +25,8 @@ pub(super) struct Summary {
     pub schema: u32,
     work: String,
     machine: String,
+    #[serde(default)]
+    machine_id: Option<String>,
     directory: String,
     #[serde(rename = "createdAt")]
     _created_at: IgnoredAny,
@@ -84,6 +86,7 @@ impl Summary {
             schema: self.schema,
             work: self.work,
             machine: self.machine,
+            machine_id: self.machine_id,
             directory: self.directory,
             state: self.state,
             prompts: self.prompts.into_iter().map(|p| Prompt { at_ms: p.at_ms, ..Default::default() }).collect(),
@@ -118,7 +121,8 @@ mod tests {
         for variant in 0..6u64 {
             let mut w = Work::new("w1", "/p", "2026-01-01T00:00:00.000Z");
             w.state = [WorkState::Open, WorkState::Creating, WorkState::Dropping, WorkState::Queued, WorkState::Closed, WorkState::Open][variant as usize];
-            w.machine_id = Some("m-1".into());
+            // The last: open with no machine id (a withdrawn create).
+            w.machine_id = (variant != 5).then(|| "m-1".into());
             w.created_ms = variant * H;
             for i in 0..variant * 3 {
                 w.prompts.push(Prompt { id: format!("p{i}"), at: "t".into(), sha256: "0".repeat(64), bytes: 9, admitted: i % 2 == 0, at_ms: (variant + i) * H, ..Default::default() });
@@ -153,7 +157,7 @@ mod tests {
         let mut seen = w.clone();
         seen.seen_not_running(now, H / 2, true);
         let shown = |w: &Work| {
-            let words = (w.work.clone(), w.machine.clone(), w.directory.clone(), w.state, w.is_closed(), w.proven(), w.prompts.len());
+            let words = (w.work.clone(), w.machine.clone(), w.directory.clone(), w.state, w.is_closed(), w.holds_no_machine(), w.proven(), w.prompts.len());
             let lists = (w.warnings.clone(), w.owed.clone(), w.temps.clone(), w.fork.clone());
             let money = (w.spend_micros(&p, now), w.burn_micros(&p), w.running_ms(now), w.lifetime_ms(now), w.running_since());
             (words, lists, money)

@@ -90,9 +90,10 @@ pub fn headroom<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F
         // still on the account's count if it runs.
         let Ok(Some(w)) = ledger.read(&id) else { continue };
         started.push(last_started(&w));
-        // A work whose name a tool saw holding another machine is not running: that one is
-        // someone else's (it stays on the account's count).
-        if w.work != work && !w.is_closed() && w.name_taken_by.is_none() && account.contains(&w.machine) {
+        // A work whose name a tool saw holding another machine, or whose create was
+        // withdrawn, is not running: the machine under its name is someone else's (it
+        // stays on the account's count).
+        if w.work != work && !w.is_closed() && w.name_taken_by.is_none() && !w.holds_no_machine() && account.contains(&w.machine) {
             running.push(Running::of(ctx, w));
         }
     }

@@ -78,7 +78,9 @@ fn close_gone<F: Files>(ledger: &mut Ledger<F>, work: &str, ctx: &Context, plann
     let (mut covered, mut was_closed, mut moved) = (0, false, false);
     let w = ledger.update(work, |w| {
         was_closed = w.is_closed();
-        moved = w.machine_id != *planned || w.state == WorkState::Creating;
+        // A create under way since the plan looked (or a rebuild) records no id first: only
+        // a create that answered with the planned id (its boot timed out) closes creating.
+        moved = w.machine_id != *planned || (w.state == WorkState::Creating && planned.is_none());
         if was_closed || moved {
             return;
         }
@@ -106,7 +108,8 @@ fn close_gone<F: Files>(ledger: &mut Ledger<F>, work: &str, ctx: &Context, plann
     out["next"] = json!("Done: the machine was already gone; the work is closed. The prompts listed as unrecovered never reached this laptop.");
     if let Some(id) = taken_by {
         out["nameTakenBy"] = json!(id);
-        out["next"] = json!(format!("Done: the work's own machine was gone, and {} is now another machine (id {id}), left untouched; the work is closed. The prompts listed as unrecovered never reached this laptop.", w.machine));
+        let own = if planned.is_some() { "the work's own machine was gone" } else { "the work had no machine of its own (its create was withdrawn)" };
+        out["next"] = json!(format!("Done: {own}, and {} is another machine (id {id}), left untouched; the work is closed. The prompts listed as unrecovered never reached this laptop.", w.machine));
     }
     Ok(out)
 }
@@ -179,6 +182,9 @@ fn plan(env: &mut Env, work: &str, machine: &str) -> ToolResult<Plan> {
     if let (WorkState::Creating, Some(f)) = (w.state, &w.fork) {
         return unready_fork(env, &w, &f.parent);
     }
+    if w.state == WorkState::Creating && w.machine_id.is_some() {
+        return answered_create(env, &w);
+    }
     if w.state == WorkState::Creating {
         // Its create never answered: the machine may still appear, and closing the work now
         // would leave it billing with no record.
@@ -196,6 +202,11 @@ fn plan(env: &mut Env, work: &str, machine: &str) -> ToolResult<Plan> {
         seen_taken_before(env, &w, &info)?;
         return Ok(Plan::Gone(w.machine_id, Some(info.id)));
     }
+    // Its create was withdrawn (refused, or the name held someone else's machine): no
+    // machine under the name is this ledger's, so the work closes with that one untouched.
+    if w.holds_no_machine() {
+        return Ok(Plan::Gone(None, Some(info.id)));
+    }
     check_machine(&w, &info)?;
     match crate::boxd::known_state(&info)? {
         State::Running | State::Standby => {}
@@ -211,6 +222,25 @@ fn plan(env: &mut Env, work: &str, machine: &str) -> ToolResult<Plan> {
     require_saving(&w)?;
     require_proven(&w)?;
     Ok(Plan::Live(w))
+}
+
+/// A create that answered with an id but not with a booted machine (its boot timed out):
+/// that machine may still come up, and boxd_ensure adopts it. Once it is gone, or its name
+/// holds another machine (seen so twice), nothing of the work is left on boxd, and it
+/// closes as a gone one does (boxd_ensure would refuse it: not ours).
+fn answered_create(env: &mut Env, w: &Work) -> ToolResult<Plan> {
+    let (work, machine) = (&w.work, &w.machine);
+    let mut boxd = Boxd::new(&mut env.programs, env.ctx.options.boxd_timeout_seconds);
+    let Some(info) = look(&mut boxd, machine, work)? else { return Ok(Plan::Gone(w.machine_id.clone(), None)) };
+    if super::machine::taken(w, &info) {
+        seen_taken_before(env, w, &info)?;
+        return Ok(Plan::Gone(w.machine_id.clone(), Some(info.id)));
+    }
+    Err(ToolError::with_next(
+        Code::CreateUncertain,
+        format!("work '{work}': {machine} was created but has not come up yet"),
+        format!("Call boxd_ensure for work '{work}' (it adopts the machine once it is up), then boxd_drop."),
+    ))
 }
 
 /// Closing a work because another id answers under its name rests on that answer: one

@@ -39,7 +39,7 @@ pub fn check_machine(w: &Work, info: &MachineInfo) -> ToolResult<()> {
             return Err(ToolError::with_next(
                 Code::NotOurs,
                 format!("{} exists, but the ledger recorded no create of it for work '{}'", info.name, w.work),
-                format!("Leave {} alone: no create of this ledger made it. Use another work id for this task (boxd_ensure).", info.name),
+                format!("Leave {} alone: no create of this ledger made it. Call boxd_drop for work '{}' to close its record (nothing of it runs on boxd), and use another work id for this task.", info.name, w.work),
             ));
         }
     }

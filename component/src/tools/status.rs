@@ -114,7 +114,7 @@ pub fn run(env: &mut Env, _args: &Value) -> ToolResult<Value> {
             (Ok(_), None) => ("gone", Some(State::Gone)),
             // A tool saw another machine under the name: the one listed is not this work's,
             // and this work's own is gone.
-            (Ok(_), Some(_)) if w.name_taken_by.is_some() => ("notOurs", Some(State::Gone)),
+            (Ok(_), Some(_)) if w.name_taken_by.is_some() || w.holds_no_machine() => ("notOurs", Some(State::Gone)),
             (Ok(_), Some(s)) => State::from_status(s).map_or(("unknown", None), |st| (job_state(st), Some(st))),
         };
         let state = state.to_string();
@@ -129,10 +129,13 @@ pub fn run(env: &mut Env, _args: &Value) -> ToolResult<Value> {
         let mut spend = spend_json(w, ctx);
         total += w.spend_micros(&opts.prices, ctx.now_ms);
         let mut warnings = w.warnings.clone();
-        if let (Some(id), "notOurs") = (&w.name_taken_by, state.as_str()) {
-            // Its machine is gone: nothing of this work bills any more.
+        if state == "notOurs" {
+            // No machine of this work runs: nothing of it bills any more.
             spend["burnPerHour"] = json!(0.0);
-            warnings.push(format!("{} is now another machine (id {}): this work's own machine is gone; no tool touches that one", w.machine, crate::redact::cut(id, 100)));
+            warnings.push(match &w.name_taken_by {
+                Some(id) => format!("{} is now another machine (id {}): this work's own machine is gone; no tool touches that one", w.machine, crate::redact::cut(id, 100)),
+                None => format!("{} is a machine this ledger did not create (this work's create was withdrawn, and no machine of its own was made); no tool touches it", w.machine),
+            });
         } else {
             burn += w.burn_micros(&opts.prices);
         }
@@ -160,7 +163,7 @@ pub fn run(env: &mut Env, _args: &Value) -> ToolResult<Value> {
                 "queued" => queued_next(&mut env.files, ctx, listing.as_ref().ok().map(|_| &states), w),
                 "asleep" | "stopped" => format!("Call boxd_resume for work '{}', then boxd_harvest to bring its transcript home.", w.work),
                 "gone" => format!("Call boxd_resume for work '{}' to rebuild it, or boxd_drop to close it and see what could not be recovered.", w.work),
-                "notOurs" => format!("Call boxd_drop for work '{}' to close its record (its machine is gone; it names what was not recovered).", w.work),
+                "notOurs" => format!("Call boxd_drop for work '{}' to close its record (no machine of its own is left; it names what was not recovered).", w.work),
                 _ => format!("Call boxd_harvest for work '{}' to bring its transcript home.", w.work),
             });
         }
