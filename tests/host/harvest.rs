@@ -149,7 +149,16 @@ fn files_come_back_with_conflicts_and_symlinks_refused() {
     // Into another folder it comes back.
     std::fs::create_dir_all(world.laptop.project.join("out")).unwrap();
     world.ok_call("boxd_harvest", r#"{"work":"w1","files":["SUMMARY.md"],"to":"out"}"#);
-    assert_eq!(std::fs::read_to_string(world.laptop.project.join("out/SUMMARY.md")).unwrap(), "summary v2\n");
+    let out = world.laptop.project.join("out/SUMMARY.md");
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), "summary v2\n");
+    // A file this work brought home, made private (and executable) by the user since, is
+    // replaced by the guest's next bytes with the user's mode kept, as an editor's save
+    // keeps it.
+    std::fs::set_permissions(&out, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+    run(&world, &format!("rewrite again {}", bash("echo summary v3 > SUMMARY.md")));
+    world.ok_call("boxd_harvest", r#"{"work":"w1","files":["SUMMARY.md"],"to":"out"}"#);
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), "summary v3\n");
+    assert_eq!(std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&out).unwrap().permissions()) & 0o7777, 0o700, "the user's mode is kept");
     world.err_call("boxd_harvest", r#"{"work":"w1","files":["link.txt"]}"#, "PATH_REFUSED");
     world.err_call("boxd_harvest", r#"{"work":"w1","files":["../x"]}"#, "NAME_INVALID");
 }

@@ -63,6 +63,23 @@ describe("frames", { skip }, () => {
     assert.deepEqual(fs.readFileSync(path.join(d, "a.out")), big);
   });
 
+  test("a temp file named for a laptop file takes its mode; an absent one or the short form keeps the usual", async () => {
+    const d = tmp();
+    const dest = path.join(d, "secret.env");
+    fs.writeFileSync(dest, "old");
+    fs.chmodSync(dest, 0o700);
+    fs.symlinkSync("/etc/passwd", path.join(d, "link.txt"));
+    const files = frames.openOutgoing([dest, dest, dest], [d]);
+    const { wire } = await sent(Buffer.from("{}\n"), files);
+    const temps = ["secret.env.0123456789ab-0.boxd-tmp", ".0123456789ab-1.boxd-tmp", "link.txt.0123456789ab-2.boxd-tmp"].map((n) => path.join(d, n));
+    received(d, wire, temps);
+    const mode = (p) => fs.statSync(p).mode & 0o7777;
+    const usual = 0o666 & ~process.umask();
+    assert.deepEqual(temps.map(mode), [0o700, usual, usual], "the destination's mode, never a symlink's target's");
+    assert.equal(frames.destinationOf(temps[0]), dest);
+    assert.equal(frames.destinationOf(temps[1]), null);
+  });
+
   test("a file changed while it is streamed stops the stream before its digest, saying so", async () => {
     const d = tmp();
     const a = path.join(d, "a.bin");

@@ -238,6 +238,7 @@ export function receive(fd, cap, paths, preopens) {
       try {
         out = fs.openSync(p, fs.constants.O_WRONLY | fs.constants.O_CREAT | fs.constants.O_EXCL | fs.constants.O_NOFOLLOW, 0o666);
         openedWhereChecked(out, p, preopens, "file", true);
+        keepMode(p, out);
       } catch (e) {
         return fail(`cannot create ${p}: ${String(e.message).replace(`${p}: `, "")}`);
       }
@@ -266,5 +267,27 @@ export function receive(fd, cap, paths, preopens) {
     }
   } catch (e) {
     return fail(e.message);
+  }
+}
+
+/** The laptop file a temp file is named for: `<dest>.<mark>-<i>.boxd-tmp` beside it
+ * (component/src/tools/landing.rs); the short form for a long name names none. */
+export function destinationOf(temp) {
+  const m = /^(.*[^/])\.[0-9a-f]+-[0-9]+\.boxd-tmp$/.exec(temp);
+  return m ? m[1] : null;
+}
+
+/** A temp file that will replace a laptop file takes that file's permission bits (never
+ * set-id or sticky), as an editor's save keeps them, as boxd-host does
+ * (host-bridge/src/runtime/frames.rs keep_mode). An absent destination, one that is not a
+ * regular file (not followed), or any failure leaves the usual mode. */
+function keepMode(temp, fd) {
+  const dest = destinationOf(temp);
+  if (dest === null) return;
+  try {
+    const st = fs.lstatSync(dest);
+    if (st.isFile()) fs.fchmodSync(fd, st.mode & 0o777);
+  } catch {
+    // The mode is not worth a harvest.
   }
 }

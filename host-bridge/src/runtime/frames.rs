@@ -79,7 +79,8 @@ fn open_beneath(path: &Path, preopens: &[PathBuf], flags: i32, by_path: &OpenOpt
     }
     let dir = File::open(root)?;
     let rel = std::ffi::CString::new(rel.as_os_str().as_bytes()).map_err(io::Error::other)?;
-    let flags = flags | libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NOCTTY;
+    // openat2 refuses any flag but these two beside O_PATH (EINVAL).
+    let flags = flags | libc::O_NOFOLLOW | libc::O_CLOEXEC | if flags & libc::O_PATH == 0 { libc::O_NOCTTY } else { 0 };
     let resolve = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_NO_MAGICLINKS;
     match super::read_open::openat2(dir.as_raw_fd(), &rel, flags, resolve) {
         Ok(fd) => Ok(File::from(fd)),
@@ -88,6 +89,31 @@ fn open_beneath(path: &Path, preopens: &[PathBuf], flags: i32, by_path: &OpenOpt
             Some(libc::ELOOP) | Some(libc::EXDEV) => Err(io::Error::other("a symlink is on the way, or it leads out of its preopened folder")),
             _ => Err(e),
         },
+    }
+}
+
+/// The laptop file a temp file is named for: `<dest>.<mark>-<i>.boxd-tmp` beside it
+/// (component/src/tools/landing.rs). The short form for a long name,
+/// `<folder>/.<mark>-<i>.boxd-tmp`, names none.
+fn destination_of(temp: &str) -> Option<&str> {
+    let (stem, i) = temp.strip_suffix(".boxd-tmp")?.rsplit_once('-')?;
+    let (dest, mark) = stem.rsplit_once('.')?;
+    let digits = |s: &str, hex: bool| !s.is_empty() && s.bytes().all(|b| if hex { b.is_ascii_hexdigit() } else { b.is_ascii_digit() });
+    (digits(i, false) && digits(mark, true) && !dest.is_empty() && !dest.ends_with('/')).then_some(dest)
+}
+
+/// A temp file that will replace a laptop file takes that file's permission bits (never
+/// set-id or sticky), as an editor's save keeps them: a file the user made private or
+/// executable stays so once a harvest replaces it. The destination is looked at beneath
+/// its preopen and not followed; one that is absent or not a regular file leaves the temp
+/// the usual mode, and so does any failure here (the mode is not worth a harvest).
+fn keep_mode(temp: &str, preopens: &[PathBuf], out: &File) {
+    use std::os::unix::fs::PermissionsExt;
+    let Some(dest) = destination_of(temp) else { return };
+    let by_path = OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK).clone();
+    let Ok(meta) = open_beneath(Path::new(dest), preopens, libc::O_PATH, &by_path).and_then(|f| f.metadata()) else { return };
+    if meta.file_type().is_file() {
+        let _ = out.set_permissions(std::fs::Permissions::from_mode(meta.permissions().mode() & 0o777));
     }
 }
 
@@ -256,6 +282,7 @@ fn receive_into(r: &mut impl BufRead, paths: &[String], preopens: &[PathBuf], re
         let mut out = open_beneath(Path::new(path), preopens, flags, &by_path).map_err(|e| format!("cannot create {path}: {e}"))?;
         // Recorded at once, so a failure below removes it too.
         received.push(Streamed { path: path.clone(), size, sha256: String::new() });
+        keep_mode(path, preopens, &out);
         let mut digest = Sha256::new();
         let mut left = size;
         while left > 0 {
@@ -310,6 +337,17 @@ fn durable(received: &[Streamed], preopens: &[PathBuf]) -> Result<(), String> {
 mod tests {
     use super::*;
 
+    #[test]
+    fn a_temp_names_its_destination_only_in_the_long_form() {
+        assert_eq!(destination_of("/p/out/a.txt.0123456789ab-0.boxd-tmp"), Some("/p/out/a.txt"));
+        assert_eq!(destination_of("/p/out/.env.0123456789ab-12.boxd-tmp"), Some("/p/out/.env"));
+        assert_eq!(destination_of("/p/out/.0123456789ab-3.boxd-tmp"), None, "the short form for a long name");
+        assert_eq!(destination_of("/p/out/a.txt.boxd-tmp"), None);
+        assert_eq!(destination_of("/p/out/a.txt.zz-1.boxd-tmp"), None);
+        assert_eq!(destination_of("/p/out/a.txt.0123456789ab-x.boxd-tmp"), None);
+        assert_eq!(destination_of("/p/out/a.txt"), None);
+    }
+
     /// Removes the test's folder when the test ends, passed or failed.
     struct Cleanup(PathBuf);
 
@@ -342,6 +380,27 @@ mod tests {
         let got = receive(&mut &wire[..], &out, std::slice::from_ref(&d)).unwrap();
         assert_eq!(got.iter().map(|g| &g.sha256).collect::<Vec<_>>(), sent.iter().map(|s| &s.sha256).collect::<Vec<_>>());
         assert_eq!(std::fs::read(d.join("a.out")).unwrap(), std::fs::read(&a).unwrap());
+    }
+
+    /// A temp file named for a laptop file takes its mode (made private and executable by
+    /// the user); one named for a symlink, or in the short form, keeps the usual mode.
+    #[test]
+    fn a_temp_file_takes_the_mode_of_the_file_it_will_replace() {
+        use std::os::unix::fs::PermissionsExt;
+        let (d, _cleanup) = dir("mode");
+        let dest = d.join("secret.env");
+        std::fs::write(&dest, b"old").unwrap();
+        std::fs::set_permissions(&dest, std::fs::Permissions::from_mode(0o700)).unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", d.join("link.txt")).unwrap();
+        let src = vec![dest.display().to_string(); 3];
+        let mut wire = Vec::new();
+        send(&mut wire, open_outgoing(&src, std::slice::from_ref(&d)).unwrap()).unwrap();
+        let temps: Vec<String> = ["secret.env.0123456789ab-0.boxd-tmp", ".0123456789ab-1.boxd-tmp", "link.txt.0123456789ab-2.boxd-tmp"].iter().map(|n| d.join(n).display().to_string()).collect();
+        receive(&mut &wire[..], &temps, std::slice::from_ref(&d)).unwrap();
+        let usual = std::fs::metadata(&temps[1]).unwrap().permissions().mode() & 0o7777;
+        let modes: Vec<u32> = temps.iter().map(|t| std::fs::metadata(t).unwrap().permissions().mode() & 0o7777).collect();
+        assert_eq!(modes, [0o700, usual, usual]);
+        assert_ne!(usual, 0o700);
     }
 
     /// A pipe that runs `meddle` once, when the first bytes of a file's frame went out
