@@ -333,7 +333,10 @@ pub(super) fn bring_files(env: &mut Env, w: Work, git: &Value, landing: &[Landin
 /// `last`: it is moved aside first (one rename, so nothing can change it unseen after),
 /// hashed, and then either dropped for `temp` or put back. False when it changed (then it
 /// is back where it was, or, if a new file took its place meanwhile, left beside it as
-/// `<temp>.kept`: never removed) or a new file appeared once it was aside.
+/// `<temp>.kept`: never removed) or a new file appeared once it was aside. The aside copy
+/// is removed only once `temp` is in place: a temp that is gone (a sweep of another call
+/// took a harvest that ran past its age for dead) puts the old bytes back, never leaving
+/// the destination empty.
 fn replace_unchanged(env: &mut Env, temp: &str, dest: &str, last: &str) -> Result<bool, crate::caps::FsError> {
     let aside = aside_of(temp);
     if !env.files.rename(dest, &aside)? {
@@ -345,8 +348,17 @@ fn replace_unchanged(env: &mut Env, temp: &str, dest: &str, last: &str) -> Resul
         let _ = env.files.place_new(&aside, dest);
         return Ok(false);
     }
-    env.files.remove_file(&aside)?;
-    env.files.place_new(temp, dest)
+    let placed = env.files.place_new(temp, dest);
+    // Placed, or a new file appeared at the destination once it was aside (the user's,
+    // kept): the aside copy is this work's own last bytes either way.
+    let taken = matches!(placed, Ok(false)) && !matches!(env.files.stat(dest), Ok(None));
+    if matches!(placed, Ok(true)) || taken {
+        env.files.remove_file(&aside)?;
+        return placed;
+    }
+    // Not placed and nothing there: the temp is gone. The old bytes go back.
+    let _ = env.files.place_new(&aside, dest);
+    placed.and_then(|_| Err(crate::caps::FsError::Io(format!("{temp}, the file that arrived for {dest}, is gone"))))
 }
 
 /// How a checked file lands.

@@ -373,3 +373,45 @@ fn a_landing_the_host_refuses_names_the_laptop_folder_not_boxd() {
         assert_eq!(e.code, Code::BoxdFailed, "{e:?}");
     }
 }
+
+/// Another call's sweep removes this harvest's temp file between its check and its
+/// placement (a harvest that ran past the sweep's age bound): the file this work brought
+/// home last goes back where it was, never leaving the destination empty.
+#[test]
+fn a_temp_swept_away_before_its_placement_leaves_the_old_bytes_in_place() {
+    use crate::testing::{raw_context, MemFiles, Scripted};
+    struct SweptAway(MemFiles);
+    impl crate::caps::Files for SweptAway {
+        fn read(&mut self, p: &str) -> Result<Option<Vec<u8>>, crate::caps::FsError> { self.0.read(p) }
+        fn write_atomic(&mut self, p: &str, b: &[u8]) -> Result<(), crate::caps::FsError> { self.0.write_atomic(p, b) }
+        fn create_dir_all(&mut self, p: &str) -> Result<(), crate::caps::FsError> { self.0.create_dir_all(p) }
+        fn list(&mut self, d: &str) -> Result<Vec<String>, crate::caps::FsError> { self.0.list(d) }
+        fn stat(&mut self, p: &str) -> Result<Option<crate::caps::Meta>, crate::caps::FsError> { self.0.stat(p) }
+        fn remove_file(&mut self, p: &str) -> Result<(), crate::caps::FsError> { self.0.remove_file(p) }
+        fn create_new(&mut self, p: &str, b: &[u8]) -> Result<bool, crate::caps::FsError> { self.0.create_new(p, b) }
+        fn rename(&mut self, f: &str, t: &str) -> Result<bool, crate::caps::FsError> {
+            if f == "/p/a.txt" {
+                self.0.remove_file("/p/a.txt.x-0.boxd-tmp")?;
+            }
+            self.0.rename(f, t)
+        }
+        fn place_new(&mut self, f: &str, t: &str) -> Result<bool, crate::caps::FsError> { self.0.place_new(f, t) }
+    }
+    let mut files = SweptAway(MemFiles::new(&["/p", "/l"]));
+    let ctx = crate::tools::context(raw_context("{}", "{}")).unwrap();
+    let mut w = Work { work: "w1".into(), machine: "oc-w1".into(), schema: crate::ledger::SCHEMA, ..Default::default() };
+    w.owed = vec!["a.txt".into()];
+    files.0.put("/p/a.txt", b"v1");
+    w.files_out.push(crate::ledger::FileRecord { guest: "a.txt".into(), laptop: "/p/a.txt".into(), size: 2, sha256: crate::encode::sha256_hex(b"v1"), at: String::new(), ..Default::default() });
+    let (landing, arrived) = a_txt_arrived(&mut files.0, b"v2");
+    Ledger::new(&mut files, "/l").write(&w).unwrap();
+    let git = json!({ "files": [{ "path": "a.txt" }] });
+    let mut programs = Scripted::default();
+    let mut env = Env { programs: &mut programs, files: &mut files, ctx: &ctx };
+    let e = bring_files(&mut env, w, &git, &landing, arrived).unwrap_err();
+    assert_eq!(e.code, Code::PathRefused, "{e:?}");
+    assert_eq!(files.0.text("/p/a.txt").as_deref(), Some("v1"), "the old bytes are back in place");
+    assert!(files.0.files.keys().all(|k| !k.ends_with(".kept")), "nothing left aside");
+    let w = Ledger::new(&mut files, "/l").read("w1").unwrap().unwrap();
+    assert_eq!(w.owed, ["a.txt"], "the file stays owed");
+}
