@@ -238,7 +238,7 @@ fn answered_create(env: &mut Env, w: &Work) -> ToolResult<Plan> {
     }
     Err(ToolError::with_next(
         Code::CreateUncertain,
-        format!("work '{work}': {machine} was created but has not come up yet"),
+        format!("work '{work}': the create of {machine} answered before the machine came up, and no boxd_ensure has taken it up since"),
         format!("Call boxd_ensure for work '{work}' (it adopts the machine once it is up), then boxd_drop."),
     ))
 }

@@ -351,12 +351,13 @@ fn replace_unchanged(env: &mut Env, temp: &str, dest: &str, last: &str) -> Resul
     let placed = env.files.place_new(temp, dest);
     // Placed, or a new file appeared at the destination once it was aside (the user's,
     // kept): the aside copy is this work's own last bytes either way.
-    let taken = matches!(placed, Ok(false)) && !matches!(env.files.stat(dest), Ok(None));
+    let taken = matches!(placed, Ok(false)) && matches!(env.files.stat(dest), Ok(Some(_)));
     if matches!(placed, Ok(true)) || taken {
         env.files.remove_file(&aside)?;
         return placed;
     }
-    // Not placed and nothing there: the temp is gone. The old bytes go back.
+    // Not placed and nothing known there: the temp is gone. The old bytes go back (or, if
+    // something is there after all, stay aside under the temp's record, which status names).
     let _ = env.files.place_new(&aside, dest);
     placed.and_then(|_| Err(crate::caps::FsError::Io(format!("{temp}, the file that arrived for {dest}, is gone"))))
 }
