@@ -454,6 +454,16 @@ impl<'a, P: Programs> Boxd<'a, P> {
         }
     }
 
+    /// Who the CLI is signed in as: `user_id/active_org` of `auth --json` (`-` for the
+    /// personal account, `active_org` null).
+    pub fn account(&mut self) -> Result<String, Failure> {
+        let v = self.run_json(argv(&["auth", "--json"]))?;
+        let user = v.get("user_id").and_then(Value::as_str).filter(|u| !u.trim().is_empty());
+        let Some(user) = user else { return Err(Failure::Other("boxd auth answered no user_id".into())) };
+        let org = v.get("active_org").and_then(Value::as_str).unwrap_or("-");
+        Ok(format!("{}/{}", cut(user, 200), cut(org, 200)))
+    }
+
     pub fn snapshots(&mut self) -> Result<Vec<Snapshot>, Failure> {
         let v = self.run_json(argv(&["snapshots", "list", "--json"]))?;
         snapshots_of(&v)

@@ -44,7 +44,7 @@ fn the_dangerous_calls_are_refused_and_the_granted_ones_run() {
     for (call, says) in [
         (&["opencode", "run", "rm -rf ~"][..], r#"opencode run "rm -rf ~": no grant of opencode starts with run; its grants: version, import, export"#),
         (&["opencode", "auth", "logout"], "opencode auth logout: no grant of opencode starts with auth"),
-        (&["boxd", "auth", "logout"], "boxd auth logout: no grant of boxd starts with auth"),
+        (&["boxd", "auth", "logout"], "boxd auth logout: no grant allows these arguments; the nearest, boxd account, allows boxd auth --json"),
         (&["boxd", "machine", "remove", "web", "-y", "--json"], "boxd machine remove web -y --json: no grant allows these arguments; the nearest, boxd machine-remove, allows boxd machine remove oc-{name} -y --json"),
         (&["boxd", "env", "set", "OPENAI_API_KEY", "sk-x"], "boxd env set OPENAI_API_KEY sk-x: no grant allows these arguments; the nearest, boxd env-list, allows boxd env list --json"),
         (&["boxd", "api-keys", "create"], "boxd api-keys create: no grant of boxd starts with api-keys"),

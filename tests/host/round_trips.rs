@@ -32,10 +32,11 @@ fn one_state_read(tool: &str, calls: &[Vec<String>]) {
 fn every_tool_makes_one_state_read_and_a_fixed_number_of_round_trips() {
     let world = World::new("round-trips");
     // A create: the name read once, the account's machines listed for the caps, the golden
-    // snapshot checked, the machine made, the helper uploaded (the ledger knows a new
+    // snapshot checked, the machine made, the account that made it asked (kept for the
+    // gone checks), the helper uploaded (the ledger knows a new
     // machine lacks it) and the guest prepared.
     let create = trips(&world, "boxd_ensure", W1);
-    assert_eq!(verbs(&create), ["machine get", "machine list", "snapshots list", "machine new", "machine exec", "machine exec"]);
+    assert_eq!(verbs(&create), ["machine get", "machine list", "snapshots list", "machine new", "auth --json", "machine exec", "machine exec"]);
     world.ok_call("boxd_ensure", r#"{"work":"w2"}"#);
 
     let status = trips(&world, "boxd_status", "{}");

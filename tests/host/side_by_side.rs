@@ -56,7 +56,7 @@ fn run_all_refuses_only_the_request_it_must_and_answers_in_request_order() {
     let lines: Vec<&str> = answer.lines().collect();
     assert_eq!(lines.len(), 4, "{answer}");
     assert_eq!(lines[0], "ok exit=Some(0)");
-    assert!(lines[1].starts_with("not-allowed: ") && lines[1].contains("no grant of boxd starts with auth"), "{}", lines[1]);
+    assert!(lines[1].starts_with("not-allowed: ") && lines[1].contains("the nearest, boxd account"), "{}", lines[1]);
     assert!(lines[2].starts_with("not-allowed: "), "{}", lines[2]);
     assert_eq!(lines[3], "ok exit=Some(1)", "the refusals stopped nothing else");
     // The audit's trace: one record per request, in order, each with the grant it matched.

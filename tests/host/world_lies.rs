@@ -556,3 +556,35 @@ fn a_forks_guest_never_writes_into_its_parents_transcript_and_honest_forks_prove
     assert!(!w1_now.contains("FORK-TEXT") && !w1_now.contains("more for w2"), "nothing of w2 in w1's transcript");
     assert!(crate::harvest::laptop_export(&world, &sid2).to_string().contains("more for w2"));
 }
+
+/// The boxd CLI signed in to another org (`boxd auth switch`, another BOXD_TOKEN): there
+/// the work's machine is truly not found and the listing truly lacks it. Neither a drop
+/// closes the work (its prompt called unrecovered while its machine runs on in the first
+/// org) nor a resume rebuilds it there: BOXD_FAILED naming both accounts. Signed in as
+/// before, the machine is the work's as ever.
+#[test]
+fn another_account_signed_in_never_closes_or_rebuilds_a_work_it_cannot_see() {
+    let world = World::new("lies-account");
+    world.ok_call("boxd_ensure", W1);
+    world.ok_call("boxd_submit", r#"{"work":"w1","prompt":"say hello"}"#);
+    world.job_until_idle("w1");
+    let made = record(&world, "w1")["account"].as_str().unwrap().to_string();
+    assert!(made.starts_with("usr_"), "the account that made it is kept: {made}");
+    world.faults(
+        r#"[{"verb":"machine get","action":"fail","message":"VM 'oc-w1' not found"},
+            {"verb":"machine list","action":"garbage","output":"[]"},
+            {"verb":"auth","action":"garbage","output":"{\"user_id\":\"usr_other\",\"active_org\":\"acme\"}"}]"#,
+    );
+    for tool in ["boxd_drop", "boxd_resume"] {
+        let v = world.err_call(tool, W1, "BOXD_FAILED");
+        assert!(v["message"].as_str().unwrap().contains("usr_other/acme") && v["message"].as_str().unwrap().contains(&made), "{tool}: {v:#}");
+        assert!(v["next"].as_str().unwrap().contains("boxd auth switch"), "{tool}: {v:#}");
+    }
+    let r = record(&world, "w1");
+    assert_eq!(r["state"], "open", "{r:#}");
+    assert_eq!(r["prompts"].as_array().map(Vec::len), Some(1), "{r:#}");
+    assert!(r.get("unrecovered").is_none_or(|u| u.as_array().is_some_and(Vec::is_empty)), "{r:#}");
+    assert_eq!((world.calls_starting(&["machine", "new"]), world.calls_starting(&["machine", "remove"])), (1, 0), "nothing rebuilt or removed");
+    world.faults("[]");
+    assert_eq!(world.ok_call("boxd_job", W1)["state"], "idle", "signed in as before, the machine is the work's");
+}

@@ -159,7 +159,7 @@ describe("the probe's dangerous calls through the bridge", { skip: built && PROB
     for (const [argv, says] of [
       [["opencode", "run", "rm -rf ~"], 'opencode run "rm -rf ~": no grant of opencode starts with run; its grants: version, import, export'],
       [["opencode", "auth", "logout"], "opencode auth logout: no grant of opencode starts with auth"],
-      [["boxd", "auth", "logout"], "boxd auth logout: no grant of boxd starts with auth"],
+      [["boxd", "auth", "logout"], "boxd auth logout: no grant allows these arguments; the nearest, boxd account, allows boxd auth --json"],
       [["boxd", "machine", "remove", "web", "-y", "--json"], "boxd machine remove web -y --json: no grant allows these arguments; the nearest, boxd machine-remove, allows boxd machine remove oc-{name} -y --json"],
       [["boxd", "env", "set", "OPENAI_API_KEY", "sk-x"], "boxd env set OPENAI_API_KEY sk-x: no grant allows these arguments; the nearest, boxd env-list, allows boxd env list --json"],
       [["boxd", "api-keys", "create"], "boxd api-keys create: no grant of boxd starts with api-keys"],
@@ -179,7 +179,7 @@ describe("the probe's dangerous calls through the bridge", { skip: built && PROB
     const lines = (await call("spawn-all", { argvs })).split("\n");
     assert.equal(lines.length, 4, lines.join("\n"));
     assert.equal(lines[0], "ok exit=Some(0)");
-    assert.ok(lines[1].startsWith("not-allowed: ") && lines[1].includes("no grant of boxd starts with auth"), lines[1]);
+    assert.ok(lines[1].startsWith("not-allowed: ") && lines[1].includes("the nearest, boxd account"), lines[1]);
     assert.ok(lines[2].startsWith("not-allowed: "), lines[2]);
     assert.equal(lines[3], "ok exit=Some(0)");
     // More than policy.json's runAll.maxRequests: refused whole, nothing runs.

@@ -106,6 +106,13 @@ pub struct Work {
     /// this work's; cleared when a rebuild makes the work a machine again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name_taken_by: Option<String>,
+    /// Who the boxd CLI was signed in as when it made the machine (`user_id/active_org`
+    /// of `boxd auth --json`; a fork takes its parent's). boxd answers for the account it is
+    /// signed in to now, where another org's machine reads as gone: a work is closed or
+    /// rebuilt as gone only while the CLI is signed in as this account. None: made before
+    /// it was kept, or `auth` did not answer then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub account: Option<String>,
     /// Laptop temp files a harvest is landing files into (recorded before the host
     /// creates them, cleared once they are renamed or removed): what a killed harvest left
     /// behind is exactly these, and the next harvest or drop removes them.

@@ -171,6 +171,16 @@ enum Plan {
 }
 
 fn plan(env: &mut Env, work: &str, machine: &str) -> ToolResult<Plan> {
+    let plan = plan_of(env, work, machine)?;
+    if let Plan::Gone(..) = plan {
+        let w = Ledger::for_call(&mut env.files, env.ctx).require(work)?;
+        let mut boxd = Boxd::new(&mut env.programs, env.ctx.options.boxd_timeout_seconds);
+        super::machine::same_account(&mut boxd, &w, "nothing was closed")?;
+    }
+    Ok(plan)
+}
+
+fn plan_of(env: &mut Env, work: &str, machine: &str) -> ToolResult<Plan> {
     let ctx = env.ctx;
     let w = Ledger::for_call(&mut env.files, ctx).require(work)?;
     if w.is_closed() {

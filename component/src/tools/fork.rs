@@ -238,6 +238,8 @@ fn record_fork<F: Files>(ledger: &mut Ledger<F>, ctx: &Context, parent: &Work, i
         let mut w = Work::new(id, &parent.directory, &now);
         w.state = WorkState::Queued;
         w.snapshot = parent.snapshot.clone();
+        // A fork is made in its parent's account: boxd forks never cross one.
+        w.account = parent.account.clone();
         w.fork = Some(ForkOrigin {
             parent: parent.work.clone(),
             at_prompt: parent.prompts.last().map(|p| p.id.clone()),

@@ -374,6 +374,7 @@ pub fn resume(env: &mut Env, args: &Value) -> ToolResult<Value> {
         }
         // The name is free (boxd knows no machine by it): rebuild under it.
         State::Gone => {
+            super::machine::same_account(&mut boxd, &w, "nothing was rebuilt")?;
             let rebuilt = create_machine(&mut boxd, &mut ledger, ctx, &work, Build::Rebuild)?;
             lost = w.prompts.iter().filter(|p| !rebuilt.prompts.iter().any(|q| q.id == p.id)).map(|p| p.id.clone()).collect();
             Wake::Rebuilt

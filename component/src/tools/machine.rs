@@ -101,6 +101,23 @@ pub fn owned_state<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledge
     }
 }
 
+/// boxd answers for the account its CLI is signed in to now, and another org's machine is
+/// not found there: a work is closed or rebuilt as gone only while the CLI is signed in as
+/// the account that made its machine (asked once, on those paths only). A record that
+/// keeps no account (made before it was kept) cannot be told, and is taken as before.
+pub fn same_account<P: Programs>(boxd: &mut Boxd<P>, w: &Work, nothing: &str) -> ToolResult<()> {
+    let Some(made) = &w.account else { return Ok(()) };
+    let now = boxd.account().map_err(Failure::into_error)?;
+    if &now == made {
+        return Ok(());
+    }
+    Err(ToolError::with_next(
+        Code::BoxdFailed,
+        format!("the boxd CLI is signed in as {now}, but {} was made as {made}: boxd does not show it from this account, so it is not known to be gone; {nothing}", w.machine),
+        format!("Sign the boxd CLI back in as the account that made it ('boxd auth switch', or the BOXD_TOKEN it used), then call the tool for work '{}' again.", w.work),
+    ))
+}
+
 /// A rebuilt machine that still owes the proven transcript (`restore_pending`) is refused
 /// by every tool that would use or copy its guest (submit, harvest, image, fork): until
 /// boxd_resume imports it, a prompt would start a second history and a copy would lack it.
@@ -306,8 +323,11 @@ fn create_admitted<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledge
         }
     })?;
     let landed = !created.boot_timeout && created.id.is_some();
+    // Who made it, for the gone checks (`same_account`); a failure to tell keeps none.
+    let account = if created.id.is_some() { boxd.account().ok() } else { None };
     let w = ledger.update(work, |w| {
         w.machine_id = created.id;
+        w.account = account;
         if landed {
             w.state = WorkState::Open;
             // A new machine holds no helper yet.

@@ -95,6 +95,7 @@ fn a_gone_machine_is_rebuilt_on_the_spend_status_shows() {
     p.push_exit(0, "[]", "");
     p.push_exit(0, GOLDEN, "");
     p.push_exit(0, r#"{"name":"oc-w1","id":"vm_2","boot":"0.1s"}"#, "");
+    p.push_exit(0, r#"{"user_id":"usr_1","active_org":null}"#, "");
     p.push_exit(0, "", "");
     p.push_exit(0, r#"{"ok":true,"work":"w1"}"#, "");
     let v = call(&mut p, &mut fs, "boxd_resume", r#"{"work":"w1"}"#, at(now, r#"{"workSpendCeiling":1}"#)).unwrap();
@@ -102,6 +103,7 @@ fn a_gone_machine_is_rebuilt_on_the_spend_status_shows() {
     let w = record(&mut fs);
     assert_eq!((w.runs[0].to_ms, w.runs[0].ended_by.as_deref()), (Some(T0 + H / 2), Some("seen gone")));
     assert_eq!((w.runs[1].from_ms, w.machine_id.as_deref()), (now, Some("vm_2")));
+    assert_eq!(w.account.as_deref(), Some("usr_1/-"), "the account that made it is kept");
 }
 
 /// A prompt at T0 runs for three hours, boxd_job watching; boxd hibernates the machine
