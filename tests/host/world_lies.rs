@@ -14,6 +14,15 @@ fn machine_get(world: &World, name: &str) -> Value {
     stdout_json(&world.laptop.boxd(&["machine", "get", name, "--json"]))
 }
 
+/// A world whose work w1 ran one prompt, not harvested yet.
+fn ran_a_prompt(name: &str) -> World {
+    let world = World::new(name);
+    world.ok_call("boxd_ensure", W1);
+    world.ok_call("boxd_submit", r#"{"work":"w1","prompt":"say hello"}"#);
+    world.job_until_idle("w1");
+    world
+}
+
 fn record(world: &World, work: &str) -> Value {
     serde_json::from_slice(&std::fs::read(world.laptop.ledger.join(format!("works/{work}/work.json"))).unwrap()).unwrap()
 }
@@ -287,10 +296,7 @@ fn a_listing_without_names_never_confirms_a_machine_gone() {
 /// rebuilt, and no prompt is called lost while the machine that ran it still runs.
 #[test]
 fn a_resume_whose_not_found_the_listing_contradicts_rebuilds_nothing_and_loses_no_prompt() {
-    let world = World::new("lies-resume-404");
-    world.ok_call("boxd_ensure", W1);
-    world.ok_call("boxd_submit", r#"{"work":"w1","prompt":"say hello"}"#);
-    world.job_until_idle("w1");
+    let world = ran_a_prompt("lies-resume-404");
     world.faults(r#"[{"verb":"machine get","times":1,"action":"fail","message":"VM 'oc-w1' not found"}]"#);
     let made = world.calls_starting(&["machine", "new"]);
     let v = world.err_call("boxd_resume", W1, "BOXD_FAILED");
@@ -564,10 +570,7 @@ fn a_forks_guest_never_writes_into_its_parents_transcript_and_honest_forks_prove
 /// before, the machine is the work's as ever.
 #[test]
 fn another_account_signed_in_never_closes_or_rebuilds_a_work_it_cannot_see() {
-    let world = World::new("lies-account");
-    world.ok_call("boxd_ensure", W1);
-    world.ok_call("boxd_submit", r#"{"work":"w1","prompt":"say hello"}"#);
-    world.job_until_idle("w1");
+    let world = ran_a_prompt("lies-account");
     let made = record(&world, "w1")["account"].as_str().unwrap().to_string();
     assert!(made.starts_with("usr_"), "the account that made it is kept: {made}");
     world.faults(

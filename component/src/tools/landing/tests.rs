@@ -3,16 +3,14 @@
 
 use super::*;
 
-/// MemFiles where another harvest lands `dest` just before this one places its file
-/// there (after the check found nothing): two works harvesting one path at once.
-struct LandsFirst {
+/// MemFiles where `hook(files, op, from, to)` runs just before each rename and place_new
+/// (`op` names which): what the user or another call does at that moment.
+struct Hooked<H: FnMut(&mut crate::testing::MemFiles, &str, &str, &str)> {
     inner: crate::testing::MemFiles,
-    dest: &'static str,
-    /// What the user or the other harvest puts there.
-    lands: &'static [u8],
+    hook: H,
 }
 
-impl crate::caps::Files for LandsFirst {
+impl<H: FnMut(&mut crate::testing::MemFiles, &str, &str, &str)> crate::caps::Files for Hooked<H> {
     fn read(&mut self, p: &str) -> Result<Option<Vec<u8>>, crate::caps::FsError> { self.inner.read(p) }
     fn write_atomic(&mut self, p: &str, b: &[u8]) -> Result<(), crate::caps::FsError> { self.inner.write_atomic(p, b) }
     fn create_dir_all(&mut self, p: &str) -> Result<(), crate::caps::FsError> { self.inner.create_dir_all(p) }
@@ -21,18 +19,26 @@ impl crate::caps::Files for LandsFirst {
     fn remove_file(&mut self, p: &str) -> Result<(), crate::caps::FsError> { self.inner.remove_file(p) }
     fn create_new(&mut self, p: &str, b: &[u8]) -> Result<bool, crate::caps::FsError> { self.inner.create_new(p, b) }
     fn rename(&mut self, f: &str, t: &str) -> Result<bool, crate::caps::FsError> {
-        // The replace path moves the destination aside first: the user saves just before.
-        if f == self.dest {
-            self.inner.put(f, self.lands);
-        }
+        (self.hook)(&mut self.inner, "rename", f, t);
         self.inner.rename(f, t)
     }
     fn place_new(&mut self, f: &str, t: &str) -> Result<bool, crate::caps::FsError> {
-        if t == self.dest && self.inner.files.get(t).is_none() && !f.ends_with(".kept") {
-            self.inner.put(t, self.lands);
-        }
+        (self.hook)(&mut self.inner, "place_new", f, t);
         self.inner.place_new(f, t)
     }
+}
+
+/// MemFiles where another harvest (or the user) lands `lands` at `dest` just before this
+/// one places its file there (after the check found nothing), or just before the replace
+/// path moves `dest` aside: two works harvesting one path at once, or a save.
+fn lands_first(dest: &'static str, lands: &'static [u8]) -> Hooked<impl FnMut(&mut crate::testing::MemFiles, &str, &str, &str)> {
+    let hook = move |m: &mut crate::testing::MemFiles, op: &str, f: &str, t: &str| {
+        let before_place = op == "place_new" && t == dest && m.files.get(t).is_none() && !f.ends_with(".kept");
+        if (op == "rename" && f == dest) || before_place {
+            m.put(dest, lands);
+        }
+    };
+    Hooked { inner: crate::testing::MemFiles::new(&["/p", "/l"]), hook }
 }
 
 /// /p/a.txt's landing, its temp holding `bytes` as the host streamed them.
@@ -43,22 +49,26 @@ fn a_txt_arrived(files: &mut crate::testing::MemFiles, bytes: &[u8]) -> (Vec<Lan
     (landing, arrived)
 }
 
-#[test]
-fn a_file_the_user_saved_after_the_check_is_never_replaced() {
-    use crate::testing::{raw_context, MemFiles, Scripted};
-    let mut files = LandsFirst { inner: MemFiles::new(&["/p", "/l"]), dest: "/p/a.txt", lands: b"the user's edit" };
-    let ctx = crate::tools::context(raw_context("{}", "{}")).unwrap();
+/// The harvest of a.txt over /p/a.txt, which this work brought home as "v1" last, with the
+/// guest's "v2" arrived for it; `mem` reaches the MemFiles inside `files`. Its error.
+fn land_v2_over_v1<F: crate::caps::Files>(files: &mut F, mem: fn(&mut F) -> &mut crate::testing::MemFiles) -> ToolError {
+    let ctx = crate::tools::context(crate::testing::raw_context("{}", "{}")).unwrap();
     let mut w = Work { work: "w1".into(), machine: "oc-w1".into(), schema: crate::ledger::SCHEMA, ..Default::default() };
     w.owed = vec!["a.txt".into()];
-    // This work brought "v1" home there last; the guest now has "v2".
-    files.inner.put("/p/a.txt", b"v1");
+    mem(files).put("/p/a.txt", b"v1");
     w.files_out.push(crate::ledger::FileRecord { guest: "a.txt".into(), laptop: "/p/a.txt".into(), size: 2, sha256: crate::encode::sha256_hex(b"v1"), at: String::new(), ..Default::default() });
-    let (landing, arrived) = a_txt_arrived(&mut files.inner, b"v2");
-    Ledger::new(&mut files, "/l").write(&w).unwrap();
+    let (landing, arrived) = a_txt_arrived(mem(files), b"v2");
+    Ledger::new(&mut *files, "/l").write(&w).unwrap();
     let git = json!({ "files": [{ "path": "a.txt" }] });
-    let mut programs = Scripted::default();
-    let mut env = Env { programs: &mut programs, files: &mut files, ctx: &ctx };
-    let e = bring_files(&mut env, w, &git, &landing, arrived).unwrap_err();
+    let mut programs = crate::testing::Scripted::default();
+    let mut env = Env { programs: &mut programs, files, ctx: &ctx };
+    bring_files(&mut env, w, &git, &landing, arrived).unwrap_err()
+}
+
+#[test]
+fn a_file_the_user_saved_after_the_check_is_never_replaced() {
+    let mut files = lands_first("/p/a.txt", b"the user's edit");
+    let e = land_v2_over_v1(&mut files, |f| &mut f.inner);
     assert!(e.code == Code::FileConflict && e.message.contains("changed while this harvest landed"), "{e:?}");
     assert_eq!(files.inner.text("/p/a.txt").as_deref(), Some("the user's edit"), "the edit is back in place");
     assert!(files.inner.files.keys().all(|k| !k.ends_with(".kept")), "nothing left aside");
@@ -68,7 +78,7 @@ fn a_file_the_user_saved_after_the_check_is_never_replaced() {
 /// and the replace: it cannot be hashed once aside, so it is put back as changed.
 #[test]
 fn a_file_that_stopped_being_a_file_after_the_check_is_put_back_not_left_aside() {
-    use crate::testing::{raw_context, MemFiles, Scripted};
+    use crate::testing::MemFiles;
     struct NoLongerAFile(MemFiles);
     impl crate::caps::Files for NoLongerAFile {
         fn read(&mut self, p: &str) -> Result<Option<Vec<u8>>, crate::caps::FsError> { self.0.read(p) }
@@ -85,17 +95,7 @@ fn a_file_that_stopped_being_a_file_after_the_check_is_put_back_not_left_aside()
         fn place_new(&mut self, f: &str, t: &str) -> Result<bool, crate::caps::FsError> { self.0.place_new(f, t) }
     }
     let mut files = NoLongerAFile(MemFiles::new(&["/p", "/l"]));
-    let ctx = crate::tools::context(raw_context("{}", "{}")).unwrap();
-    let mut w = Work { work: "w1".into(), machine: "oc-w1".into(), schema: crate::ledger::SCHEMA, ..Default::default() };
-    w.owed = vec!["a.txt".into()];
-    files.0.put("/p/a.txt", b"v1");
-    w.files_out.push(crate::ledger::FileRecord { guest: "a.txt".into(), laptop: "/p/a.txt".into(), size: 2, sha256: crate::encode::sha256_hex(b"v1"), at: String::new(), ..Default::default() });
-    let (landing, arrived) = a_txt_arrived(&mut files.0, b"v2");
-    Ledger::new(&mut files, "/l").write(&w).unwrap();
-    let git = json!({ "files": [{ "path": "a.txt" }] });
-    let mut programs = Scripted::default();
-    let mut env = Env { programs: &mut programs, files: &mut files, ctx: &ctx };
-    let e = bring_files(&mut env, w, &git, &landing, arrived).unwrap_err();
+    let e = land_v2_over_v1(&mut files, |f| &mut f.0);
     assert!(e.code == Code::FileConflict && e.message.contains("changed while this harvest landed"), "{e:?}");
     assert_eq!(files.0.text("/p/a.txt").as_deref(), Some("v1"), "what the user has there is back in place");
     assert!(files.0.files.keys().all(|k| !k.ends_with(".kept")), "nothing left aside");
@@ -103,8 +103,8 @@ fn a_file_that_stopped_being_a_file_after_the_check_is_put_back_not_left_aside()
 
 #[test]
 fn a_file_landed_by_another_harvest_after_the_check_is_never_replaced() {
-    use crate::testing::{raw_context, MemFiles, Scripted};
-    let mut files = LandsFirst { inner: MemFiles::new(&["/p", "/l"]), dest: "/p/b.txt", lands: b"the other work's result" };
+    use crate::testing::{raw_context, Scripted};
+    let mut files = lands_first("/p/b.txt", b"the other work's result");
     let ctx = crate::tools::context(raw_context("{}", "{}")).unwrap();
     let mut w = Work { work: "w1".into(), machine: "oc-w1".into(), schema: crate::ledger::SCHEMA, ..Default::default() };
     w.owed = vec!["a.txt".into(), "b.txt".into()];
@@ -130,12 +130,12 @@ fn a_file_landed_by_another_harvest_after_the_check_is_never_replaced() {
 
 #[test]
 fn the_same_bytes_landed_first_by_another_harvest_of_this_work_are_home() {
-    use crate::testing::{raw_context, MemFiles, Scripted};
+    use crate::testing::{raw_context, Scripted};
     let ctx = crate::tools::context(raw_context("{}", "{}")).unwrap();
     // Absent at the check, then the other harvest's copy; and, for a file brought home
     // before, replaced by the other harvest between the check and the move aside.
     for (before, lands) in [(None, b"a.txt" as &'static [u8]), (Some(b"v1" as &[u8]), b"a.txt")] {
-        let mut files = LandsFirst { inner: MemFiles::new(&["/p", "/l"]), dest: "/p/a.txt", lands };
+        let mut files = lands_first("/p/a.txt", lands);
         let mut w = Work { work: "w1".into(), machine: "oc-w1".into(), schema: crate::ledger::SCHEMA, ..Default::default() };
         w.owed = vec!["a.txt".into()];
         if let Some(b) = before {
@@ -379,39 +379,17 @@ fn a_landing_the_host_refuses_names_the_laptop_folder_not_boxd() {
 /// home last goes back where it was, never leaving the destination empty.
 #[test]
 fn a_temp_swept_away_before_its_placement_leaves_the_old_bytes_in_place() {
-    use crate::testing::{raw_context, MemFiles, Scripted};
-    struct SweptAway(MemFiles);
-    impl crate::caps::Files for SweptAway {
-        fn read(&mut self, p: &str) -> Result<Option<Vec<u8>>, crate::caps::FsError> { self.0.read(p) }
-        fn write_atomic(&mut self, p: &str, b: &[u8]) -> Result<(), crate::caps::FsError> { self.0.write_atomic(p, b) }
-        fn create_dir_all(&mut self, p: &str) -> Result<(), crate::caps::FsError> { self.0.create_dir_all(p) }
-        fn list(&mut self, d: &str) -> Result<Vec<String>, crate::caps::FsError> { self.0.list(d) }
-        fn stat(&mut self, p: &str) -> Result<Option<crate::caps::Meta>, crate::caps::FsError> { self.0.stat(p) }
-        fn remove_file(&mut self, p: &str) -> Result<(), crate::caps::FsError> { self.0.remove_file(p) }
-        fn create_new(&mut self, p: &str, b: &[u8]) -> Result<bool, crate::caps::FsError> { self.0.create_new(p, b) }
-        fn rename(&mut self, f: &str, t: &str) -> Result<bool, crate::caps::FsError> {
-            if f == "/p/a.txt" {
-                self.0.remove_file("/p/a.txt.x-0.boxd-tmp")?;
-            }
-            self.0.rename(f, t)
+    use crate::testing::MemFiles;
+    let swept = |m: &mut MemFiles, op: &str, f: &str, _: &str| {
+        if op == "rename" && f == "/p/a.txt" {
+            m.remove_file("/p/a.txt.x-0.boxd-tmp").unwrap();
         }
-        fn place_new(&mut self, f: &str, t: &str) -> Result<bool, crate::caps::FsError> { self.0.place_new(f, t) }
-    }
-    let mut files = SweptAway(MemFiles::new(&["/p", "/l"]));
-    let ctx = crate::tools::context(raw_context("{}", "{}")).unwrap();
-    let mut w = Work { work: "w1".into(), machine: "oc-w1".into(), schema: crate::ledger::SCHEMA, ..Default::default() };
-    w.owed = vec!["a.txt".into()];
-    files.0.put("/p/a.txt", b"v1");
-    w.files_out.push(crate::ledger::FileRecord { guest: "a.txt".into(), laptop: "/p/a.txt".into(), size: 2, sha256: crate::encode::sha256_hex(b"v1"), at: String::new(), ..Default::default() });
-    let (landing, arrived) = a_txt_arrived(&mut files.0, b"v2");
-    Ledger::new(&mut files, "/l").write(&w).unwrap();
-    let git = json!({ "files": [{ "path": "a.txt" }] });
-    let mut programs = Scripted::default();
-    let mut env = Env { programs: &mut programs, files: &mut files, ctx: &ctx };
-    let e = bring_files(&mut env, w, &git, &landing, arrived).unwrap_err();
+    };
+    let mut files = Hooked { inner: MemFiles::new(&["/p", "/l"]), hook: swept };
+    let e = land_v2_over_v1(&mut files, |f| &mut f.inner);
     assert_eq!(e.code, Code::PathRefused, "{e:?}");
-    assert_eq!(files.0.text("/p/a.txt").as_deref(), Some("v1"), "the old bytes are back in place");
-    assert!(files.0.files.keys().all(|k| !k.ends_with(".kept")), "nothing left aside");
+    assert_eq!(files.inner.text("/p/a.txt").as_deref(), Some("v1"), "the old bytes are back in place");
+    assert!(files.inner.files.keys().all(|k| !k.ends_with(".kept")), "nothing left aside");
     let w = Ledger::new(&mut files, "/l").read("w1").unwrap().unwrap();
     assert_eq!(w.owed, ["a.txt"], "the file stays owed");
 }
