@@ -74,13 +74,13 @@ fn changed(w: &Work, what: &str) -> ToolError {
 /// the drop planned on and is not being created: a resume may have rebuilt it meanwhile.
 /// `taken_by`: the id of another machine now under the name (the drop sent boxd nothing
 /// for it), said in the answer.
-fn close_gone<F: Files>(ledger: &mut Ledger<F>, work: &str, ctx: &Context, planned: &Option<String>, taken_by: Option<&str>) -> ToolResult<Value> {
+fn close_gone<F: Files>(ledger: &mut Ledger<F>, work: &str, ctx: &Context, planned: &Option<String>, creating: bool, taken_by: Option<&str>) -> ToolResult<Value> {
     let (mut covered, mut was_closed, mut moved) = (0, false, false);
     let w = ledger.update(work, |w| {
         was_closed = w.is_closed();
-        // A create under way since the plan looked (or a rebuild) records no id first: only
-        // a create that answered with the planned id (its boot timed out) closes creating.
-        moved = w.machine_id != *planned || (w.state == WorkState::Creating && planned.is_none());
+        // Only as the plan read it: a create under way since (or a rebuild) makes it
+        // creating, and an ensure that took up a create's machine since makes it open.
+        moved = w.machine_id != *planned || (w.state == WorkState::Creating) != creating;
         if was_closed || moved {
             return;
         }
@@ -164,15 +164,16 @@ enum Plan {
     Unready { recorded: Option<String>, claimed: u64, remove: bool },
     /// The machine is gone (or its name holds another machine, whose id is given): close
     /// the work, naming what could not be recovered (only while it still names the machine
-    /// id the plan read).
-    Gone(Option<String>, Option<String>),
+    /// id the plan read, and is `creating` as the plan read it: the bool).
+    Gone(Option<String>, Option<String>, bool),
     /// Running and ours, its transcript proven: seal, check the live state, remove.
     Live(Work),
 }
 
 fn plan(env: &mut Env, work: &str, machine: &str) -> ToolResult<Plan> {
     let plan = plan_of(env, work, machine)?;
-    if let Plan::Gone(..) = plan {
+    // Closed as gone, or a fork that recorded its machine closed with none seen.
+    if matches!(plan, Plan::Gone(..) | Plan::Unready { recorded: Some(_), remove: false, .. }) {
         let w = Ledger::for_call(&mut env.files, env.ctx).require(work)?;
         let mut boxd = Boxd::new(&mut env.programs, env.ctx.options.boxd_timeout_seconds);
         super::machine::same_account(&mut boxd, &w, "nothing was closed")?;
@@ -205,17 +206,17 @@ fn plan_of(env: &mut Env, work: &str, machine: &str) -> ToolResult<Plan> {
         ));
     }
     let mut boxd = Boxd::new(&mut env.programs, ctx.options.boxd_timeout_seconds);
-    let Some(info) = look(&mut boxd, machine, work)? else { return Ok(Plan::Gone(w.machine_id, None)) };
+    let Some(info) = look(&mut boxd, machine, work)? else { return Ok(Plan::Gone(w.machine_id, None, false)) };
     // Another machine under the name: ours is gone (names are unique), and that one is
     // never touched. The work closes as any gone one does, once seen so twice.
     if super::machine::taken(&w, &info) {
         seen_taken_before(env, &w, &info)?;
-        return Ok(Plan::Gone(w.machine_id, Some(info.id)));
+        return Ok(Plan::Gone(w.machine_id, Some(info.id), false));
     }
     // Its create was withdrawn (refused, or the name held someone else's machine): no
     // machine under the name is this ledger's, so the work closes with that one untouched.
     if w.holds_no_machine() {
-        return Ok(Plan::Gone(None, Some(info.id)));
+        return Ok(Plan::Gone(None, Some(info.id), false));
     }
     check_machine(&w, &info)?;
     match crate::boxd::known_state(&info)? {
@@ -241,10 +242,10 @@ fn plan_of(env: &mut Env, work: &str, machine: &str) -> ToolResult<Plan> {
 fn answered_create(env: &mut Env, w: &Work) -> ToolResult<Plan> {
     let (work, machine) = (&w.work, &w.machine);
     let mut boxd = Boxd::new(&mut env.programs, env.ctx.options.boxd_timeout_seconds);
-    let Some(info) = look(&mut boxd, machine, work)? else { return Ok(Plan::Gone(w.machine_id.clone(), None)) };
+    let Some(info) = look(&mut boxd, machine, work)? else { return Ok(Plan::Gone(w.machine_id.clone(), None, true)) };
     if super::machine::taken(w, &info) {
         seen_taken_before(env, w, &info)?;
-        return Ok(Plan::Gone(w.machine_id.clone(), Some(info.id)));
+        return Ok(Plan::Gone(w.machine_id.clone(), Some(info.id), true));
     }
     Err(ToolError::with_next(
         Code::CreateUncertain,
@@ -412,8 +413,8 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
                 Err(w) => Err(changed(&w, "nothing was closed")),
             };
         }
-        Plan::Gone(planned, taken_by) => {
-            let mut out = close_gone(&mut ledger, &work, ctx, &planned, taken_by.as_deref())?;
+        Plan::Gone(planned, taken_by, creating) => {
+            let mut out = close_gone(&mut ledger, &work, ctx, &planned, creating, taken_by.as_deref())?;
             if out["machineWasGone"] == true {
                 // Deleted in the laptop's OpenCode since the harvest: put back, as a live drop does.
                 if !restored.is_empty() {
@@ -470,7 +471,7 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
         // checked it and removed it (or boxd lost it). Nothing on it can be recovered any
         // more: the work closes as any gone one does, and is not reopened with no machine.
         if matches!(e.code, Code::GuestFailed | Code::BoxdFailed | Code::Timeout) && gone(&mut boxd, &machine) {
-            return close_gone(&mut ledger, &work, ctx, &planned, None);
+            return close_gone(&mut ledger, &work, ctx, &planned, false, None);
         }
         // Refused: the work is open again (the guest restarts on its next command). Unless
         // another drop of it, at once, finished first: then what was asked for is done.
@@ -501,7 +502,7 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
     let (w, mut out) = match close_when(&mut ledger, &work, ctx, |w| w.machine_id == planned && w.state == WorkState::Dropping)? {
         Ok(closed) => closed,
         Err(w) if w.is_closed() => return Ok(already_dropped(&w)),
-        Err(_) => return close_gone(&mut ledger, &work, ctx, &planned, None),
+        Err(_) => return close_gone(&mut ledger, &work, ctx, &planned, false, None),
     };
     if let Some(g) = &w.git {
         out["patch"] = json!(g.patch);

@@ -77,6 +77,8 @@ pub fn ensure(env: &mut Env, args: &Value) -> ToolResult<Value> {
         };
         refuse_under_a_drop(&w, ctx)?;
         let (w, st, adopted) = adopt(&mut ledger, w, &info, ctx)?;
+        // A create whose answer never came, taken up by its machine: the account it is in.
+        let w = if adopted && w.account.is_none() { super::machine::keep_account(&mut boxd, &mut ledger, w)? } else { w };
         let (w, guest) = if matches!(st, State::Running | State::Standby) {
             let guest = prepare_fresh_guest(&mut boxd, &mut ledger, ctx, &w, version.as_deref())?;
             // A rebuild whose create answered late: this adoption finishes it.
@@ -101,6 +103,11 @@ pub fn ensure(env: &mut Env, args: &Value) -> ToolResult<Value> {
         if w.state == WorkState::Open && w.machine_id.is_some() {
             return Err(ToolError::new(Code::MachineGone, format!("{machine}, recorded for work '{work}', no longer exists")));
         }
+    }
+    // A create that answered with an id and never came up, seen from another account, would
+    // be made again here while its machine runs there.
+    if let Some(w) = &record {
+        super::machine::same_account(&mut boxd, w, "nothing was created")?;
     }
     let w = create_machine(&mut boxd, &mut ledger, ctx, &work, Build::New { directory: &directory })?;
     let guest = prepare_fresh_guest(&mut boxd, &mut ledger, ctx, &w, version.as_deref())?;
@@ -515,6 +522,7 @@ mod tests {
             assert_eq!((w.state, w.machine_id.as_deref()), (if ours { WorkState::Creating } else { WorkState::Open }, None), "{found:?}");
             let mut p = Scripted::default();
             p.push_exit(0, found.unwrap_or(OURS), "");
+            p.push_exit(0, r#"{"user_id":"usr_1","active_org":null}"#, ""); // the account it is in
             p.push_exit(0, "", "");
             p.push_exit(0, r#"{"ok":true}"#, "");
             let r = call(&mut p, &mut fs, "boxd_ensure", r#"{"work":"w1"}"#, crate::testing::raw_context("{}", facts));
@@ -553,6 +561,7 @@ mod tests {
         }
         let mut p = Scripted::default();
         p.push_exit(0, OURS, "");
+        p.push_exit(0, r#"{"user_id":"usr_1","active_org":null}"#, ""); // the account it is in
         p.push_exit(0, "", "");
         p.push_exit(0, r#"{"ok":true}"#, "");
         let v = call(&mut p, &mut fs, "boxd_ensure", r#"{"work":"w1"}"#, crate::testing::raw_context("{}", facts)).unwrap();

@@ -101,6 +101,20 @@ pub fn owned_state<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledge
     }
 }
 
+/// Who made the work's machine, for the gone checks (`same_account`): asked once its id is
+/// recorded (a host killed, or an `auth` hanging, meanwhile leaves no machine unrecorded),
+/// and kept only while the record still names that machine. A failure to tell keeps what
+/// was known.
+pub fn keep_account<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F>, w: Work) -> ToolResult<Work> {
+    let Some(id) = w.machine_id.clone() else { return Ok(w) };
+    let Ok(account) = boxd.account() else { return Ok(w) };
+    ledger.update(&w.work, |r| {
+        if r.machine_id.as_deref() == Some(id.as_str()) {
+            r.account = Some(account);
+        }
+    })
+}
+
 /// boxd answers for the account its CLI is signed in to now, and another org's machine is
 /// not found there: a work is closed or rebuilt as gone only while the CLI is signed in as
 /// the account that made its machine (asked once, on those paths only). A record that
@@ -323,11 +337,9 @@ fn create_admitted<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledge
         }
     })?;
     let landed = !created.boot_timeout && created.id.is_some();
-    // Who made it, for the gone checks (`same_account`); a failure to tell keeps none.
-    let account = if created.id.is_some() { boxd.account().ok() } else { None };
+    let id = created.id.is_some();
     let w = ledger.update(work, |w| {
         w.machine_id = created.id;
-        w.account = account;
         if landed {
             w.state = WorkState::Open;
             // A new machine holds no helper yet.
@@ -335,6 +347,7 @@ fn create_admitted<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledge
             w.open_run(ctx.now_ms);
         }
     })?;
+    let w = if id { keep_account(boxd, ledger, w)? } else { w };
     if !landed {
         return Err(ToolError::new(Code::CreateUncertain, match build {
             Build::New { .. } => format!("boxd created {machine} but its boot timed out or its answer carried no id; it may still come up"),

@@ -89,7 +89,7 @@ pub fn kill_all(id: &str) {
     let mut dying: Vec<(i32, u64)> = Vec::new();
     loop {
         let pids = pids_of(id);
-        dying.retain(|&(pid, start)| matches!(stat(pid), Some((state, t)) if t == start && !matches!(state, 'Z' | 'X')));
+        dying.retain(|&(pid, start)| still_exiting(pid, start));
         if (pids.is_empty() && dying.is_empty()) || Instant::now() > deadline {
             return;
         }
@@ -103,6 +103,27 @@ pub fn kill_all(id: &str) {
         }
         std::thread::sleep(Duration::from_millis(5));
     }
+}
+
+/// Whether the process `pid` (started at `start`) has a thread that has not exited: its
+/// leader reads `Z` as soon as it has exited itself, while the other threads, which hold
+/// its memory and working folder, may still be on their way out.
+#[cfg(target_os = "linux")]
+fn still_exiting(pid: i32, start: u64) -> bool {
+    if !matches!(stat(pid), Some((_, t)) if t == start) {
+        return false;
+    }
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return false };
+    tasks.flatten().any(|t| {
+        let Ok(s) = std::fs::read_to_string(t.path().join("stat")) else { return false };
+        let state = s.rfind(')').and_then(|i| s.get(i + 2..)).and_then(|r| r.chars().next());
+        !matches!(state, Some('Z' | 'X') | None)
+    })
+}
+
+#[cfg(not(target_os = "linux"))]
+fn still_exiting(pid: i32, start: u64) -> bool {
+    matches!(stat(pid), Some((state, t)) if t == start && state != 'Z')
 }
 
 /// SIGSTOP every process of the machine until all show state `T` (pause, hibernate).

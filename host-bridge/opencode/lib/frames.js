@@ -286,7 +286,8 @@ function keepMode(temp, fd) {
   if (dest === null) return;
   try {
     const st = fs.lstatSync(dest);
-    if (st.isFile()) fs.fchmodSync(fd, st.mode & 0o777);
+    // Its owner can always read it: the component hashes it.
+    if (st.isFile()) fs.fchmodSync(fd, (st.mode & 0o777) | 0o400);
   } catch {
     // The mode is not worth a harvest.
   }

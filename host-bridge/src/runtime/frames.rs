@@ -113,7 +113,8 @@ fn keep_mode(temp: &str, preopens: &[PathBuf], out: &File) {
     let by_path = OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK).clone();
     let Ok(meta) = open_beneath(Path::new(dest), preopens, libc::O_PATH, &by_path).and_then(|f| f.metadata()) else { return };
     if meta.file_type().is_file() {
-        let _ = out.set_permissions(std::fs::Permissions::from_mode(meta.permissions().mode() & 0o777));
+        // Its owner can always read it: the host syncs it and the component hashes it.
+        let _ = out.set_permissions(std::fs::Permissions::from_mode(meta.permissions().mode() & 0o777 | 0o400));
     }
 }
 
