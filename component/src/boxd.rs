@@ -545,6 +545,7 @@ impl<'a, P: Programs> Boxd<'a, P> {
             timeout_ms: deadline,
             stdin_files: streams.stdin_files.clone(),
             stdout_files: streams.stdout_files.clone(),
+            stdout_modes_from: streams.stdout_modes_from.clone(),
             ..Default::default()
         };
         let bound = format!("{} s (its --timeout of {timeout_seconds} s plus 30 s)", deadline / 1000);

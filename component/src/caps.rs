@@ -20,6 +20,8 @@ pub struct RunRequest {
     pub stdin_files: Vec<String>,
     /// New laptop files the host writes the child's stdout frames to, in order.
     pub stdout_files: Vec<String>,
+    /// For each of `stdout_files`, the laptop file whose mode it takes ("": none).
+    pub stdout_modes_from: Vec<String>,
 }
 
 /// The files a run streams, as `RunRequest` carries them.
@@ -27,6 +29,7 @@ pub struct RunRequest {
 pub struct Streams {
     pub stdin_files: Vec<String>,
     pub stdout_files: Vec<String>,
+    pub stdout_modes_from: Vec<String>,
 }
 
 /// A file the host streamed in or out: laptop path, size, sha256 (hex).

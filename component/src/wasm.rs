@@ -102,6 +102,7 @@ fn to_wit(r: &RunRequest) -> spawn::Request {
         timeout_ms: r.timeout_ms,
         stdin_files: r.stdin_files.clone(),
         stdout_files: r.stdout_files.clone(),
+        stdout_modes_from: r.stdout_modes_from.clone(),
     }
 }
 

@@ -54,7 +54,7 @@ let taken = 0;
 function request(req) {
   return {
     program: req.program, args: req.args, stdin: req.stdin ?? null, env: req.env, cwd: req.cwd ?? null, timeoutMs: req.timeoutMs,
-    stdinFiles: req.stdinFiles ?? [], stdoutFiles: req.stdoutFiles ?? [],
+    stdinFiles: req.stdinFiles ?? [], stdoutFiles: req.stdoutFiles ?? [], stdoutModesFrom: req.stdoutModesFrom ?? [],
   };
 }
 

@@ -154,11 +154,11 @@ fn files_come_back_with_conflicts_and_symlinks_refused() {
     // A file this work brought home, made private (and executable) by the user since, is
     // replaced by the guest's next bytes with the user's mode kept, as an editor's save
     // keeps it.
-    std::fs::set_permissions(&out, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+    std::fs::set_permissions(&out, std::os::unix::fs::PermissionsExt::from_mode(0o740)).unwrap();
     run(&world, &format!("rewrite again {}", bash("echo summary v3 > SUMMARY.md")));
     world.ok_call("boxd_harvest", r#"{"work":"w1","files":["SUMMARY.md"],"to":"out"}"#);
     assert_eq!(std::fs::read_to_string(&out).unwrap(), "summary v3\n");
-    assert_eq!(std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&out).unwrap().permissions()) & 0o7777, 0o700, "the user's mode is kept");
+    assert_eq!(std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&out).unwrap().permissions()) & 0o7777, 0o640, "the user's read and write bits are kept, no execute bit");
     world.err_call("boxd_harvest", r#"{"work":"w1","files":["link.txt"]}"#, "PATH_REFUSED");
     world.err_call("boxd_harvest", r#"{"work":"w1","files":["../x"]}"#, "NAME_INVALID");
 }

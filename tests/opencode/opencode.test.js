@@ -250,6 +250,20 @@ describe("in OpenCode, a work end to end: ensure → submit → job → harvest"
     assert.equal(msgs.length, harvest.sessions[0].messages);
     const status = outputJson(await l.callTool("boxd_status"));
     assert.equal(status.works.find((w) => w.work === "e2e").proven, true);
+    // Made private (and executable) by the user, then changed by the guest: replaced with the
+    // user's read and write bits kept (the component names the file; the bridge sets them).
+    const out = path.join(l.project, "OUT.txt");
+    fs.chmodSync(out, 0o740);
+    const again = outputJson(await l.callTool("boxd_submit", { work: "e2e", prompt: "append @@tool:bash:{\"command\":\"echo again >> OUT.txt\",\"description\":\"append\"}@@" }));
+    assert.equal(again.admitted, true, JSON.stringify(again));
+    await l.waitFor("the second run to finish", async () => {
+      const j = outputJson(await l.callTool("boxd_job", { work: "e2e" }));
+      return j.state === "idle" ? j : undefined;
+    }, 150000, 500);
+    const second = outputJson(await l.callTool("boxd_harvest", { work: "e2e", files: ["OUT.txt"] }));
+    assert.equal(second.error, undefined, JSON.stringify(second));
+    assert.equal(fs.readFileSync(out, "utf8"), "hello from the laptop\nagain\n");
+    assert.equal(fs.statSync(out).mode & 0o7777, 0o640, "the user's read and write bits are kept, no execute bit");
     const slept = outputJson(await l.callTool("boxd_sleep", { work: "e2e" }));
     assert.equal(slept.state, "asleep", JSON.stringify(slept));
   });

@@ -120,7 +120,7 @@ fn a_snapshot_row_without_a_name_fails_the_whole_listing() {
 #[test]
 fn a_landing_the_host_could_not_make_is_the_laptops_not_boxds() {
     use crate::caps::{SpawnError, Streams};
-    let landing = Streams { stdin_files: Vec::new(), stdout_files: vec!["/p/a.txt.x-0.boxd-tmp".into()] };
+    let landing = Streams { stdin_files: Vec::new(), stdout_files: vec!["/p/a.txt.x-0.boxd-tmp".into()], ..Default::default() };
     let said = |streams: &Streams, host: &str| {
         let mut p = Scripted::default();
         p.push_spawn_error(SpawnError::Failed(host.into()));

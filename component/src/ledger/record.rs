@@ -368,6 +368,13 @@ impl Work {
         self.state == WorkState::Open && self.machine_id.is_none()
     }
 
+    /// A machine under the work's name is not this work's: a tool saw another id there
+    /// (`name_taken_by`), or its create was withdrawn (`holds_no_machine`). boxd_status and
+    /// admission see names only, and count such a name for no work of this ledger.
+    pub fn name_not_ours(&self) -> bool {
+        self.name_taken_by.is_some() || self.holds_no_machine()
+    }
+
     /// A call saw the machine running: it is not down by boxd_sleep, and a sleep's intent
     /// the call read before it looked (`sleeping_then`) did not put it down, so it is
     /// spent. One recorded since belongs to a sleep still under way, and stays.

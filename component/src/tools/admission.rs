@@ -93,7 +93,7 @@ pub fn headroom<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F
         // A work whose name a tool saw holding another machine, or whose create was
         // withdrawn, is not running: the machine under its name is someone else's (it
         // stays on the account's count).
-        if w.work != work && !w.is_closed() && w.name_taken_by.is_none() && !w.holds_no_machine() && account.contains(&w.machine) {
+        if w.work != work && !w.is_closed() && !w.name_not_ours() && account.contains(&w.machine) {
             running.push(Running::of(ctx, w));
         }
     }
@@ -113,7 +113,7 @@ pub fn headroom_known<F: Files>(ledger: &mut Ledger<F>, ctx: &Context, work: &st
     for id in ledger.ids()? {
         let Ok(Some(w)) = ledger.read(&id) else { continue };
         started.push(last_started(&w));
-        if w.work != work && !w.is_closed() && w.name_taken_by.is_none() && w.running_since().is_some() {
+        if w.work != work && !w.is_closed() && !w.name_not_ours() && w.running_since().is_some() {
             account.push(w.machine.clone());
             running.push(Running::of(ctx, w));
         }

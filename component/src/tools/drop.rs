@@ -193,10 +193,10 @@ fn plan_of(env: &mut Env, work: &str, machine: &str) -> ToolResult<Plan> {
     if let (WorkState::Creating, Some(f)) = (w.state, &w.fork) {
         return unready_fork(env, &w, &f.parent);
     }
-    if w.state == WorkState::Creating && w.machine_id.is_some() {
-        return answered_create(env, &w);
-    }
-    if w.state == WorkState::Creating {
+    // A create answered with an id but not with a booted machine (its boot timed out): it
+    // is looked at as any machine is below, and closes once gone or taken.
+    let answered = w.state == WorkState::Creating && w.machine_id.is_some();
+    if w.state == WorkState::Creating && !answered {
         // Its create never answered: the machine may still appear, and closing the work now
         // would leave it billing with no record.
         return Err(ToolError::with_next(
@@ -206,12 +206,20 @@ fn plan_of(env: &mut Env, work: &str, machine: &str) -> ToolResult<Plan> {
         ));
     }
     let mut boxd = Boxd::new(&mut env.programs, ctx.options.boxd_timeout_seconds);
-    let Some(info) = look(&mut boxd, machine, work)? else { return Ok(Plan::Gone(w.machine_id, None, false)) };
+    let Some(info) = look(&mut boxd, machine, work)? else { return Ok(Plan::Gone(w.machine_id, None, answered)) };
     // Another machine under the name: ours is gone (names are unique), and that one is
     // never touched. The work closes as any gone one does, once seen so twice.
     if super::machine::taken(&w, &info) {
         seen_taken_before(env, &w, &info)?;
-        return Ok(Plan::Gone(w.machine_id, Some(info.id), false));
+        return Ok(Plan::Gone(w.machine_id, Some(info.id), answered));
+    }
+    if answered {
+        // Still there and ours: boxd_ensure takes it up once it is up.
+        return Err(ToolError::with_next(
+            Code::CreateUncertain,
+            format!("work '{work}': the create of {machine} answered before the machine came up, and no boxd_ensure has taken it up since"),
+            format!("Call boxd_ensure for work '{work}' (it adopts the machine once it is up), then boxd_drop."),
+        ));
     }
     // Its create was withdrawn (refused, or the name held someone else's machine): no
     // machine under the name is this ledger's, so the work closes with that one untouched.
@@ -233,25 +241,6 @@ fn plan_of(env: &mut Env, work: &str, machine: &str) -> ToolResult<Plan> {
     require_saving(&w)?;
     require_proven(&w)?;
     Ok(Plan::Live(w))
-}
-
-/// A create that answered with an id but not with a booted machine (its boot timed out):
-/// that machine may still come up, and boxd_ensure adopts it. Once it is gone, or its name
-/// holds another machine (seen so twice), nothing of the work is left on boxd, and it
-/// closes as a gone one does (boxd_ensure would refuse it: not ours).
-fn answered_create(env: &mut Env, w: &Work) -> ToolResult<Plan> {
-    let (work, machine) = (&w.work, &w.machine);
-    let mut boxd = Boxd::new(&mut env.programs, env.ctx.options.boxd_timeout_seconds);
-    let Some(info) = look(&mut boxd, machine, work)? else { return Ok(Plan::Gone(w.machine_id.clone(), None, true)) };
-    if super::machine::taken(w, &info) {
-        seen_taken_before(env, w, &info)?;
-        return Ok(Plan::Gone(w.machine_id.clone(), Some(info.id), true));
-    }
-    Err(ToolError::with_next(
-        Code::CreateUncertain,
-        format!("work '{work}': the create of {machine} answered before the machine came up, and no boxd_ensure has taken it up since"),
-        format!("Call boxd_ensure for work '{work}' (it adopts the machine once it is up), then boxd_drop."),
-    ))
 }
 
 /// Closing a work because another id answers under its name rests on that answer: one

@@ -521,7 +521,12 @@ fn record_git(env: &mut Env, w: Work, wanted: &[String], landing: &[Landing]) ->
     };
     let mut boxd = Boxd::new(&mut env.programs, ctx.options.boxd_timeout_seconds);
     let stdin = serde_json::to_vec(&json!({ "files": wanted, "haveRefs": have })).expect("serialises");
-    let streams = Streams { stdin_files: Vec::new(), stdout_files: landing.iter().map(|l| l.temp.clone()).collect() };
+    // Each temp takes the mode of the laptop file it may replace (the host sets it).
+    let streams = Streams {
+        stdin_files: Vec::new(),
+        stdout_files: landing.iter().map(|l| l.temp.clone()).collect(),
+        stdout_modes_from: landing.iter().map(|l| l.dest.clone()).collect(),
+    };
     let (git, arrived) = Guest::new(&mut boxd, &w.machine, &w.work).call_streaming("git", &["--files-stdin"], Some(stdin), &streams)?;
     let mut ledger = Ledger::for_call(&mut env.files, ctx);
     let record = super::account::record(&mut ledger, &w, &git, &now)?;

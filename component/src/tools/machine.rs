@@ -337,7 +337,6 @@ fn create_admitted<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledge
         }
     })?;
     let landed = !created.boot_timeout && created.id.is_some();
-    let id = created.id.is_some();
     let w = ledger.update(work, |w| {
         w.machine_id = created.id;
         if landed {
@@ -347,7 +346,7 @@ fn create_admitted<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledge
             w.open_run(ctx.now_ms);
         }
     })?;
-    let w = if id { keep_account(boxd, ledger, w)? } else { w };
+    let w = keep_account(boxd, ledger, w)?;
     if !landed {
         return Err(ToolError::new(Code::CreateUncertain, match build {
             Build::New { .. } => format!("boxd created {machine} but its boot timed out or its answer carried no id; it may still come up"),

@@ -112,9 +112,9 @@ pub fn run(env: &mut Env, _args: &Value) -> ToolResult<Value> {
             _ if w.state == WorkState::Queued => ("queued", None),
             (Err(_), _) => ("unknown", None),
             (Ok(_), None) => ("gone", Some(State::Gone)),
-            // A tool saw another machine under the name: the one listed is not this work's,
-            // and this work's own is gone.
-            (Ok(_), Some(_)) if w.name_taken_by.is_some() || w.holds_no_machine() => ("notOurs", Some(State::Gone)),
+            // A tool saw another machine under the name, or the work's create was withdrawn:
+            // the one listed is not this work's.
+            (Ok(_), Some(_)) if w.name_not_ours() => ("notOurs", Some(State::Gone)),
             (Ok(_), Some(s)) => State::from_status(s).map_or(("unknown", None), |st| (job_state(st), Some(st))),
         };
         let state = state.to_string();

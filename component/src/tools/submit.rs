@@ -233,7 +233,7 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
     });
     let mut stdin = serde_json::to_vec(&payload).expect("serialises");
     stdin.push(b'\n');
-    let streams = Streams { stdin_files: files.iter().map(|f| f.from.clone()).collect(), stdout_files: Vec::new() };
+    let streams = Streams { stdin_files: files.iter().map(|f| f.from.clone()).collect(), ..Default::default() };
     let mut guest = Guest::new(&mut boxd, &machine, &work);
     let (answer, sent_files) = match guest.call_streaming("submit", &[], Some(stdin), &streams) {
         Ok(v) => v,

@@ -177,7 +177,7 @@ export async function send(pipe, bytes, files) {
  * then the frames after it into `paths`, in order, each created new beneath `preopens`.
  * Returns {line, files} or {line, error} (and then no file of this call is kept).
  */
-export function receive(fd, cap, paths, preopens) {
+export function receive(fd, cap, paths, preopens, modesFrom = []) {
   let pos = 0;
   const buf = Buffer.allocUnsafe(CHUNK);
   let have = 0;
@@ -238,7 +238,7 @@ export function receive(fd, cap, paths, preopens) {
       try {
         out = fs.openSync(p, fs.constants.O_WRONLY | fs.constants.O_CREAT | fs.constants.O_EXCL | fs.constants.O_NOFOLLOW, 0o666);
         openedWhereChecked(out, p, preopens, "file", true);
-        keepMode(p, out);
+        keepMode(modesFrom[received.length] ?? "", out, preopens);
       } catch (e) {
         return fail(`cannot create ${p}: ${String(e.message).replace(`${p}: `, "")}`);
       }
@@ -270,24 +270,17 @@ export function receive(fd, cap, paths, preopens) {
   }
 }
 
-/** The laptop file a temp file is named for: `<dest>.<mark>-<i>.boxd-tmp` beside it
- * (component/src/tools/landing.rs); the short form for a long name names none. */
-export function destinationOf(temp) {
-  const m = /^(.*[^/])\.[0-9a-f]+-[0-9]+\.boxd-tmp$/.exec(temp);
-  return m ? m[1] : null;
-}
-
-/** A temp file that will replace a laptop file takes that file's permission bits (never
- * set-id or sticky), as an editor's save keeps them, as boxd-host does
- * (host-bridge/src/runtime/frames.rs keep_mode). An absent destination, one that is not a
- * regular file (not followed), or any failure leaves the usual mode. */
-function keepMode(temp, fd) {
-  const dest = destinationOf(temp);
-  if (dest === null) return;
+/** A file created for a frame takes the read and write bits of the laptop file the
+ * component names for it (WIT `stdout-modes-from`: the file it may replace), always
+ * readable by its owner and never executable, as boxd-host does (host-bridge/src/runtime/frames.rs
+ * keep_mode). That file must be clean and inside a preopen, and a regular file (not
+ * followed); anything else, or any failure, leaves the usual mode. */
+function keepMode(modeFrom, fd, preopens) {
+  if (!modeFrom) return;
   try {
-    const st = fs.lstatSync(dest);
-    // Its owner can always read it: the component hashes it.
-    if (st.isFile()) fs.fchmodSync(fd, (st.mode & 0o777) | 0o400);
+    confined(modeFrom, preopens, "file");
+    const st = fs.lstatSync(modeFrom);
+    if (st.isFile()) fs.fchmodSync(fd, (st.mode & 0o666) | 0o400);
   } catch {
     // The mode is not worth a harvest.
   }

@@ -512,7 +512,7 @@ export function runChild(req, grants, track = () => () => {}, onGrant = () => {}
         }
         return { tag: "ok", val: { ...val, stdout: new Uint8Array(stdout) } };
       }
-      const got = frames.receive(outFd, BOUNDS.stdout, stdoutFiles, grants.preopens);
+      const got = frames.receive(outFd, BOUNDS.stdout, stdoutFiles, grants.preopens, req.stdoutModesFrom ?? []);
       if (got.line === null) {
         killGroup();
         return overCap(req.program, "stdout");

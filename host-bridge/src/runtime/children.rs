@@ -124,7 +124,8 @@ impl HostState {
         let roots: Vec<PathBuf> = self.policy.preopens().iter().map(|p| p.path.clone()).collect();
         let stdin_files = frames::open_outgoing(&r.stdin_files, &roots).map_err(wit_spawn::Error::Failed)?;
         frames::check_incoming(&r.stdout_files, &roots).map_err(wit_spawn::Error::Failed)?;
-        for (path, mode) in r.stdin_files.iter().map(|p| (p, "stream-in")).chain(r.stdout_files.iter().map(|p| (p, "stream-out"))) {
+        let modes_from = r.stdout_modes_from.iter().filter(|p| !p.is_empty()).map(|p| (p, "mode-from"));
+        for (path, mode) in r.stdin_files.iter().map(|p| (p, "stream-in")).chain(r.stdout_files.iter().map(|p| (p, "stream-out"))).chain(modes_from) {
             self.trace.paths.push(PathRecord { path: path.clone(), mode: mode.to_string() });
         }
         Ok(Checked { r, binary, env, cwd, stdin_files, roots })
@@ -134,7 +135,7 @@ impl HostState {
 impl Checked<'_> {
     fn run(self) -> Answer {
         let r = self.r;
-        let streams = spawn::Streams { stdin_files: self.stdin_files, stdout_files: &r.stdout_files, roots: &self.roots };
+        let streams = spawn::Streams { stdin_files: self.stdin_files, stdout_files: &r.stdout_files, stdout_modes_from: &r.stdout_modes_from, roots: &self.roots };
         let out = spawn::run_streaming(
             spawn::Spawn {
                 name: &r.program,

@@ -92,29 +92,23 @@ fn open_beneath(path: &Path, preopens: &[PathBuf], flags: i32, by_path: &OpenOpt
     }
 }
 
-/// The laptop file a temp file is named for: `<dest>.<mark>-<i>.boxd-tmp` beside it
-/// (component/src/tools/landing.rs). The short form for a long name,
-/// `<folder>/.<mark>-<i>.boxd-tmp`, names none.
-fn destination_of(temp: &str) -> Option<&str> {
-    let (stem, i) = temp.strip_suffix(".boxd-tmp")?.rsplit_once('-')?;
-    let (dest, mark) = stem.rsplit_once('.')?;
-    let digits = |s: &str, hex: bool| !s.is_empty() && s.bytes().all(|b| if hex { b.is_ascii_hexdigit() } else { b.is_ascii_digit() });
-    (digits(i, false) && digits(mark, true) && !dest.is_empty() && !dest.ends_with('/')).then_some(dest)
-}
-
-/// A temp file that will replace a laptop file takes that file's permission bits (never
-/// set-id or sticky), as an editor's save keeps them: a file the user made private or
-/// executable stays so once a harvest replaces it. The destination is looked at beneath
-/// its preopen and not followed; one that is absent or not a regular file leaves the temp
-/// the usual mode, and so does any failure here (the mode is not worth a harvest).
-fn keep_mode(temp: &str, preopens: &[PathBuf], out: &File) {
+/// A file the host creates for a frame takes the read and write bits of the laptop file the
+/// component names for it (`stdout-modes-from`: the file it may replace), always readable
+/// by its owner (the host syncs it and the component hashes it), as an editor's save keeps
+/// them: a file the user made private stays so once a harvest replaces it. Never an
+/// execute, set-id or sticky bit: no file the host writes for the component can be run.
+/// That file is looked at beneath its preopen and not followed; one that is absent or not
+/// a regular file leaves the usual mode, and so does any failure here (the mode is not
+/// worth a harvest).
+fn keep_mode(mode_from: &str, preopens: &[PathBuf], out: &File) {
     use std::os::unix::fs::PermissionsExt;
-    let Some(dest) = destination_of(temp) else { return };
+    if mode_from.is_empty() {
+        return;
+    }
     let by_path = OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK).clone();
-    let Ok(meta) = open_beneath(Path::new(dest), preopens, libc::O_PATH, &by_path).and_then(|f| f.metadata()) else { return };
+    let Ok(meta) = open_beneath(Path::new(mode_from), preopens, libc::O_PATH, &by_path).and_then(|f| f.metadata()) else { return };
     if meta.file_type().is_file() {
-        // Its owner can always read it: the host syncs it and the component hashes it.
-        let _ = out.set_permissions(std::fs::Permissions::from_mode(meta.permissions().mode() & 0o777 | 0o400));
+        let _ = out.set_permissions(std::fs::Permissions::from_mode(meta.permissions().mode() & 0o666 | 0o400));
     }
 }
 
@@ -242,12 +236,13 @@ pub fn first_line(r: &mut impl BufRead, cap: usize) -> io::Result<Vec<u8>> {
 }
 
 /// Receive the frames that follow the first line into the files `paths` names, in order,
-/// each created new. Returns the files that arrived whole. A frame that is cut short,
+/// each created new, with the mode of the file `modes_from` names at its index (`keep_mode`).
+/// Returns the files that arrived whole. A frame that is cut short,
 /// damaged, past the limits, or more frames than paths is an error, and then no file of
 /// this call is kept.
-pub fn receive(r: &mut impl BufRead, paths: &[String], preopens: &[PathBuf]) -> Result<Vec<Streamed>, String> {
+pub fn receive(r: &mut impl BufRead, paths: &[String], modes_from: &[String], preopens: &[PathBuf]) -> Result<Vec<Streamed>, String> {
     let mut received: Vec<Streamed> = Vec::new();
-    let result = receive_into(r, paths, preopens, &mut received).and_then(|()| durable(&received, preopens));
+    let result = receive_into(r, paths, modes_from, preopens, &mut received).and_then(|()| durable(&received, preopens));
     if result.is_err() {
         for f in &received {
             let _ = std::fs::remove_file(&f.path);
@@ -256,7 +251,7 @@ pub fn receive(r: &mut impl BufRead, paths: &[String], preopens: &[PathBuf]) -> 
     result.map(|()| received)
 }
 
-fn receive_into(r: &mut impl BufRead, paths: &[String], preopens: &[PathBuf], received: &mut Vec<Streamed>) -> Result<(), String> {
+fn receive_into(r: &mut impl BufRead, paths: &[String], modes_from: &[String], preopens: &[PathBuf], received: &mut Vec<Streamed>) -> Result<(), String> {
     let (file_max, call_max) = limits();
     let mut total = 0u64;
     let mut chunk = vec![0u8; CHUNK];
@@ -283,7 +278,7 @@ fn receive_into(r: &mut impl BufRead, paths: &[String], preopens: &[PathBuf], re
         let mut out = open_beneath(Path::new(path), preopens, flags, &by_path).map_err(|e| format!("cannot create {path}: {e}"))?;
         // Recorded at once, so a failure below removes it too.
         received.push(Streamed { path: path.clone(), size, sha256: String::new() });
-        keep_mode(path, preopens, &out);
+        keep_mode(modes_from.get(received.len() - 1).map_or("", String::as_str), preopens, &out);
         let mut digest = Sha256::new();
         let mut left = size;
         while left > 0 {
@@ -338,17 +333,6 @@ fn durable(received: &[Streamed], preopens: &[PathBuf]) -> Result<(), String> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_temp_names_its_destination_only_in_the_long_form() {
-        assert_eq!(destination_of("/p/out/a.txt.0123456789ab-0.boxd-tmp"), Some("/p/out/a.txt"));
-        assert_eq!(destination_of("/p/out/.env.0123456789ab-12.boxd-tmp"), Some("/p/out/.env"));
-        assert_eq!(destination_of("/p/out/.0123456789ab-3.boxd-tmp"), None, "the short form for a long name");
-        assert_eq!(destination_of("/p/out/a.txt.boxd-tmp"), None);
-        assert_eq!(destination_of("/p/out/a.txt.zz-1.boxd-tmp"), None);
-        assert_eq!(destination_of("/p/out/a.txt.0123456789ab-x.boxd-tmp"), None);
-        assert_eq!(destination_of("/p/out/a.txt"), None);
-    }
-
     /// Removes the test's folder when the test ends, passed or failed.
     struct Cleanup(PathBuf);
 
@@ -378,30 +362,32 @@ mod tests {
         assert_eq!((sent[0].size, sent[1].size), (200_000, 0));
         assert_eq!(sent[1].sha256, "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
         let out: Vec<String> = ["a.out", "b.out"].iter().map(|n| d.join(n).display().to_string()).collect();
-        let got = receive(&mut &wire[..], &out, std::slice::from_ref(&d)).unwrap();
+        let got = receive(&mut &wire[..], &out, &[], std::slice::from_ref(&d)).unwrap();
         assert_eq!(got.iter().map(|g| &g.sha256).collect::<Vec<_>>(), sent.iter().map(|s| &s.sha256).collect::<Vec<_>>());
         assert_eq!(std::fs::read(d.join("a.out")).unwrap(), std::fs::read(&a).unwrap());
     }
 
-    /// A temp file named for a laptop file takes its mode (made private and executable by
-    /// the user); one named for a symlink, or in the short form, keeps the usual mode.
+    /// A received file takes the read and write bits of the laptop file named for it (made
+    /// private by the user, and executable: not carried); one named for a symlink, or for
+    /// none, keeps the usual mode.
     #[test]
     fn a_temp_file_takes_the_mode_of_the_file_it_will_replace() {
         use std::os::unix::fs::PermissionsExt;
         let (d, _cleanup) = dir("mode");
         let dest = d.join("secret.env");
         std::fs::write(&dest, b"old").unwrap();
-        std::fs::set_permissions(&dest, std::fs::Permissions::from_mode(0o700)).unwrap();
+        std::fs::set_permissions(&dest, std::fs::Permissions::from_mode(0o740)).unwrap();
         std::os::unix::fs::symlink("/etc/passwd", d.join("link.txt")).unwrap();
         let src = vec![dest.display().to_string(); 3];
         let mut wire = Vec::new();
         send(&mut wire, open_outgoing(&src, std::slice::from_ref(&d)).unwrap()).unwrap();
         let temps: Vec<String> = ["secret.env.0123456789ab-0.boxd-tmp", ".0123456789ab-1.boxd-tmp", "link.txt.0123456789ab-2.boxd-tmp"].iter().map(|n| d.join(n).display().to_string()).collect();
-        receive(&mut &wire[..], &temps, std::slice::from_ref(&d)).unwrap();
+        let modes_from = [dest.display().to_string(), String::new(), d.join("link.txt").display().to_string()];
+        receive(&mut &wire[..], &temps, &modes_from, std::slice::from_ref(&d)).unwrap();
         let usual = std::fs::metadata(&temps[1]).unwrap().permissions().mode() & 0o7777;
         let modes: Vec<u32> = temps.iter().map(|t| std::fs::metadata(t).unwrap().permissions().mode() & 0o7777).collect();
-        assert_eq!(modes, [0o700, usual, usual]);
-        assert_ne!(usual, 0o700);
+        assert_eq!(modes, [0o640, usual, usual], "its read and write bits, never an execute bit");
+        assert_ne!(usual, 0o640);
     }
 
     /// A pipe that runs `meddle` once, when the first bytes of a file's frame went out
@@ -448,7 +434,7 @@ mod tests {
             let e = send(&mut pipe, files).unwrap_err();
             assert!(is_changed(&e) && e.to_string().contains(&paths[0]), "{e}");
             let out = vec![d.join("a.out").display().to_string()];
-            assert!(receive(&mut &pipe.wire[..], &out, std::slice::from_ref(&d)).is_err());
+            assert!(receive(&mut &pipe.wire[..], &out, &[], std::slice::from_ref(&d)).is_err());
             assert!(!d.join("a.out").exists());
         }
         // Untouched, the same file goes through whole.
@@ -464,10 +450,10 @@ mod tests {
         let out = vec![d.join("x").display().to_string(), d.join("y").display().to_string()];
         let good = format!("2\nhi{}\n", super::super::hex(&Sha256::digest(b"hi")));
         for bad in [format!("{good}2\nho{}\n", "0".repeat(64)), format!("{good}5\nhi"), format!("{good}{good}{good}"), format!("{good}x\n")] {
-            let e = receive(&mut bad.as_bytes(), &out, std::slice::from_ref(&d)).unwrap_err();
+            let e = receive(&mut bad.as_bytes(), &out, &[], std::slice::from_ref(&d)).unwrap_err();
             assert!(!d.join("x").exists() && !d.join("y").exists(), "{e}");
         }
-        assert_eq!(receive(&mut good.as_bytes(), &out, std::slice::from_ref(&d)).unwrap().len(), 1);
+        assert_eq!(receive(&mut good.as_bytes(), &out, &[], std::slice::from_ref(&d)).unwrap().len(), 1);
     }
 
     /// The landing folder checked, then swapped for a symlink to a folder outside every
@@ -486,7 +472,7 @@ mod tests {
         std::fs::rename(project.join("out"), d.join("moved")).unwrap();
         std::os::unix::fs::symlink(&outside, project.join("out")).unwrap();
         let frame = format!("2\nhi{}\n", super::super::hex(&Sha256::digest(b"hi")));
-        let e = receive(&mut frame.as_bytes(), &out, &roots).unwrap_err();
+        let e = receive(&mut frame.as_bytes(), &out, &[], &roots).unwrap_err();
         assert!(e.contains("symlink"), "{e}");
         assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0, "nothing written outside the preopen");
         // A file to send, its folder swapped the same way after the check: not read.

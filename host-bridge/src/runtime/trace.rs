@@ -30,7 +30,8 @@ pub struct SpawnRecord {
 pub struct PathRecord {
     pub path: String,
     /// read, write, create, dir, mkdir, rename, link, unlink; stream-in / stream-out for a file
-    /// the host streamed for a spawn (runtime/frames.rs).
+    /// the host streamed for a spawn, mode-from for the file whose mode a stream-out file
+    /// takes (runtime/frames.rs).
     pub mode: String,
 }
 

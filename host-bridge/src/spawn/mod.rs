@@ -50,6 +50,8 @@ pub struct Output {
 pub struct Streams<'a> {
     pub stdin_files: Vec<Outgoing>,
     pub stdout_files: &'a [String],
+    /// For each stdout file, the laptop file whose mode it takes ("": none).
+    pub stdout_modes_from: &'a [String],
     /// The preopened folders the stdout files are created beneath.
     pub roots: &'a [PathBuf],
 }
@@ -350,7 +352,7 @@ fn run_started_by(s: Spawn<'_>, streams: Streams<'_>, start_child: StartChild) -
             capped = true;
             over_cap(Stream::Stdout)
         })?;
-        match frames::receive(&mut r, streams.stdout_files, streams.roots) {
+        match frames::receive(&mut r, streams.stdout_files, streams.stdout_modes_from, streams.roots) {
             Ok(received) => files.extend(received),
             // A child that failed says so in its answer; its files did not come.
             Err(_) if status.code() != Some(0) => {}
@@ -460,7 +462,7 @@ mod tests {
             let args = vec!["-c".to_string(), script];
             let got = [dir.join("got").display().to_string()];
             let s = Spawn { name: "sh", binary: Path::new("/bin/sh"), args: &args, env: &[], cwd: None, stdin: None, timeout: Duration::from_secs(30), bounds: SMALL };
-            let r = run_started_by(s, Streams { stdin_files: Vec::new(), stdout_files: &got, roots: &roots }, start);
+            let r = run_started_by(s, Streams { stdout_files: &got, roots: &roots, ..Default::default() }, start);
             let Err(SpawnFailure::Failed(m)) = r else { panic!("{how}: expected a failure, got {:?}", r.err()) };
             assert!(m.contains("more than 1 MiB on stdout"), "{how}: {m}");
             let left = pid_in(&file);
@@ -494,7 +496,7 @@ mod tests {
             let script = format!("head -c 100 >/dev/null; printf more >> {}; cat >/dev/null; echo '{{}}'", file.display());
             let args = vec!["-c".to_string(), script];
             let s = Spawn { name: "sh", binary: Path::new("/bin/sh"), args: &args, env: &[], cwd: None, stdin: None, timeout: Duration::from_secs(30), bounds: SMALL };
-            let r = run_started_by(s, Streams { stdin_files: files, stdout_files: &[], roots: &roots }, start);
+            let r = run_started_by(s, Streams { stdin_files: files, roots: &roots, ..Default::default() }, start);
             let Err(SpawnFailure::Failed(m)) = r else { panic!("{how}: expected a failure, got {:?}", r.err()) };
             assert!(m.contains(&format!("{} {}", paths[0], frames::CHANGED)), "{how}: {m}");
         }

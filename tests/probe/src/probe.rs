@@ -30,7 +30,7 @@ fn fail(m: String) -> ToolError {
 }
 
 fn request(program: String, args: Vec<String>) -> spawn::Request {
-    spawn::Request { program, args, stdin: None, env: Vec::new(), cwd: None, timeout_ms: 5000, stdin_files: Vec::new(), stdout_files: Vec::new() }
+    spawn::Request { program, args, stdin: None, env: Vec::new(), cwd: None, timeout_ms: 5000, stdin_files: Vec::new(), stdout_files: Vec::new(), stdout_modes_from: Vec::new() }
 }
 
 fn said(r: Result<spawn::Output, spawn::Error>) -> String {

@@ -323,7 +323,7 @@ fn discarded(answers: &[Result<&str, &str>]) -> (Vec<ToolError>, bool) {
             Err(boxd) => programs.push_fail(1, boxd),
         }
     }
-    let streams = Streams { stdin_files: Vec::new(), stdout_files: landing.iter().map(|l| l.temp.clone()).collect() };
+    let streams = Streams { stdin_files: Vec::new(), stdout_files: landing.iter().map(|l| l.temp.clone()).collect(), ..Default::default() };
     let errors = answers
         .iter()
         .map(|_| {
