@@ -448,11 +448,23 @@ fn runner() {
     row("process runner, one child (`/bin/true`)", &ms(runner), &format!("{} (std `output()`)", ms(std)), ratio(runner, std), "own group, PDEATHSIG, caps, stdout into a file");
 }
 
+/// The table's sections; `cargo bench -p boxd-host -- SECTION…` prints only those named
+/// (the process start is always measured: other rows use it as their baseline).
+const SECTIONS: [&str; 7] = ["start", "reads", "tools", "works", "bridge", "files", "drop"];
+
+/// Whether this run prints `section`: every section when none is named on the command line.
+fn wants(section: &str) -> bool {
+    let named: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
+    for n in &named {
+        assert!(SECTIONS.contains(&n.as_str()), "unknown section {n}; the sections are {}", SECTIONS.join(", "));
+    }
+    named.is_empty() || named.iter().any(|n| n == section)
+}
+
 fn main() {
     ensure_boxd_local();
     let started = Instant::now();
     let world = World::new("bench");
-    let cache = cache_dir();
     println!("component: {} bytes; boxd-local: {}", boxd_host::COMPONENT.len(), boxd_local().display());
     println!();
     println!("| what | measured | baseline | ratio | note |");
@@ -462,6 +474,60 @@ fn main() {
     // comes compiled by build.rs) and warm; and the same component given as a file, which
     // is compiled at its first start (the cost build.rs takes off the built-in one).
     let version = process(&["--version"], &[]);
+    row("`boxd-host --version` (process start)", &ms(version), "", None, "");
+    if wants("start") {
+        start(&world);
+    }
+    world.ok_call("boxd_ensure", r#"{"work":"w1"}"#);
+    let mut s = session(&world, &world.laptop.ledger);
+    let capture = Capture::new(&world);
+    let capture_session = session_with(&world, &world.laptop.ledger, capture.boxd.clone());
+    let mut cap = (capture, capture_session);
+    let mut trips = Vec::new();
+    if wants("reads") {
+        trips.extend([
+            ("status", read_tool(&world, &mut s, &mut cap, "boxd_status", "boxd_status", "{}", version, true)),
+            ("ensure-adopt", read_tool(&world, &mut s, &mut cap, "boxd_ensure (adopt)", "boxd_ensure", r#"{"work":"w1"}"#, version, false)),
+            ("job", read_tool(&world, &mut s, &mut cap, "boxd_job", "boxd_job", r#"{"work":"w1"}"#, version, false)),
+        ]);
+    }
+    // A prompt submitted and harvested: the record status_at copies is a used work's.
+    if wants("tools") || wants("works") || wants("drop") {
+        tools(&world, &mut s, &mut cap, version, &mut trips);
+    }
+    if wants("works") {
+        for n in [1, 50, 500] {
+            let (took, direct, together, cpu) = status_at(&world, n);
+            let note = format!("{} beyond its two CLI calls side by side ({}); host CPU {} a call", ms(took.saturating_sub(together)), ms(together), ms(cpu));
+            row(&format!("boxd_status at {n} works, long-lived host"), &ms(took), &ms(direct), ratio(took, direct), &note);
+        }
+    }
+    if wants("bridge") {
+        bridge(&world);
+    }
+    if wants("files") {
+        files_32mib(&world);
+    }
+    if wants("drop") {
+        world.ok_call("boxd_harvest", r#"{"work":"w1"}"#);
+        world.forget_calls();
+        let t = Instant::now();
+        let (_, v) = world.call("boxd_drop", r#"{"work":"w1"}"#);
+        let answer = v["error"].as_str().map_or("dropped".to_string(), |e| format!("answered {e}"));
+        row("boxd_drop, one-shot", &ms(t.elapsed()), "", None, &format!("{} boxd calls; {answer}", world.laptop.boxd_calls().len()));
+        trips.push(("drop", world.laptop.boxd_calls().len()));
+    }
+    println!();
+    let trips: Vec<String> = trips.iter().map(|(t, n)| format!("{t} {n}")).collect();
+    println!("boxd round trips per tool: {}", trips.join(", "));
+    println!("whole run: {:.0} s", started.elapsed().as_secs_f64());
+}
+
+/// Describe, cold (an empty compiled cache: the built-in component comes compiled by
+/// build.rs) and warm; the same component given as a file, which is compiled at its first
+/// start (the cost build.rs takes off the built-in one); the process runner.
+fn start(world: &World) {
+    let cache = cache_dir();
     let empty = world.laptop.scratch.0.join("empty-cache");
     let cold_with = |extra: &[&str]| {
         timed(3, || {
@@ -475,64 +541,38 @@ fn main() {
     let file = world.laptop.scratch.0.join("component.wasm");
     std::fs::write(&file, boxd_host::COMPONENT).unwrap();
     let compiled = cold_with(&["--component", file.to_str().unwrap()]);
-    row("`boxd-host --version` (process start)", &ms(version), "", None, "");
     row("describe, cold / warm cache", &format!("{} / {}", ms(cold), ms(warm)), "", ratio(cold, warm), "the built-in component is compiled at build time");
     row("describe --component (compiled at its first start)", &ms(compiled), &ms(cold), ratio(compiled, cold), "Cranelift; the built-in one skips this");
     runner();
+}
 
-    world.ok_call("boxd_ensure", r#"{"work":"w1"}"#);
-    let mut s = session(&world, &world.laptop.ledger);
-    let capture = Capture::new(&world);
-    let capture_session = session_with(&world, &world.laptop.ledger, capture.boxd.clone());
-    let mut cap = (capture, capture_session);
-    let mut trips = vec![
-        ("status", read_tool(&world, &mut s, &mut cap, "boxd_status", "boxd_status", "{}", version, true)),
-        ("ensure-adopt", read_tool(&world, &mut s, &mut cap, "boxd_ensure (adopt)", "boxd_ensure", r#"{"work":"w1"}"#, version, false)),
-        ("job", read_tool(&world, &mut s, &mut cap, "boxd_job", "boxd_job", r#"{"work":"w1"}"#, version, false)),
-    ];
-
+/// Submit, harvest, sleep + resume and image, in that order (each needs the one before).
+fn tools(world: &World, s: &mut Session, cap: &mut (Capture, Session), version: Duration, trips: &mut Vec<(&'static str, usize)>) {
     std::fs::write(world.laptop.project.join("a.txt"), "a").unwrap();
-    let submit = one_shot(&world, "boxd_submit", r#"{"work":"w1","prompt":"hello","files":[{"from":"a.txt","to":"a.txt"}]}"#);
+    let submit = one_shot(world, "boxd_submit", r#"{"work":"w1","prompt":"hello","files":[{"from":"a.txt","to":"a.txt"}]}"#);
     world.job_until_idle("w1");
     row("boxd_submit, one-shot", &ms(submit.one_shot), "", None, &format!("{} boxd calls; no replay (it queues a prompt)", submit.trips.len()));
-    let harvest = one_shot(&world, "boxd_harvest", r#"{"work":"w1"}"#);
+    let harvest = one_shot(world, "boxd_harvest", r#"{"work":"w1"}"#);
     row("boxd_harvest (a new prompt), one-shot", &ms(harvest.one_shot), "", None, &format!("{} boxd calls; imports and proves on the laptop", harvest.trips.len()));
-    trips.push(("harvest", read_tool(&world, &mut s, &mut cap, "boxd_harvest, nothing new", "boxd_harvest", r#"{"work":"w1"}"#, version, false)));
+    trips.push(("harvest", read_tool(world, s, cap, "boxd_harvest, nothing new", "boxd_harvest", r#"{"work":"w1"}"#, version, false)));
 
     // Sleep and resume as a pair that ends where it began, against their calls replayed.
     let pair = |world: &World| -> (Tool, Tool) { (one_shot(world, "boxd_sleep", r#"{"work":"w1"}"#), one_shot(world, "boxd_resume", r#"{"work":"w1"}"#)) };
-    let (sleep, resume) = pair(&world);
-    let shot = timed(5, || drop(pair(&world)));
-    let inproc = median((0..5).map(|_| served(&mut s, "boxd_sleep", r#"{"work":"w1"}"#) + served(&mut s, "boxd_resume", r#"{"work":"w1"}"#)).collect());
+    let (sleep, resume) = pair(world);
+    let shot = timed(5, || drop(pair(world)));
+    let inproc = median((0..5).map(|_| served(s, "boxd_sleep", r#"{"work":"w1"}"#) + served(s, "boxd_resume", r#"{"work":"w1"}"#)).collect());
     let calls = cap.0.invocations(|| {
         cap.1.call("boxd_sleep", r#"{"work":"w1"}"#).unwrap().unwrap();
         cap.1.call("boxd_resume", r#"{"work":"w1"}"#).unwrap().unwrap();
     });
     assert_eq!(calls.len(), sleep.trips.len() + resume.trips.len(), "the captured pair is the logged one");
-    let direct = timed(5, || replay(&world, &calls));
+    let direct = timed(5, || replay(world, &calls));
     let note = format!("{} + {} boxd calls", sleep.trips.len(), resume.trips.len());
     row("boxd_sleep + boxd_resume, long-lived host", &ms(inproc), &ms(direct), ratio(inproc, direct), &note);
     row("boxd_sleep + boxd_resume, one-shot", &ms(shot), &format!("{} + 2 × {}", ms(direct), ms(version)), ratio(shot, direct + version * 2), &note);
 
-    let image = one_shot(&world, "boxd_image", r#"{"work":"w1","name":"bench-image"}"#);
+    let image = one_shot(world, "boxd_image", r#"{"work":"w1","name":"bench-image"}"#);
     row("boxd_image, one-shot", &ms(image.one_shot), "", None, &format!("{} boxd calls", image.trips.len()));
 
-    for n in [1, 50, 500] {
-        let (took, direct, together, cpu) = status_at(&world, n);
-        let note = format!("{} beyond its two CLI calls side by side ({}); host CPU {} a call", ms(took.saturating_sub(together)), ms(together), ms(cpu));
-        row(&format!("boxd_status at {n} works, long-lived host"), &ms(took), &ms(direct), ratio(took, direct), &note);
-    }
-    bridge(&world);
-    files_32mib(&world);
-    world.ok_call("boxd_harvest", r#"{"work":"w1"}"#);
-    world.forget_calls();
-    let t = Instant::now();
-    let (_, v) = world.call("boxd_drop", r#"{"work":"w1"}"#);
-    let answer = v["error"].as_str().map_or("dropped".to_string(), |e| format!("answered {e}"));
-    row("boxd_drop, one-shot", &ms(t.elapsed()), "", None, &format!("{} boxd calls; {answer}", world.laptop.boxd_calls().len()));
-    trips.extend([("submit", submit.trips.len()), ("sleep", sleep.trips.len()), ("resume (wake)", resume.trips.len()), ("image", image.trips.len()), ("drop", world.laptop.boxd_calls().len())]);
-    println!();
-    let trips: Vec<String> = trips.iter().map(|(t, n)| format!("{t} {n}")).collect();
-    println!("boxd round trips per tool: {}", trips.join(", "));
-    println!("whole run: {:.0} s", started.elapsed().as_secs_f64());
+    trips.extend([("submit", submit.trips.len()), ("sleep", sleep.trips.len()), ("resume (wake)", resume.trips.len()), ("image", image.trips.len())]);
 }

@@ -76,6 +76,21 @@ fn the_session_tree_comes_home_parents_first_and_a_second_harvest_adds_only_the_
     assert_eq!(s2[0]["messages"].as_u64().unwrap(), root["messages"].as_u64().unwrap() + 2, "exactly the new user and assistant messages");
     assert_eq!(s2[1]["imported"], false, "the unchanged child is not imported again");
     assert_eq!(laptop_export(&world, root["id"].as_str().unwrap())["messages"].as_array().unwrap().len() as u64, s2[0]["messages"].as_u64().unwrap());
+
+    // A harvest that finds nothing new proves what the newest proof proved: it moves that
+    // proof's time and does not grow the record.
+    let proofs = || {
+        let record: serde_json::Value = serde_json::from_slice(&std::fs::read(world.laptop.ledger.join("works/w1/work.json")).unwrap()).unwrap();
+        record["proofs"].as_array().unwrap().clone()
+    };
+    let before = proofs();
+    std::thread::sleep(std::time::Duration::from_millis(5));
+    world.ok_call("boxd_harvest", W1);
+    let after = proofs();
+    assert_eq!(after.len(), before.len(), "{after:#?}");
+    assert_ne!(after.last().unwrap()["at"], before.last().unwrap()["at"], "the newest proof's time moved");
+    let without_at = |p: &serde_json::Value| p.as_object().unwrap().iter().filter(|(k, _)| *k != "at").map(|(k, v)| (k.clone(), v.clone())).collect::<Vec<_>>();
+    assert_eq!(without_at(after.last().unwrap()), without_at(before.last().unwrap()));
 }
 
 #[test]

@@ -360,6 +360,16 @@ impl Work {
         self.state == WorkState::Closed
     }
 
+    /// Record a harvest's proof. One that proves exactly what the newest proof proved (a
+    /// harvest that found nothing new) only moves that proof's time: a record polled by
+    /// harvests would otherwise grow by a copy each call, and every tool reads it whole.
+    pub fn record_proof(&mut self, proof: Proof) {
+        match self.proofs.last_mut() {
+            Some(last) if Proof { at: last.at.clone(), ..proof.clone() } == *last => last.at = proof.at,
+            _ => self.proofs.push(proof),
+        }
+    }
+
     /// Open with no machine id: its create was withdrawn (boxd refused it, or the name
     /// held a machine someone else made), and none has been made since. Every create
     /// records its intent as `creating` first, so no machine under the name is this

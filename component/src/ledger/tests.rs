@@ -109,6 +109,28 @@ fn a_lost_prompt_moves_the_proof_counts_down_with_it() {
     assert!(!w.proven(), "p3 is not proven");
 }
 
+/// A harvest that proves what the newest proof proved moves its time; any difference (a
+/// session grown, a prompt more, another newest prompt, a field a newer host wrote) is a
+/// proof of its own, and an older proof equal to the new one is not the newest.
+#[test]
+fn a_proof_equal_to_the_newest_moves_its_time_instead_of_growing_the_record() {
+    let session = |messages| SessionProof { id: "ses_1".into(), messages, digest: "d".into(), file: Some("export-1.json".into()), ..Default::default() };
+    let proof = |at: &str, prompts, messages| Proof { at: at.into(), prompts, sessions: alloc::vec![session(messages)], newest_prompt: Some("p1".into()), ..Default::default() };
+    let mut w = Work::new("w1", "/p", "t");
+    w.record_proof(proof("t1", 1, 2));
+    w.record_proof(proof("t2", 1, 2));
+    assert_eq!(w.proofs, [proof("t2", 1, 2)]);
+    w.record_proof(proof("t3", 1, 3));
+    w.record_proof(proof("t4", 2, 3));
+    w.record_proof(Proof { newest_prompt: Some("p2".into()), ..proof("t5", 2, 3) });
+    assert_eq!(w.proofs.iter().map(|p| p.at.as_str()).collect::<alloc::vec::Vec<_>>(), ["t2", "t3", "t4", "t5"]);
+    let mut newer = proof("t6", 1, 2);
+    newer.unknown.insert("byNewerHost".into(), serde_json::json!(1));
+    w.proofs = alloc::vec![proof("t1", 1, 2), newer.clone()];
+    w.record_proof(proof("t7", 1, 2));
+    assert_eq!(w.proofs, [proof("t1", 1, 2), newer, proof("t7", 1, 2)]);
+}
+
 #[test]
 fn proof_must_cover_every_prompt() {
     let mut w = Work::new("w1", "/p", "t");

@@ -499,7 +499,7 @@ fn prove(env: &mut Env, w: Work, export: &Value, sessions: &[Exported], admitted
         }
         // The guest's word on its newest prompt is kept only when it names one of ours.
         let newest = newest.filter(|n| w.prompts.iter().any(|p| &p.id == n));
-        w.proofs.push(Proof { at: now.clone(), prompts, sessions: proofs, newest_prompt: newest, ..Default::default() });
+        w.record_proof(Proof { at: now.clone(), prompts, sessions: proofs, newest_prompt: newest, ..Default::default() });
         if w.proven() {
             w.warnings.retain(|t| !t.contains(UNHARVESTED_SLEEP));
         }
