@@ -31,6 +31,7 @@ pub fn run(grants: &Grants, tool: &str, mut args: String) -> Result<u8> {
             None => return Err(e),
         },
     };
+    session.runtime.keep_spent();
     let spinner = progress(&session, tool, &args);
     let answer = session.call(tool, &args);
     if let Some(s) = spinner {
@@ -43,9 +44,11 @@ pub fn run(grants: &Grants, tool: &str, mut args: String) -> Result<u8> {
     crate::outln!("{}", serde_json::to_string_pretty(&answer)?);
     // The call ran and its answer stands, but the record of it asked for is missing
     // (stderr said why): a host failure, not a success.
-    if session.audit.failed().is_some() {
-        return Ok(2);
-    }
+    let code = if session.audit.failed().is_some() { 2 } else { code };
+    // The answer is out and the audit line written (each one write, nothing buffered):
+    // the process ends now, and its exit frees the engine, the mapped component and the
+    // call's store at once, where dropping them piece by piece only delays the exit.
+    std::mem::forget(session);
     Ok(code)
 }
 

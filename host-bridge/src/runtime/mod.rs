@@ -161,7 +161,8 @@ impl WasiView for HostState {
 }
 
 /// A long-lived host's instance for its next call and its last call's store: both are
-/// handled by `Runtime::ready_next`, off the calls' path. `on` once a host asks for it.
+/// handled by `Runtime::ready_next`, off the calls' path. `on` once a host asks for it
+/// (`ready_next`, or `keep_spent` for a one-shot call, whose store goes with the process).
 #[derive(Default)]
 struct Warm {
     on: bool,
@@ -294,6 +295,12 @@ impl Runtime {
 
     fn warm(&self) -> std::sync::MutexGuard<'_, Warm> {
         self.warm.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// For a one-shot call: its spent store is kept, not dropped before the answer goes
+    /// out (unmapping it is ~50 µs); the process's exit frees it.
+    pub fn keep_spent(&self) {
+        self.warm().on = true;
     }
 
     /// For a long-lived host (the MCP server), once an answer is out: drop the last call's

@@ -128,12 +128,24 @@ pub fn human(bytes: usize) -> String {
     }
 }
 
-/// The child's stdout: an unlinked temporary file of our own, not a pipe. A program that
-/// exits right after a large write loses what a full pipe had not taken yet — the real
+/// The child's stdout: an unnamed file of our own, not a pipe: a memfd (in memory, as a
+/// tmpfs file; an O_TMPFILE in the temporary folder, on this project's ext4, cost ~0.04 ms
+/// more a child to make and free), else an unlinked temporary file. A program that exits
+/// right after a large write loses what a full pipe had not taken yet — the real
 /// `opencode export` (a Bun binary) delivers exactly 64 KiB of a larger session through a
 /// pipe, and all of it into a file — so a file is what every child writes to.
 fn stdout_file() -> std::io::Result<File> {
     use std::os::unix::fs::OpenOptionsExt;
+    // In memory and never named, where the system can (Linux: memfd_create).
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: memfd_create takes a NUL-terminated name; the fd it returns is new and
+        // owned by nothing else, so the File may own it.
+        let fd = unsafe { libc::memfd_create(c"boxd-host-stdout".as_ptr(), libc::MFD_CLOEXEC) };
+        if fd >= 0 {
+            return Ok(unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(fd) });
+        }
+    }
     let dir = std::env::temp_dir();
     // One call and never a name, where the file system can (Linux, O_TMPFILE).
     #[cfg(target_os = "linux")]
