@@ -362,6 +362,52 @@ fn with_fetch_commits_a_harvest_puts_the_works_commits_in_the_project_under_refs
     assert!(v["git"].get("fetched").is_none(), "{v:#}");
 }
 
+/// `refs/boxd/<work>` is the plugin's only while git can move it forward. A symbolic ref
+/// of that name (a fetch would follow it and move the user's branch) and a ref holding
+/// commits the work's HEAD lacks (another work of that name, a rebuilt machine: a forced
+/// fetch left them unreachable) are left as they are, with the reason; a ref removed is
+/// made again, and one behind the work is moved forward.
+#[test]
+fn with_fetch_commits_a_ref_not_ours_or_not_behind_the_work_is_left_as_it_is() {
+    let world = World::new("lost-fetch-refs");
+    let project = &world.laptop.project;
+    git(project, &["init", "-q", "-b", "main"]);
+    git(project, &["-c", "user.email=t@t", "-c", "user.name=t", "commit", "-q", "--allow-empty", "-m", "laptop"]);
+    let main = git(project, &["rev-parse", "main"]);
+    let opts = ["--options", r#"{"fetchCommits":true}"#];
+    assert_eq!(world.call_with(&opts, "boxd_ensure", W1).0, 0);
+    let commit = |file: &str| in_tree(&world, "w1", &format!("echo {file} > {file} && git add {file} && git -c user.email=a@a -c user.name=a commit -qm {file} && git rev-parse HEAD"));
+    let head = commit("ONE.md");
+    let harvest = || {
+        let (code, v) = world.call_with(&opts, "boxd_harvest", W1);
+        assert_eq!(code, 0, "{v:#}");
+        v["git"]["fetched"].clone()
+    };
+
+    git(project, &["symbolic-ref", "refs/boxd/w1", "refs/heads/main"]);
+    let fetched = harvest();
+    assert_eq!(fetched["ref"], Value::Null, "{fetched:#}");
+    assert!(fetched["reason"].as_str().unwrap().contains("symbolic ref to refs/heads/main"), "{fetched:#}");
+    assert_eq!(git(project, &["rev-parse", "main"]), main, "the user's branch did not move");
+    assert_eq!(git(project, &["symbolic-ref", "refs/boxd/w1"]).trim(), "refs/heads/main", "their symbolic ref is as it was");
+
+    git(project, &["symbolic-ref", "-d", "refs/boxd/w1"]);
+    git(project, &["update-ref", "refs/boxd/w1", main.trim()]);
+    let fetched = harvest();
+    assert_eq!(fetched["ref"], Value::Null, "{fetched:#}");
+    let reason = fetched["reason"].as_str().unwrap();
+    assert!(reason.contains("does not contain") && reason.contains("git fetch "), "{fetched:#}");
+    assert_eq!(git(project, &["rev-parse", "refs/boxd/w1"]), main, "the commits it held are still named");
+
+    git(project, &["update-ref", "-d", "refs/boxd/w1"]);
+    assert_eq!(harvest()["ref"], "refs/boxd/w1");
+    assert_eq!(git(project, &["rev-parse", "refs/boxd/w1"]), head);
+    let newer = commit("TWO.md");
+    assert_eq!(harvest()["ref"], "refs/boxd/w1");
+    assert_eq!(git(project, &["rev-parse", "refs/boxd/w1"]), newer, "moved forward to the work's new HEAD");
+    assert_eq!(git(project, &["rev-parse", "main"]), main);
+}
+
 /// The guest's bundle is the agent's to shape: a commit whose tree names `.git` (which a
 /// checkout would write into the repository's own folder) is refused as it arrives, and
 /// nothing reaches the project's repository; the harvest itself completes.

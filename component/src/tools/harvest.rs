@@ -15,13 +15,12 @@ use super::landing::{self, Landing};
 use super::machine::running_state;
 use super::{work_arg, Env};
 use crate::boxd::Boxd;
-use crate::caps::{Programs, RunRequest, SpawnError, Streamed, Streams};
+use crate::caps::{Streamed, Streams};
 use crate::encode::sha256_hex;
 use crate::errors::{Code, ToolError, ToolResult};
-use crate::guest::{tail, Guest};
+use crate::guest::Guest;
 use crate::ledger::{Ledger, Proof, SessionProof, Work};
 use crate::opencode::Opencode;
-use crate::paths;
 
 /// One session as the guest exported it: `{info, messages}`.
 struct Exported {
@@ -276,32 +275,6 @@ fn refuse_foreign_sessions(env: &mut Env, w: &Work, new: &[&str]) -> ToolResult<
     Ok(())
 }
 
-/// With `fetchCommits`: fetch the work's commits from the ledger's bundle into the
-/// project's repository as `refs/boxd/<work>` (HEAD) — a ref of our own namespace, no
-/// branch or work tree touched. Not a repository, or no git: said, not failed; the
-/// bundle in the ledger already holds every commit.
-fn fetch_commits<P: Programs>(programs: &mut P, w: &Work, bundle: &str) -> Value {
-    let refname = format!("refs/boxd/{}", w.work);
-    let req = RunRequest {
-        program: "git".into(),
-        // The bundle is the guest's: its objects are checked as they arrive (a tree naming
-        // `.git` or `..`, a malformed commit) before any lands in the user's repository.
-        args: ["-c", "fetch.fsckObjects=true", "fetch", "--quiet", "--no-tags", bundle, &format!("+HEAD:{refname}")].iter().map(|a| a.to_string()).collect(),
-        stdin: None,
-        env: Vec::new(),
-        cwd: Some(w.directory.clone()),
-        timeout_ms: 120_000,
-        ..Default::default()
-    };
-    match programs.run(&req) {
-        Ok(out) if out.exit_code == Some(0) => json!({ "ref": refname }),
-        Ok(out) => json!({ "ref": Value::Null, "reason": format!("git fetch into {}: {}", w.directory, tail(&out.stderr)) }),
-        Err(SpawnError::NotAllowed(m)) | Err(SpawnError::NotFound(m)) => json!({ "ref": Value::Null, "reason": format!("no git on this laptop for the host to grant ({m})") }),
-        Err(SpawnError::TimedOut) => json!({ "ref": Value::Null, "reason": "git fetch did not finish within 120 s" }),
-        Err(SpawnError::Failed(m)) => json!({ "ref": Value::Null, "reason": format!("could not run git: {m}") }),
-    }
-}
-
 /// The warning boxd_sleep leaves when it puts down an unharvested work; a proof covering
 /// every prompt resolves it.
 pub const UNHARVESTED_SLEEP: &str = "before the newest prompt was harvested";
@@ -534,8 +507,8 @@ fn record_git(env: &mut Env, w: Work, wanted: &[String], landing: &[Landing]) ->
     let fetched = match record.and_then(|r| r.bundle) {
         Some(bundle) if ctx.options.fetch_commits => {
             let bundle = format!("{}/{bundle}", ledger.work_dir(&w.work));
-            Some(match granted_repository(env.files, ctx, &w.directory) {
-                true => fetch_commits(&mut env.programs, &w, &bundle),
+            Some(match fetch::granted_repository(env.files, ctx, &w.directory) {
+                true => fetch::fetch_commits(&mut env.programs, &w, &bundle),
                 false => json!({ "ref": Value::Null, "reason": format!("no git repository holds {} inside the folders this host opened, so nothing was fetched (a repository above them, such as a home folder kept in git, is not written; add its top folder to allowedRoots to allow it); the commits are in the ledger's bundle", w.directory) }),
             })
         }
@@ -544,24 +517,7 @@ fn record_git(env: &mut Env, w: Work, wanted: &[String], landing: &[Landing]) ->
     Ok((w, git, fetched, arrived))
 }
 
-/// Whether git, run in `dir`, finds a repository whose top folder is inside the folders
-/// this host opened: the first `.git` (a folder, or a file for a linked work tree or a
-/// submodule) at or above `dir`, looked for while the folder is inside a granted one. Only then
-/// does `fetchCommits` run git there, so it never writes into a repository above them.
-fn granted_repository<F: crate::caps::Files + ?Sized>(files: &mut F, ctx: &crate::options::Context, dir: &str) -> bool {
-    let mut at = dir.to_string();
-    while super::granted_root(ctx, &at).is_some() {
-        if matches!(files.stat(&format!("{}/.git", at.trim_end_matches('/'))), Ok(Some(m)) if matches!(m.kind, crate::caps::Kind::Dir | crate::caps::Kind::File)) {
-            return true;
-        }
-        if at == "/" {
-            break;
-        }
-        at = paths::parent(&at).to_string();
-    }
-    false
-}
-
+mod fetch;
 mod transcript;
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 //!
 //! - a literal (`machine`, `--json`) matches itself;
 //! - `PREFIX{class}` matches PREFIX followed by a non-empty value of the class (`oc-{name}`,
-//!   `+HEAD:refs/boxd/{name}`; the prefix may be empty);
+//!   `HEAD:refs/boxd/{name}`; the prefix may be empty);
 //! - `{rest}`, only as the last token, matches every remaining argument (none included).
 //!
 //! The classes are `name` (a lowercase label, as machine and snapshot names are), `int`,

@@ -1,0 +1,148 @@
+//! `fetchCommits`: a work's commits from the ledger's bundle into the project's repository
+//! as `refs/boxd/<work>`. The ref is ours only while it is a plain ref whose commits the
+//! work's HEAD still contains: git moves it forward and never back, and a symbolic ref of
+//! that name (which git would follow into the branch it names) is left alone. Either way
+//! nothing is lost: the ledger's bundle holds every commit.
+
+use alloc::format;
+use alloc::string::{String, ToString};
+use alloc::vec::Vec;
+use serde_json::{json, Value};
+
+use crate::caps::{Programs, RunOutput, RunRequest, SpawnError};
+use crate::guest::tail;
+use crate::ledger::Work;
+use crate::paths;
+
+const GIT_TIMEOUT_MS: u32 = 120_000;
+
+/// Fetch HEAD of `bundle` into `refs/boxd/<work>`, in the work's folder. Not a repository,
+/// no git, a ref that is not ours or holds commits the work no longer has: said in
+/// `reason`, never a failure of the harvest.
+pub(super) fn fetch_commits<P: Programs>(programs: &mut P, w: &Work, bundle: &str) -> Value {
+    let refname = format!("refs/boxd/{}", w.work);
+    // A symbolic ref here is not one the plugin made: a fetch would move the ref it names
+    // (a branch of the user's) instead.
+    match run(programs, w, &["symbolic-ref", "-q", &refname]) {
+        Ok(out) if out.exit_code == Some(0) => {
+            let target = String::from_utf8_lossy(&out.stdout).trim().to_string();
+            return not_fetched(format!(
+                "{refname} in {} is a symbolic ref to {target}, which the plugin did not make: it was left as it is and nothing was fetched; the commits are in the ledger's bundle ({bundle})",
+                w.directory
+            ));
+        }
+        Ok(out) if out.exit_code == Some(1) => {}
+        Ok(out) => return not_fetched(format!("git symbolic-ref in {}: {}", w.directory, tail(&out.stderr))),
+        Err(e) => return spawn_failed(e),
+    }
+    // The guest's objects are checked as they arrive (a tree naming `.git` or `..`, a
+    // malformed commit) before any lands in the user's repository. No `+`: git refuses
+    // to move the ref anywhere but forward.
+    let into = format!("HEAD:{refname}");
+    match run(programs, w, &["-c", "fetch.fsckObjects=true", "fetch", "--no-tags", bundle, &into]) {
+        Ok(out) if out.exit_code == Some(0) => json!({ "ref": refname }),
+        Ok(out) if String::from_utf8_lossy(&out.stderr).contains("non-fast-forward") => not_fetched(format!(
+            "{refname} in {} holds commits the work's HEAD does not contain (another work of this name, a rebuilt machine, or history rewritten in the guest): it was left as it is and nothing was fetched. Move it aside (git update-ref refs/boxd-kept/{} {refname} && git update-ref -d {refname}) and harvest again, or fetch the ledger's bundle under another name: git fetch {bundle} 'HEAD:refs/boxd/{}-new'",
+            w.directory, w.work, w.work
+        )),
+        Ok(out) => not_fetched(format!("git fetch into {}: {}", w.directory, tail(&out.stderr))),
+        Err(e) => spawn_failed(e),
+    }
+}
+
+fn run<P: Programs>(programs: &mut P, w: &Work, args: &[&str]) -> Result<RunOutput, SpawnError> {
+    let req = RunRequest {
+        program: "git".into(),
+        args: args.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
+        stdin: None,
+        env: Vec::new(),
+        cwd: Some(w.directory.clone()),
+        timeout_ms: GIT_TIMEOUT_MS,
+        ..Default::default()
+    };
+    programs.run(&req)
+}
+
+fn not_fetched(reason: String) -> Value {
+    json!({ "ref": Value::Null, "reason": reason })
+}
+
+fn spawn_failed(e: SpawnError) -> Value {
+    not_fetched(match e {
+        SpawnError::NotAllowed(m) | SpawnError::NotFound(m) => format!("no git on this laptop for the host to grant ({m})"),
+        SpawnError::TimedOut => format!("git did not finish within {} s", GIT_TIMEOUT_MS / 1000),
+        SpawnError::Failed(m) => format!("could not run git: {m}"),
+    })
+}
+
+/// Whether git, run in `dir`, finds a repository whose top folder is inside the folders
+/// this host opened: the first `.git` (a folder, or a file for a linked work tree or a
+/// submodule) at or above `dir`, looked for while the folder is inside a granted one. Only then
+/// does `fetchCommits` run git there, so it never writes into a repository above them.
+pub(super) fn granted_repository<F: crate::caps::Files + ?Sized>(files: &mut F, ctx: &crate::options::Context, dir: &str) -> bool {
+    let mut at = dir.to_string();
+    while super::super::granted_root(ctx, &at).is_some() {
+        if matches!(files.stat(&format!("{}/.git", at.trim_end_matches('/'))), Ok(Some(m)) if matches!(m.kind, crate::caps::Kind::Dir | crate::caps::Kind::File)) {
+            return true;
+        }
+        if at == "/" {
+            break;
+        }
+        at = paths::parent(&at).to_string();
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::Scripted;
+
+    fn work() -> Work {
+        Work::new("w1", "/p", "t")
+    }
+
+    #[test]
+    fn the_ref_is_fetched_forward_only_after_git_says_it_is_not_symbolic() {
+        let mut git = Scripted::default();
+        git.push_fail(1, "");
+        git.push_exit(0, "", " * [new ref] HEAD -> refs/boxd/w1\n");
+        assert_eq!(fetch_commits(&mut git, &work(), "/l/works/w1/b.bundle"), json!({ "ref": "refs/boxd/w1" }));
+        assert_eq!(git.commands(), ["symbolic-ref -q refs/boxd/w1", "-c fetch.fsckObjects=true fetch --no-tags /l/works/w1/b.bundle HEAD:refs/boxd/w1"]);
+        assert!(git.requests.iter().all(|r| r.program == "git" && r.cwd.as_deref() == Some("/p")));
+    }
+
+    #[test]
+    fn a_symbolic_ref_of_our_name_is_left_alone_and_nothing_is_fetched() {
+        let mut git = Scripted::default();
+        git.push_exit(0, "refs/heads/main\n", "");
+        let v = fetch_commits(&mut git, &work(), "/l/b.bundle");
+        assert_eq!(v["ref"], Value::Null);
+        let reason = v["reason"].as_str().unwrap();
+        assert!(reason.contains("symbolic ref to refs/heads/main") && reason.contains("/l/b.bundle"), "{reason}");
+        assert_eq!(git.commands(), ["symbolic-ref -q refs/boxd/w1"], "no fetch ran");
+    }
+
+    #[test]
+    fn a_ref_the_new_head_does_not_contain_is_kept_and_the_answer_says_how_to_bring_both() {
+        let mut git = Scripted::default();
+        git.push_fail(1, "");
+        git.push_fail(1, "From /l/b.bundle\n ! [rejected]        HEAD       -> refs/boxd/w1  (non-fast-forward)\n");
+        let v = fetch_commits(&mut git, &work(), "/l/b.bundle");
+        assert_eq!(v["ref"], Value::Null);
+        let reason = v["reason"].as_str().unwrap();
+        assert!(reason.contains("left as it is") && reason.contains("git fetch /l/b.bundle 'HEAD:refs/boxd/w1-new'"), "{reason}");
+    }
+
+    #[test]
+    fn not_a_repository_or_no_git_is_said_not_failed() {
+        let mut git = Scripted::default();
+        git.push_fail(128, "fatal: not a git repository (or any of the parent directories): .git\n");
+        let v = fetch_commits(&mut git, &work(), "/l/b.bundle");
+        assert!(v["reason"].as_str().unwrap().contains("not a git repository"), "{v}");
+        assert_eq!(git.commands().len(), 1);
+        let mut git = Scripted::default();
+        git.push_spawn_error(SpawnError::NotFound("git".into()));
+        assert!(fetch_commits(&mut git, &work(), "/l/b.bundle")["reason"].as_str().unwrap().contains("no git on this laptop"));
+    }
+}
