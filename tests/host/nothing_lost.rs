@@ -365,8 +365,9 @@ fn with_fetch_commits_a_harvest_puts_the_works_commits_in_the_project_under_refs
 /// `refs/boxd/<work>` is the plugin's only while git can move it forward. A symbolic ref
 /// of that name (a fetch would follow it and move the user's branch) and a ref holding
 /// commits the work's HEAD lacks (another work of that name, a rebuilt machine: a forced
-/// fetch left them unreachable) are left as they are, with the reason; a ref removed is
-/// made again, and one behind the work is moved forward.
+/// fetch left them unreachable) are left as they are, with the reason; once the reason's
+/// commands put the old commits on a branch the ref is made again, and one behind the work
+/// is moved forward.
 #[test]
 fn with_fetch_commits_a_ref_not_ours_or_not_behind_the_work_is_left_as_it_is() {
     let world = World::new("lost-fetch-refs");
@@ -396,16 +397,50 @@ fn with_fetch_commits_a_ref_not_ours_or_not_behind_the_work_is_left_as_it_is() {
     let fetched = harvest();
     assert_eq!(fetched["ref"], Value::Null, "{fetched:#}");
     let reason = fetched["reason"].as_str().unwrap();
-    assert!(reason.contains("does not contain") && reason.contains("git fetch "), "{fetched:#}");
+    assert!(reason.contains("does not contain"), "{fetched:#}");
     assert_eq!(git(project, &["rev-parse", "refs/boxd/w1"]), main, "the commits it held are still named");
 
-    git(project, &["update-ref", "-d", "refs/boxd/w1"]);
+    // The reason's own commands keep the old commits on a branch; then the ref is fetched.
+    let (_, commands) = reason.rsplit_once("let the next harvest fetch: ").unwrap();
+    let out = Command::new("sh").arg("-c").arg(commands).current_dir(project).output().unwrap();
+    assert!(out.status.success(), "{commands}: {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(git(project, &["rev-parse", "boxd-kept-w1"]), main);
     assert_eq!(harvest()["ref"], "refs/boxd/w1");
     assert_eq!(git(project, &["rev-parse", "refs/boxd/w1"]), head);
     let newer = commit("TWO.md");
     assert_eq!(harvest()["ref"], "refs/boxd/w1");
     assert_eq!(git(project, &["rev-parse", "refs/boxd/w1"]), newer, "moved forward to the work's new HEAD");
     assert_eq!(git(project, &["rev-parse", "main"]), main);
+    assert!(!project.join(".git/FETCH_HEAD").exists(), "FETCH_HEAD is the user's");
+}
+
+/// A guest commit that moves a submodule's commit: a plain `git fetch` of it fetches in
+/// the laptop's populated submodule too, from that submodule's own remote (the user's
+/// network and credentials, its remote-tracking refs moved). The plugin's fetch brings
+/// the work's commits and nothing else: no submodule fetch, no FETCH_HEAD.
+#[test]
+fn with_fetch_commits_a_guest_commit_moving_a_submodule_fetches_nothing_in_the_laptops_submodule() {
+    let world = World::new("lost-fetch-submodule");
+    let (project, upstream) = (&world.laptop.project, world.laptop.scratch.path("upstream"));
+    let id = ["-c", "user.email=t@t", "-c", "user.name=t"];
+    git(&world.laptop.scratch.0, &["init", "-q", "-b", "main", upstream.to_str().unwrap()]);
+    git(&upstream, &[&id[..], &["commit", "-q", "--allow-empty", "-m", "one"]].concat());
+    git(project, &["init", "-q", "-b", "main"]);
+    git(project, &["-c", "protocol.file.allow=always", "submodule", "add", "-q", upstream.to_str().unwrap(), "sub"]);
+    git(project, &[&id[..], &["commit", "-q", "-m", "sub"]].concat());
+    git(&upstream, &[&id[..], &["commit", "-q", "--allow-empty", "-m", "two"]].concat());
+    let (two, tracked) = (git(&upstream, &["rev-parse", "HEAD"]), git(&project.join("sub"), &["rev-parse", "refs/remotes/origin/main"]));
+    assert_ne!(two, tracked);
+    let opts = ["--options", r#"{"fetchCommits":true}"#];
+    assert_eq!(world.call_with(&opts, "boxd_ensure", W1).0, 0);
+    in_tree(&world, "w1", &format!(
+        "printf '[submodule \"sub\"]\\n\\tpath = sub\\n\\turl = /nowhere\\n' > .gitmodules && git add .gitmodules && git update-index --add --cacheinfo 160000,{},sub && git -c user.email=a@a -c user.name=a commit -qm sub",
+        two.trim()
+    ));
+    let (code, v) = world.call_with(&opts, "boxd_harvest", W1);
+    assert_eq!((code, &v["git"]["fetched"]["ref"]), (0, &json!("refs/boxd/w1")), "{v:#}");
+    assert_eq!(git(&project.join("sub"), &["rev-parse", "refs/remotes/origin/main"]), tracked, "nothing was fetched in the submodule");
+    assert!(!project.join(".git/FETCH_HEAD").exists(), "FETCH_HEAD is the user's");
 }
 
 /// The guest's bundle is the agent's to shape: a commit whose tree names `.git` (which a

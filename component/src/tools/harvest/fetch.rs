@@ -36,15 +36,21 @@ pub(super) fn fetch_commits<P: Programs>(programs: &mut P, w: &Work, bundle: &st
         Err(e) => return spawn_failed(e),
     }
     // The guest's objects are checked as they arrive (a tree naming `.git` or `..`, a
-    // malformed commit) before any lands in the user's repository. No `+`: git refuses
-    // to move the ref anywhere but forward.
+    // malformed commit) before any lands in the user's repository (git 2.46 and later
+    // check a bundle's objects). No `+`: git refuses to move the ref anywhere but
+    // forward. Nothing else of the repository is written: no tags, no FETCH_HEAD, no
+    // fetch in its submodules (from their remotes, with the user's credentials), no gc.
     let into = format!("HEAD:{refname}");
-    match run(programs, w, &["-c", "fetch.fsckObjects=true", "fetch", "--no-tags", bundle, &into]) {
+    let fetch = ["-c", "fetch.fsckObjects=true", "fetch", "--no-tags", "--recurse-submodules=no", "--no-write-fetch-head", "--no-auto-gc", bundle, &into];
+    match run(programs, w, &fetch) {
         Ok(out) if out.exit_code == Some(0) => json!({ "ref": refname }),
-        Ok(out) if String::from_utf8_lossy(&out.stderr).contains("non-fast-forward") => not_fetched(format!(
-            "{refname} in {} holds commits the work's HEAD does not contain (another work of this name, a rebuilt machine, or history rewritten in the guest): it was left as it is and nothing was fetched. Move it aside (git update-ref refs/boxd-kept/{} {refname} && git update-ref -d {refname}) and harvest again, or fetch the ledger's bundle under another name: git fetch {bundle} 'HEAD:refs/boxd/{}-new'",
-            w.directory, w.work, w.work
-        )),
+        Ok(out) if String::from_utf8_lossy(&out.stderr).contains("non-fast-forward") => {
+            let kept = format!("boxd-kept-{}", w.work);
+            not_fetched(format!(
+                "{refname} in {} holds commits the work's HEAD does not contain (an earlier work of this name, a rebuilt machine, or history rewritten in the guest): it was left as it is and nothing was fetched; the work's commits are in the ledger's bundle ({bundle}). To keep the old commits on a branch and let the next harvest fetch: git branch {kept} {refname} && git update-ref -d {refname} {kept}",
+                w.directory
+            ))
+        }
         Ok(out) => not_fetched(format!("git fetch into {}: {}", w.directory, tail(&out.stderr))),
         Err(e) => spawn_failed(e),
     }
@@ -55,7 +61,8 @@ fn run<P: Programs>(programs: &mut P, w: &Work, args: &[&str]) -> Result<RunOutp
         program: "git".into(),
         args: args.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
         stdin: None,
-        env: Vec::new(),
+        // git's messages in English whatever the laptop's locale: the reason reads them.
+        env: alloc::vec![("LC_ALL".into(), "C".into())],
         cwd: Some(w.directory.clone()),
         timeout_ms: GIT_TIMEOUT_MS,
         ..Default::default()
@@ -108,8 +115,12 @@ mod tests {
         git.push_fail(1, "");
         git.push_exit(0, "", " * [new ref] HEAD -> refs/boxd/w1\n");
         assert_eq!(fetch_commits(&mut git, &work(), "/l/works/w1/b.bundle"), json!({ "ref": "refs/boxd/w1" }));
-        assert_eq!(git.commands(), ["symbolic-ref -q refs/boxd/w1", "-c fetch.fsckObjects=true fetch --no-tags /l/works/w1/b.bundle HEAD:refs/boxd/w1"]);
-        assert!(git.requests.iter().all(|r| r.program == "git" && r.cwd.as_deref() == Some("/p")));
+        assert_eq!(git.commands(), [
+            "symbolic-ref -q refs/boxd/w1",
+            "-c fetch.fsckObjects=true fetch --no-tags --recurse-submodules=no --no-write-fetch-head --no-auto-gc /l/works/w1/b.bundle HEAD:refs/boxd/w1"
+        ]);
+        let c_locale = [("LC_ALL".to_string(), "C".to_string())];
+        assert!(git.requests.iter().all(|r| r.program == "git" && r.cwd.as_deref() == Some("/p") && r.env == c_locale));
     }
 
     #[test]
@@ -131,7 +142,8 @@ mod tests {
         let v = fetch_commits(&mut git, &work(), "/l/b.bundle");
         assert_eq!(v["ref"], Value::Null);
         let reason = v["reason"].as_str().unwrap();
-        assert!(reason.contains("left as it is") && reason.contains("git fetch /l/b.bundle 'HEAD:refs/boxd/w1-new'"), "{reason}");
+        assert!(reason.contains("left as it is") && reason.contains("/l/b.bundle"), "{reason}");
+        assert!(reason.contains("git branch boxd-kept-w1 refs/boxd/w1 && git update-ref -d refs/boxd/w1 boxd-kept-w1"), "{reason}");
     }
 
     #[test]
