@@ -59,6 +59,18 @@ pub fn clean_absolute(p: &str) -> Option<String> {
     Some(out)
 }
 
+/// Whether `p` is already clean (`clean_absolute` would leave it as it is, but for
+/// trailing slashes): the check each filesystem call makes, without building the clean
+/// copy.
+pub fn is_clean_absolute(p: &str) -> bool {
+    if p == "/" {
+        return true;
+    }
+    let Some(rest) = p.strip_prefix('/') else { return false };
+    let rest = rest.trim_end_matches('/');
+    !rest.is_empty() && rest.split('/').all(|s| !s.is_empty() && s != "." && s != "..")
+}
+
 /// A relative path inside the guest's work tree: no absolute form, no `..`, no empty or
 /// control characters. Returns the normalised form.
 pub fn guest_relative(p: &str) -> ToolResult<String> {

@@ -621,6 +621,13 @@ proptest! {
     }
 
     #[test]
+    fn is_clean_absolute_says_what_clean_absolute_would(p in path_text(), trailing in 0usize..3) {
+        let p = format!("{p}{}", "/".repeat(trailing));
+        let by_cleaning = paths::clean_absolute(&p).is_some_and(|c| c == p.trim_end_matches('/') || c == p);
+        prop_assert_eq!(paths::is_clean_absolute(&p), by_cleaning, "{:?}", p);
+    }
+
+    #[test]
     fn first_json_never_panics_on_any_bytes(bytes in prop::collection::vec(any::<u8>(), 0..512)) {
         let _ = first_json(&bytes);
     }

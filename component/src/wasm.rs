@@ -182,8 +182,7 @@ impl WitFiles {
 
     /// The preopen holding `path`, and the path relative to it ("" for the root itself).
     fn resolve<'a>(&self, path: &'a str) -> Result<(&Descriptor, &'a str), FsError> {
-        let clean_ok = crate::paths::clean_absolute(path).is_some_and(|c| c == path.trim_end_matches('/') || c == path);
-        if !clean_ok {
+        if !crate::paths::is_clean_absolute(path) {
             return Err(FsError::Refused(path.to_string()));
         }
         self.roots
@@ -197,18 +196,22 @@ impl WitFiles {
 
 /// Every byte of an open file, in order, a chunk at a time. The host allocates (and
 /// zeroes) each read's whole length before it reads, so chunks start small (a ledger
-/// record is a few KiB) and double up to 1 MiB for a big file; the read that finds the
-/// end asks for the current chunk size and gets nothing. `take` answers false to stop.
-fn each_chunk(fd: &Descriptor, mut take: impl FnMut(&[u8]) -> bool) -> Result<(), FsError> {
+/// record is a few KiB) and double up to 1 MiB for a big file. A read that reaches the
+/// end may say so (boxd-host does, for a regular file); else the next read, which finds
+/// nothing, does. `take` gets each chunk (its own) and answers false to stop.
+fn each_chunk(fd: &Descriptor, mut take: impl FnMut(Vec<u8>) -> bool) -> Result<(), FsError> {
     let (mut at, mut len) = (0u64, 16u64 << 10);
     loop {
         let (chunk, eof) = fd.read(len, at).map_err(io)?;
-        let more = take(&chunk);
-        at += chunk.len() as u64;
-        if !more || eof || chunk.is_empty() {
+        let got = chunk.len() as u64;
+        if got == 0 {
             return Ok(());
         }
-        if chunk.len() as u64 == len {
+        at += got;
+        if !take(chunk) || eof {
+            return Ok(());
+        }
+        if got == len {
             len = (len * 2).min(1 << 20);
         }
     }
@@ -226,8 +229,11 @@ impl Files for WitFiles {
         let mut over = false;
         each_chunk(&fd, |chunk| {
             over = out.len().saturating_add(chunk.len()) > max;
-            if !over {
-                out.extend_from_slice(chunk);
+            if !over && out.is_empty() {
+                // A record is one chunk: kept as the host handed it, not copied.
+                out = chunk;
+            } else if !over {
+                out.extend_from_slice(&chunk);
             }
             !over
         })?;
@@ -244,7 +250,7 @@ impl Files for WitFiles {
         let Some(fd) = self.open_file(path)? else { return Ok(None) };
         let mut hasher = Sha256::new();
         each_chunk(&fd, |chunk| {
-            hasher.update(chunk);
+            hasher.update(&chunk);
             true
         })?;
         Ok(Some(crate::encode::hex(&hasher.finalize())))

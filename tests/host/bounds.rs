@@ -256,10 +256,71 @@ fn a_read_as_the_component_reads_refuses_all_the_general_path_refuses() {
     let paths = ["file", "sub/inner", "within/inner", "missing", "pipe", "socket", "link", "out/hostname", "../root/file", "/etc/hostname", "sub", "sub/", "", ".", "to-pipe", "sub/../file", "file/"];
     let answers = |rt: &boxd_host::runtime::Runtime| paths.iter().map(|p| (p.to_string(), ask(rt, "read-nofollow", &format!("{r}|{p}")))).collect::<Vec<_>>();
     let fast = answers(&rt);
-    boxd_host::runtime::read_open_general_only(true);
+    boxd_host::runtime::general_paths_only(true);
     let general = answers(&rt);
-    boxd_host::runtime::read_open_general_only(false);
+    boxd_host::runtime::general_paths_only(false);
     assert_eq!(fast, general);
+}
+
+/// A listing gives each entry's type as the folder gives it, and a short read of a regular
+/// file says it reached the end (runtime/listing.rs, read_open.rs): the same entries,
+/// types, errors and bytes as wasmtime-wasi's own path, with one read fewer where a file
+/// ends inside a chunk, and none fewer where its size says nothing (/proc). (wasmtime-wasi
+/// names a FIFO's and a socket's type `unknown`; so does the listing.)
+#[test]
+fn listings_and_reads_answer_as_wasmtime_wasi_does_with_one_read_fewer_at_a_files_end() {
+    use std::os::unix::ffi::OsStrExt;
+    let s = Scratch::new("probe-shortcuts");
+    let root = s.path("root");
+    std::fs::create_dir_all(root.join("sub")).unwrap();
+    let sizes = [("empty", 0usize), ("small", 4000), ("chunk", 16384), ("chunk-and-one", 16385), ("big", 100_000)];
+    for (name, size) in sizes {
+        std::fs::write(root.join(name), (0..size).map(|i| (i * 7 % 251) as u8).collect::<Vec<u8>>()).unwrap();
+    }
+    mkfifo(&root.join("pipe"));
+    let _socket = std::os::unix::net::UnixListener::bind(root.join("socket")).unwrap();
+    std::os::unix::fs::symlink("small", root.join("link")).unwrap();
+    std::fs::write(root.join(std::ffi::OsStr::from_bytes(b"not-utf8-\xff")), "x").unwrap();
+    let mut policy = Policy::new();
+    policy.preopen(&root, "project").unwrap();
+    policy.preopen(Path::new("/proc"), "allowed").unwrap();
+    let rt = probe(policy);
+    let r = root.display().to_string();
+    let lists = ["", "sub", "missing", "small"];
+    let reads: Vec<String> = sizes.iter().map(|(n, _)| format!("{r}|{n}|16384")).chain(["/proc|version|16384".to_string(), "/proc|version|7".to_string()]).collect();
+    let answers = |rt: &boxd_host::runtime::Runtime| {
+        let listed: Vec<String> = lists.iter().map(|p| ask(rt, "list", &format!("{r}|{p}"))).collect();
+        let read: Vec<String> = reads.iter().map(|a| ask(rt, "read-all", a)).collect();
+        (listed, read)
+    };
+    let (fast_lists, fast_reads) = answers(&rt);
+    boxd_host::runtime::general_paths_only(true);
+    let (general_lists, general_reads) = answers(&rt);
+    boxd_host::runtime::general_paths_only(false);
+
+    assert_eq!(fast_lists, general_lists, "listings");
+    let root_listing: Vec<&str> = fast_lists[0].lines().collect();
+    assert_eq!(root_listing.len(), 10, "every entry, and no . or ..: {root_listing:?}");
+    for (entry, kind) in [("small ", "RegularFile"), ("sub ", "Directory"), ("link ", "SymbolicLink"), ("pipe ", "Unknown"), ("socket ", "Unknown")] {
+        assert!(root_listing.iter().any(|l| l.starts_with(entry) && l.contains(kind)), "{entry}{kind} in {root_listing:?}");
+    }
+    assert_eq!(root_listing.iter().filter(|l| l.starts_with("err") && l.contains("illegal-byte-sequence")).count(), 1, "the name that is not UTF-8, at its place: {root_listing:?}");
+    assert!(fast_lists[2].starts_with("err") && fast_lists[3].starts_with("err"), "a missing folder, a file: {fast_lists:?}");
+
+    // "ok N bytes in K reads, sum S": the same bytes; K one fewer where the end falls
+    // inside a chunk of a regular file.
+    let parse = |a: &str| -> (String, u32) {
+        let (bytes, rest) = a.split_once(" in ").unwrap_or_else(|| panic!("{a}"));
+        let (reads, sum) = rest.split_once(" reads, ").unwrap();
+        (format!("{bytes}, {sum}"), reads.parse().unwrap())
+    };
+    for (i, arg) in reads.iter().enumerate() {
+        let ((fast_bytes, fast_n), (general_bytes, general_n)) = (parse(&fast_reads[i]), parse(&general_reads[i]));
+        assert_eq!(fast_bytes, general_bytes, "{arg}");
+        let ends_inside_a_chunk = sizes.get(i).is_some_and(|(_, size)| size % 16384 != 0);
+        assert_eq!(fast_n + u32::from(ends_inside_a_chunk), general_n, "{arg}: {} against {}", fast_reads[i], general_reads[i]);
+    }
+    assert!(!fast_reads[5].starts_with("ok 0 bytes"), "/proc/version has bytes though its size says 0: {}", fast_reads[5]);
 }
 
 #[test]

@@ -3,7 +3,7 @@
 //! against this host's, a linker that provides exactly the granted imports, and a fresh
 //! instance per call whose trace (spawns, paths) the runtime keeps for the audit.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::hash::{Hash, Hasher};
 use std::path::Path;
 use std::sync::Arc;
@@ -20,6 +20,8 @@ mod engine;
 mod kill_at;
 pub use kill_at::KillAt;
 pub mod frames;
+#[cfg(target_os = "linux")]
+mod listing;
 #[cfg(target_os = "linux")]
 mod read_open;
 mod trace;
@@ -41,10 +43,11 @@ wasmtime::component::bindgen!({
 pub use exports::boxd::plugin::tools::ToolError;
 use boxd::plugin::spawn as wit_spawn;
 
-/// Tests only: every open takes the general path (guard, then wasmtime-wasi), so both
-/// paths' answers can be compared (tests/host/bounds.rs).
+/// Tests only: every filesystem call takes wasmtime-wasi's path (an open behind the
+/// guard; no shortcut of read_open.rs or listing.rs), so both paths' answers can be
+/// compared (tests/host/bounds.rs).
 #[doc(hidden)]
-pub fn read_open_general_only(on: bool) {
+pub fn general_paths_only(on: bool) {
     #[cfg(target_os = "linux")]
     read_open::GENERAL_ONLY.store(on, std::sync::atomic::Ordering::Relaxed);
     #[cfg(not(target_os = "linux"))]
@@ -132,6 +135,8 @@ pub struct HostState {
     trace: Trace,
     /// Descriptor handle → the path it names, so opens are logged as absolute paths.
     fds: BTreeMap<u32, String>,
+    /// Descriptors read_open.rs opened and found regular files: their type needs no stat.
+    regular: BTreeSet<u32>,
     /// Test-only kill points (BOXD_HOST_KILL_AT) and the counts they are checked against.
     kill_at: Option<KillAt>,
     spawns: u32,
@@ -254,6 +259,7 @@ impl Runtime {
             policy: self.policy.clone(),
             trace: Trace::default(),
             fds: BTreeMap::new(),
+            regular: BTreeSet::new(),
             kill_at: KillAt::from_env(),
             spawns: 0,
             renames: 0,
@@ -416,11 +422,14 @@ impl HostState {
         let full = if path.is_empty() || path == "." { base_path } else { format!("{}/{}", base_path.trim_end_matches('/'), path) };
         if let Some(n) = new {
             self.fds.insert(n, full.clone());
+            // A handle number is reused once its descriptor is dropped.
+            self.regular.remove(&n);
         }
         self.trace.paths.push(PathRecord { path: full, mode: mode.to_string() });
     }
 
     pub(crate) fn remember_preopen(&mut self, rep: u32, path: String) {
+        self.regular.remove(&rep);
         self.fds.insert(rep, path);
     }
 

@@ -94,8 +94,11 @@ pub fn trace_filesystem(linker: &mut Linker<HostState>) -> Result<()> {
             if pf == fs::PathFlags::empty() && of == fs::OpenFlags::empty() && df == fs::DescriptorFlags::READ {
                 use super::read_open::{open_to_read, Opened};
                 match open_to_read(store.data_mut(), base, &path) {
-                    Opened::Yes(new) => {
+                    Opened::Yes(new, regular) => {
                         store.data_mut().record_open(base, Some(new.rep()), &path, "read");
+                        if regular {
+                            store.data_mut().regular.insert(new.rep());
+                        }
                         return Ok((Ok(new),));
                     }
                     Opened::NoEntry => {
@@ -183,6 +186,10 @@ pub fn trace_filesystem(linker: &mut Linker<HostState>) -> Result<()> {
             Ok((split(r)?,))
         },
     )?;
+    #[cfg(target_os = "linux")]
+    super::read_open::shadow_reads(&mut types)?;
+    #[cfg(target_os = "linux")]
+    super::listing::shadow_listing(&mut types)?;
     Ok(())
 }
 
@@ -199,7 +206,7 @@ fn owner_only_in_ledger(state: &mut HostState, rep: u32) {
 }
 
 /// A filesystem result as the guest sees it: the error code, or a trap for a host bug.
-fn split<T, E>(r: Result<T, wasmtime_wasi::TrappableError<E>>) -> wasmtime::Result<Result<T, E>>
+pub(super) fn split<T, E>(r: Result<T, wasmtime_wasi::TrappableError<E>>) -> wasmtime::Result<Result<T, E>>
 where
     E: std::error::Error + Send + Sync + 'static,
 {

@@ -5,6 +5,12 @@
 //!             request, in request order, each as `spawn` says it
 //!   read      arg = "<preopen>|<path>"    → "ok N bytes" | "err <code>"
 //!   write     arg = "<preopen>|<path>"    → "ok" | "err <code>"
+//!   read-all  arg = "<preopen>|<path>|<chunk>": opened as `read-nofollow`, then read
+//!             `chunk` bytes at a time until a read says it is the end or returns nothing
+//!                                         → "ok N bytes in K reads, sum S" | "err <code>"
+//!   list      arg = "<preopen>|<path>" ("" for the preopen itself): its listing, one
+//!             "name type" line per entry in the order the host gives, "err <code>" for
+//!             an entry the host answers with an error
 //!   preopens  → the preopen names, one per line
 //!   trap      → traps (the panic handler's `unreachable`), as a bug in a component would;
 //!               `boxd_status` too (the conformance scenario's trap in the status tool)
@@ -115,6 +121,53 @@ impl Guest for Probe {
                         Err(e) => Ok(format!("err {e:?}")),
                     },
                     Err(e) => Ok(format!("err {e:?}")),
+                }
+            }
+            "read-all" | "list" => {
+                let mut parts = arg.splitn(3, '|');
+                let (root, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+                let dirs = get_directories();
+                let Some((dir, _)) = dirs.iter().find(|(_, n)| n == root) else {
+                    return Ok(format!("err no preopen {root}"));
+                };
+                if tool == "list" {
+                    let opened = if path.is_empty() { None } else { Some(dir.open_at(PathFlags::empty(), path, OpenFlags::DIRECTORY, DescriptorFlags::READ)) };
+                    let d = match &opened {
+                        None => dir,
+                        Some(Ok(d)) => d,
+                        Some(Err(e)) => return Ok(format!("err {e:?}")),
+                    };
+                    let stream = match d.read_directory() {
+                        Ok(s) => s,
+                        Err(e) => return Ok(format!("err {e:?}")),
+                    };
+                    let mut lines = Vec::new();
+                    loop {
+                        match stream.read_directory_entry() {
+                            Ok(Some(e)) => lines.push(format!("{} {:?}", e.name, e.type_)),
+                            Ok(None) => break,
+                            Err(e) => lines.push(format!("err {e:?}")),
+                        }
+                    }
+                    return Ok(lines.join("\n"));
+                }
+                let chunk: u64 = parts.next().and_then(|c| c.parse().ok()).ok_or_else(|| fail("arg is <preopen>|<path>|<chunk>".into()))?;
+                let fd = match dir.open_at(PathFlags::empty(), path, OpenFlags::empty(), DescriptorFlags::READ) {
+                    Ok(fd) => fd,
+                    Err(e) => return Ok(format!("err {e:?}")),
+                };
+                let (mut total, mut reads, mut sum) = (0u64, 0u32, 0u64);
+                loop {
+                    let (bytes, end) = match fd.read(chunk, total) {
+                        Ok(r) => r,
+                        Err(e) => return Ok(format!("err {e:?}")),
+                    };
+                    reads += 1;
+                    total += bytes.len() as u64;
+                    sum = bytes.iter().fold(sum, |s, b| s.wrapping_mul(31).wrapping_add(*b as u64));
+                    if end || bytes.is_empty() {
+                        return Ok(format!("ok {total} bytes in {reads} reads, sum {sum}"));
+                    }
                 }
             }
             "trap" | "boxd_status" => panic!("the probe traps on purpose"),
