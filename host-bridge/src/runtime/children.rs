@@ -1,7 +1,7 @@
 //! The spawn import: every request checked against the policy (program, arguments, folder,
 //! environment, streamed files), run by the one process runner, and recorded for the
 //! audit. `run-all` does the same for each of its requests and runs the children side by
-//! side, one thread each.
+//! side: the first on the calling thread, each other one on a thread of its own.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -50,28 +50,25 @@ impl wit_spawn::Host for HostState {
         }
         // Each answer with its request's time from its check to its end.
         let run = |(c, started): (Result<Checked<'_>, wit_spawn::Error>, Instant)| (c.and_then(Checked::run), started.elapsed());
-        let answers: Vec<(Answer, Duration)> = if checked.len() == 1 {
-            // One child (the common case) runs on this thread.
-            checked.into_iter().map(run).collect()
-        } else {
-            std::thread::scope(|scope| {
-                let running: Vec<_> = checked
-                    .into_iter()
-                    .map(|c| {
-                        let started = c.1;
-                        // A thread the system will not give is that request's failure, not a panic.
-                        std::thread::Builder::new().spawn_scoped(scope, move || run(c)).map_err(|e| (e, started))
-                    })
-                    .collect();
-                running
-                    .into_iter()
-                    .map(|h| match h {
-                        Ok(h) => h.join().unwrap_or_else(|_| (Err(wit_spawn::Error::Failed("the host's runner for this child panicked".into())), Duration::ZERO)),
-                        Err((e, started)) => (Err(wit_spawn::Error::Failed(format!("the host could not start a thread for this child: {e}"))), started.elapsed()),
-                    })
-                    .collect()
-            })
-        };
+        // The first child runs on this thread and each other one on a thread of its own, so a
+        // batch of n children starts n - 1 threads (none for one child, the common case).
+        let mut checked = checked.into_iter();
+        let first_child = checked.next().expect("a batch is not empty");
+        let answers: Vec<(Answer, Duration)> = std::thread::scope(|scope| {
+            let running: Vec<_> = checked
+                .map(|c| {
+                    let started = c.1;
+                    // A thread the system will not give is that request's failure, not a panic.
+                    std::thread::Builder::new().spawn_scoped(scope, move || run(c)).map_err(|e| (e, started))
+                })
+                .collect();
+            let mut answers = vec![run(first_child)];
+            answers.extend(running.into_iter().map(|h| match h {
+                Ok(h) => h.join().unwrap_or_else(|_| (Err(wit_spawn::Error::Failed("the host's runner for this child panicked".into())), Duration::ZERO)),
+                Err((e, started)) => (Err(wit_spawn::Error::Failed(format!("the host could not start a thread for this child: {e}"))), started.elapsed()),
+            }));
+            answers
+        });
         let mut out = Vec::with_capacity(answers.len());
         for ((n, mut record), (answer, took)) in (first..).zip(records).zip(answers) {
             self.kill_point(false, true, n);
