@@ -157,50 +157,48 @@ fn boxd_children(home: &Path, args: &[&str]) -> usize {
     }).count()
 }
 
-/// One listing fails at once and the other never ends: the status answers when the hanging
-/// one reaches the boxd bound (not when the hang would end), naming the failure, and no
-/// child of the batch is left running.
-#[test]
-fn a_status_whose_one_listing_fails_while_the_other_hangs_answers_at_its_bound() {
-    let world = World::new("status-fail-hang");
-    world.faults(r#"[{"verb":"machine list","times":1,"action":"fail","message":"internal"},{"verb":"snapshots list","times":1,"action":"hang","ms":600000}]"#);
-    let started = std::time::Instant::now();
-    let out = world.call_output(&["--options", r#"{"boxdTimeoutSeconds":5}"#], "boxd_status", "{}");
-    let took = started.elapsed();
-    let v = stdout_json(&out);
-    assert!(took < std::time::Duration::from_secs(120), "the hang was bounded: {took:?}");
-    assert_eq!(boxd_children(&world.laptop.boxd_home, &["snapshots", "list"]), 0, "the hanging listing was ended with the call");
-    assert_eq!(out.status.code(), Some(0), "status still reads the ledger: {v:#}");
-    assert!(v["boxd"]["reason"].as_str().is_some_and(|r| r.contains("machine list") && r.contains("internal")), "the answer names the listing's failure: {v:#}");
-    // Unknown, not absent: an unanswered listing must not read as "no golden image".
-    assert!(v["snapshot"]["present"].is_null(), "{v:#}");
-}
-
-/// The same with the roles swapped: the batch's first listing (`machine list`, which runs
-/// on the host's calling thread) never ends and the other fails at once. The hang is ended
-/// at the boxd bound just the same, the other child is not held behind it, and no child of
-/// the batch is left running.
-#[test]
-fn a_status_whose_first_listing_hangs_while_the_other_fails_answers_at_its_bound() {
-    let world = World::new("status-hang-fail");
-    world.faults(r#"[{"verb":"machine list","times":1,"action":"hang","ms":600000},{"verb":"snapshots list","times":1,"action":"fail","message":"internal"}]"#);
+/// A status whose two listings meet `faults` (one hangs, the other fails), called with a
+/// 5 s boxd bound. What holds whichever listing hangs: the call answers at the bound (not
+/// when the hang would end), exits 0 (status still reads the ledger), leaves no child of the
+/// batch running, and says the golden image is unknown, not absent. Returns the world, the
+/// call's start (ms since the epoch, as boxd-local's call log writes it) and the answer.
+fn status_under(name: &str, faults: &str) -> (World, u64, serde_json::Value) {
+    let world = World::new(name);
+    world.faults(faults);
     let started_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
     let started = std::time::Instant::now();
     let out = world.call_output(&["--options", r#"{"boxdTimeoutSeconds":5}"#], "boxd_status", "{}");
     let took = started.elapsed();
     let v = stdout_json(&out);
     assert!(took < std::time::Duration::from_secs(120), "the hang was bounded: {took:?}");
-    assert_eq!(boxd_children(&world.laptop.boxd_home, &["machine", "list"]), 0, "the hanging listing was ended with the call");
-    assert_eq!(boxd_children(&world.laptop.boxd_home, &["snapshots", "list"]), 0, "the failing listing is not left running");
-    // The failing listing was not held behind the hang: it started before the hang's 5 s
-    // bound could have passed (run after it, it would start at least 5 s after the call).
+    for listing in [["machine", "list"], ["snapshots", "list"]] {
+        assert_eq!(boxd_children(&world.laptop.boxd_home, &listing), 0, "{listing:?} was ended with the call");
+    }
+    assert_eq!(out.status.code(), Some(0), "status still reads the ledger: {v:#}");
+    // Unknown, not absent: an unanswered or failed listing must not read as "no golden image".
+    assert!(v["snapshot"]["present"].is_null(), "{v:#}");
+    (world, started_ms, v)
+}
+
+/// One listing fails at once and the other never ends: the answer names the failure.
+#[test]
+fn a_status_whose_one_listing_fails_while_the_other_hangs_answers_at_its_bound() {
+    let (_world, _, v) = status_under("status-fail-hang", r#"[{"verb":"machine list","times":1,"action":"fail","message":"internal"},{"verb":"snapshots list","times":1,"action":"hang","ms":600000}]"#);
+    assert!(v["boxd"]["reason"].as_str().is_some_and(|r| r.contains("machine list") && r.contains("internal")), "the answer names the listing's failure: {v:#}");
+}
+
+/// The same with the roles swapped: the batch's first listing (`machine list`, which runs
+/// on the host's calling thread) never ends and the other fails at once. The other child is
+/// not held behind the hang.
+#[test]
+fn a_status_whose_first_listing_hangs_while_the_other_fails_answers_at_its_bound() {
+    let (world, started_ms, v) = status_under("status-hang-fail", r#"[{"verb":"machine list","times":1,"action":"hang","ms":600000},{"verb":"snapshots list","times":1,"action":"fail","message":"internal"}]"#);
+    // The failing listing started before the hang's 5 s bound could have passed (run after
+    // it, it would start at least 5 s after the call).
     let log = std::fs::read_to_string(world.laptop.boxd_home.join("calls.jsonl")).unwrap();
     let snapshots: Vec<serde_json::Value> = log.lines().map(|l| serde_json::from_str(l).unwrap()).filter(|l: &serde_json::Value| l["argv"][0] == "snapshots" && l["argv"][1] == "list").collect();
     assert_eq!(snapshots.len(), 1, "snapshots list ran once: {log}");
     let at = snapshots[0]["t"].as_u64().unwrap();
     assert!(at < started_ms + 5000, "snapshots list started {} ms after the call, behind the hang: {log}", at.saturating_sub(started_ms));
-    assert_eq!(out.status.code(), Some(0), "status still reads the ledger: {v:#}");
     assert!(v["boxd"]["reason"].as_str().is_some_and(|r| r.contains("machine list")), "the answer names the listing that did not answer: {v:#}");
-    // Unknown, not absent: a failed listing must not read as "no golden image".
-    assert!(v["snapshot"]["present"].is_null(), "{v:#}");
 }
