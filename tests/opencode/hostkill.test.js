@@ -159,6 +159,38 @@ describe("OpenCode killed or stopped mid-call", { skip }, () => {
     assert.equal(await waitGone(pids.answered, 300), false, "a child already answered is not the watchdog's to kill");
     process.kill(-pids.answered, "SIGKILL");
   });
+
+  // A pid still listed when the process dies, but given to another process after its "+"
+  // was read (as a child reaped just before the kill, its "-" never written, whose pid the
+  // system handed out again): that process started later, and is left alone. Pids are handed
+  // out in turn, so the next few are announced, and the processes started next take them.
+  for (const runtime of ["node", "bun"]) test(`${runtime}: a process given an announced pid after its announcement is left alone`, async () => {
+    const seen = JSON.parse(runScript(runtime, `
+      const probe = spawn("true", [], { stdio: "ignore" });
+      w.guard(probe.pid)(); // the watchdog started (it takes a pid too) before any is chosen
+      await new Promise((r) => probe.on("exit", r));
+      const announced = Array.from({ length: 40 }, (_, i) => Math.max(probe.pid, w.watchdogPid) + 1 + i);
+      for (const pid of announced) w.guard(pid);
+      // Past the boot clock's tick (10 ms) in which the watchdog read the lines.
+      await new Promise((r) => setTimeout(r, 300));
+      const later = announced.map(() => spawn("sleep", ["30"], { detached: true, stdio: "ignore" }).pid);
+      say({ announced, later, watchdog: w.watchdogPid });
+      for (const t = Date.now(); Date.now() - t < 50; );
+      process.kill(process.pid, "SIGKILL");`));
+    try {
+      const taken = seen.later.filter((pid) => seen.announced.includes(pid));
+      assert.ok(taken.length > 0, `no process started later was given an announced pid, so nothing was checked (${JSON.stringify(seen)})`);
+      assert.ok(await waitGone(seen.watchdog, 10000), "the watchdog stayed after its work was done");
+      const killed = taken.filter((pid) => gone(pid));
+      assert.deepEqual(killed, [], "the watchdog killed processes that took an announced pid after the announcement");
+    } finally {
+      for (const pid of seen.later) {
+        try {
+          process.kill(-pid, "SIGKILL");
+        } catch {}
+      }
+    }
+  });
 });
 
 /**

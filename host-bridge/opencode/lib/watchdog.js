@@ -6,40 +6,47 @@
 //
 // One watchdog a process stands in: /bin/sh reading a pipe only this process holds. A
 // child's group is announced as it starts ("+ PID") and taken back once it has exited
-// ("- PID"). The watchdog notes each announced child's start time (/proc/PID/stat) as the
-// line arrives: read there, not here, because that read waits while the child is still
-// in its exec, which held the plugin's thread ~0.3 ms a child (docs/performance.md). The
-// pid is the plugin's child until the plugin reaps it, and the "-" written after that
-// follows in the pipe, so a time noted for a pid already used again (a line the watchdog
-// read only after the reap) is taken back with it, unless the plugin dies in the instant
-// between that reap and that write (lib/policy.js writes it as the child's exit is heard;
-// lib/inworker.js at its next look, within 50 ms). When the
-// pipe ends (this process is gone, however it ended) the watchdog kills each group still
-// listed whose leader is still that same process, so a pid used again by someone else is
-// never touched, and still running: a child that had exited is left with what it left
-// behind, as ever. Linux only (it reads /proc); elsewhere children still outlive a SIGKILL.
+// ("- PID"). The watchdog notes when each line arrives, from the boot clock
+// (/proc/uptime, in the clock ticks /proc counts a process's start time in). Neither the
+// plugin nor the watchdog reads the child's own /proc/PID/stat then: that read waits while
+// the child is still in its exec, which held the plugin's thread ~0.3 ms a child, and dash
+// reads that line a byte at a time, ~0.2 ms of the watchdog's time a child on the cores
+// the call's children start on (docs/performance.md). The pid is the plugin's child until
+// the plugin reaps it, and the "-" written after that follows in the pipe, so a pid
+// already used again when its "+" is read (a line read only after the reap) is taken back
+// with it, unless the plugin dies in the instant between that reap and that write
+// (lib/policy.js writes it as the child's exit is heard; lib/inworker.js at its next look,
+// within 50 ms). When the pipe ends (this process is gone, however it ended) the watchdog
+// kills each group still listed whose leader is still running and started no later than
+// its "+" was read: the child announced, never a process given its pid after it was
+// reaped, which started later (pids are handed out in turn, so not within the same tick
+// of 10 ms). A child that had exited is left with what it left behind, as ever. Where the
+// clock's ticks do not match /proc's (checked against the watchdog's own start), each
+// child's own start time is read at its "+" instead, and only that same process is killed.
+// Linux only (it reads /proc); elsewhere children still outlive a SIGKILL.
 import { spawn } from "node:child_process";
 import fs from "node:fs";
 
 // `read`, `set`, `shift` and `kill` are builtins: nothing to find on PATH once the laptop
 // is in trouble.
 const SCRIPT = `
-started() { read -r stat 2>/dev/null < /proc/$1/stat || return 1; set -- \${stat##*) }; shift 19; at=$1; }
+now() { read -r up 2>/dev/null < /proc/uptime || return 1; up=\${up%% *}; c=\${up#*.}; at=$((\${up%.*} * 100 + \${c#0})); }
+started() { read -r stat 2>/dev/null < /proc/$1/stat || return 1; set -- \${stat##*) }; state=$1; shift 19; at=$1; }
+clock=
+now && mine=$at && started $$ && [ $((mine - at)) -ge 0 ] && [ $((mine - at)) -lt 100 ] && clock=1
 live=
 while read -r op pid; do
   case $op in
-    +) started "$pid" && live="$live $pid:$at" ;;
+    +) if [ -n "$clock" ]; then now; else started "$pid"; fi && live="$live $pid:$at" ;;
     -) kept=; for g in $live; do [ "\${g%%:*}" = "$pid" ] || kept="$kept $g"; done; live=$kept ;;
   esac
 done
 for g in $live; do
   pid=\${g%%:*}
-  read -r stat 2>/dev/null < /proc/$pid/stat || continue
-  set -- \${stat##*) }
+  started "$pid" || continue
   # A leader that has exited (a zombie no one reaped) is left, with what it left behind.
-  [ "$1" = Z ] && continue
-  shift 19
-  [ "$1" = "\${g#*:}" ] && kill -9 -$pid 2>/dev/null
+  [ "$state" = Z ] && continue
+  [ "$at" -le "\${g#*:}" ] && kill -9 -$pid 2>/dev/null
 done
 exit 0
 `;
