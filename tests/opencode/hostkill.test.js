@@ -14,6 +14,13 @@ import { BOXD_HOST, BOXD_LOCAL, Laptop, OPENCODE, PLUGIN, gone, missingPrerequis
 const skip = missingPrerequisite() ?? (fs.existsSync(BOXD_HOST) ? false : `${BOXD_HOST} is missing: cargo build -p boxd-host`);
 const T = { timeout: 240000 };
 
+/** SIGKILL the group `pid` leads, if any is left. */
+function kill(pid) {
+  try {
+    process.kill(-pid, "SIGKILL");
+  } catch {}
+}
+
 /** The processes whose parent is `ppid`: [{pid, argv}]. */
 function childrenOf(ppid) {
   const out = [];
@@ -140,7 +147,7 @@ describe("OpenCode killed or stopped mid-call", { skip }, () => {
   });
 
   // A process killed the moment after it started a child: the child is guarded from its
-  // first instant (the watchdog, not the plugin, reads its start time), and one already
+  // first instant (the watchdog, not the plugin, reads /proc for it), and one already
   // answered is left alone. Under Node and under Bun, OpenCode's runtime, whose
   // child_process left the line for the next turn of the event loop: the thread is kept
   // busy between the guard and the kill, as the plugin's is while it starts the next child.
@@ -163,17 +170,37 @@ describe("OpenCode killed or stopped mid-call", { skip }, () => {
   // A pid still listed when the process dies, but given to another process after its "+"
   // was read (as a child reaped just before the kill, its "-" never written, whose pid the
   // system handed out again): that process started later, and is left alone. Pids are handed
-  // out in turn, so the next few are announced, and the processes started next take them.
+  // out in turn, so pids some way ahead are announced, the ones before them used up by
+  // processes that end at once, and the processes started next take them. Ahead by 200:
+  // no process anyone starts before the watchdog has read the lines takes one (were it
+  // still running at the end, the watchdog would rightly take it for the plugin's child).
+  // Where others ran past those pids meanwhile (a busy machine), pids further ahead are.
   for (const runtime of ["node", "bun"]) test(`${runtime}: a process given an announced pid after its announcement is left alone`, async () => {
     const seen = JSON.parse(runScript(runtime, `
+      const ended = (child) => new Promise((r) => child.on("exit", r));
       const probe = spawn("true", [], { stdio: "ignore" });
       w.guard(probe.pid)(); // the watchdog started (it takes a pid too) before any is chosen
-      await new Promise((r) => probe.on("exit", r));
-      const announced = Array.from({ length: 40 }, (_, i) => Math.max(probe.pid, w.watchdogPid) + 1 + i);
-      for (const pid of announced) w.guard(pid);
-      // Past the boot clock's tick (10 ms) in which the watchdog read the lines.
-      await new Promise((r) => setTimeout(r, 300));
-      const later = announced.map(() => spawn("sleep", ["30"], { detached: true, stdio: "ignore" }).pid);
+      await ended(probe);
+      let next = Math.max(probe.pid, w.watchdogPid) + 1;
+      const announced = [];
+      let later = [];
+      for (let round = 0; round < 5 && !later.length; round++) {
+        const first = next + 200;
+        const ahead = Array.from({ length: 40 }, (_, i) => first + i);
+        for (const pid of ahead) w.guard(pid);
+        announced.push(...ahead);
+        // Past the boot clock's tick (10 ms) in which the watchdog read the lines.
+        await new Promise((r) => setTimeout(r, 30));
+        let used;
+        for (let n = 0; n < 400; n++) {
+          used = spawn("true", [], { stdio: "ignore" });
+          await ended(used);
+          if (used.pid >= first - 1 || used.pid < next - 1) break;
+        }
+        next = used.pid + 1;
+        if (used.pid < first - 1 || used.pid > first + 20) continue; // wrapped, or run past
+        later = ahead.map(() => spawn("sleep", ["30"], { detached: true, stdio: "ignore" }).pid);
+      }
       say({ announced, later, watchdog: w.watchdogPid });
       for (const t = Date.now(); Date.now() - t < 50; );
       process.kill(process.pid, "SIGKILL");`));
@@ -184,11 +211,7 @@ describe("OpenCode killed or stopped mid-call", { skip }, () => {
       const killed = taken.filter((pid) => gone(pid));
       assert.deepEqual(killed, [], "the watchdog killed processes that took an announced pid after the announcement");
     } finally {
-      for (const pid of seen.later) {
-        try {
-          process.kill(-pid, "SIGKILL");
-        } catch {}
-      }
+      for (const pid of seen.later) kill(pid);
     }
   });
 });

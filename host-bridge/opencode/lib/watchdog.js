@@ -18,12 +18,14 @@
 // (lib/policy.js writes it as the child's exit is heard; lib/inworker.js at its next look,
 // within 50 ms). When the pipe ends (this process is gone, however it ended) the watchdog
 // kills each group still listed whose leader is still running and started no later than
-// its "+" was read: the child announced, never a process given its pid after it was
-// reaped, which started later (pids are handed out in turn, so not within the same tick
-// of 10 ms). A child that had exited is left with what it left behind, as ever. Where the
-// clock's ticks do not match /proc's (checked against the watchdog's own start), each
-// child's own start time is read at its "+" instead, and only that same process is killed.
-// Linux only (it reads /proc); elsewhere children still outlive a SIGKILL.
+// its "+" was read: the child announced, never a process given its pid after that (pids
+// are handed out in turn, so such a process starts a whole round of pids later, not
+// within the same tick of 10 ms). A child that had exited is left with what it left
+// behind, as ever. Where the clock does not agree with /proc (the watchdog's own start
+// time, read against it, must be at most 250 ms behind), each child's own start time is
+// read at its "+" instead, and only that same process is killed. A line that does not
+// name a pid is passed over. Linux only (it reads /proc); elsewhere children still
+// outlive a SIGKILL.
 import { spawn } from "node:child_process";
 import fs from "node:fs";
 
@@ -31,11 +33,12 @@ import fs from "node:fs";
 // is in trouble.
 const SCRIPT = `
 now() { read -r up 2>/dev/null < /proc/uptime || return 1; up=\${up%% *}; c=\${up#*.}; at=$((\${up%.*} * 100 + \${c#0})); }
-started() { read -r stat 2>/dev/null < /proc/$1/stat || return 1; set -- \${stat##*) }; state=$1; shift 19; at=$1; }
+started() { read -r stat 2>/dev/null < /proc/$1/stat || return 1; set -- \${stat##*) }; [ $# -ge 20 ] || return 1; state=$1; shift 19; at=$1; }
 clock=
-now && mine=$at && started $$ && [ $((mine - at)) -ge 0 ] && [ $((mine - at)) -lt 100 ] && clock=1
+now && mine=$at && started $$ && [ $((mine - at)) -ge 0 ] && [ $((mine - at)) -lt 25 ] && clock=1
 live=
 while read -r op pid; do
+  case $pid in ''|*[!0-9]*) continue ;; esac
   case $op in
     +) if [ -n "$clock" ]; then now; else started "$pid"; fi && live="$live $pid:$at" ;;
     -) kept=; for g in $live; do [ "\${g%%:*}" = "$pid" ] || kept="$kept $g"; done; live=$kept ;;
@@ -124,8 +127,8 @@ function lost(self, next = undefined) {
 
 // Whether `pid` is still this process's child. A child may be taken back a moment after it
 // was reaped (lib/inworker.js looks every 50 ms), and its pid may be another process's by
-// then: the first watchdog noted the child's own start time, so that stranger is never
-// matched, but a new watchdog would note the stranger's.
+// then: the first watchdog noted a moment before that stranger started, so it is never
+// matched, but a new watchdog would note a moment after.
 function ours(pid) {
   try {
     const stat = fs.readFileSync(`/proc/${pid}/stat`, "utf8");
