@@ -128,17 +128,23 @@ fn still_exiting(pid: i32, start: u64) -> bool {
 
 /// SIGSTOP every process of the machine until all show state `T` (pause, hibernate).
 pub fn stop_all(id: &str) {
-    let deadline = Instant::now() + Duration::from_secs(2);
+    stop_all_by(id, Instant::now() + Duration::from_secs(2));
+}
+
+/// `stop_all`, rescanning until `deadline`. What a scan finds is signalled even when the
+/// scan ends past the deadline: on a loaded machine one scan of /proc can take longer than
+/// the whole bound, and a machine said to be hibernated had run on untouched.
+fn stop_all_by(id: &str, deadline: Instant) {
     loop {
         let running: Vec<i32> = pids_of(id)
             .into_iter()
             .filter(|p| !matches!(run_state(*p), Some('T' | 't' | 'Z') | None))
             .collect();
+        for pid in &running {
+            signal(*pid, libc::SIGSTOP);
+        }
         if running.is_empty() || Instant::now() > deadline {
             return;
-        }
-        for pid in running {
-            signal(pid, libc::SIGSTOP);
         }
         std::thread::sleep(Duration::from_millis(2));
     }
@@ -149,5 +155,33 @@ pub fn stop_all(id: &str) {
 pub fn cont_all(id: &str) {
     for pid in pids_of(id) {
         signal(pid, libc::SIGCONT);
+    }
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use super::*;
+
+    /// A scan that ends past the bound still stops what it found (the bound only ends the
+    /// rescans): a process of the machine is stopped by a stop whose deadline has passed.
+    #[test]
+    fn a_stop_past_its_deadline_still_stops_what_its_scan_found() {
+        let id = format!("procs-test-{}", std::process::id());
+        let mut child = std::process::Command::new("sleep").arg("30").env(MARKER, &id).spawn().expect("sleep");
+        let pid = child.id() as i32;
+        // Until its environment is the exec'd sleep's (the scan reads it).
+        let until = Instant::now() + Duration::from_secs(5);
+        while !pids_of(&id).contains(&pid) && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        stop_all_by(&id, Instant::now() - Duration::from_secs(1));
+        let until = Instant::now() + Duration::from_secs(5);
+        while run_state(pid) != Some('T') && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let state = run_state(pid);
+        child.kill().ok();
+        child.wait().ok();
+        assert_eq!(state, Some('T'), "the process the scan found was not stopped");
     }
 }
