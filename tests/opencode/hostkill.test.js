@@ -40,11 +40,7 @@ describe("OpenCode killed or stopped mid-call", { skip }, () => {
   const laptops = [];
   after(() => {
     // Whatever outlived its host (the old behaviour) is ended here, by pid.
-    for (const pid of left) {
-      try {
-        process.kill(-pid, "SIGKILL");
-      } catch {}
-    }
+    for (const pid of left) kill(pid);
     for (const l of laptops) l.stop();
   });
 

@@ -84,22 +84,27 @@ fn signal(pid: i32, sig: i32) {
 /// folder from under a process still in it. Stopped processes die too. The bound is
 /// generous: on a loaded 2-core machine one scan of /proc can take a good part of a second.
 pub fn kill_all(id: &str) {
-    let deadline = Instant::now() + Duration::from_secs(15);
+    kill_all_by(id, Instant::now() + Duration::from_secs(15));
+}
+
+/// `kill_all`, rescanning and waiting until `deadline`. As in `stop_all_by`, what a scan
+/// finds is signalled even when the scan ends past the deadline; only the waiting stops.
+fn kill_all_by(id: &str, deadline: Instant) {
     // (pid, start time): a pid reused after its reap is not waited for.
     let mut dying: Vec<(i32, u64)> = Vec::new();
     loop {
         let pids = pids_of(id);
         dying.retain(|&(pid, start)| still_exiting(pid, start));
-        if (pids.is_empty() && dying.is_empty()) || Instant::now() > deadline {
-            return;
-        }
-        for pid in pids {
+        for &pid in &pids {
             if let Some((_, start)) = stat(pid) {
                 if !dying.contains(&(pid, start)) {
                     dying.push((pid, start));
                 }
             }
             signal(pid, libc::SIGKILL);
+        }
+        if (pids.is_empty() && dying.is_empty()) || Instant::now() > deadline {
+            return;
         }
         std::thread::sleep(Duration::from_millis(5));
     }
@@ -161,19 +166,25 @@ pub fn cont_all(id: &str) {
 #[cfg(all(test, target_os = "linux"))]
 mod tests {
     use super::*;
+    use std::os::unix::process::ExitStatusExt;
+
+    /// A `sleep 30` of machine `id`, once a scan finds it (it carries the marker once exec'd).
+    fn machine_process(id: &str) -> std::process::Child {
+        let child = std::process::Command::new("sleep").arg("30").env(MARKER, id).spawn().expect("sleep");
+        let until = Instant::now() + Duration::from_secs(5);
+        while !pids_of(id).contains(&(child.id() as i32)) && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        child
+    }
 
     /// A scan that ends past the bound still stops what it found (the bound only ends the
     /// rescans): a process of the machine is stopped by a stop whose deadline has passed.
     #[test]
     fn a_stop_past_its_deadline_still_stops_what_its_scan_found() {
-        let id = format!("procs-test-{}", std::process::id());
-        let mut child = std::process::Command::new("sleep").arg("30").env(MARKER, &id).spawn().expect("sleep");
+        let id = format!("procs-stop-{}", std::process::id());
+        let mut child = machine_process(&id);
         let pid = child.id() as i32;
-        // Until its environment is the exec'd sleep's (the scan reads it).
-        let until = Instant::now() + Duration::from_secs(5);
-        while !pids_of(&id).contains(&pid) && Instant::now() < until {
-            std::thread::sleep(Duration::from_millis(5));
-        }
         stop_all_by(&id, Instant::now() - Duration::from_secs(1));
         let until = Instant::now() + Duration::from_secs(5);
         while run_state(pid) != Some('T') && Instant::now() < until {
@@ -183,5 +194,25 @@ mod tests {
         child.kill().ok();
         child.wait().ok();
         assert_eq!(state, Some('T'), "the process the scan found was not stopped");
+    }
+
+    /// The same for a kill (stop, reboot, remove, auto-destroy): a kill whose deadline has
+    /// passed still kills what its scan found.
+    #[test]
+    fn a_kill_past_its_deadline_still_kills_what_its_scan_found() {
+        let id = format!("procs-kill-{}", std::process::id());
+        let mut child = machine_process(&id);
+        kill_all_by(&id, Instant::now() - Duration::from_secs(1));
+        let until = Instant::now() + Duration::from_secs(5);
+        let mut status = None;
+        while status.is_none() && Instant::now() < until {
+            status = child.try_wait().expect("wait");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        if status.is_none() {
+            child.kill().ok();
+            child.wait().ok();
+        }
+        assert_eq!(status.and_then(|s| s.signal()), Some(libc::SIGKILL), "the process the scan found was not killed");
     }
 }
