@@ -1,6 +1,6 @@
 // Bounded I/O, no hangs and no traps in the OpenCode bridge, as tests/host/bounds.rs checks
 // them in boxd-host: output floods past the caps of host-bridge/policy.json, a daemon that
-// keeps the pipe open, a FIFO where a file should be, owner-only ledger files, children
+// keeps the child's output open, a FIFO where a file should be, owner-only ledger files, children
 // killed when the plugin's process exits, and HOST_FAILED's one next step.
 import { test, describe, after } from "node:test";
 import assert from "node:assert/strict";
@@ -40,7 +40,7 @@ const sh = (script, g, timeoutMs = 60000) => policy.runChild({ program: "boxd", 
 describe("children under the caps", { skip }, () => {
   test("the caps are policy.json's, the same numbers boxd-host reads", () => {
     const p = JSON.parse(fs.readFileSync(path.join(REPO, "host-bridge/policy.json"), "utf8"));
-    assert.deepEqual(policy.BOUNDS, { stdout: p.outputCaps.stdout, stderr: p.outputCaps.stderr, afterExitMs: p.afterExit.graceMs });
+    assert.deepEqual(policy.BOUNDS, { stdout: p.outputCaps.stdout, stderr: p.outputCaps.stderr });
   });
 
   test("the component sets only variables the policy passes the program (as Policy::allows_env)", async () => {
@@ -73,7 +73,7 @@ describe("children under the caps", { skip }, () => {
     assert.match(r.val.val, /more than 1 MiB on stderr/);
   });
 
-  test("a daemon holding the pipe: the answer is what the child printed, and the daemon is left alone", async () => {
+  test("a daemon holding the child's output: the answer is what the child printed, and the daemon is left alone", async () => {
     const dir = scratch("daemon");
     const g = grants(dir, { boxd: "/bin/sh" });
     const pidFile = path.join(dir, "pid");
@@ -118,6 +118,32 @@ describe("children under the caps", { skip }, () => {
     });
     assert.match(r.val?.val ?? JSON.stringify(r), /printed more than 64 MiB on stdout/);
     assert.ok(await waitGone(pid, 1000), "what the child left in its group outlived the cap");
+  });
+
+  test("stderr past its cap, found at the exit or before: the child's group is killed", async () => {
+    const dir = scratch("late-stderr");
+    const g = grants(dir, { boxd: "/bin/sh" });
+    const pidFile = path.join(dir, "pid");
+    // stderr is a file, as stdout is: a cap passed at the last moment is found when it is
+    // read after the exit (or by the watch, if it looks first); the sleep is what is left.
+    const r = await sh(`sleep 300 </dev/null >/dev/null 2>&1 & echo $! > ${pidFile}; head -c ${policy.BOUNDS.stderr + 1} /dev/zero >&2; exit 0`, g);
+    const pid = Number(fs.readFileSync(pidFile, "utf8").trim());
+    cleanup.push(() => {
+      try {
+        process.kill(pid, "SIGKILL");
+      } catch {}
+    });
+    assert.match(r.val?.val ?? JSON.stringify(r), /printed more than 1 MiB on stderr/);
+    assert.ok(await waitGone(pid, 1000), "what the child left in its group outlived the cap");
+  });
+
+  test("everything a child printed on stderr up to the cap is its answer, byte for byte", async () => {
+    const g = grants(scratch("stderr"), { boxd: "/bin/sh" });
+    const r = await sh(`head -c ${policy.BOUNDS.stderr} /dev/zero | tr '\\0' e >&2; exit 3`, g);
+    assert.equal(r.tag, "ok", JSON.stringify(r.val).slice(0, 200));
+    assert.equal(r.val.exitCode, 3);
+    assert.equal(r.val.stderr.length, policy.BOUNDS.stderr);
+    assert.ok(r.val.stderr.every((b) => b === 101), "stderr is not what the child printed");
   });
 
   test("an old ledger's world-readable passwords are made owner-only when the plugin starts", () => {

@@ -87,11 +87,14 @@ export const POLICY = readPolicy();
 const MiB = 1 << 20;
 const human = (n) => (n >= MiB && n % MiB === 0 ? `${n / MiB} MiB` : n >= 1024 && n % 1024 === 0 ? `${n / 1024} KiB` : `${n} bytes`);
 
-/** The caps on a child's output and the grace after it exits (policy.json, as spawn/). */
+/**
+ * The caps on a child's output (policy.json, as spawn/). The bridge has no use for
+ * afterExit.graceMs: its children's stderr goes to a file, which nothing left running can
+ * hold open (runChild).
+ */
 export const BOUNDS = {
   stdout: POLICY.outputCaps.stdout,
   stderr: POLICY.outputCaps.stderr,
-  afterExitMs: POLICY.afterExit.graceMs,
 };
 
 /** What every host answers when the component traps: HOST_FAILED with errors.rs's next step. */
@@ -374,31 +377,32 @@ export function runChild(req, grants, track = () => () => {}, onGrant = () => {}
   const stdoutCap = BOUNDS.stdout + frames.stdoutAllowance(stdoutFiles.length);
 
   return new Promise((resolve) => {
-    // stdout goes to an unlinked temporary file, not a pipe: a program that exits right
-    // after a large write loses what a full pipe had not taken (the real `opencode export`
-    // delivers exactly 64 KiB through a pipe, all of it into a file). As spawn/ does.
-    let outFd;
+    // stdout and stderr go to unlinked temporary files, not pipes: a program that exits
+    // right after a large write loses what a full pipe had not taken (the real `opencode
+    // export` delivers exactly 64 KiB through a pipe, all of it into a file), a process the
+    // child leaves running cannot hold the answer by holding a pipe open, and a child with
+    // no pipe costs its runtime less to start and to wait on (docs/performance.md).
+    const files = [];
     try {
-      outFd = takeOutputFile();
+      files.push(takeOutputFile(), takeOutputFile());
     } catch (e) {
+      for (const fd of files) fs.closeSync(fd);
       frames.closeAll(outgoing);
       return resolve(err("failed", `${req.program}: cannot make its output file: ${e.message}`));
     }
+    const [outFd, errFd] = files;
     let child;
     try {
       // detached: a new process group (setsid), so a timeout can kill grandchildren too
       // (as spawn/ does with its own process group).
-      child = spawn(binary, req.args, { cwd, env, detached: true, stdio: [hasStdin ? "pipe" : "ignore", outFd, "pipe"] });
+      child = spawn(binary, req.args, { cwd, env, detached: true, stdio: [hasStdin ? "pipe" : "ignore", outFd, errFd] });
     } catch (e) {
-      fs.closeSync(outFd);
+      for (const fd of files) fs.closeSync(fd);
       frames.closeAll(outgoing);
       return resolve(err("failed", `${binary}: ${e.message}`));
     }
-    const errs = [];
-    let errSize = 0;
     let settled = false;
     let timedOut = false;
-    let grace;
     let exitCode;
     const killGroup = () => {
       try {
@@ -414,25 +418,25 @@ export function runChild(req, grants, track = () => () => {}, onGrant = () => {}
     const untrack = track(killGroup);
     live.add(killGroup);
     const unguard = guard(child.pid);
-    const stdoutSize = () => {
+    const size = (fd) => {
       try {
-        return fs.fstatSync(outFd).size;
+        return fs.fstatSync(fd).size;
       } catch {
         return 0;
       }
     };
-    // The stdout file's size is checked against its cap while the child runs.
+    // The output files' sizes are checked against their caps while the child runs.
     const watch = setInterval(() => {
-      if (stdoutSize() > stdoutCap) {
+      const over = size(outFd) > stdoutCap ? "stdout" : size(errFd) > BOUNDS.stderr ? "stderr" : null;
+      if (over) {
         killGroup();
-        finish(overCap(req.program, "stdout"));
+        finish(overCap(req.program, over));
       }
     }, 50);
-    const finish = (result, drain = false) => {
+    const finish = (result) => {
       if (settled) return;
       settled = true;
       clearTimeout(timer);
-      clearTimeout(grace);
       clearInterval(watch);
       untrack();
       live.delete(killGroup);
@@ -446,22 +450,16 @@ export function runChild(req, grants, track = () => () => {}, onGrant = () => {}
           result = err("failed", `${req.program}: cannot read its output: ${e?.message ?? e}`);
         }
       }
-      try {
-        fs.closeSync(outFd);
-      } catch {}
-      if (drain) {
-        // A process the child left running still holds stderr: keep reading (and
-        // dropping) so it neither blocks nor dies of SIGPIPE, without holding the plugin.
-        child.stderr?.unref?.();
-        child.unref();
-      } else {
-        child.stderr?.destroy();
+      for (const fd of files) {
+        try {
+          fs.closeSync(fd);
+        } catch {}
       }
       resolve(result);
     };
     const timer = setTimeout(() => {
-      // Exited already, only stderr trickling from what it left behind: answer with that.
-      if (exitCode !== undefined) return finish(result, true);
+      // Exited already, only the files still being sent: answer with what it printed.
+      if (exitCode !== undefined) return finish(result);
       timedOut = true;
       killGroup();
       // Settle even if no exit event ever comes.
@@ -469,19 +467,6 @@ export function runChild(req, grants, track = () => () => {}, onGrant = () => {}
     }, Math.max(1, req.timeoutMs));
     child.on("error", (e) => {
       finish(e.code === "ENOENT" ? err("not-found", binary) : err("failed", `${binary}: ${e.message}`));
-    });
-    // Past a cap the group is killed and the spawn fails naming the stream and the cap.
-    child.stderr.on("data", (c) => {
-      if (settled) return;
-      if (errSize + c.length > BOUNDS.stderr) {
-        killGroup();
-        finish(overCap(req.program, "stderr"));
-        return;
-      }
-      errSize += c.length;
-      errs.push(c);
-      // After the child's exit the grace counts from the last bytes, not from the exit.
-      if (grace) grace.refresh();
     });
     // The files sent, once every byte of stdin was: a child that exits without reading
     // gives EPIPE, which is not our failure (it answered without them; none is reported).
@@ -492,18 +477,18 @@ export function runChild(req, grants, track = () => () => {}, onGrant = () => {}
       const bytes = req.stdin ? Buffer.from(req.stdin.buffer, req.stdin.byteOffset, req.stdin.byteLength) : null;
       sending = frames.send(child.stdin, bytes, outgoing).then((files) => (sent = files));
     }
-    // After the exit the writer reports within a moment, unless something the child left
-    // running holds its stdin: then nothing is reported sent.
-    const settle = (drain) => {
-      Promise.race([sending, new Promise((r) => setTimeout(r, 1000).unref?.())]).then(() => finish(result, drain));
-    };
     const result = () => {
       // A file changed while it was sent: the child saw its frame cut short and refused;
       // the spawn fails saying which file (as spawn/ does).
       if (sent.changed) return err("failed", `${req.program}: ${sent.changed}`);
-      const val = { exitCode: exitCode ?? undefined, stderr: new Uint8Array(Buffer.concat(errs)), files: [...sent] };
       // Past a cap only now, after the exit: the group is killed as for any child past a
       // cap (what the child left in it may still be writing).
+      const stderr = readStart(errFd, BOUNDS.stderr + 1);
+      if (stderr.length > BOUNDS.stderr) {
+        killGroup();
+        return overCap(req.program, "stderr");
+      }
+      const val = { exitCode: exitCode ?? undefined, stderr: new Uint8Array(stderr), files: [...sent] };
       if (!stdoutFiles.length) {
         const stdout = readStart(outFd, BOUNDS.stdout + 1);
         if (stdout.length > BOUNDS.stdout) {
@@ -528,12 +513,9 @@ export function runChild(req, grants, track = () => () => {}, onGrant = () => {}
       unguard();
       exitCode = code ?? (signal ? null : undefined);
       if (timedOut) return finish(err("timed-out"));
-      // A background process the child started may keep stderr open, which would hold
-      // `close` forever: read on for a short grace after the child exits, then answer with
-      // what the child printed. That process is left alone (a CLI's daemon is not ours to
-      // kill), as boxd-host does.
-      grace = setTimeout(() => settle(true), BOUNDS.afterExitMs);
+      // The writer reports within a moment of the exit, unless something the child left
+      // running holds its stdin: then nothing is reported sent.
+      Promise.race([sending, new Promise((r) => setTimeout(r, 1000).unref?.())]).then(() => finish(result));
     });
-    child.on("close", () => (timedOut ? finish(err("timed-out")) : settle(false)));
   });
 }
