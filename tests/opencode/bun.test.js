@@ -3,8 +3,8 @@
 // plugin's code under Node only, and Bun differs where it matters: its spawnSync ignores
 // `detached`, so a child run that way shares OpenCode's process group, and killing its
 // group kills nothing. Here a real boxd_status call (tests/opencode/bun-pool.mjs) whose
-// boxd CLI starts a grandchild and hangs, or floods stdout, must lose every one of them on
-// an abort, at the stdout cap, on the timeout, and when the plugin's process exits.
+// boxd CLI starts a grandchild and hangs, or floods stdout or stderr, must lose every one of
+// them on an abort, at an output cap, on the timeout, and when the plugin's process exits.
 import { test, describe, after } from "node:test";
 import assert from "node:assert/strict";
 import { execFileSync } from "node:child_process";
@@ -75,6 +75,14 @@ describe("children under Bun, OpenCode's runtime", { skip: missingPrerequisite()
     // `yes` in the background keeps the child's stdout: the cap must take the group.
     const { result, pids, ms } = underBun("capped", "#!/bin/sh\nyes 0123456789012345678901234567890123456789 &\necho $$ $! >> PIDS\nwait\n");
     assert.match(JSON.stringify(result.answer), /printed more than 64 MiB on stdout/);
+    assert.ok(ms < 30000, `the cap took ${ms} ms to stop a flood (the timeout is 60 s)`);
+    for (const pid of pids) assert.ok(await waitGone(pid, 3000), `${pid} outlived the cap`);
+  });
+
+  test("a child flooding stderr is killed at the 1 MiB cap, with its group", async () => {
+    // stderr is a file, as stdout is: the watch finds the cap passed while `yes` runs on.
+    const { result, pids, ms } = underBun("capped", "#!/bin/sh\nyes 0123456789012345678901234567890123456789 >&2 &\necho $$ $! >> PIDS\nwait\n");
+    assert.match(JSON.stringify(result.answer), /printed more than 1 MiB on stderr/);
     assert.ok(ms < 30000, `the cap took ${ms} ms to stop a flood (the timeout is 60 s)`);
     for (const pid of pids) assert.ok(await waitGone(pid, 3000), `${pid} outlived the cap`);
   });
