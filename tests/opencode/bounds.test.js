@@ -137,6 +137,25 @@ describe("children under the caps", { skip }, () => {
     assert.ok(await waitGone(pid, 1000), "what the child left in its group outlived the cap");
   });
 
+  test("what the child left in its group, writing past a cap after the answer, is killed; the answer is not held", async () => {
+    const dir = scratch("left-writing");
+    const g = grants(dir, { boxd: "/bin/sh" });
+    const pidFile = path.join(dir, "pid");
+    // The writer starts after the answer (the child is gone by then) and writes past the
+    // stderr cap into a file nothing reads: the group is killed, as at the answer.
+    const r = await sh(`(sleep 0.3; while :; do head -c 65536 /dev/zero >&2; sleep 0.01; done) </dev/null & echo $! > ${pidFile}; echo '{"ok":true}'`, g);
+    const pid = Number(fs.readFileSync(pidFile, "utf8").trim());
+    cleanup.push(() => {
+      try {
+        process.kill(pid, "SIGKILL");
+      } catch {}
+    });
+    assert.equal(r.tag, "ok", JSON.stringify(r));
+    assert.equal(Buffer.from(r.val.stdout).toString(), '{"ok":true}\n');
+    assert.doesNotThrow(() => process.kill(pid, 0), "the writer was killed before it passed a cap");
+    assert.ok(await waitGone(pid, 10000), "what the child left writing outlived the stderr cap after the answer");
+  });
+
   test("everything a child printed on stderr up to the cap is its answer, byte for byte", async () => {
     const g = grants(scratch("stderr"), { boxd: "/bin/sh" });
     const r = await sh(`head -c ${policy.BOUNDS.stderr} /dev/zero | tr '\\0' e >&2; exit 3`, g);

@@ -82,6 +82,7 @@ describe("children under Bun, OpenCode's runtime", { skip: missingPrerequisite()
   test("a child flooding stderr is killed at the 1 MiB cap, with its group", async () => {
     // stderr is a file, as stdout is: the watch finds the cap passed while `yes` runs on.
     const { result, pids, ms } = underBun("capped", "#!/bin/sh\nyes 0123456789012345678901234567890123456789 >&2 &\necho $$ $! >> PIDS\nwait\n");
+    assert.equal(pids.length, 4, "boxd_status ran its two children, each with its writer");
     assert.match(JSON.stringify(result.answer), /printed more than 1 MiB on stderr/);
     assert.ok(ms < 30000, `the cap took ${ms} ms to stop a flood (the timeout is 60 s)`);
     for (const pid of pids) assert.ok(await waitGone(pid, 3000), `${pid} outlived the cap`);

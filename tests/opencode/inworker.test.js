@@ -160,6 +160,22 @@ describe("a child run in the worker", { skip }, () => {
     assert.ok(await waitGone(pid, 1000), "the background cat outlived the cap");
   });
 
+  test("what the child left in its group, writing past a cap after the answer, is killed between calls", async () => {
+    const dir = scratch("left-writing");
+    const pidFile = path.join(dir, "pid");
+    const r = await (await runner(shGrants(dir))).run(`(sleep 0.3; while :; do head -c 65536 /dev/zero; sleep 0.01; done) </dev/null & echo $! > ${pidFile}; echo '{"ok":true}'`);
+    const pid = Number(fs.readFileSync(pidFile, "utf8").trim());
+    cleanup.push(() => {
+      try {
+        process.kill(pid, "SIGKILL");
+      } catch {}
+    });
+    assert.equal(r.tag, "ok", JSON.stringify(r));
+    assert.doesNotThrow(() => process.kill(pid, 0), "the writer was killed before it passed a cap");
+    // 64 MiB at ~6 MiB/s: past the stdout cap in ~11 s, then killed within a second.
+    assert.ok(await waitGone(pid, 30000), "what the child left writing outlived the stdout cap after the answer");
+  });
+
   test("a daemon holding stdout and stderr: the answer is what the child printed, and the daemon is left alone", async () => {
     const dir = scratch("daemon");
     const pidFile = path.join(dir, "pid");

@@ -19,7 +19,7 @@
 // own group, every request takes the plugin's thread (threadId below).
 import { spawnSync } from "node:child_process";
 import fs from "node:fs";
-import { OUTPUT_FILE_MARK, readStart, takeOutputFile } from "./outputs.js";
+import { OUTPUT_FILE_MARK, readStart, releaseOutputs, takeOutputFile } from "./outputs.js";
 import { BOUNDS, checkLaunch, overCap } from "./policy.js";
 import { guard } from "./watchdog.js";
 
@@ -77,8 +77,11 @@ export function runInWorker(req, grants, shared, call, onGrant = () => {}) {
   if (launch.refused) return launch.refused;
   onGrant(launch.grant);
   const files = [];
+  let group;
   try {
-    files.push(takeOutputFile(), takeOutputFile());
+    // One at a time: a second that cannot be made must not leave the first unrecorded.
+    files.push(takeOutputFile());
+    files.push(takeOutputFile());
     const [out, errOut] = files;
     setFile(shared, STDOUT_FILE, out);
     setFile(shared, STDERR_FILE, errOut);
@@ -90,6 +93,7 @@ export function runInWorker(req, grants, shared, call, onGrant = () => {}) {
       timeout: Math.max(1, req.timeoutMs),
       killSignal: "SIGKILL",
     });
+    group = r.pid;
     if (r.error?.code === "ENOENT") return err("not-found", launch.binary);
     if (r.error && r.error.code !== "ETIMEDOUT") return err("failed", `${launch.binary}: ${r.error.message}`);
     if (r.error) {
@@ -117,7 +121,9 @@ export function runInWorker(req, grants, shared, call, onGrant = () => {}) {
   } catch (e) {
     return err("failed", `${req.program}: ${e.message}`);
   } finally {
-    for (const fd of files) fs.closeSync(fd);
+    // Kept while the child's group lives (what it left running may write on), checked
+    // against the caps between this worker's calls.
+    releaseOutputs(group, files.map((fd, i) => [fd, i ? BOUNDS.stderr : BOUNDS.stdout]));
   }
 }
 

@@ -1,6 +1,7 @@
 // The files a child's output goes to: unlinked, owner-only temporary files, a few made
 // ahead so that making one is not on the spawn path (lib/policy.js runChild and
-// lib/inworker.js both take theirs here).
+// lib/inworker.js both take theirs here), and let go of once the child is answered
+// (releaseOutputs).
 import { randomBytes } from "node:crypto";
 import fs from "node:fs";
 import os from "node:os";
@@ -52,4 +53,73 @@ export function readStart(fd, limit) {
     off += n;
   }
   return buf.subarray(0, off);
+}
+
+/** The size of the file `fd`, 0 when it cannot be read. */
+export function sizeOf(fd) {
+  try {
+    return fs.fstatSync(fd).size;
+  } catch {
+    return 0;
+  }
+}
+
+// Output files of answered children whose process group still had members: something the
+// child left running may write on into them, unseen (they have no name) and, unwatched,
+// without bound. Looked at every second while the group lives: one past its cap has the
+// group killed, as a cap found at the answer has. A process that left the group (setsid)
+// is not the host's to kill, and its writes are not bounded here.
+const leftBehind = new Set();
+let sweeping;
+function sweep() {
+  for (const held of leftBehind) {
+    let alive = true;
+    try {
+      process.kill(-held.group, 0);
+    } catch {
+      alive = false;
+    }
+    const over = alive && held.files.some(([fd, cap]) => sizeOf(fd) > cap);
+    if (over) {
+      try {
+        process.kill(-held.group, "SIGKILL");
+      } catch {}
+    }
+    if (alive && !over) continue;
+    leftBehind.delete(held);
+    closeAll(held.files);
+  }
+  if (leftBehind.size === 0) {
+    clearInterval(sweeping);
+    sweeping = undefined;
+  }
+}
+
+function closeAll(files) {
+  for (const [fd] of files) {
+    try {
+      fs.closeSync(fd);
+    } catch {}
+  }
+}
+
+/**
+ * A child was answered: close its output files (`[fd, cap]` pairs), or, while its process
+ * group `group` still has members, keep them under the sweep above. The group id stays that
+ * group's while it has a member (the kernel hands out no pid still in use as a group id).
+ */
+export function releaseOutputs(group, files) {
+  let alive = false;
+  if (group > 0) {
+    try {
+      process.kill(-group, 0);
+      alive = true;
+    } catch {}
+  }
+  if (!alive) return closeAll(files);
+  leftBehind.add({ group, files });
+  if (!sweeping) {
+    sweeping = setInterval(sweep, 1000);
+    sweeping.unref?.();
+  }
 }

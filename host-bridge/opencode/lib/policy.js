@@ -9,7 +9,7 @@ import { spawn } from "node:child_process";
 import fs from "node:fs";
 import path from "node:path";
 import * as frames from "./frames.js";
-import { readStart, takeOutputFile } from "./outputs.js";
+import { readStart, releaseOutputs, sizeOf, takeOutputFile } from "./outputs.js";
 import { checkArgs, confinedTo, invalidGrants } from "./args.js";
 import { guard } from "./watchdog.js";
 
@@ -88,9 +88,9 @@ const MiB = 1 << 20;
 const human = (n) => (n >= MiB && n % MiB === 0 ? `${n / MiB} MiB` : n >= 1024 && n % 1024 === 0 ? `${n / 1024} KiB` : `${n} bytes`);
 
 /**
- * The caps on a child's output (policy.json, as spawn/). The bridge has no use for
- * afterExit.graceMs: its children's stderr goes to a file, which nothing left running can
- * hold open (runChild).
+ * The caps on a child's output (policy.json, as spawn/). The bridge checks afterExit.graceMs
+ * with the rest of policy.json but waits no grace: its children's stderr goes to a file, so
+ * nothing the child left running can hold back the answer (runChild).
  */
 export const BOUNDS = {
   stdout: POLICY.outputCaps.stdout,
@@ -384,7 +384,9 @@ export function runChild(req, grants, track = () => () => {}, onGrant = () => {}
     // no pipe costs its runtime less to start and to wait on (docs/performance.md).
     const files = [];
     try {
-      files.push(takeOutputFile(), takeOutputFile());
+      // One at a time: a second that cannot be made must not leave the first unrecorded.
+      files.push(takeOutputFile());
+      files.push(takeOutputFile());
     } catch (e) {
       for (const fd of files) fs.closeSync(fd);
       frames.closeAll(outgoing);
@@ -418,16 +420,10 @@ export function runChild(req, grants, track = () => () => {}, onGrant = () => {}
     const untrack = track(killGroup);
     live.add(killGroup);
     const unguard = guard(child.pid);
-    const size = (fd) => {
-      try {
-        return fs.fstatSync(fd).size;
-      } catch {
-        return 0;
-      }
-    };
-    // The output files' sizes are checked against their caps while the child runs.
+    // The output files' sizes are checked against their caps while the child runs (and,
+    // after the answer, while something it left in its group may still write, releaseOutputs).
     const watch = setInterval(() => {
-      const over = size(outFd) > stdoutCap ? "stdout" : size(errFd) > BOUNDS.stderr ? "stderr" : null;
+      const over = sizeOf(outFd) > stdoutCap ? "stdout" : sizeOf(errFd) > BOUNDS.stderr ? "stderr" : null;
       if (over) {
         killGroup();
         finish(overCap(req.program, over));
@@ -450,11 +446,10 @@ export function runChild(req, grants, track = () => () => {}, onGrant = () => {}
           result = err("failed", `${req.program}: cannot read its output: ${e?.message ?? e}`);
         }
       }
-      for (const fd of files) {
-        try {
-          fs.closeSync(fd);
-        } catch {}
-      }
+      releaseOutputs(child.pid, [
+        [outFd, stdoutCap],
+        [errFd, BOUNDS.stderr],
+      ]);
       resolve(result);
     };
     const timer = setTimeout(() => {
@@ -482,21 +477,22 @@ export function runChild(req, grants, track = () => () => {}, onGrant = () => {}
       // the spawn fails saying which file (as spawn/ does).
       if (sent.changed) return err("failed", `${req.program}: ${sent.changed}`);
       // Past a cap only now, after the exit: the group is killed as for any child past a
-      // cap (what the child left in it may still be writing).
+      // cap (what the child left in it may still be writing). stdout first, as the watch.
+      let stdout;
+      if (!stdoutFiles.length) {
+        stdout = readStart(outFd, BOUNDS.stdout + 1);
+        if (stdout.length > BOUNDS.stdout) {
+          killGroup();
+          return overCap(req.program, "stdout");
+        }
+      }
       const stderr = readStart(errFd, BOUNDS.stderr + 1);
       if (stderr.length > BOUNDS.stderr) {
         killGroup();
         return overCap(req.program, "stderr");
       }
       const val = { exitCode: exitCode ?? undefined, stderr: new Uint8Array(stderr), files: [...sent] };
-      if (!stdoutFiles.length) {
-        const stdout = readStart(outFd, BOUNDS.stdout + 1);
-        if (stdout.length > BOUNDS.stdout) {
-          killGroup();
-          return overCap(req.program, "stdout");
-        }
-        return { tag: "ok", val: { ...val, stdout: new Uint8Array(stdout) } };
-      }
+      if (stdout) return { tag: "ok", val: { ...val, stdout: new Uint8Array(stdout) } };
       const got = frames.receive(outFd, BOUNDS.stdout, stdoutFiles, grants.preopens, req.stdoutModesFrom ?? []);
       if (got.line === null) {
         killGroup();
