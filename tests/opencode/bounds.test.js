@@ -8,7 +8,7 @@ import { execFileSync } from "node:child_process";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
-import { BOXD_LOCAL, PLUGIN, REPO, missingPrerequisite, probeWrite, waitGone } from "./harness.mjs";
+import { BOXD_LOCAL, PLUGIN, REPO, missingPrerequisite, notedPid, probeWrite, waitGone } from "./harness.mjs";
 
 const built = fs.existsSync(path.join(PLUGIN, "dist/worker.js"));
 const skip = built ? false : "host-bridge/opencode/dist is missing: run npm run build there";
@@ -110,12 +110,7 @@ describe("children under the caps", { skip }, () => {
     // too long only when it is read, after the exit; the sleep is what is left in the group.
     const script = `sleep 300 </dev/null >/dev/null 2>&1 & echo $! > ${pidFile}; head -c ${policy.BOUNDS.stdout + 1} /dev/zero; exit 0`;
     const r = await policy.runChild({ program: "boxd", args: ["-c", script], env: [], timeoutMs: 60000, stdoutFiles: [path.join(dir, "proj/got")] }, g);
-    const pid = Number(fs.readFileSync(pidFile, "utf8").trim());
-    cleanup.push(() => {
-      try {
-        process.kill(pid, "SIGKILL");
-      } catch {}
-    });
+    const pid = notedPid(pidFile, cleanup);
     assert.match(r.val?.val ?? JSON.stringify(r), /printed more than 64 MiB on stdout/);
     assert.ok(await waitGone(pid, 1000), "what the child left in its group outlived the cap");
   });
@@ -127,12 +122,7 @@ describe("children under the caps", { skip }, () => {
     // stderr is a file, as stdout is: a cap passed at the last moment is found when it is
     // read after the exit (or by the watch, if it looks first); the sleep is what is left.
     const r = await sh(`sleep 300 </dev/null >/dev/null 2>&1 & echo $! > ${pidFile}; head -c ${policy.BOUNDS.stderr + 1} /dev/zero >&2; exit 0`, g);
-    const pid = Number(fs.readFileSync(pidFile, "utf8").trim());
-    cleanup.push(() => {
-      try {
-        process.kill(pid, "SIGKILL");
-      } catch {}
-    });
+    const pid = notedPid(pidFile, cleanup);
     assert.match(r.val?.val ?? JSON.stringify(r), /printed more than 1 MiB on stderr/);
     assert.ok(await waitGone(pid, 1000), "what the child left in its group outlived the cap");
   });
@@ -144,12 +134,7 @@ describe("children under the caps", { skip }, () => {
     // The writer starts after the answer (the child is gone by then) and writes past the
     // stderr cap into a file nothing reads: the group is killed, as at the answer.
     const r = await sh(`(sleep 0.3; while :; do head -c 65536 /dev/zero >&2; sleep 0.01; done) </dev/null & echo $! > ${pidFile}; echo '{"ok":true}'`, g);
-    const pid = Number(fs.readFileSync(pidFile, "utf8").trim());
-    cleanup.push(() => {
-      try {
-        process.kill(pid, "SIGKILL");
-      } catch {}
-    });
+    const pid = notedPid(pidFile, cleanup);
     assert.equal(r.tag, "ok", JSON.stringify(r));
     assert.equal(Buffer.from(r.val.stdout).toString(), '{"ok":true}\n');
     assert.doesNotThrow(() => process.kill(pid, 0), "the writer was killed before it passed a cap");

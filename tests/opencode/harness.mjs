@@ -348,6 +348,17 @@ export function gone(pid) {
   }
 }
 
+/** The pid a test's script wrote into `file`; `cleanup` (run after the tests) SIGKILLs it. */
+export function notedPid(file, cleanup) {
+  const pid = Number(fs.readFileSync(file, "utf8").trim());
+  cleanup.push(() => {
+    try {
+      process.kill(pid, "SIGKILL");
+    } catch {}
+  });
+  return pid;
+}
+
 /** Whether `pid` is gone within `ms`. */
 export async function waitGone(pid, ms = 10000) {
   // The monotonic clock: this machine's wall clock can jump, which ended a wait at once.

@@ -11,7 +11,7 @@ import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { Worker } from "node:worker_threads";
-import { PLUGIN, missingPrerequisite, waitGone } from "./harness.mjs";
+import { PLUGIN, missingPrerequisite, notedPid, waitGone } from "./harness.mjs";
 
 const built = fs.existsSync(path.join(PLUGIN, "dist/worker.js"));
 const skip = built ? false : "host-bridge/opencode/dist is missing: run npm run build there";
@@ -150,12 +150,7 @@ describe("a child run in the worker", { skip }, () => {
     // The child points its own stdout away, so the watch never sees the flood its
     // background cat writes; the cap is found when the output is read, after the exit.
     const r = await (await runner(shGrants(dir))).run(`cat /dev/zero & echo $! > ${pidFile}; exec >/dev/null; sleep 1; exit 0`);
-    const pid = Number(fs.readFileSync(pidFile, "utf8").trim());
-    cleanup.push(() => {
-      try {
-        process.kill(pid, "SIGKILL");
-      } catch {}
-    });
+    const pid = notedPid(pidFile, cleanup);
     assert.match(r.val?.val ?? JSON.stringify(r), /printed more than 64 MiB on stdout/);
     assert.ok(await waitGone(pid, 1000), "the background cat outlived the cap");
   });
@@ -164,12 +159,7 @@ describe("a child run in the worker", { skip }, () => {
     const dir = scratch("left-writing");
     const pidFile = path.join(dir, "pid");
     const r = await (await runner(shGrants(dir))).run(`(sleep 0.3; while :; do head -c 65536 /dev/zero; sleep 0.01; done) </dev/null & echo $! > ${pidFile}; echo '{"ok":true}'`);
-    const pid = Number(fs.readFileSync(pidFile, "utf8").trim());
-    cleanup.push(() => {
-      try {
-        process.kill(pid, "SIGKILL");
-      } catch {}
-    });
+    const pid = notedPid(pidFile, cleanup);
     assert.equal(r.tag, "ok", JSON.stringify(r));
     assert.doesNotThrow(() => process.kill(pid, 0), "the writer was killed before it passed a cap");
     // 64 MiB at ~6 MiB/s: past the stdout cap in ~11 s, then killed within a second.
