@@ -131,13 +131,15 @@ describe("children under the caps", { skip }, () => {
     const dir = scratch("left-writing");
     const g = grants(dir, { boxd: "/bin/sh" });
     const pidFile = path.join(dir, "pid");
-    // The writer starts after the answer (the child is gone by then) and writes past the
-    // stderr cap into a file nothing reads: the group is killed, as at the answer.
-    const r = await sh(`(sleep 0.3; while :; do head -c 65536 /dev/zero >&2; sleep 0.01; done) </dev/null & echo $! > ${pidFile}; echo '{"ok":true}'`, g);
+    const go = path.join(dir, "answered");
+    // The writer starts once the test has the answer (the child is gone by then) and writes
+    // past the stderr cap into a file nothing reads: the group is killed, as at the answer.
+    const r = await sh(`(until [ -e ${go} ]; do sleep 0.05; done; while :; do head -c 65536 /dev/zero >&2; sleep 0.01; done) </dev/null & echo $! > ${pidFile}; echo '{"ok":true}'`, g);
     const pid = notedPid(pidFile, cleanup);
     assert.equal(r.tag, "ok", JSON.stringify(r));
     assert.equal(Buffer.from(r.val.stdout).toString(), '{"ok":true}\n');
-    assert.doesNotThrow(() => process.kill(pid, 0), "the writer was killed before it passed a cap");
+    assert.doesNotThrow(() => process.kill(pid, 0), "the writer was killed before it wrote anything");
+    fs.writeFileSync(go, "");
     assert.ok(await waitGone(pid, 10000), "what the child left writing outlived the stderr cap after the answer");
   });
 
