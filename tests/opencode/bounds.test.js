@@ -143,6 +143,37 @@ describe("children under the caps", { skip }, () => {
     assert.ok(await waitGone(pid, 10000), "what the child left writing outlived the stderr cap after the answer");
   });
 
+  test("output files kept for what children left running are bounded in number", async () => {
+    const dir = scratch("held");
+    const g = grants(dir, { boxd: "/bin/sh" });
+    const pidFile = path.join(dir, "pids");
+    const { HELD_GROUPS } = await import(path.join(PLUGIN, "lib/outputs.js"));
+    const held = () => fs.readdirSync("/proc/self/fd").filter((fd) => {
+      try {
+        return fs.readlinkSync(`/proc/self/fd/${fd}`).includes(".boxd-bridge-");
+      } catch {
+        return false;
+      }
+    }).length;
+    const before = held();
+    // Each child leaves a sleep in its group holding both files, then exits.
+    for (let i = 0; i < HELD_GROUPS + 10; i++) {
+      const r = await sh(`sleep 300 </dev/null & echo $! >> ${pidFile}; exit 0`, g);
+      assert.equal(r.tag, "ok", JSON.stringify(r));
+    }
+    const pids = fs.readFileSync(pidFile, "utf8").trim().split("\n").map(Number);
+    cleanup.push(() => {
+      for (const pid of pids) {
+        try {
+          process.kill(pid, "SIGKILL");
+        } catch {}
+      }
+    });
+    assert.equal(pids.length, HELD_GROUPS + 10);
+    const kept = held() - before;
+    assert.ok(kept >= 2 * HELD_GROUPS - 4 && kept <= 2 * HELD_GROUPS + 8, `${kept} output files held for ${pids.length} groups left running (at most ${HELD_GROUPS} groups are watched)`);
+  });
+
   test("everything a child printed on stderr up to the cap is its answer, byte for byte", async () => {
     const g = grants(scratch("stderr"), { boxd: "/bin/sh" });
     const r = await sh(`head -c ${policy.BOUNDS.stderr} /dev/zero | tr '\\0' e >&2; exit 3`, g);

@@ -68,7 +68,10 @@ export function sizeOf(fd) {
 // child left running may write on into them, unseen (they have no name) and, unwatched,
 // without bound. Looked at every second while the group lives: one past its cap has the
 // group killed, as a cap found at the answer has. A process that left the group (setsid)
-// is not the host's to kill, and its writes are not bounded here.
+// is not the host's to kill, and its writes are not bounded here. At most HELD_GROUPS are
+// kept (two descriptors each): a CLI that leaves a long-lived process behind on every call
+// must not run the plugin out of descriptors; past that the oldest are let go unwatched.
+export const HELD_GROUPS = 64;
 const leftBehind = new Set();
 let sweeping;
 function sweep() {
@@ -117,6 +120,11 @@ export function releaseOutputs(group, files) {
     } catch {}
   }
   if (!alive) return closeAll(files);
+  for (const held of leftBehind) {
+    if (leftBehind.size < HELD_GROUPS) break;
+    leftBehind.delete(held);
+    closeAll(held.files);
+  }
   leftBehind.add({ group, files });
   if (!sweeping) {
     sweeping = setInterval(sweep, 1000);
