@@ -147,10 +147,10 @@ describe("children under the caps", { skip }, () => {
     const dir = scratch("held");
     const g = grants(dir, { boxd: "/bin/sh" });
     const pidFile = path.join(dir, "pids");
-    const { HELD_GROUPS } = await import(path.join(PLUGIN, "lib/outputs.js"));
+    const { HELD_GROUPS, OUTPUT_FILE_MARK } = await import(path.join(PLUGIN, "lib/outputs.js"));
     const held = () => fs.readdirSync("/proc/self/fd").filter((fd) => {
       try {
-        return fs.readlinkSync(`/proc/self/fd/${fd}`).includes(".boxd-bridge-");
+        return fs.readlinkSync(`/proc/self/fd/${fd}`).includes(OUTPUT_FILE_MARK);
       } catch {
         return false;
       }

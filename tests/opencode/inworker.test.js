@@ -160,12 +160,12 @@ describe("a child run in the worker", { skip }, () => {
     const pidFile = path.join(dir, "pid");
     const go = path.join(dir, "answered");
     // The writer starts once the test has the answer, and writes past the stdout cap.
-    const r = await (await runner(shGrants(dir))).run(`(until [ -e ${go} ]; do sleep 0.05; done; while :; do head -c 65536 /dev/zero; sleep 0.01; done) </dev/null & echo $! > ${pidFile}; echo '{"ok":true}'`);
+    const r = await (await runner(shGrants(dir))).run(`(until [ -e ${go} ]; do sleep 0.05; done; while :; do head -c 655360 /dev/zero; sleep 0.01; done) </dev/null & echo $! > ${pidFile}; echo '{"ok":true}'`);
     const pid = notedPid(pidFile, cleanup);
     assert.equal(r.tag, "ok", JSON.stringify(r));
     assert.doesNotThrow(() => process.kill(pid, 0), "the writer was killed before it wrote anything");
     fs.writeFileSync(go, "");
-    // 64 MiB at ~6 MiB/s: past the stdout cap in ~11 s, then killed within a second.
+    // 64 MiB at ~60 MiB/s: past the stdout cap in about a second, then killed within one more.
     assert.ok(await waitGone(pid, 30000), "what the child left writing outlived the stdout cap after the answer");
   });
 

@@ -74,14 +74,20 @@ export function sizeOf(fd) {
 export const HELD_GROUPS = 64;
 const leftBehind = new Set();
 let sweeping;
+// Whether process group `group` still has a member.
+function groupLives(group) {
+  if (!(group > 0)) return false; // kill(-0) would be our own group
+  try {
+    process.kill(-group, 0);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
 function sweep() {
   for (const held of leftBehind) {
-    let alive = true;
-    try {
-      process.kill(-held.group, 0);
-    } catch {
-      alive = false;
-    }
+    const alive = groupLives(held.group);
     const over = alive && held.files.some(([fd, cap]) => sizeOf(fd) > cap);
     if (over) {
       try {
@@ -112,14 +118,7 @@ function closeAll(files) {
  * group's while it has a member (the kernel hands out no pid still in use as a group id).
  */
 export function releaseOutputs(group, files) {
-  let alive = false;
-  if (group > 0) {
-    try {
-      process.kill(-group, 0);
-      alive = true;
-    } catch {}
-  }
-  if (!alive) return closeAll(files);
+  if (!groupLives(group)) return closeAll(files);
   for (const held of leftBehind) {
     if (leftBehind.size < HELD_GROUPS) break;
     leftBehind.delete(held);

@@ -470,7 +470,7 @@ export function runChild(req, grants, track = () => () => {}, onGrant = () => {}
     if (hasStdin) {
       child.stdin.on("error", () => {});
       const bytes = req.stdin ? Buffer.from(req.stdin.buffer, req.stdin.byteOffset, req.stdin.byteLength) : null;
-      sending = frames.send(child.stdin, bytes, outgoing).then((files) => (sent = files));
+      sending = frames.send(child.stdin, bytes, outgoing).then((got) => (sent = got));
     }
     const result = () => {
       // A file changed while it was sent: the child saw its frame cut short and refused;
