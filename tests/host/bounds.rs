@@ -163,6 +163,43 @@ fn a_daemon_holding_the_pipe_does_not_lose_the_answer_and_is_left_alone() {
     }
 }
 
+/// What a boxd call left running writes after the host answered (and here, exited) gets
+/// nowhere: 4 MiB on its stdout would otherwise have sat in memory for as long as that
+/// process lived, and 4 MiB on stderr has no reader. Neither process is killed for it.
+#[test]
+fn what_a_boxd_call_left_running_writes_after_the_answer_gets_nowhere() {
+    let laptop = Laptop::new("left-writing");
+    let (go, ended) = (laptop.scratch.0.join("go"), laptop.scratch.0.join("ended"));
+    let writer = |to: &str| {
+        format!(
+            "(while [ ! -e {go} ]; do sleep 0.01; done; head -c 4194304 /dev/zero {to} 2>/dev/null; echo $? >> {ended}) &",
+            go = go.display(),
+            ended = ended.display()
+        )
+    };
+    let body = format!("{}\n{}\nexec {} \"$@\"", writer(""), writer(">&2"), boxd_local().display());
+    let boxd = fake_boxd(&laptop, "boxd", &body);
+    let run = host(&laptop, &boxd, &["call", "boxd_status", "{}"], &[]);
+    no_trap(&run);
+    assert_eq!(run.code, Some(0), "{}", String::from_utf8_lossy(&run.stdout));
+    assert!(run.json()["boxd"].is_object(), "the answer is boxd's: {}", String::from_utf8_lossy(&run.stdout));
+    std::fs::write(&go, "").unwrap();
+    // boxd_status makes two boxd calls, each leaving two writers.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let lines = loop {
+        let got = std::fs::read_to_string(&ended).unwrap_or_default();
+        if got.lines().count() >= 4 {
+            break got;
+        }
+        assert!(Instant::now() < deadline, "the left writers did not end: {got:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    for line in lines.lines() {
+        assert_ne!(line, "0", "a write after the answer got through: {lines:?}");
+        assert_ne!(line, "137", "a left writer was killed: {lines:?}");
+    }
+}
+
 fn mkfifo(p: &Path) {
     let st = Command::new("mkfifo").arg(p).status().expect("mkfifo runs");
     assert!(st.success());

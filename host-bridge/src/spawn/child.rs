@@ -21,7 +21,7 @@ use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::Path;
 use std::process::{Command, ExitStatus, Stdio};
 
-/// What the child is started with. Its stdout is a file of ours (see `stdout_file`).
+/// What the child is started with. Its stdout is a file of ours (see `outputs::StdoutFile`).
 pub struct Start<'a> {
     pub binary: &'a Path,
     pub args: &'a [String],

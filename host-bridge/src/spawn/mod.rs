@@ -10,10 +10,10 @@
 //! - a stream passes its cap: the whole process group is killed, and the spawn fails
 //!   naming the stream and the cap (the component answers e.g. BOXD_FAILED);
 //! - the deadline passes: the group is killed, and the spawn times out;
-//! - the child exits: stdout went to a file (see `stdout_file`), stderr is read to its
+//! - the child exits: stdout went to a file (see `outputs::StdoutFile`), stderr is read to its
 //!   end; a background process that keeps stderr open (a daemon the child started) gets
 //!   `afterExit.graceMs` of silence, then the answer is what the child printed, and that
-//!   process is left alone.
+//!   process is left alone (what it writes after the answer is bounded: outputs.rs).
 //!
 //! On Linux each child also gets PR_SET_PDEATHSIG(SIGKILL): if the host itself is killed,
 //! the child dies with it rather than running on as an orphan. A host stopped by SIGTERM,
@@ -21,6 +21,7 @@
 //! and from then on a run starts nothing and ends any it waits on (`Interrupted`).
 
 mod child;
+mod outputs;
 mod running;
 
 pub use running::{kill_group, kill_running, kill_self};
@@ -128,45 +129,6 @@ pub fn human(bytes: usize) -> String {
     }
 }
 
-/// The child's stdout: an unnamed file of our own, not a pipe: a memfd (in memory, as a
-/// tmpfs file; an O_TMPFILE in the temporary folder, on this project's ext4, cost ~0.04 ms
-/// more a child to make and free), else an unlinked temporary file. A program that exits
-/// right after a large write loses what a full pipe had not taken yet — the real
-/// `opencode export` (a Bun binary) delivers exactly 64 KiB of a larger session through a
-/// pipe, and all of it into a file — so a file is what every child writes to.
-fn stdout_file() -> std::io::Result<File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    // In memory and never named, where the system can (Linux: memfd_create).
-    #[cfg(target_os = "linux")]
-    {
-        // SAFETY: memfd_create takes a NUL-terminated name; the fd it returns is new and
-        // owned by nothing else, so the File may own it.
-        let fd = unsafe { libc::memfd_create(c"boxd-host-stdout".as_ptr(), libc::MFD_CLOEXEC) };
-        if fd >= 0 {
-            return Ok(unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(fd) });
-        }
-    }
-    let dir = std::env::temp_dir();
-    // One call and never a name, where the file system can (Linux, O_TMPFILE).
-    #[cfg(target_os = "linux")]
-    if let Ok(f) = std::fs::OpenOptions::new().read(true).write(true).mode(0o600).custom_flags(libc::O_TMPFILE).open(&dir) {
-        return Ok(f);
-    }
-    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    loop {
-        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let path = dir.join(format!(".boxd-host-{}-{n}.out", std::process::id()));
-        match std::fs::OpenOptions::new().read(true).write(true).create_new(true).mode(0o600).open(&path) {
-            Ok(f) => {
-                let _ = std::fs::remove_file(&path);
-                return Ok(f);
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-            Err(e) => return Err(e),
-        }
-    }
-}
-
 /// How often the stdout file's size is checked against its cap while the child runs.
 const CAP_WATCH: Duration = Duration::from_millis(50);
 
@@ -216,9 +178,9 @@ fn run_started_by(s: Spawn<'_>, streams: Streams<'_>, start_child: StartChild) -
     if let Some(cwd) = s.cwd.filter(|c| !c.is_dir()) {
         return Err(SpawnFailure::Failed(format!("{}: its working folder {} does not exist", s.name, cwd.display())));
     }
-    let out_file = stdout_file().map_err(failed)?;
+    let out_file = outputs::StdoutFile::new().map_err(failed)?;
     let has_stdin = s.stdin.is_some() || !streams.stdin_files.is_empty();
-    let start = child::Start { binary: s.binary, args: s.args, env: s.env, cwd: s.cwd, stdin_piped: has_stdin, stdout: &out_file };
+    let start = child::Start { binary: s.binary, args: s.args, env: s.env, cwd: s.cwd, stdin_piped: has_stdin, stdout: &out_file.0 };
     let mut child = start_child(&start).map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => SpawnFailure::NotFound(s.binary.display().to_string()),
         _ => SpawnFailure::Failed(format!("{}: {e}", s.binary.display())),
@@ -265,7 +227,7 @@ fn run_started_by(s: Spawn<'_>, streams: Streams<'_>, start_child: StartChild) -
         let _ = child.reap();
         Err(why)
     };
-    let stdout_len = || out_file.metadata().map(|m| m.len()).unwrap_or(0);
+    let stdout_len = || out_file.0.metadata().map(|m| m.len()).unwrap_or(0);
     let deadline = started + s.timeout;
     let mut stderr = Vec::new();
     let mut chunk = [0u8; 16 * 1024];
@@ -294,14 +256,9 @@ fn run_started_by(s: Spawn<'_>, streams: Streams<'_>, start_child: StartChild) -
             }
             // The child exited and the grace is over: something it started still holds
             // stderr. Answer with what was written, and leave that process alone: a CLI's
-            // own daemon is not ours to kill. A thread drains what it still writes, so it
-            // neither blocks on a full pipe nor dies of SIGPIPE.
-            if let Ok(mut rest) = child.stderr.try_clone() {
-                thread::spawn(move || {
-                    let mut chunk = vec![0u8; 16 * 1024];
-                    while !matches!(rest.read(&mut chunk), Ok(0) | Err(_)) {}
-                });
-            }
+            // own daemon is not ours to kill. A thread drains what it still writes, up
+            // to the cap (outputs.rs), so it does not block on a full pipe at once.
+            outputs::drain_left_stderr(&child.stderr, s.bounds.stderr_cap);
             break;
         }
         let ready = match wait_ready(stderr_open.then_some(&child.stderr), status.is_none().then(|| child.exit_fd()), (until - now).min(CAP_WATCH)) {
@@ -351,7 +308,7 @@ fn run_started_by(s: Spawn<'_>, streams: Streams<'_>, start_child: StartChild) -
     // group, as for any child past a cap.
     let mut capped = false;
     let stdout = (|| {
-        let mut f = &out_file;
+        let mut f = &out_file.0;
         std::io::Seek::seek(&mut f, std::io::SeekFrom::Start(0)).map_err(failed)?;
         if streams.stdout_files.is_empty() {
             let mut stdout = Vec::new();
@@ -398,13 +355,13 @@ mod tests {
         (r, started.elapsed())
     }
 
-    fn each_start(f: impl Fn(&str, &dyn Fn(&str, Duration, Bounds) -> (Result<Output, SpawnFailure>, Duration))) {
+    pub(super) fn each_start(mut f: impl FnMut(&str, &dyn Fn(&str, Duration, Bounds) -> (Result<Output, SpawnFailure>, Duration))) {
         for (how, start) in STARTS {
             f(how, &|script, timeout, bounds| sh_with(start, script, timeout, bounds));
         }
     }
 
-    const SMALL: Bounds = Bounds { stdout_cap: 1 << 20, stderr_cap: 64 << 10, after_exit: Duration::from_millis(150) };
+    pub(super) const SMALL: Bounds = Bounds { stdout_cap: 1 << 20, stderr_cap: 64 << 10, after_exit: Duration::from_millis(150) };
 
     #[test]
     fn output_and_exit_code() {
@@ -593,10 +550,10 @@ mod tests {
     #[test]
     fn a_child_dies_with_its_starter() {
         for (how, start) in STARTS {
-            let out = stdout_file().unwrap();
+            let out = outputs::StdoutFile::new().unwrap();
             let mut child = thread::spawn(move || {
                 let args = vec!["30".to_string()];
-                start(&child::Start { binary: Path::new("/bin/sleep"), args: &args, env: &[], cwd: None, stdin_piped: false, stdout: &out }).unwrap()
+                start(&child::Start { binary: Path::new("/bin/sleep"), args: &args, env: &[], cwd: None, stdin_piped: false, stdout: &out.0 }).unwrap()
             })
             .join()
             .unwrap();
