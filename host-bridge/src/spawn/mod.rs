@@ -178,9 +178,9 @@ fn run_started_by(s: Spawn<'_>, streams: Streams<'_>, start_child: StartChild) -
     if let Some(cwd) = s.cwd.filter(|c| !c.is_dir()) {
         return Err(SpawnFailure::Failed(format!("{}: its working folder {} does not exist", s.name, cwd.display())));
     }
-    let out_file = outputs::StdoutFile::new().map_err(failed)?;
+    let out_file = outputs::StdoutFile::new(s.bounds.stderr_cap).map_err(failed)?;
     let has_stdin = s.stdin.is_some() || !streams.stdin_files.is_empty();
-    let start = child::Start { binary: s.binary, args: s.args, env: s.env, cwd: s.cwd, stdin_piped: has_stdin, stdout: &out_file.0 };
+    let start = child::Start { binary: s.binary, args: s.args, env: s.env, cwd: s.cwd, stdin_piped: has_stdin, stdout: out_file.file() };
     let mut child = start_child(&start).map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => SpawnFailure::NotFound(s.binary.display().to_string()),
         _ => SpawnFailure::Failed(format!("{}: {e}", s.binary.display())),
@@ -227,7 +227,7 @@ fn run_started_by(s: Spawn<'_>, streams: Streams<'_>, start_child: StartChild) -
         let _ = child.reap();
         Err(why)
     };
-    let stdout_len = || out_file.0.metadata().map(|m| m.len()).unwrap_or(0);
+    let stdout_len = || out_file.len();
     let deadline = started + s.timeout;
     let mut stderr = Vec::new();
     let mut chunk = [0u8; 16 * 1024];
@@ -257,7 +257,7 @@ fn run_started_by(s: Spawn<'_>, streams: Streams<'_>, start_child: StartChild) -
             // The child exited and the grace is over: something it started still holds
             // stderr. Answer with what was written, and leave that process alone: a CLI's
             // own daemon is not ours to kill. A thread drains what it still writes, up
-            // to the cap (outputs.rs), so it does not block on a full pipe at once.
+            // to a bound (outputs.rs), so it does not block on a full pipe at once.
             outputs::drain_left_stderr(&child.stderr, s.bounds.stderr_cap);
             break;
         }
@@ -308,8 +308,7 @@ fn run_started_by(s: Spawn<'_>, streams: Streams<'_>, start_child: StartChild) -
     // group, as for any child past a cap.
     let mut capped = false;
     let stdout = (|| {
-        let mut f = &out_file.0;
-        std::io::Seek::seek(&mut f, std::io::SeekFrom::Start(0)).map_err(failed)?;
+        let f = out_file.reader();
         if streams.stdout_files.is_empty() {
             let mut stdout = Vec::new();
             f.take(s.bounds.stdout_cap as u64 + 1).read_to_end(&mut stdout).map_err(failed)?;
@@ -550,10 +549,10 @@ mod tests {
     #[test]
     fn a_child_dies_with_its_starter() {
         for (how, start) in STARTS {
-            let out = outputs::StdoutFile::new().unwrap();
+            let out = outputs::StdoutFile::new(0).unwrap();
             let mut child = thread::spawn(move || {
                 let args = vec!["30".to_string()];
-                start(&child::Start { binary: Path::new("/bin/sleep"), args: &args, env: &[], cwd: None, stdin_piped: false, stdout: &out.0 }).unwrap()
+                start(&child::Start { binary: Path::new("/bin/sleep"), args: &args, env: &[], cwd: None, stdin_piped: false, stdout: out.file() }).unwrap()
             })
             .join()
             .unwrap();

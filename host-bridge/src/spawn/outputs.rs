@@ -1,18 +1,21 @@
 //! A child's two outputs once the host has its answer. Something the child left running
 //! (a background process still holding its stdout or stderr) may keep writing after the
-//! answer, for as long as it lives, and after a one-shot host has exited. Neither output
-//! may grow without bound on its account, and that process is not killed for it (a CLI's
-//! own daemon is not ours to kill):
+//! answer, for as long as it lives, and after a one-shot host has exited. What it writes
+//! there is bounded, and it is not killed for it (a CLI's own daemon is not ours to kill):
+//! each stream takes up to `after` more bytes (the stderr cap, policy.json), then refuses.
 //!
-//! - stdout is a file of ours. Let go, it is sealed against growth and emptied, where it
-//!   is a memfd: what is written into it after the answer fails (EPERM) and takes no
-//!   memory. (The fallback, a temporary file on disk, is emptied but cannot be sealed.)
+//! - stdout is a file of ours. Let go, it is sized to where the child's writes had got
+//!   plus `after`, sealed against growth, and its answer's bytes freed, where it is a
+//!   memfd: a write past that fails with EPERM, and only what is written takes memory.
+//!   (The fallback, a temporary file, is emptied but cannot be sealed.)
 //! - stderr is a pipe. What is written into it after the answer is read and dropped, up
-//!   to the stderr cap; past that the host closes its end, and the writer sees EPIPE, as
-//!   it would once a one-shot host exited.
+//!   to `after`; then the host closes its end, and the writer sees EPIPE, as it does once
+//!   a one-shot host has exited. At most `MAX_DRAINS` pipes are drained at once (a
+//!   long-lived host); past that a pipe is closed at once.
 
 use std::fs::File;
-use std::io::Read;
+use std::io::{Read, Seek};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::thread;
 
 /// The child's stdout: an unnamed file of our own, not a pipe: a memfd (in memory, as a
@@ -21,86 +24,147 @@ use std::thread;
 /// right after a large write loses what a full pipe had not taken yet — the real
 /// `opencode export` (a Bun binary) delivers exactly 64 KiB of a larger session through a
 /// pipe, and all of it into a file — so a file is what every child writes to.
-pub struct StdoutFile(pub File);
+pub struct StdoutFile {
+    file: File,
+    /// What may still be written into it once it is let go.
+    after: u64,
+}
 
 impl StdoutFile {
-    pub fn new() -> std::io::Result<StdoutFile> {
+    pub fn new(after: usize) -> std::io::Result<StdoutFile> {
+        let file = Self::make()?;
+        Ok(StdoutFile { file, after: after as u64 })
+    }
+
+    fn make() -> std::io::Result<File> {
         use std::os::unix::fs::OpenOptionsExt;
         // In memory and never named, where the system can (Linux: memfd_create), and
-        // sealable, so it can be closed to growth once the answer is read.
+        // sealable. Not executable, asked for where the kernel knows the flag (6.3): with
+        // vm.memfd_noexec=2 a memfd that could be is refused.
         #[cfg(target_os = "linux")]
-        {
+        for flags in [libc::MFD_NOEXEC_SEAL, 0] {
             // SAFETY: memfd_create takes a NUL-terminated name; the fd it returns is new
             // and owned by nothing else, so the File may own it.
-            let fd = unsafe { libc::memfd_create(c"boxd-host-stdout".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
+            let fd = unsafe { libc::memfd_create(c"boxd-host-stdout".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING | flags) };
             if fd >= 0 {
-                return Ok(StdoutFile(unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(fd) }));
+                return Ok(unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(fd) });
             }
         }
         let dir = std::env::temp_dir();
         // One call and never a name, where the file system can (Linux, O_TMPFILE).
         #[cfg(target_os = "linux")]
         if let Ok(f) = std::fs::OpenOptions::new().read(true).write(true).mode(0o600).custom_flags(libc::O_TMPFILE).open(&dir) {
-            return Ok(StdoutFile(f));
+            return Ok(f);
         }
         static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         loop {
-            let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let n = N.fetch_add(1, Ordering::Relaxed);
             let path = dir.join(format!(".boxd-host-{}-{n}.out", std::process::id()));
             match std::fs::OpenOptions::new().read(true).write(true).create_new(true).mode(0o600).open(&path) {
                 Ok(f) => {
                     let _ = std::fs::remove_file(&path);
-                    return Ok(StdoutFile(f));
+                    return Ok(f);
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
                 Err(e) => return Err(e),
             }
         }
     }
+
+    /// The file the child is started with.
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+
+    /// The bytes written so far.
+    pub fn len(&self) -> u64 {
+        self.file.metadata().map(|m| m.len()).unwrap_or(0)
+    }
+
+    /// A reader from its first byte that leaves the file's offset alone: the child's
+    /// stdout is this same open file, so the offset is shared with whatever the child
+    /// left running, and a seek would have its next write land over the answer.
+    pub fn reader(&self) -> impl Read + '_ {
+        struct At<'a>(&'a File, u64);
+        impl Read for At<'_> {
+            fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+                let n = std::os::unix::fs::FileExt::read_at(self.0, buf, self.1)?;
+                self.1 += n as u64;
+                Ok(n)
+            }
+        }
+        At(&self.file, 0)
+    }
 }
 
-/// Let go on every way out of a run (answered, failed, killed): sealed first, so nothing
-/// written between the two calls outlives the emptying.
+/// Let go on every way out of a run (answered, failed, killed).
 impl Drop for StdoutFile {
     fn drop(&mut self) {
         #[cfg(target_os = "linux")]
         {
             use std::os::fd::AsRawFd;
-            // SAFETY: fcntl on a descriptor we own; no memory is involved. It fails
-            // harmlessly (EINVAL) on a file that is not a sealable memfd.
-            unsafe { libc::fcntl(self.0.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_GROW | libc::F_SEAL_SEAL) };
+            let fd = self.file.as_raw_fd();
+            // Where the next write lands: the end of what the child wrote.
+            let end = (&self.file).stream_position().unwrap_or(0);
+            let size = end.saturating_add(self.after);
+            // Sized first (a hole), then sealed: sized again in case something wrote past
+            // it in between (shrinking stays allowed); then the answer's bytes are freed.
+            let _ = self.file.set_len(size);
+            // SAFETY: fcntl and fallocate on a descriptor we own; no memory is involved.
+            // The seal fails (EINVAL) on a file that is not a sealable memfd.
+            if unsafe { libc::fcntl(fd, libc::F_ADD_SEALS, libc::F_SEAL_GROW | libc::F_SEAL_SEAL) } == 0 {
+                let _ = self.file.set_len(size);
+                unsafe { libc::fallocate(fd, libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE, 0, end as libc::off_t) };
+                return;
+            }
         }
-        let _ = self.0.set_len(0);
+        let _ = self.file.set_len(0);
     }
 }
 
+/// How many pipes are drained after their answer at once, at most.
+const MAX_DRAINS: usize = 64;
+static DRAINS: AtomicUsize = AtomicUsize::new(0);
+
 /// Read and drop what a process the child left running still writes on its stderr, up
-/// to `cap` bytes, then close the pipe.
-pub fn drain_left_stderr(stderr: &File, cap: usize) {
+/// to `after` bytes, then close the pipe.
+pub fn drain_left_stderr(stderr: &File, after: usize) {
     let Ok(rest) = stderr.try_clone() else { return };
-    thread::spawn(move || {
+    if DRAINS.fetch_add(1, Ordering::Relaxed) >= MAX_DRAINS {
+        DRAINS.fetch_sub(1, Ordering::Relaxed);
+        return;
+    }
+    // A thread the system will not give us closes the pipe at once (`rest` is dropped).
+    let drain = thread::Builder::new().name("stderr-drain".into()).spawn(move || {
         let mut chunk = vec![0u8; 16 * 1024];
-        let mut taken = 0usize;
+        let mut left = after;
         let mut r = &rest;
-        while taken <= cap {
-            match r.read(&mut chunk) {
+        while left > 0 {
+            let want = left.min(chunk.len());
+            match r.read(&mut chunk[..want]) {
                 Ok(0) => break,
-                Ok(n) => taken += n,
+                Ok(n) => left -= n,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(_) => break,
             }
         }
+        drop(rest);
+        DRAINS.fetch_sub(1, Ordering::Relaxed);
     });
+    if drain.is_err() {
+        DRAINS.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::super::tests::{each_start, SMALL};
+    use super::super::Bounds;
     use std::path::Path;
     use std::time::{Duration, Instant};
 
-    /// The exit status a background process of the script wrote into `file`, once it did.
-    fn status_in(file: &Path) -> String {
+    /// What a background process of the script wrote into `file`, once it did.
+    fn line_in(file: &Path) -> String {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             if let Ok(s) = std::fs::read_to_string(file) {
@@ -113,10 +177,10 @@ mod tests {
         }
     }
 
-    /// The child answers and exits, leaving a process that holds both outputs and writes
-    /// `what` into one of them once the test has the answer (the file `go`), recording
-    /// how its write ended. The answer is the child's; the write's status is returned.
-    fn left_writing(name: &str, what: &str) -> Vec<(String, String)> {
+    /// The child answers and exits, leaving a process that holds both outputs and runs
+    /// `what` once the test has the answer (the file `go`), recording its exit status.
+    /// The answer is the child's; the statuses are returned, by way of starting.
+    fn left_running(name: &str, bounds: Bounds, what: &str) -> Vec<(String, String)> {
         let dir = std::env::temp_dir().join(format!("spawn-left-{name}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let mut ended = Vec::new();
@@ -127,38 +191,63 @@ mod tests {
                 go = go.display(),
                 status = status.display()
             );
-            let (r, _) = sh(&script, Duration::from_secs(30), SMALL);
+            let (r, _) = sh(&script, Duration::from_secs(30), bounds);
             let o = r.unwrap();
             assert_eq!((o.exit_code, o.stdout.as_slice()), (Some(0), &b"{\"ok\":true}\n"[..]), "{how}");
             std::fs::write(&go, "").unwrap();
-            ended.push((how.to_string(), status_in(&status)));
+            ended.push((how.to_string(), line_in(&status)));
         });
         let _ = std::fs::remove_dir_all(&dir);
         ended
     }
 
-    /// What the child left running can write no more into its stdout once the answer is
-    /// read: 4 MiB would otherwise have gone into memory that nothing frees while it lives.
+    /// After the answer, what the child left running may write up to the stderr cap more
+    /// into its stdout, and no further: 4 MiB would otherwise have gone into memory that
+    /// nothing frees while it lives.
     #[cfg(target_os = "linux")]
     #[test]
-    fn a_process_left_running_cannot_grow_the_stdout_file_after_the_answer() {
-        for (how, status) in left_writing("stdout", "head -c 4194304 /dev/zero 2>/dev/null") {
+    fn a_process_left_running_writes_its_stdout_up_to_a_bound_after_the_answer() {
+        let within = SMALL.stderr_cap / 2;
+        for (how, status) in left_running("stdout-within", SMALL, &format!("head -c {within} /dev/zero")) {
+            assert_eq!(status, "0", "{how}: {within} bytes on stdout after the answer were refused");
+        }
+        for (how, status) in left_running("stdout-past", SMALL, "head -c 4194304 /dev/zero 2>/dev/null") {
             assert_ne!(status, "0", "{how}: 4 MiB went into the stdout file after the answer");
         }
     }
 
     /// Its stderr is read and dropped up to the cap after the answer, then closed: four
-    /// times the cap does not get through.
+    /// times the cap does not get through; half of it (past a pipe's 64 KiB, so only a
+    /// drain lets it through) does.
     #[test]
-    fn a_process_left_running_writing_stderr_past_the_cap_after_the_answer_finds_it_closed() {
-        let past = SMALL.stderr_cap * 4;
-        for (how, status) in left_writing("stderr", &format!("head -c {past} /dev/zero >&2")) {
-            assert_ne!(status, "0", "{how}: {past} bytes went through stderr after the answer");
-        }
-        // Up to the cap is drained: a daemon's few lines of log neither block nor fail.
-        let within = SMALL.stderr_cap / 2;
-        for (how, status) in left_writing("stderr-within", &format!("head -c {within} /dev/zero >&2")) {
+    fn a_process_left_running_writes_its_stderr_up_to_a_bound_after_the_answer() {
+        let bounds = Bounds { stderr_cap: 512 << 10, ..SMALL };
+        let within = bounds.stderr_cap / 2;
+        for (how, status) in left_running("stderr-within", bounds, &format!("head -c {within} /dev/zero >&2")) {
             assert_eq!(status, "0", "{how}: {within} bytes of stderr after the answer were refused");
         }
+        let past = bounds.stderr_cap * 4;
+        for (how, status) in left_running("stderr-past", bounds, &format!("head -c {past} /dev/zero >&2")) {
+            assert_ne!(status, "0", "{how}: {past} bytes went through stderr after the answer");
+        }
+    }
+
+    /// A process the child left writing on its stdout does not write over the answer while
+    /// the host reads it: the host reads without moving the offset they share.
+    #[test]
+    fn a_process_left_writing_stdout_does_not_write_over_the_answer() {
+        let dir = std::env::temp_dir().join(format!("spawn-over-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        each_start(|how, sh| {
+            for round in 0..200 {
+                let stop = dir.join(format!("{how}-{round}"));
+                let script = format!("echo '{{\"ok\":true}}'; (while [ ! -e {} ]; do printf x; done) 2>/dev/null & exit 0", stop.display());
+                let (r, _) = sh(&script, Duration::from_secs(30), SMALL);
+                std::fs::write(&stop, "").unwrap();
+                let o = r.unwrap();
+                assert!(o.stdout.starts_with(b"{\"ok\":true}\n"), "{how}, round {round}: {:?}", String::from_utf8_lossy(&o.stdout[..o.stdout.len().min(40)]));
+            }
+        });
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
