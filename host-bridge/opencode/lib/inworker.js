@@ -19,7 +19,7 @@
 // own group, every request takes the plugin's thread (threadId below).
 import { spawnSync } from "node:child_process";
 import fs from "node:fs";
-import { OUTPUT_FILE_MARK, readStart, releaseOutputs, takeOutputFile } from "./outputs.js";
+import { OUTPUT_FILE_MARK, killLeftGroup, readStart, releaseOutputs, takeOutputFile } from "./outputs.js";
 import { BOUNDS, checkLaunch, overCap } from "./policy.js";
 import { guard } from "./watchdog.js";
 
@@ -97,7 +97,7 @@ export function runInWorker(req, grants, shared, call, onGrant = () => {}) {
     if (r.error?.code === "ENOENT") return err("not-found", launch.binary);
     if (r.error && r.error.code !== "ETIMEDOUT") return err("failed", `${launch.binary}: ${r.error.message}`);
     if (r.error) {
-      killGroup(r.pid);
+      killLeftGroup(r.pid);
       return err("timed-out");
     }
     if (Atomics.load(shared, CAPPED_PID) === r.pid) {
@@ -108,12 +108,12 @@ export function runInWorker(req, grants, shared, call, onGrant = () => {}) {
     // writing, and is killed as any child past a cap is.
     const stdout = readStart(out, BOUNDS.stdout + 1);
     if (stdout.length > BOUNDS.stdout) {
-      killGroup(r.pid);
+      killLeftGroup(r.pid);
       return overCap(req.program, "stdout");
     }
     const stderr = readStart(errOut, BOUNDS.stderr + 1);
     if (stderr.length > BOUNDS.stderr) {
-      killGroup(r.pid);
+      killLeftGroup(r.pid);
       return overCap(req.program, "stderr");
     }
     const exitCode = r.status ?? undefined;
@@ -139,15 +139,14 @@ function fileAt(shared, at) {
   return (BigInt(Atomics.load(shared, at + 1) >>> 0) << 32n) | BigInt(Atomics.load(shared, at) >>> 0);
 }
 
-// `alsoPid` for a child still running (listed, not yet reaped): should it not lead its
+// A child still running (listed, not yet reaped), with its group; should it not lead its
 // group after all, it dies anyway. Once spawnSync returned, the pid is reaped and may
-// already be another process's, so only the group is killed then.
-function killGroup(pid, alsoPid = false) {
+// already be another process's: what is left of its group is killLeftGroup's.
+function killGroup(pid) {
   if (!(pid > 0)) return; // kill(-0) would be our own group: OpenCode's
   try {
     process.kill(-pid, "SIGKILL");
   } catch {}
-  if (!alsoPid) return;
   try {
     process.kill(pid, "SIGKILL");
   } catch {}
@@ -164,7 +163,7 @@ export function childrenOf(tid) {
 
 /** Kill the process group of every child the worker thread `tid` runs. */
 export function killChildrenOf(tid) {
-  for (const pid of childrenOf(tid)) killGroup(pid, true);
+  for (const pid of childrenOf(tid)) killGroup(pid);
 }
 
 /**
@@ -199,7 +198,7 @@ export function watchOutput(tid, shared, aborted) {
         if (stream && file.size > BigInt(BOUNDS[STREAMS[stream]])) {
           Atomics.store(shared, CAPPED_STREAM, stream);
           Atomics.store(shared, CAPPED_PID, pid);
-          killGroup(pid, true);
+          killGroup(pid);
         }
       }
     }

@@ -66,17 +66,34 @@ export function sizeOf(fd) {
 
 // Output files of answered children whose process group still had members: something the
 // child left running may write on into them, unseen (they have no name) and, unwatched,
-// without bound. Looked at every second while the group lives: one past its cap has the
-// group killed, as a cap found at the answer has. A process that left the group (setsid)
-// is not the host's to kill, and its writes are not bounded here. At most HELD_GROUPS are
-// kept (two descriptors each): a CLI that leaves a long-lived process behind on every call
-// must not run the plugin out of descriptors; past that the oldest are let go unwatched.
+// without bound. Looked at every 50 ms while the group lives, as a running child's are:
+// one past its cap has the group killed, as a cap found at the answer has. A process that
+// left the group (setsid) is not the host's to kill, and its writes are not bounded here.
+// At most HELD_GROUPS are kept (two descriptors each): a CLI that leaves a long-lived
+// process behind on every call must not run the plugin out of descriptors. Past that the
+// oldest is let go: killed if its files grew since its answer (it writes, and would be
+// unwatched), else left alone.
 export const HELD_GROUPS = 64;
+const SWEEP_MS = 50;
 const leftBehind = new Set();
 let sweeping;
-// Whether process group `group` still has a member.
+
+// Whether process `pid` exists (ours to signal or not).
+function pidTaken(pid) {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (e) {
+    return e?.code === "EPERM";
+  }
+}
+
+// Whether process group `group`, led by a child already reaped, is still the group that
+// child left: it has a member, and no process has the child's pid. The kernel hands out
+// no pid still in use as a group id, and only the process with a pid can make a group of
+// that id: so once a process has it, the group it leads is another's.
 function groupLives(group) {
-  if (!(group > 0)) return false; // kill(-0) would be our own group
+  if (!(group > 0) || pidTaken(group)) return false; // kill(-0) would be our own group
   try {
     process.kill(-group, 0);
     return true;
@@ -85,15 +102,20 @@ function groupLives(group) {
   }
 }
 
+/** SIGKILL what is left of the process group of `group`, a child already reaped (only
+ * while it is still that group: groupLives). */
+export function killLeftGroup(group) {
+  if (!groupLives(group)) return;
+  try {
+    process.kill(-group, "SIGKILL");
+  } catch {}
+}
+
 function sweep() {
   for (const held of leftBehind) {
     const alive = groupLives(held.group);
     const over = alive && held.files.some(([fd, cap]) => sizeOf(fd) > cap);
-    if (over) {
-      try {
-        process.kill(-held.group, "SIGKILL");
-      } catch {}
-    }
+    if (over) killLeftGroup(held.group);
     if (alive && !over) continue;
     leftBehind.delete(held);
     closeAll(held.files);
@@ -113,20 +135,20 @@ function closeAll(files) {
 }
 
 /**
- * A child was answered: close its output files (`[fd, cap]` pairs), or, while its process
- * group `group` still has members, keep them under the sweep above. The group id stays that
- * group's while it has a member (the kernel hands out no pid still in use as a group id).
+ * A child was answered and reaped: close its output files (`[fd, cap]` pairs), or, while
+ * its process group `group` still has members, keep them under the sweep above.
  */
 export function releaseOutputs(group, files) {
   if (!groupLives(group)) return closeAll(files);
   for (const held of leftBehind) {
     if (leftBehind.size < HELD_GROUPS) break;
     leftBehind.delete(held);
+    if (held.files.some(([fd], i) => sizeOf(fd) > held.sizes[i])) killLeftGroup(held.group);
     closeAll(held.files);
   }
-  leftBehind.add({ group, files });
+  leftBehind.add({ group, files, sizes: files.map(([fd]) => sizeOf(fd)) });
   if (!sweeping) {
-    sweeping = setInterval(sweep, 1000);
+    sweeping = setInterval(sweep, SWEEP_MS);
     sweeping.unref?.();
   }
 }

@@ -9,7 +9,7 @@ import { spawn } from "node:child_process";
 import fs from "node:fs";
 import path from "node:path";
 import * as frames from "./frames.js";
-import { readStart, releaseOutputs, sizeOf, takeOutputFile } from "./outputs.js";
+import { killLeftGroup, readStart, releaseOutputs, sizeOf, takeOutputFile } from "./outputs.js";
 import { checkArgs, confinedTo, invalidGrants } from "./args.js";
 import { guard } from "./watchdog.js";
 
@@ -407,12 +407,14 @@ export function runChild(req, grants, track = () => () => {}, onGrant = () => {}
     let timedOut = false;
     let exitCode;
     const killGroup = () => {
+      // Reaped, its pid may be another's: what is left of its group is killed only while
+      // it is still that group (outputs.js).
+      if (child.exitCode !== null || child.signalCode !== null) return killLeftGroup(child.pid);
       try {
         process.kill(-child.pid, "SIGKILL");
       } catch {}
       // And the child itself, should it not lead its group (it moved itself, or a runtime
-      // ignored `detached`); only until it is reaped, after which its pid may be another's.
-      if (child.exitCode !== null || child.signalCode !== null) return;
+      // ignored `detached`).
       try {
         process.kill(child.pid, "SIGKILL");
       } catch {}
