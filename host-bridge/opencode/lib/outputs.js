@@ -71,8 +71,8 @@ export function sizeOf(fd) {
 // left the group (setsid) is not the host's to kill, and its writes are not bounded here.
 // At most HELD_GROUPS are kept (two descriptors each): a CLI that leaves a long-lived
 // process behind on every call must not run the plugin out of descriptors. Past that the
-// oldest is let go: killed if its files grew since its answer (it writes, and would be
-// unwatched), else left alone.
+// oldest group is killed as its files are let go: unwatched, what it writes would have no
+// bound (and one silent until then may write later).
 export const HELD_GROUPS = 64;
 const SWEEP_MS = 50;
 const leftBehind = new Set();
@@ -143,10 +143,10 @@ export function releaseOutputs(group, files) {
   for (const held of leftBehind) {
     if (leftBehind.size < HELD_GROUPS) break;
     leftBehind.delete(held);
-    if (held.files.some(([fd], i) => sizeOf(fd) > held.sizes[i])) killLeftGroup(held.group);
+    killLeftGroup(held.group);
     closeAll(held.files);
   }
-  leftBehind.add({ group, files, sizes: files.map(([fd]) => sizeOf(fd)) });
+  leftBehind.add({ group, files });
   if (!sweeping) {
     sweeping = setInterval(sweep, SWEEP_MS);
     sweeping.unref?.();
