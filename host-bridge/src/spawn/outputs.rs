@@ -4,10 +4,10 @@
 //! there is bounded, and it is not killed for it (a CLI's own daemon is not ours to kill):
 //! each stream takes up to `after` more bytes (the stderr cap, policy.json), then refuses.
 //!
-//! - stdout is a file of ours. Let go, it is sized to where the child's writes had got
-//!   plus `after`, sealed against growth, and its answer's bytes freed, where it is a
-//!   memfd: a write past that fails with EPERM, and only what is written takes memory.
-//!   (The fallback, a temporary file, is emptied but cannot be sealed.)
+//! - stdout is a file of ours. Let go, it is emptied, its offset put back to the start,
+//!   sized to `after` and sealed against growth, where it is a memfd: a write past that
+//!   fails with EPERM (at once for a writer in append mode), and no more than `after`
+//!   takes memory. (The fallback, a temporary file, is emptied but cannot be sealed.)
 //! - stderr is a pipe. What is written into it after the answer is read and dropped, up
 //!   to `after`; then the host closes its end, and the writer sees EPIPE, as it does once
 //!   a one-shot host has exited. At most `MAX_DRAINS` pipes are drained at once (a
@@ -97,24 +97,24 @@ impl StdoutFile {
     }
 }
 
-/// Let go on every way out of a run (answered, failed, killed).
+/// Let go on every way out of a run (answered, failed, killed), once its answer is read.
 impl Drop for StdoutFile {
     fn drop(&mut self) {
         #[cfg(target_os = "linux")]
         {
             use std::os::fd::AsRawFd;
-            let fd = self.file.as_raw_fd();
-            // Where the next write lands: the end of what the child wrote.
-            let end = (&self.file).stream_position().unwrap_or(0);
-            let size = end.saturating_add(self.after);
-            // Sized first (a hole), then sealed: sized again in case something wrote past
-            // it in between (shrinking stays allowed); then the answer's bytes are freed.
-            let _ = self.file.set_len(size);
-            // SAFETY: fcntl and fallocate on a descriptor we own; no memory is involved.
-            // The seal fails (EINVAL) on a file that is not a sealable memfd.
-            if unsafe { libc::fcntl(fd, libc::F_ADD_SEALS, libc::F_SEAL_GROW | libc::F_SEAL_SEAL) } == 0 {
-                let _ = self.file.set_len(size);
-                unsafe { libc::fallocate(fd, libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE, 0, end as libc::off_t) };
+            // Emptied, its shared offset put back to the start, and sized to the bound (a
+            // hole) before the seal: whatever offset what is left running sets (a seek far
+            // ahead before the host lets go, or its own open of the file at 0), it can fill
+            // no more than the bound. Sized again after the seal in case something wrote
+            // past it in between (shrinking stays allowed).
+            let _ = (&self.file).seek(std::io::SeekFrom::Start(0));
+            let _ = self.file.set_len(0);
+            let _ = self.file.set_len(self.after);
+            // SAFETY: fcntl on a descriptor we own; no memory is involved. It fails
+            // (EINVAL) on a file that is not a sealable memfd.
+            if unsafe { libc::fcntl(self.file.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_GROW | libc::F_SEAL_SEAL) } == 0 {
+                let _ = self.file.set_len(self.after);
                 return;
             }
         }
@@ -230,6 +230,29 @@ mod tests {
         for (how, status) in left_running("stderr-past", bounds, &format!("head -c {past} /dev/zero >&2")) {
             assert_ne!(status, "0", "{how}: {past} bytes went through stderr after the answer");
         }
+    }
+
+    /// A process left running that moved the shared offset far ahead before the host let go
+    /// (here 1 GiB), then writes through its own open of the file from its start, still
+    /// gets no more than the bound.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_process_left_running_that_moved_the_offset_gets_no_more_than_the_bound() {
+        let dir = std::env::temp_dir().join(format!("spawn-seeked-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        each_start(|how, sh| {
+            let (go, status) = (dir.join(format!("{how}.go")), dir.join(format!("{how}.status")));
+            let script = format!(
+                "echo '{{\"ok\":true}}'; (while [ ! -e {go} ]; do sleep 0.01; done; head -c 4194304 /dev/zero 1<>/proc/self/fd/1 2>/dev/null; echo $? > {status}) & dd if=/dev/null bs=1M seek=1024 count=0 conv=notrunc 2>/dev/null; exit 0",
+                go = go.display(),
+                status = status.display()
+            );
+            let o = sh(&script, Duration::from_secs(30), SMALL).0.unwrap();
+            assert_eq!((o.exit_code, o.stdout.as_slice()), (Some(0), &b"{\"ok\":true}\n"[..]), "{how}");
+            std::fs::write(&go, "").unwrap();
+            assert_ne!(line_in(&status), "0", "{how}: 4 MiB went into the stdout file after the answer");
+        });
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// A process the child left writing on its stdout does not write over the answer while
