@@ -35,6 +35,16 @@ function grants(dir, options) {
   return { ...g, programPolicies: [{ name: "boxd", env: [], grants: [{ name: "any", args: ["{rest}"] }] }] };
 }
 
+// Whether `pid` runs: a process killed stays a zombie until its parent (init, for what a
+// child left) reaps it, and a zombie still answers kill(pid, 0).
+function running(pid) {
+  try {
+    return fs.readFileSync(`/proc/${pid}/stat`, "utf8").split(") ")[1]?.[0] !== "Z";
+  } catch {
+    return false;
+  }
+}
+
 const sh = (script, g, timeoutMs = 60000) => policy.runChild({ program: "boxd", args: ["-c", script], env: [], timeoutMs }, g);
 
 describe("children under the caps", { skip }, () => {
@@ -84,7 +94,7 @@ describe("children under the caps", { skip }, () => {
     assert.equal(Buffer.from(r.val.stdout).toString(), '{"ok":true}\n');
     assert.ok(performance.now() - t0 < 10000, `took ${performance.now() - t0} ms`);
     const pid = Number(fs.readFileSync(pidFile, "utf8").trim());
-    assert.doesNotThrow(() => process.kill(pid, 0), "the background process was killed; it is not the host's to kill");
+    assert.ok(running(pid), "the background process was killed; it is not the host's to kill");
     process.kill(pid, "SIGKILL");
   });
 
@@ -138,7 +148,7 @@ describe("children under the caps", { skip }, () => {
     const pid = notedPid(pidFile, cleanup);
     assert.equal(r.tag, "ok", JSON.stringify(r));
     assert.equal(Buffer.from(r.val.stdout).toString(), '{"ok":true}\n');
-    assert.doesNotThrow(() => process.kill(pid, 0), "the writer was killed before it wrote anything");
+    assert.ok(running(pid), "the writer was killed before it wrote anything");
     fs.writeFileSync(go, "");
     assert.ok(await waitGone(pid, 10000), "what the child left writing outlived the stderr cap after the answer");
   });
@@ -176,7 +186,7 @@ describe("children under the caps", { skip }, () => {
     // have no bound); the ones kept still run.
     const oldest = pids.slice(0, pids.length - HELD_GROUPS);
     for (const pid of oldest) assert.ok(await waitGone(pid, 5000), `the group of ${pid}, let go unwatched, still runs`);
-    for (const pid of pids.slice(-HELD_GROUPS)) assert.doesNotThrow(() => process.kill(pid, 0), `${pid}, still watched, was killed`);
+    for (const pid of pids.slice(-HELD_GROUPS)) assert.ok(running(pid), `${pid}, still watched, was killed`);
   });
 
   test("a group id whose pid another process has taken is never killed by the sweep", async () => {
@@ -192,8 +202,48 @@ describe("children under the caps", { skip }, () => {
     releaseOutputs(stranger.pid, [[fd, 0]]);
     killLeftGroup(stranger.pid);
     await new Promise((res) => setTimeout(res, 300));
-    assert.doesNotThrow(() => process.kill(stranger.pid, 0), "a group the sweep was given, led by a live process not its child, was killed");
+    assert.ok(running(stranger.pid), "a group the sweep was given, led by a live process not its child, was killed");
     assert.throws(() => fs.fstatSync(fd), /EBADF/, "its files were not let go at once");
+  });
+
+  // Writing /proc/sys/kernel/ns_last_pid hands the next pid out on purpose (root only).
+  const lastPid = "/proc/sys/kernel/ns_last_pid";
+  let canChoosePids = false;
+  try {
+    fs.accessSync(lastPid, fs.constants.W_OK);
+    canChoosePids = true;
+  } catch {}
+  test("a kept group whose id went to another process's group is never killed", { skip: !canChoosePids && "needs root: it chooses the next pid (ns_last_pid)" }, async () => {
+    const dir = scratch("reused");
+    const g = grants(dir, { boxd: "/bin/sh" });
+    const [leaderFile, inGroupFile, strangerFile, go] = ["leader", "in-group", "stranger", "go"].map((f) => path.join(dir, f));
+    // The child leaves a short sleep in its group (so its files are kept) and, in a session
+    // of its own, a writer that passes the stderr cap when told.
+    const r = await sh(`echo $$ > ${leaderFile}; sleep 1 </dev/null & echo $! > ${inGroupFile}; setsid sh -c 'until [ -e ${go} ]; do sleep 0.05; done; head -c 4194304 /dev/zero >&2' </dev/null >/dev/null & echo ok`, g);
+    assert.equal(r.tag, "ok", JSON.stringify(r));
+    const group = Number(fs.readFileSync(leaderFile, "utf8"));
+    const inGroup = notedPid(inGroupFile, cleanup);
+    // In one turn of this thread (so the 50 ms sweep cannot look in between): wait until the
+    // group has emptied and its last member is reaped, then give its id to another process
+    // that makes a group of it and exits, leaving a sleep in that group.
+    const until = Date.now() + 10000;
+    while (fs.existsSync(`/proc/${inGroup}`)) assert.ok(Date.now() < until, "the child's sleep was not reaped");
+    let stranger;
+    for (let tries = 0; tries < 20 && !stranger; tries++) {
+      fs.writeFileSync(lastPid, String(group - 1));
+      execFileSync("setsid", ["sh", "-c", `sleep 300 </dev/null >/dev/null 2>&1 & echo $! > ${strangerFile}`]);
+      const pid = Number(fs.readFileSync(strangerFile, "utf8"));
+      const pgrp = Number(fs.readFileSync(`/proc/${pid}/stat`, "utf8").split(") ")[1].split(" ")[2]);
+      cleanup.push(() => { try { process.kill(pid, "SIGKILL"); } catch {} });
+      if (pgrp === group) stranger = pid;
+      else process.kill(pid, "SIGKILL");
+    }
+    assert.ok(stranger, `no process got the group id ${group}`);
+    fs.writeFileSync(go, "");
+    // The writer passes the cap of a file still kept for the id; the sweep looks, and finds
+    // none of the group's members at the answer in it.
+    await new Promise((res) => setTimeout(res, 1000));
+    assert.ok(running(stranger), "the sweep killed another process's group that had taken the id");
   });
 
   test("everything a child printed on stderr up to the cap is its answer, byte for byte", async () => {

@@ -88,10 +88,12 @@ function pidTaken(pid) {
   }
 }
 
-// Whether process group `group`, led by a child already reaped, is still the group that
-// child left: it has a member, and no process has the child's pid. The kernel hands out
-// no pid still in use as a group id, and only the process with a pid can make a group of
-// that id: so once a process has it, the group it leads is another's.
+// Whether process group `group`, led by a child just reaped, still has members and is still
+// that child's group: no process has the child's pid. Only the process holding a pid can
+// make a group of that id, and the kernel hands out no pid still in use as a group id: so
+// for a stranger's group to carry this id, ours must have emptied and the pid gone to that
+// stranger, who holds it still unless it has exited too. For a moment after the reap this
+// is enough; a group kept for longer is checked by its members (stillOurs).
 function groupLives(group) {
   if (!(group > 0) || pidTaken(group)) return false; // kill(-0) would be our own group
   try {
@@ -102,8 +104,8 @@ function groupLives(group) {
   }
 }
 
-/** SIGKILL what is left of the process group of `group`, a child already reaped (only
- * while it is still that group: groupLives). */
+/** SIGKILL what is left of the process group of `group`, a child just reaped (only while
+ * it is still that group: groupLives). */
 export function killLeftGroup(group) {
   if (!groupLives(group)) return;
   try {
@@ -111,11 +113,50 @@ export function killLeftGroup(group) {
   } catch {}
 }
 
+// The processes in process group `group` now, each as "pid start" (its start time, in
+// clock ticks since boot, from /proc): the same process only ever reads the same.
+function membersOf(group) {
+  const members = [];
+  let names = [];
+  try {
+    names = fs.readdirSync("/proc");
+  } catch {}
+  for (const name of names) {
+    if (!/^\d+$/.test(name)) continue; // pids only
+    let stat;
+    try {
+      stat = fs.readFileSync(`/proc/${name}/stat`, "latin1");
+    } catch {
+      continue;
+    }
+    const f = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+    if (Number(f[2]) === group && f[0] !== "Z") members.push(`${name} ${f[19]}`);
+  }
+  return members;
+}
+
+// Whether a kept group is still the one its child left: one of the processes in it at the
+// answer still is. The group can become another's only once it has emptied (above), so
+// while one of those is in it, every member is what the child left or started since. When
+// none is (they left or ended, and what is there came later), it is not killed but let go.
+function stillOurs(held) {
+  if (!groupLives(held.group)) return false;
+  const now = new Set(membersOf(held.group));
+  return held.members.some((m) => now.has(m));
+}
+
+function killIfOurs(held) {
+  if (!stillOurs(held)) return;
+  try {
+    process.kill(-held.group, "SIGKILL");
+  } catch {}
+}
+
 function sweep() {
   for (const held of leftBehind) {
     const alive = groupLives(held.group);
     const over = alive && held.files.some(([fd, cap]) => sizeOf(fd) > cap);
-    if (over) killLeftGroup(held.group);
+    if (over) killIfOurs(held);
     if (alive && !over) continue;
     leftBehind.delete(held);
     closeAll(held.files);
@@ -139,14 +180,16 @@ function closeAll(files) {
  * its process group `group` still has members, keep them under the sweep above.
  */
 export function releaseOutputs(group, files) {
-  if (!groupLives(group)) return closeAll(files);
+  // Who is in it now, to know it later (stillOurs); nothing kept where /proc cannot tell.
+  const members = groupLives(group) ? membersOf(group) : [];
+  if (!members.length) return closeAll(files);
   for (const held of leftBehind) {
     if (leftBehind.size < HELD_GROUPS) break;
     leftBehind.delete(held);
-    killLeftGroup(held.group);
+    killIfOurs(held);
     closeAll(held.files);
   }
-  leftBehind.add({ group, files });
+  leftBehind.add({ group, files, members });
   if (!sweeping) {
     sweeping = setInterval(sweep, SWEEP_MS);
     sweeping.unref?.();
