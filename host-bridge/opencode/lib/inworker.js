@@ -7,7 +7,8 @@
 //
 // The promises of runChild are kept, the main thread doing what the blocked worker cannot:
 // - its own process group (detached), killed as a group on timeout (spawnSync kills the
-//   child; the worker kills the group when it returns);
+//   child; the worker kills what is left of the group when it returns, while it is still
+//   that group: killLeftGroup);
 // - a user abort kills the call's children: the main thread finds them as the children of
 //   the worker's thread (/proc/self/task/TID/children: the thread that forked is their
 //   parent), and the worker refuses any spawn of an aborted call;

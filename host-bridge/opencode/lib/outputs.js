@@ -1,7 +1,7 @@
 // The files a child's output goes to: unlinked, owner-only temporary files, a few made
 // ahead so that making one is not on the spawn path (lib/policy.js runChild and
-// lib/inworker.js both take theirs here), and let go of once the child is answered
-// (releaseOutputs).
+// lib/inworker.js both take theirs here), closed once the child is answered, or kept
+// under watch while something it left in its group may still write (releaseOutputs).
 import { randomBytes } from "node:crypto";
 import fs from "node:fs";
 import os from "node:os";
@@ -71,8 +71,11 @@ export function sizeOf(fd) {
 // left the group (setsid) is not the host's to kill, and its writes are not bounded here.
 // At most HELD_GROUPS are kept (two descriptors each): a CLI that leaves a long-lived
 // process behind on every call must not run the plugin out of descriptors. Past that the
-// oldest group is killed as its files are let go: unwatched, what it writes would have no
-// bound (and one silent until then may write later).
+// oldest group is killed as its files are let go (while it is still the child's:
+// stillOurs): unwatched, what it writes would have no bound (and one silent until then may
+// write later). Nor is a group bounded once none of the processes in it at the answer is
+// left (one that forked and exited: what it started may be watched no longer), as a
+// process that left it is not.
 export const HELD_GROUPS = 64;
 const SWEEP_MS = 50;
 const leftBehind = new Set();
@@ -145,21 +148,21 @@ function stillOurs(held) {
   return held.members.some((m) => now.has(m));
 }
 
-function killIfOurs(held) {
-  if (!stillOurs(held)) return;
-  try {
-    process.kill(-held.group, "SIGKILL");
-  } catch {}
+// A kept group's files closed, and the group killed first when `kill` and still ours.
+function letGo(held, kill) {
+  leftBehind.delete(held);
+  if (kill && stillOurs(held)) {
+    try {
+      process.kill(-held.group, "SIGKILL");
+    } catch {}
+  }
+  closeAll(held.files);
 }
 
 function sweep() {
   for (const held of leftBehind) {
-    const alive = groupLives(held.group);
-    const over = alive && held.files.some(([fd, cap]) => sizeOf(fd) > cap);
-    if (over) killIfOurs(held);
-    if (alive && !over) continue;
-    leftBehind.delete(held);
-    closeAll(held.files);
+    if (!groupLives(held.group)) letGo(held, false);
+    else if (held.files.some(([fd, cap]) => sizeOf(fd) > cap)) letGo(held, true);
   }
   if (leftBehind.size === 0) {
     clearInterval(sweeping);
@@ -180,14 +183,14 @@ function closeAll(files) {
  * its process group `group` still has members, keep them under the sweep above.
  */
 export function releaseOutputs(group, files) {
-  // Who is in it now, to know it later (stillOurs); nothing kept where /proc cannot tell.
+  // Who is in it now, while it is certainly the child's, to know it later (stillOurs); on
+  // the answer's path, so only for a child that left something in its group: a look
+  // through /proc takes ~50 µs a process here. Nothing is kept where /proc cannot tell.
   const members = groupLives(group) ? membersOf(group) : [];
   if (!members.length) return closeAll(files);
   for (const held of leftBehind) {
     if (leftBehind.size < HELD_GROUPS) break;
-    leftBehind.delete(held);
-    killIfOurs(held);
-    closeAll(held.files);
+    letGo(held, true);
   }
   leftBehind.add({ group, files, members });
   if (!sweeping) {

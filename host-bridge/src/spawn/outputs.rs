@@ -14,7 +14,7 @@
 //!   long-lived host); past that a pipe is closed at once.
 
 use std::fs::File;
-use std::io::{Read, Seek};
+use std::io::Read;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::thread;
 
@@ -108,7 +108,7 @@ impl Drop for StdoutFile {
             // ahead before the host lets go, or its own open of the file at 0), it can fill
             // no more than the bound. Sized again after the seal in case something wrote
             // past it in between (shrinking stays allowed).
-            let _ = (&self.file).seek(std::io::SeekFrom::Start(0));
+            let _ = std::io::Seek::seek(&mut &self.file, std::io::SeekFrom::Start(0));
             let _ = self.file.set_len(0);
             let _ = self.file.set_len(self.after);
             // SAFETY: fcntl on a descriptor we own; no memory is involved. It fails
