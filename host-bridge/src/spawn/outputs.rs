@@ -177,17 +177,17 @@ mod tests {
         }
     }
 
-    /// The child answers and exits, leaving a process that holds both outputs and runs
-    /// `what` once the test has the answer (the file `go`), recording its exit status.
-    /// The answer is the child's; the statuses are returned, by way of starting.
-    fn left_running(name: &str, bounds: Bounds, what: &str) -> Vec<(String, String)> {
+    /// The child answers, leaves a process that holds both outputs and runs `what` once
+    /// the test has the answer (the file `go`), recording its exit status, runs `then`,
+    /// and exits. The answer is the child's; the statuses are returned, by way of starting.
+    fn left_running(name: &str, bounds: Bounds, what: &str, then: &str) -> Vec<(String, String)> {
         let dir = std::env::temp_dir().join(format!("spawn-left-{name}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let mut ended = Vec::new();
         each_start(|how, sh| {
             let (go, status) = (dir.join(format!("{how}.go")), dir.join(format!("{how}.status")));
             let script = format!(
-                "(while [ ! -e {go} ]; do sleep 0.01; done; {what}; echo $? > {status}) & echo '{{\"ok\":true}}'; exit 0",
+                "echo '{{\"ok\":true}}'; (while [ ! -e {go} ]; do sleep 0.01; done; {what}; echo $? > {status}) & {then} exit 0",
                 go = go.display(),
                 status = status.display()
             );
@@ -208,10 +208,10 @@ mod tests {
     #[test]
     fn a_process_left_running_writes_its_stdout_up_to_a_bound_after_the_answer() {
         let within = SMALL.stderr_cap / 2;
-        for (how, status) in left_running("stdout-within", SMALL, &format!("head -c {within} /dev/zero")) {
+        for (how, status) in left_running("stdout-within", SMALL, &format!("head -c {within} /dev/zero"), "") {
             assert_eq!(status, "0", "{how}: {within} bytes on stdout after the answer were refused");
         }
-        for (how, status) in left_running("stdout-past", SMALL, "head -c 4194304 /dev/zero 2>/dev/null") {
+        for (how, status) in left_running("stdout-past", SMALL, "head -c 4194304 /dev/zero 2>/dev/null", "") {
             assert_ne!(status, "0", "{how}: 4 MiB went into the stdout file after the answer");
         }
     }
@@ -223,11 +223,11 @@ mod tests {
     fn a_process_left_running_writes_its_stderr_up_to_a_bound_after_the_answer() {
         let bounds = Bounds { stderr_cap: 512 << 10, ..SMALL };
         let within = bounds.stderr_cap / 2;
-        for (how, status) in left_running("stderr-within", bounds, &format!("head -c {within} /dev/zero >&2")) {
+        for (how, status) in left_running("stderr-within", bounds, &format!("head -c {within} /dev/zero >&2"), "") {
             assert_eq!(status, "0", "{how}: {within} bytes of stderr after the answer were refused");
         }
         let past = bounds.stderr_cap * 4;
-        for (how, status) in left_running("stderr-past", bounds, &format!("head -c {past} /dev/zero >&2")) {
+        for (how, status) in left_running("stderr-past", bounds, &format!("head -c {past} /dev/zero >&2"), "") {
             assert_ne!(status, "0", "{how}: {past} bytes went through stderr after the answer");
         }
     }
@@ -238,21 +238,10 @@ mod tests {
     #[cfg(target_os = "linux")]
     #[test]
     fn a_process_left_running_that_moved_the_offset_gets_no_more_than_the_bound() {
-        let dir = std::env::temp_dir().join(format!("spawn-seeked-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        each_start(|how, sh| {
-            let (go, status) = (dir.join(format!("{how}.go")), dir.join(format!("{how}.status")));
-            let script = format!(
-                "echo '{{\"ok\":true}}'; (while [ ! -e {go} ]; do sleep 0.01; done; head -c 4194304 /dev/zero 1<>/proc/self/fd/1 2>/dev/null; echo $? > {status}) & dd if=/dev/null bs=1M seek=1024 count=0 conv=notrunc 2>/dev/null; exit 0",
-                go = go.display(),
-                status = status.display()
-            );
-            let o = sh(&script, Duration::from_secs(30), SMALL).0.unwrap();
-            assert_eq!((o.exit_code, o.stdout.as_slice()), (Some(0), &b"{\"ok\":true}\n"[..]), "{how}");
-            std::fs::write(&go, "").unwrap();
-            assert_ne!(line_in(&status), "0", "{how}: 4 MiB went into the stdout file after the answer");
-        });
-        let _ = std::fs::remove_dir_all(&dir);
+        let seek = "dd if=/dev/null bs=1M seek=1024 count=0 conv=notrunc 2>/dev/null;";
+        for (how, status) in left_running("seeked", SMALL, "head -c 4194304 /dev/zero 1<>/proc/self/fd/1 2>/dev/null", seek) {
+            assert_ne!(status, "0", "{how}: 4 MiB went into the stdout file after the answer");
+        }
     }
 
     /// A process the child left writing on its stdout does not write over the answer while
