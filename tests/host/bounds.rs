@@ -172,7 +172,7 @@ fn what_a_boxd_call_left_running_writes_after_the_answer_is_bounded() {
     let (go, ended) = (laptop.scratch.0.join("go"), laptop.scratch.0.join("ended"));
     // Within the bound first, then past it (the two share the file's offset and bound).
     let writer = format!(
-        "(while [ ! -e {go} ]; do sleep 0.01; done; head -c {within} /dev/zero; echo within $? >> {ended}; head -c {past} /dev/zero 2>/dev/null; echo past $? >> {ended}) &",
+        "(i=0; while [ ! -e {go} ] && [ $i -lt 3000 ]; do sleep 0.01; i=$((i+1)); done; head -c {within} /dev/zero; echo within $? >> {ended}; head -c {past} /dev/zero 2>/dev/null; echo past $? >> {ended}) &",
         go = go.display(),
         ended = ended.display(),
         within = 512 << 10,

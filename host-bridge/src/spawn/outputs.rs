@@ -187,7 +187,7 @@ mod tests {
         each_start(|how, sh| {
             let (go, status) = (dir.join(format!("{how}.go")), dir.join(format!("{how}.status")));
             let script = format!(
-                "echo '{{\"ok\":true}}'; (while [ ! -e {go} ]; do sleep 0.01; done; {what}; echo $? > {status}) & {then} exit 0",
+                "echo '{{\"ok\":true}}'; (i=0; while [ ! -e {go} ] && [ $i -lt 3000 ]; do sleep 0.01; i=$((i+1)); done; {what}; echo $? > {status}) & {then} exit 0",
                 go = go.display(),
                 status = status.display()
             );
@@ -252,10 +252,16 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         each_start(|how, sh| {
             for round in 0..200 {
-                let stop = dir.join(format!("{how}-{round}"));
-                let script = format!("echo '{{\"ok\":true}}'; (while [ ! -e {} ]; do printf x; done) 2>/dev/null & exit 0", stop.display());
+                // The writer is killed once the answer is in (and stops by itself after a
+                // while, should the test not get there): a spinning leftover would load
+                // every test after it.
+                let pid = dir.join(format!("{how}-{round}"));
+                let script = format!("echo '{{\"ok\":true}}'; (i=0; while [ $i -lt 3000000 ]; do printf x; i=$((i+1)); done) 2>/dev/null & echo $! > {}; exit 0", pid.display());
                 let (r, _) = sh(&script, Duration::from_secs(30), SMALL);
-                std::fs::write(&stop, "").unwrap();
+                let writer: i32 = std::fs::read_to_string(&pid).unwrap().trim().parse().unwrap();
+                // SAFETY: kill(2) on the writer the script started; it is ours until init
+                // reaps it, and a pid is not reused before that.
+                unsafe { libc::kill(writer, libc::SIGKILL) };
                 let o = r.unwrap();
                 assert!(o.stdout.starts_with(b"{\"ok\":true}\n"), "{how}, round {round}: {:?}", String::from_utf8_lossy(&o.stdout[..o.stdout.len().min(40)]));
             }
