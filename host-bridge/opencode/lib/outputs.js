@@ -98,13 +98,13 @@ function pidTaken(pid) {
 // stranger, who holds it still unless it has exited too. For a moment after the reap this
 // is enough; a group kept for longer is checked by its members (stillOurs).
 function groupLives(group) {
-  if (!(group > 0) || pidTaken(group)) return false; // kill(-0) would be our own group
+  if (!(group > 0)) return false; // kill(-0) would be our own group
   try {
     process.kill(-group, 0);
-    return true;
   } catch {
-    return false;
+    return false; // the usual answer, asked first: one failed call for a child that left nothing
   }
+  return !pidTaken(group);
 }
 
 /** SIGKILL what is left of the process group of `group`, a child just reaped (only while
