@@ -244,6 +244,33 @@ mod tests {
         }
     }
 
+    /// Pipes drained after their answer are bounded in number: past `MAX_DRAINS` a pipe is
+    /// closed at once (its writer sees EPIPE) rather than given a thread of its own. (Other
+    /// tests may hold drains meanwhile, so the counts are bounds.)
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn at_most_so_many_stderr_pipes_are_drained_at_once() {
+        use std::io::Write;
+        use std::os::fd::FromRawFd;
+        let mut writers = Vec::new();
+        for _ in 0..super::MAX_DRAINS + 6 {
+            let mut fds = [0; 2];
+            // SAFETY: pipe(2) into a local array; each fd is new and owned by one File.
+            assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+            let (r, w) = unsafe { (std::fs::File::from_raw_fd(fds[0]), std::fs::File::from_raw_fd(fds[1])) };
+            super::drain_left_stderr(&r, 1 << 20);
+            writers.push(w);
+        }
+        let mut drained = 0;
+        for w in &mut writers {
+            match w.write_all(b"a line of log\n") {
+                Ok(()) => drained += 1,
+                Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::BrokenPipe),
+            }
+        }
+        assert!(drained >= 1 && drained <= super::MAX_DRAINS, "{drained} of {} pipes drained", writers.len());
+    }
+
     /// A process the child left writing on its stdout does not write over the answer while
     /// the host reads it: the host reads without moving the offset they share.
     #[test]
