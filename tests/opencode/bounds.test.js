@@ -40,15 +40,16 @@ function grants(dir, options) {
 // child left) reaps it, and a zombie still answers kill(pid, 0).
 const running = (pid) => !gone(pid);
 
-// How many output files of the bridge this process holds open.
+// The output files of the bridge this process holds open, by the names /proc gives them.
 function heldOutputFiles() {
-  return fs.readdirSync("/proc/self/fd").filter((fd) => {
+  return fs.readdirSync("/proc/self/fd").flatMap((fd) => {
     try {
-      return fs.readlinkSync(`/proc/self/fd/${fd}`).includes(outputs.OUTPUT_FILE_MARK);
+      const file = fs.readlinkSync(`/proc/self/fd/${fd}`);
+      return file.includes(outputs.OUTPUT_FILE_MARK) ? [file] : [];
     } catch {
-      return false;
+      return [];
     }
-  }).length;
+  });
 }
 
 const sh = (script, g, timeoutMs = 60000) => policy.runChild({ program: "boxd", args: ["-c", script], env: [], timeoutMs }, g);
@@ -164,7 +165,7 @@ describe("children under the caps", { skip }, () => {
     const g = grants(dir, { boxd: "/bin/sh" });
     const pidFile = path.join(dir, "pids");
     const { HELD_GROUPS } = outputs;
-    const held = heldOutputFiles;
+    const held = () => heldOutputFiles().length;
     const before = held();
     // Each child leaves a sleep in its group holding both files, then exits.
     for (let i = 0; i < HELD_GROUPS + 10; i++) {
@@ -225,13 +226,7 @@ describe("children under the caps", { skip }, () => {
     // The child's stderr file, as the writer holds it: kept by this process while the group lives.
     const writer = notedPid(writerFile, cleanup);
     const stderrFile = fs.readlinkSync(`/proc/${writer}/fd/2`);
-    const kept = () => fs.readdirSync("/proc/self/fd").some((fd) => {
-      try {
-        return fs.readlinkSync(`/proc/self/fd/${fd}`) === stderrFile;
-      } catch {
-        return false;
-      }
-    });
+    const kept = () => heldOutputFiles().includes(stderrFile);
     assert.ok(kept(), "the child's files are not kept for what it left in its group");
     // In one turn of this thread (so the 50 ms sweep cannot look in between): wait until the
     // group has emptied and its last member is reaped, then give its id to another process

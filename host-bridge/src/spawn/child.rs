@@ -198,7 +198,7 @@ fn owned_file(f: impl Into<OwnedFd>) -> File {
 }
 
 /// A close-on-exec pipe: (read end, write end).
-fn pipe() -> io::Result<(File, File)> {
+pub(super) fn pipe() -> io::Result<(File, File)> {
     let mut fds = [0; 2];
     #[cfg(target_os = "linux")]
     // SAFETY: pipe2 fills the two-element array; each fd is then owned once.

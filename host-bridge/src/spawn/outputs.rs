@@ -247,17 +247,12 @@ mod tests {
     /// Pipes drained after their answer are bounded in number: past `MAX_DRAINS` a pipe is
     /// closed at once (its writer sees EPIPE) rather than given a thread of its own. (Other
     /// tests may hold drains meanwhile, so the counts are bounds.)
-    #[cfg(target_os = "linux")]
     #[test]
     fn at_most_so_many_stderr_pipes_are_drained_at_once() {
         use std::io::Write;
-        use std::os::fd::FromRawFd;
         let mut writers = Vec::new();
         for _ in 0..super::MAX_DRAINS + 6 {
-            let mut fds = [0; 2];
-            // SAFETY: pipe(2) into a local array; each fd is new and owned by one File.
-            assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
-            let (r, w) = unsafe { (std::fs::File::from_raw_fd(fds[0]), std::fs::File::from_raw_fd(fds[1])) };
+            let (r, w) = super::super::child::pipe().unwrap();
             super::drain_left_stderr(&r, 1 << 20);
             writers.push(w);
         }
