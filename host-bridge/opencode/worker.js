@@ -5,8 +5,7 @@
 // Why a worker: the component's `spawn.run` import is synchronous, so a boxd CLI call of
 // minutes would block whatever thread runs the component. Here it blocks only this worker.
 // A child with nothing to stream runs here (lib/inworker.js: spawnSync, its own process
-// group, the main thread watching for abort and the output caps), under Node only: Bun's
-// spawnSync gives it no group of its own, so there every child goes to the main thread. One with stdin or files
+// group, the main thread watching for abort and the output caps). One with stdin or files
 // is started by the plugin's main thread (lib/policy.js runChild, async, streaming); this
 // thread posts the request and sleeps on an Atomics word until the reply is on its port
 // (the synckit pattern the shim uses).
@@ -43,6 +42,8 @@ const tid = threadId();
 parentPort.postMessage({ type: "ready", shared: shared.buffer, port: port2, tid }, [port2]);
 
 let currentCall = 0;
+// The current call's watchdog mark, for the children run here (lib/watchdog.js).
+let currentMark = null;
 // The current call's spawn records (lib/audit.js), from both spawn paths: they go back
 // with its answer, for the audit line.
 let spawns = [];
@@ -90,7 +91,7 @@ function runAll(reqs) {
   if (here >= 0) {
     // Told, not asked: the main thread reports progress and watches the output meanwhile.
     parentPort.postMessage({ type: "spawning", call, req: requests[here] });
-    results[here] = runInWorker(requests[here], workerData, shared, call, (g) => (grants[here] = g));
+    results[here] = runInWorker(requests[here], workerData, shared, call, currentMark, (g) => (grants[here] = g));
     took[here] = performance.now() - started;
   }
   for (let got = 0, tries = 0; got < posted; ) {
@@ -156,6 +157,7 @@ prepareNext();
 
 parentPort.on("message", async (m) => {
   currentCall = m.id;
+  currentMark = m.mark ?? null;
   spawns = [];
   const done = (r) => {
     parentPort.postMessage({ type: "done", id: m.id, ...r, spawns });

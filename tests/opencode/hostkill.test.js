@@ -73,25 +73,24 @@ describe("OpenCode killed or stopped mid-call", { skip }, () => {
     assert.equal(record.state, "open");
   });
 
-  // A disposed plugin leaves no process behind: its watchdog ends once the last child it
-  // guards is answered (never before), and the next child starts another. Under Node and
+  // A disposed plugin leaves no process behind: its watchdog ends once the last mark it
+  // holds is taken back (never before), and the next mark starts another. Under Node and
   // under Bun, where the watchdog is started and ended through Bun.spawn's stdin.
   for (const runtime of ["node", "bun"]) test(`${runtime}: the watchdog ends when the plugin is disposed and no child is left to guard`, async () => {
     const seen = JSON.parse(runScript(runtime, `
-      const child = () => spawn("sleep", ["30"], { detached: true, stdio: "ignore" });
-      const a = child();
-      const unguardA = w.guard(a.pid);
+      const ma = w.mark();
+      const a = child(ma);
       const first = w.watchdogPid;
       const ran = Boolean(first) && !gone(first);
       w.idle(); // disposed, with a child still running: it keeps watching
       const keptWhileGuarded = !(await waitGone(first, 500));
-      unguardA();
+      ma.release();
       const ended = await waitGone(first, 10000);
       const answeredLeft = !(await waitGone(a.pid, 300));
-      const b = child();
-      const unguardB = w.guard(b.pid);
+      const mb = w.mark();
+      const b = child(mb);
       const another = Boolean(w.watchdogPid) && w.watchdogPid !== first && !gone(w.watchdogPid);
-      unguardB();
+      mb.release();
       for (const c of [a, b]) process.kill(-c.pid, "SIGKILL");
       say({ ran, keptWhileGuarded, ended, answeredLeft, another });`));
     assert.ok(seen.ran, "a watchdog runs while a child is guarded");
@@ -102,16 +101,13 @@ describe("OpenCode killed or stopped mid-call", { skip }, () => {
   });
 
   // A watchdog killed by someone else while it guards a child: the next one is started at
-  // once and told of that child, so the child still dies with the plugin's process, as
-  // does one guarded after. Before, every later child was guarded by no one.
+  // once and told of the marks still held, so the child still dies with the plugin's
+  // process, as does one guarded after.
   for (const runtime of ["node", "bun"]) test(`${runtime}: a watchdog killed by someone else is replaced, and its children still guarded`, async () => {
     const seen = JSON.parse(runScript(runtime, `
-      const child = () => spawn("sleep", ["30"], { detached: true, stdio: "ignore" });
-      const before = child();
-      w.guard(before.pid);
+      const before = child(w.mark());
       const first = await killWatchdog();
-      const after = child();
-      w.guard(after.pid);
+      const after = child(w.mark());
       say({ before: before.pid, after: after.pid, first, second: w.watchdogPid });
       for (const t = Date.now(); Date.now() - t < 50; );
       process.kill(process.pid, "SIGKILL");`));
@@ -121,93 +117,102 @@ describe("OpenCode killed or stopped mid-call", { skip }, () => {
     assert.ok(await waitGone(seen.second, 10000), "the watchdog that took over stayed after its work was done");
   });
 
-  // A pid still guarded but no longer the plugin's child (reaped, its answer not yet taken
-  // back, the pid used again by another process): the watchdog that takes over is not told
-  // of it, so that other process is not killed with the plugin. Here the other process is
-  // the test's own child, guarded by the plugin's process as if it were its own.
-  for (const runtime of ["node", "bun"]) test(`${runtime}: a watchdog that takes over is told only of the plugin's own children`, async () => {
+  // The watchdog kills only groups whose leader carries a mark of this process still held.
+  // Left alone: a child whose mark was taken back (answered), and what it started in a
+  // group of its own; a process with no mark (the test's own, or the plugin's watchdog-less
+  // child); one carrying the same variable with another token (another OpenCode's child,
+  // or a forgery); one whose mark is held but not first in its environment (not a child
+  // the plugin started: it puts the mark first).
+  // Killed: a child with a mark still held, with its grandchild, and a group it made
+  // itself with the environment it was given (part of a call that was never answered).
+  for (const runtime of ["node", "bun"]) test(`${runtime}: the watchdog kills only the groups that carry a mark of its process still held`, async () => {
     const stranger = spawn("sleep", ["30"], { detached: true, stdio: "ignore" });
+    left.push(stranger.pid);
+    const seen = JSON.parse(runScript(runtime, `
+      const held = w.mark();
+      const [name, value] = held.env;
+      const answered = w.mark();
+      const pids = {
+        // sh: its own pid, a grandchild in its group, and one that leads a group of its own.
+        held: spawn("/bin/sh", ["-c", "sleep 30 & echo $!; setsid sleep 30 & sleep 30"], { detached: true, stdio: ["ignore", "pipe", "ignore"], env: w.marked(held.env, { PATH: process.env.PATH }) }),
+        answered: spawn("/bin/sh", ["-c", "setsid sleep 30 & sleep 30"], { detached: true, stdio: "ignore", env: w.marked(answered.env, { PATH: process.env.PATH }) }),
+        unmarked: child(null),
+        otherToken: spawn("sleep", ["30"], { detached: true, stdio: "ignore", env: { [name]: "0".repeat(32) + value.slice(32) } }),
+        notFirst: spawn("sleep", ["30"], { detached: true, stdio: "ignore", env: { A: "1", [name]: value } }),
+      };
+      const grandchild = await new Promise((r) => pids.held.stdout.once("data", (d) => r(Number(String(d).trim()))));
+      await new Promise((r) => setTimeout(r, 200)); // the setsid children started
+      answered.release();
+      say({ ...Object.fromEntries(Object.entries(pids).map(([k, c]) => [k, c.pid])), grandchild, watchdog: w.watchdogPid });
+      process.kill(process.pid, "SIGKILL");`));
+    const byParent = (ppid) => fs.readdirSync("/proc").filter((n) => /^\d+$/.test(n)).map(Number).filter((pid) => {
+      try {
+        const stat = fs.readFileSync(`/proc/${pid}/stat`, "utf8");
+        return Number(stat.slice(stat.lastIndexOf(")") + 2).split(" ")[1]) === ppid;
+      } catch {
+        return false;
+      }
+    });
+    // The setsid'd sleeps: children of the `setsid` process, which execs sleep (same pid).
+    const setsidOf = (sh) => byParent(sh);
+    const answeredOwn = setsidOf(seen.answered);
     try {
-      const seen = JSON.parse(runScript(runtime, `
-        w.guard(${stranger.pid});
-        const first = await killWatchdog();
-        say({ first, second: w.watchdogPid });
-        for (const t = Date.now(); Date.now() - t < 50; );
-        process.kill(process.pid, "SIGKILL");`));
-      assert.ok(seen.second && seen.second !== seen.first, `no watchdog took over (${JSON.stringify(seen)})`);
-      assert.ok(await waitGone(seen.second, 10000), "the watchdog that took over stayed after its work was done");
-      assert.equal(gone(stranger.pid), false, "a process that was not the plugin's child was killed with the plugin");
+      assert.ok(await waitGone(seen.watchdog, 10000), "the watchdog stayed after its work was done");
+      assert.ok(await waitGone(seen.held, 10000), "a child whose mark was held outlived the plugin");
+      assert.ok(await waitGone(seen.grandchild, 10000), "a grandchild in the held child's group outlived the plugin");
+      for (const [what, pid] of [["answered", seen.answered], ["unmarked", seen.unmarked], ["otherToken", seen.otherToken], ["notFirst", seen.notFirst]]) {
+        assert.equal(gone(pid), false, `the watchdog killed a process it should have left alone (${what})`);
+      }
+      assert.ok(answeredOwn.length > 0 && answeredOwn.every((pid) => !gone(pid)), "what an answered child started in a group of its own was killed");
+      assert.equal(gone(stranger.pid), false, "a process that was not the plugin's was killed with the plugin");
     } finally {
-      process.kill(-stranger.pid, "SIGKILL");
+      for (const pid of [seen.answered, seen.unmarked, seen.otherToken, seen.notFirst, ...answeredOwn, stranger.pid]) kill(pid);
     }
   });
 
-  // A process killed the moment after it started a child: the child is guarded from its
-  // first instant (the watchdog, not the plugin, reads /proc for it), and one already
-  // answered is left alone. Under Node and under Bun, OpenCode's runtime, whose
-  // child_process left the line for the next turn of the event loop: the thread is kept
-  // busy between the guard and the kill, as the plugin's is while it starts the next child.
-  for (const runtime of ["node", "bun"]) test(`${runtime}: a child is guarded from its start: the process killed at once takes it along`, async () => {
-    const pids = JSON.parse(runScript(runtime, `
-      const child = () => spawn("sleep", ["30"], { detached: true, stdio: "ignore" });
-      const answered = child();
-      w.guard(answered.pid)();
-      const running = child();
-      w.guard(running.pid);
-      say({ answered: answered.pid, running: running.pid, watchdog: w.watchdogPid });
-      for (const t = Date.now(); Date.now() - t < 50; );
-      process.kill(process.pid, "SIGKILL");`));
-    assert.ok(await waitGone(pids.running, 10000), "a child started just before its process was killed outlived it");
-    assert.ok(await waitGone(pids.watchdog, 10000), "the watchdog stayed after its work was done");
-    assert.equal(await waitGone(pids.answered, 300), false, "a child already answered is not the watchdog's to kill");
-    process.kill(-pids.answered, "SIGKILL");
-  });
-
-  // A pid still listed when the process dies, but given to another process after its "+"
-  // was read (as a child reaped just before the kill, its "-" never written, whose pid the
-  // system handed out again): that process started later, and is left alone. Pids are handed
-  // out in turn, so pids some way ahead are announced, the ones before them used up by
-  // processes that end at once, and the processes started next take them. Ahead by 200:
-  // no process anyone starts before the watchdog has read the lines takes one (were it
-  // still running at the end, the watchdog would rightly take it for the plugin's child).
-  // Where others ran past those pids meanwhile (a busy machine), pids further ahead are.
-  for (const runtime of ["node", "bun"]) test(`${runtime}: a process given an announced pid after its announcement is left alone`, async () => {
-    const seen = JSON.parse(runScript(runtime, `
-      const ended = (child) => new Promise((r) => child.on("exit", r));
-      const probe = spawn("true", [], { stdio: "ignore" });
-      w.guard(probe.pid)(); // the watchdog started (it takes a pid too) before any is chosen
-      await ended(probe);
-      let next = Math.max(probe.pid, w.watchdogPid) + 1;
-      const announced = [];
-      let later = [];
-      for (let round = 0; round < 5 && !later.length; round++) {
-        const first = next + 200;
-        const ahead = Array.from({ length: 40 }, (_, i) => first + i);
-        for (const pid of ahead) w.guard(pid);
-        announced.push(...ahead);
-        // Past the boot clock's tick (10 ms) in which the watchdog read the lines.
-        await new Promise((r) => setTimeout(r, 30));
-        let used;
-        for (let n = 0; n < 400; n++) {
-          used = spawn("true", [], { stdio: "ignore" });
-          await ended(used);
-          if (used.pid >= first - 1 || used.pid < next - 1) break;
-        }
-        next = used.pid + 1;
-        if (used.pid < first - 1 || used.pid > first + 20) continue; // wrapped, or run past
-        later = ahead.map(() => spawn("sleep", ["30"], { detached: true, stdio: "ignore" }).pid);
-      }
-      say({ announced, later, watchdog: w.watchdogPid });
-      for (const t = Date.now(); Date.now() - t < 50; );
-      process.kill(process.pid, "SIGKILL");`));
+  // A child is guarded from its first instant, whichever thread starts it: the plugin's
+  // process is killed the moment its component worker has forked a child (seen among the
+  // worker thread's children, before or just after its exec), and the child and what it
+  // started go with it. Under Node and under Bun, OpenCode's runtime, through the real pool.
+  for (const runtime of ["node", "bun"]) test(`${runtime}: a child the component's worker starts dies with a process killed the moment it forked`, async () => {
+    const dir = fs.realpathSync(fs.mkdtempSync(path.join(os.tmpdir(), "boxd-watchdog-fork-")));
     try {
-      const taken = seen.later.filter((pid) => seen.announced.includes(pid));
-      assert.ok(taken.length > 0, `no process started later was given an announced pid, so nothing was checked (${JSON.stringify(seen)})`);
-      assert.ok(await waitGone(seen.watchdog, 10000), "the watchdog stayed after its work was done");
-      const killed = taken.filter((pid) => gone(pid));
-      assert.deepEqual(killed, [], "the watchdog killed processes that took an announced pid after the announcement");
+      const pids = path.join(dir, "pids");
+      fs.writeFileSync(path.join(dir, "boxd"), `#!/bin/sh\necho $$ >> ${pids}\nsleep 30 &\necho $! >> ${pids}\nsleep 30\n`, { mode: 0o755 });
+      const seen = JSON.parse(runScript(runtime, `
+        const policy = await import(${JSON.stringify(path.join(PLUGIN, "lib/policy.js"))});
+        const { Pool } = await import(${JSON.stringify(path.join(PLUGIN, "lib/pool.js"))});
+        const dir = ${JSON.stringify(dir)};
+        fs.mkdirSync(dir + "/proj");
+        const g = policy.resolveGrants({ options: { boxd: dir + "/boxd", ledgerDir: dir + "/ledger" }, directory: dir + "/proj", env: { PATH: process.env.PATH, HOME: dir } });
+        const pool = new Pool(g);
+        await pool.describe(); // the worker ready: its probe child (lib/inworker.js threadId) has ended
+        pool.call("boxd_status", "{}", { hostName: "opencode", hostVersion: "1.18.33", optionsJson: "{}", project: g.project, ledger: g.ledger, nowMs: Date.now(), entropy: new Uint8Array(32), approved: true });
+        await null; // the pool posts the call to its worker in a microtask
+        // The worker's children, as soon as there is one: no turn of the event loop between.
+        const tasks = () => fs.readdirSync("/proc/self/task").filter((t) => Number(t) !== process.pid);
+        for (const t = Date.now(); Date.now() - t < 30000; ) {
+          for (const tid of tasks()) {
+            let kids = "";
+            try {
+              kids = fs.readFileSync("/proc/self/task/" + tid + "/children", "utf8").trim();
+            } catch {}
+            if (kids && !kids.split(" ").map(Number).includes(w.watchdogPid)) {
+              say({ children: kids.split(" ").map(Number) });
+              process.kill(process.pid, "SIGKILL");
+            }
+          }
+        }
+        say({ children: [] });
+        process.kill(process.pid, "SIGKILL");`));
+      assert.ok(seen.children.length > 0, "the worker started no child within 30 s");
+      for (const pid of seen.children) assert.ok(await waitGone(pid, 10000), `${pid}, forked by the worker as its process was killed, outlived it`);
+      // Whatever the child got to start once it ran (it notes its pids as it starts them).
+      await new Promise((r) => setTimeout(r, 500));
+      const noted = fs.existsSync(pids) ? fs.readFileSync(pids, "utf8").trim().split("\n").filter(Boolean).map(Number) : [];
+      for (const pid of noted) assert.ok(await waitGone(pid, 10000), `${pid}, started by the killed process's child, outlived it`);
     } finally {
-      for (const pid of seen.later) kill(pid);
+      fs.rmSync(dir, { recursive: true, force: true });
     }
   });
 });
@@ -228,6 +233,8 @@ function runScript(runtime, body) {
     const w = await import(${JSON.stringify(path.join(PLUGIN, "lib/watchdog.js"))});
     const { gone, waitGone } = await import(${JSON.stringify(new URL("./harness.mjs", import.meta.url).pathname)});
     const say = (value) => fs.writeSync(1, JSON.stringify(value));
+    // A detached sleep, its environment marked with \`m\` (w.mark()), or not (null).
+    const child = (m) => spawn("sleep", ["30"], { detached: true, stdio: "ignore", env: w.marked(m?.env ?? null, { PATH: process.env.PATH }) });
     // SIGKILL the watchdog as someone else would, and wait for the next (at most 10 s); its pid.
     const killWatchdog = async () => {
       const first = w.watchdogPid;

@@ -15,14 +15,16 @@
 // - output caps: stdout and stderr go to unlinked files (a daemon the child leaves holding
 //   them cannot hold the answer), whose sizes the main thread checks every 50 ms through
 //   /proc/PID/fd, killing the group past a cap;
-// - children die with the plugin's process (the main thread's exit handler).
-// Where /proc/thread-self/children is missing, or spawnSync does not give the child its
-// own group, every request takes the plugin's thread (threadId below).
+// - children die with the plugin's process (the main thread's exit handler; the call's
+//   mark, announced by the main thread before the call reached this worker, for a
+//   SIGKILL: lib/watchdog.js).
+// Where /proc/thread-self/children is missing, or the runtime's spawnSync does not give the
+// child its own group, every request takes the plugin's thread (threadId below).
 import { spawnSync } from "node:child_process";
 import fs from "node:fs";
 import { OUTPUT_FILE_MARK, killLeftGroup, readStart, releaseOutputs, takeOutputFile } from "./outputs.js";
 import { BOUNDS, checkLaunch, overCap } from "./policy.js";
-import { guard } from "./watchdog.js";
+import { marked } from "./watchdog.js";
 
 // The shared words of a worker (Int32Array over a SharedArrayBuffer).
 export const REPLY = 0; // raised by the main thread when a spawn reply is on the port
@@ -41,20 +43,17 @@ const err = (tag, val) => ({ tag: "err", val: val === undefined ? { tag } : { ta
 
 /**
  * This thread's id when it may run children itself, else undefined (all go to the plugin's
- * thread). It may when a child spawnSync starts here leads its own process group and is
- * listed among this thread's children, the two things every kill above relies on. Bun
- * (OpenCode's runtime) ignores `detached` in spawnSync: its child stays in OpenCode's
- * group, where killing "its group" kills nothing and the caps, the abort and the exit
- * handler all miss it. So Bun never runs them here; elsewhere a probe child checks both.
+ * thread). It may when a child started here (runSync) leads its own process group and is
+ * listed among this thread's children, the two things every kill above relies on; a probe
+ * child checks both.
  */
 export function threadId() {
-  if (process.versions.bun) return undefined;
   try {
     const tid = fs.readlinkSync("/proc/thread-self").split("/").pop();
     // Shell builtins only: the child's own stat line and this thread's children, as it sees them.
     const probe = 'read -r s < /proc/$$/stat; read -r c < "/proc/$PPID/task/$1/children"; echo "${s##*)}|$c"';
-    const r = spawnSync("/bin/sh", ["-c", probe, "probe", tid], { cwd: "/", env: {}, detached: true, encoding: "utf8", timeout: 5000, killSignal: "SIGKILL" });
-    const [stat, children] = (r.stdout ?? "").split("|");
+    const r = runSync("/bin/sh", ["-c", probe, "probe", tid], { cwd: "/", env: {}, stdio: ["ignore", "pipe", "ignore"], timeout: 5000 });
+    const [stat, children] = String(r.stdout ?? "").split("|");
     const pgrp = Number(stat?.trim().split(" ")[2]);
     if (!(r.pid > 0) || pgrp !== r.pid || !children?.split(" ").map(Number).includes(r.pid)) return undefined;
     return tid;
@@ -69,10 +68,28 @@ export function runsInWorker(req) {
 }
 
 /**
- * Run one child on this (worker) thread: the WIT spawn.run's answer. `shared` is the
- * worker's shared words; `call` the id of the call asking.
+ * spawnSync in its own process group ({pid, status, error, stdout}, as Node's spawnSync),
+ * killed with SIGKILL past `timeout`. Bun (OpenCode's runtime) ignores `detached` in
+ * child_process.spawnSync, so its child would stay in OpenCode's group, where killing "its
+ * group" kills nothing and the caps, the abort and the exit handler all miss it; Bun's own
+ * Bun.spawnSync honours it.
  */
-export function runInWorker(req, grants, shared, call, onGrant = () => {}) {
+export function runSync(binary, args, { cwd, env, stdio, timeout }) {
+  if (!globalThis.Bun) return spawnSync(binary, args, { cwd, env, stdio, timeout, detached: true, killSignal: "SIGKILL" });
+  try {
+    const r = Bun.spawnSync({ cmd: [binary, ...args], cwd, env, stdio, timeout, detached: true, killSignal: "SIGKILL" });
+    return { pid: r.pid, status: r.exitCode, stdout: r.stdout, error: r.exitedDueToTimeout ? { code: "ETIMEDOUT" } : undefined };
+  } catch (e) {
+    return { pid: undefined, status: null, error: e }; // it could not start (ENOENT, EACCES…)
+  }
+}
+
+/**
+ * Run one child on this (worker) thread: the WIT spawn.run's answer. `shared` is the
+ * worker's shared words; `call` the id of the call asking; `mark` its watchdog mark
+ * ([name, value] or null, lib/watchdog.js).
+ */
+export function runInWorker(req, grants, shared, call, mark, onGrant = () => {}) {
   if (Atomics.load(shared, ABORTED) === call) return err("failed", "the user aborted this tool call");
   const launch = checkLaunch(req, grants);
   if (launch.refused) return launch.refused;
@@ -86,13 +103,11 @@ export function runInWorker(req, grants, shared, call, onGrant = () => {}) {
     const [out, errOut] = files;
     setFile(shared, STDOUT_FILE, out);
     setFile(shared, STDERR_FILE, errOut);
-    const r = spawnSync(launch.binary, req.args, {
+    const r = runSync(launch.binary, req.args, {
       cwd: launch.cwd,
-      env: launch.env,
-      detached: true,
+      env: marked(mark, launch.env),
       stdio: ["ignore", out, errOut],
       timeout: Math.max(1, req.timeoutMs),
-      killSignal: "SIGKILL",
     });
     group = r.pid;
     if (r.error?.code === "ENOENT") return err("not-found", launch.binary);
@@ -173,21 +188,10 @@ export function killChildrenOf(tid) {
  * child is (one started just as the abort came). Returns the stop function.
  */
 export function watchOutput(tid, shared, aborted) {
-  // Each child seen is given to the watchdog (lib/watchdog.js) until it is gone: one that
-  // starts and outlives a SIGKILL of this process within 50 ms is missed.
-  const guarded = new Map();
   const timer = setInterval(() => {
     if (aborted()) return killChildrenOf(tid);
     const files = { [fileAt(shared, STDOUT_FILE)]: 1, [fileAt(shared, STDERR_FILE)]: 2 };
-    const pids = childrenOf(tid);
-    for (const [pid, unguard] of guarded) {
-      if (!pids.includes(pid)) {
-        unguard();
-        guarded.delete(pid);
-      }
-    }
-    for (const pid of pids) {
-      if (!guarded.has(pid)) guarded.set(pid, guard(pid));
+    for (const pid of childrenOf(tid)) {
       for (const fd of Object.keys(STREAMS)) {
         let file;
         try {
@@ -205,8 +209,5 @@ export function watchOutput(tid, shared, aborted) {
     }
   }, 50);
   timer.unref?.();
-  return () => {
-    clearInterval(timer);
-    for (const unguard of guarded.values()) unguard();
-  };
+  return () => clearInterval(timer);
 }

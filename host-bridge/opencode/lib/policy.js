@@ -11,7 +11,7 @@ import path from "node:path";
 import * as frames from "./frames.js";
 import { killLeftGroup, readStart, releaseOutputs, sizeOf, takeOutputFile } from "./outputs.js";
 import { checkArgs, confinedTo, invalidGrants } from "./args.js";
-import { guard } from "./watchdog.js";
+import { mark, marked } from "./watchdog.js";
 
 const HOST_ERRORS = { hostFailed: "HOST_FAILED", optionsInvalid: "OPTIONS_INVALID", ledgerFailed: "LEDGER_FAILED" };
 
@@ -393,12 +393,15 @@ export function runChild(req, grants, track = () => () => {}, onGrant = () => {}
       return resolve(err("failed", `${req.program}: cannot make its output file: ${e.message}`));
     }
     const [outFd, errFd] = files;
+    // Announced to the watchdog before the child exists, so it is guarded from its start.
+    const guard = mark();
     let child;
     try {
       // detached: a new process group (setsid), so a timeout can kill grandchildren too
       // (as spawn/ does with its own process group).
-      child = spawn(binary, req.args, { cwd, env, detached: true, stdio: [hasStdin ? "pipe" : "ignore", outFd, errFd] });
+      child = spawn(binary, req.args, { cwd, env: marked(guard.env, env), detached: true, stdio: [hasStdin ? "pipe" : "ignore", outFd, errFd] });
     } catch (e) {
+      guard.release();
       for (const fd of files) fs.closeSync(fd);
       frames.closeAll(outgoing);
       return resolve(err("failed", `${binary}: ${e.message}`));
@@ -421,7 +424,6 @@ export function runChild(req, grants, track = () => () => {}, onGrant = () => {}
     };
     const untrack = track(killGroup);
     live.add(killGroup);
-    const unguard = guard(child.pid);
     // The output files' sizes are checked against their caps while the child runs (and,
     // after the answer, while something it left in its group may still write, releaseOutputs).
     const watch = setInterval(() => {
@@ -438,7 +440,7 @@ export function runChild(req, grants, track = () => () => {}, onGrant = () => {}
       clearInterval(watch);
       untrack();
       live.delete(killGroup);
-      unguard();
+      guard.release();
       if (typeof result === "function") {
         try {
           result = result();
@@ -506,9 +508,9 @@ export function runChild(req, grants, track = () => () => {}, onGrant = () => {}
       return { tag: "ok", val: { ...val, stdout: new Uint8Array(got.line), files: [...sent, ...got.files] } };
     };
     child.on("exit", (code, signal) => {
-      // Taken back from the watchdog now, not when answered: it never kills a group whose
-      // leader has exited, and once reaped the pid may be another process's.
-      unguard();
+      // Taken back from the watchdog now, not when answered: what the child left running
+      // is left alone, as boxd-host leaves it.
+      guard.release();
       exitCode = code ?? (signal ? null : undefined);
       if (timedOut) return finish(err("timed-out"));
       // The writer reports within a moment of the exit, unless something the child left

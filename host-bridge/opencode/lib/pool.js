@@ -11,6 +11,7 @@
 import { Worker } from "node:worker_threads";
 import { ABORTED, REPLY, killChildrenOf, watchOutput } from "./inworker.js";
 import { runChild } from "./policy.js";
+import { mark } from "./watchdog.js";
 
 // The worker threads that run children, so none outlives this process (as policy.js does
 // for the children started here).
@@ -134,7 +135,16 @@ export class Pool {
             Atomics.store(slot.shared, ABORTED, job.msg.id);
             killChildrenOf(slot.tid);
           });
-          job.unwatch = watchOutput(slot.tid, slot.shared, () => job.aborted);
+          const watch = watchOutput(slot.tid, slot.shared, () => job.aborted);
+          // Announced before the worker can start a child with it (lib/watchdog.js), and
+          // taken back with the watch: once answered (or lost), the call's children have
+          // been reaped.
+          const guard = mark();
+          job.msg.mark = guard.env;
+          job.unwatch = () => {
+            watch();
+            guard.release();
+          };
         }
         // The call's clock is read as it reaches its worker, not when it was asked: a call
         // that waited in the queue behind slow ones would carry a past time (a submit's
