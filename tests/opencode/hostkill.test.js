@@ -121,10 +121,10 @@ describe("OpenCode killed or stopped mid-call", { skip }, () => {
   // Left alone: a child whose mark was taken back (answered), and what it started in a
   // group of its own; a process with no mark (the test's own, or the plugin's watchdog-less
   // child); one carrying the same variable with another token (another OpenCode's child,
-  // or a forgery); one whose mark is held but not first in its environment (not a child
-  // the plugin started: it puts the mark first).
-  // Killed: a child with a mark still held, with its grandchild, and a group it made
-  // itself with the environment it was given (part of a call that was never answered).
+  // or a forgery). Killed: a child with a mark still held, with its grandchild, and a group
+  // it made itself with the environment it was given (part of a call never answered); and
+  // wherever the mark sits in the environment: a shell in between (a wrapper script, a
+  // shim, `sh -c 'exec …'`, bash running its last command) reorders what it execs.
   for (const runtime of ["node", "bun"]) test(`${runtime}: the watchdog kills only the groups that carry a mark of its process still held`, async () => {
     const stranger = spawn("sleep", ["30"], { detached: true, stdio: "ignore" });
     left.push(stranger.pid);
@@ -134,16 +134,21 @@ describe("OpenCode killed or stopped mid-call", { skip }, () => {
       const answered = w.mark();
       const pids = {
         // sh: its own pid, a grandchild in its group, and one that leads a group of its own.
-        held: spawn("/bin/sh", ["-c", "sleep 30 & echo $!; setsid sleep 30 & sleep 30"], { detached: true, stdio: ["ignore", "pipe", "ignore"], env: w.marked(held.env, { PATH: process.env.PATH }) }),
+        held: spawn("/bin/sh", ["-c", "sleep 30 & echo $!; setsid sleep 30 & echo $!; sleep 30"], { detached: true, stdio: ["ignore", "pipe", "ignore"], env: w.marked(held.env, { PATH: process.env.PATH }) }),
+        wrapped: spawn("/bin/sh", ["-c", "exec sleep 30"], { detached: true, stdio: "ignore", env: w.marked(held.env, { PATH: process.env.PATH, HOME: "/nowhere", A: "1" }) }),
+        markLast: spawn("sleep", ["30"], { detached: true, stdio: "ignore", env: { A: "1", PATH: process.env.PATH, [name]: value } }),
         answered: spawn("/bin/sh", ["-c", "setsid sleep 30 & sleep 30"], { detached: true, stdio: "ignore", env: w.marked(answered.env, { PATH: process.env.PATH }) }),
         unmarked: child(null),
         otherToken: spawn("sleep", ["30"], { detached: true, stdio: "ignore", env: { [name]: "0".repeat(32) + value.slice(32) } }),
-        notFirst: spawn("sleep", ["30"], { detached: true, stdio: "ignore", env: { A: "1", [name]: value } }),
       };
-      const grandchild = await new Promise((r) => pids.held.stdout.once("data", (d) => r(Number(String(d).trim()))));
+      if (fs.existsSync("/bin/bash")) pids.bash = spawn("/bin/bash", ["-c", "true; sleep 30"], { detached: true, stdio: "ignore", env: w.marked(held.env, { PATH: process.env.PATH, HOME: "/nowhere" }) });
+      let out = "";
+      pids.held.stdout.on("data", (d) => (out += d));
+      while (out.split("\\n").length < 3) await new Promise((r) => setTimeout(r, 10));
+      const [grandchild, ownGroup] = out.split("\\n").map(Number);
       await new Promise((r) => setTimeout(r, 200)); // the setsid children started
       answered.release();
-      say({ ...Object.fromEntries(Object.entries(pids).map(([k, c]) => [k, c.pid])), grandchild, watchdog: w.watchdogPid });
+      say({ ...Object.fromEntries(Object.entries(pids).map(([k, c]) => [k, c.pid])), grandchild, ownGroup, watchdog: w.watchdogPid });
       process.kill(process.pid, "SIGKILL");`));
     const byParent = (ppid) => fs.readdirSync("/proc").filter((n) => /^\d+$/.test(n)).map(Number).filter((pid) => {
       try {
@@ -160,13 +165,17 @@ describe("OpenCode killed or stopped mid-call", { skip }, () => {
       assert.ok(await waitGone(seen.watchdog, 10000), "the watchdog stayed after its work was done");
       assert.ok(await waitGone(seen.held, 10000), "a child whose mark was held outlived the plugin");
       assert.ok(await waitGone(seen.grandchild, 10000), "a grandchild in the held child's group outlived the plugin");
-      for (const [what, pid] of [["answered", seen.answered], ["unmarked", seen.unmarked], ["otherToken", seen.otherToken], ["notFirst", seen.notFirst]]) {
+      assert.ok(await waitGone(seen.ownGroup, 10000), "a group the held child made, with its environment, outlived the plugin");
+      for (const what of ["wrapped", "markLast", "bash"].filter((k) => seen[k])) {
+        assert.ok(await waitGone(seen[what], 10000), `a held child whose mark is not first in its environment outlived the plugin (${what})`);
+      }
+      for (const [what, pid] of [["answered", seen.answered], ["unmarked", seen.unmarked], ["otherToken", seen.otherToken]]) {
         assert.equal(gone(pid), false, `the watchdog killed a process it should have left alone (${what})`);
       }
       assert.ok(answeredOwn.length > 0 && answeredOwn.every((pid) => !gone(pid)), "what an answered child started in a group of its own was killed");
       assert.equal(gone(stranger.pid), false, "a process that was not the plugin's was killed with the plugin");
     } finally {
-      for (const pid of [seen.answered, seen.unmarked, seen.otherToken, seen.notFirst, ...answeredOwn, stranger.pid]) kill(pid);
+      for (const pid of [seen.answered, seen.unmarked, seen.otherToken, ...answeredOwn, stranger.pid]) kill(pid);
     }
   });
 
@@ -187,6 +196,7 @@ describe("OpenCode killed or stopped mid-call", { skip }, () => {
         const g = policy.resolveGrants({ options: { boxd: dir + "/boxd", ledgerDir: dir + "/ledger" }, directory: dir + "/proj", env: { PATH: process.env.PATH, HOME: dir } });
         const pool = new Pool(g);
         await pool.describe(); // the worker ready: its probe child (lib/inworker.js threadId) has ended
+        const watchdogAfterDescribe = w.watchdogPid ?? null; // describe runs no child
         pool.call("boxd_status", "{}", { hostName: "opencode", hostVersion: "1.18.33", optionsJson: "{}", project: g.project, ledger: g.ledger, nowMs: Date.now(), entropy: new Uint8Array(32), approved: true });
         await null; // the pool posts the call to its worker in a microtask
         // The worker's children, as soon as there is one: no turn of the event loop between.
@@ -198,7 +208,7 @@ describe("OpenCode killed or stopped mid-call", { skip }, () => {
               kids = fs.readFileSync("/proc/self/task/" + tid + "/children", "utf8").trim();
             } catch {}
             if (kids && !kids.split(" ").map(Number).includes(w.watchdogPid)) {
-              say({ children: kids.split(" ").map(Number) });
+              say({ children: kids.split(" ").map(Number), watchdogAfterDescribe });
               process.kill(process.pid, "SIGKILL");
             }
           }
@@ -206,6 +216,7 @@ describe("OpenCode killed or stopped mid-call", { skip }, () => {
         say({ children: [] });
         process.kill(process.pid, "SIGKILL");`));
       assert.ok(seen.children.length > 0, "the worker started no child within 30 s");
+      assert.equal(seen.watchdogAfterDescribe, null, "a plugin that has only described its tools started a watchdog");
       for (const pid of seen.children) assert.ok(await waitGone(pid, 10000), `${pid}, forked by the worker as its process was killed, outlived it`);
       // Whatever the child got to start once it ran (it notes its pids as it starts them).
       await new Promise((r) => setTimeout(r, 500));

@@ -67,8 +67,18 @@ export class Pool {
       job.unwatch?.();
     }
     for (const s of this.#workers) {
+      const job = s.job;
       s.job = null;
-      childThreads.delete(s.tid);
+      // A worker ends only once the child it waits on has: one it forked just past its
+      // abort check escaped the kills above. Until it has exited, its children are killed
+      // as they show, the exit handler still knows its thread, and its call's mark is held.
+      const sweep = job && s.tid ? setInterval(() => killChildrenOf(s.tid), 50) : null;
+      sweep?.unref?.();
+      s.worker.once("exit", () => {
+        clearInterval(sweep);
+        childThreads.delete(s.tid);
+        job?.release?.();
+      });
       s.worker.terminate();
     }
     this.#workers = [];
@@ -135,16 +145,15 @@ export class Pool {
             Atomics.store(slot.shared, ABORTED, job.msg.id);
             killChildrenOf(slot.tid);
           });
-          const watch = watchOutput(slot.tid, slot.shared, () => job.aborted);
+          job.unwatch = watchOutput(slot.tid, slot.shared, () => job.aborted);
           // Announced before the worker can start a child with it (lib/watchdog.js), and
-          // taken back with the watch: once answered (or lost), the call's children have
-          // been reaped.
-          const guard = mark();
-          job.msg.mark = guard.env;
-          job.unwatch = () => {
-            watch();
-            guard.release();
-          };
+          // taken back once the call's children have all been reaped: at its answer, or
+          // once its worker has exited. describe runs no child, and starts no watchdog.
+          if (job.msg.type !== "describe") {
+            const guard = mark();
+            job.msg.mark = guard.env;
+            job.release = guard.release;
+          }
         }
         // The call's clock is read as it reaches its worker, not when it was asked: a call
         // that waited in the queue behind slow ones would carry a past time (a submit's
@@ -176,6 +185,7 @@ export class Pool {
       } else if (m.type === "done" && slot.job?.msg.id === m.id) {
         const job = slot.job;
         job.unwatch?.();
+        job.release?.();
         slot.job = null;
         worker.unref();
         const { type, id, ...result } = m;
@@ -191,6 +201,7 @@ export class Pool {
       for (const kill of slot.job?.kills ?? []) kill();
       childThreads.delete(slot.tid);
       slot.job?.unwatch?.();
+      slot.job?.release?.();
       if (slot.job) slot.job.resolve({ trap: `the component worker stopped: ${why}` });
       slot.job = null;
       this.#pump();

@@ -5,13 +5,14 @@
 // and a slow one landed long after the next call had taken over its work.
 //
 // One watchdog a process stands in: /bin/sh reading a pipe only this process holds. Every
-// child is started with a mark in its environment, first of all its variables:
-// BOXD_BRIDGE_CALL=<token>:<n>; — the token drawn once for this process (128 random bits),
-// n one call's or one child's number. A mark is announced to the watchdog ("+ n") before
-// any child carries it, and taken back ("- n") once every child that carried it has been
-// reaped. When the pipe ends with marks still announced (this process is gone, however it
-// ended: an idle plugin ends it with none), the watchdog looks through /proc for the
-// leaders of process groups, still running, whose environment carries one of those marks,
+// child is started with a mark in its environment, BOXD_BRIDGE_CALL=<token>:<n>; — the
+// token drawn once for this process (128 random bits), n one call's or one child's number.
+// A mark is announced to the watchdog ("+ n") before any child carries it, and taken back
+// ("- n") once every child that carried it has been reaped. When the pipe ends with marks
+// still announced (this process is gone, however it ended: an idle plugin ends it with
+// none), the watchdog looks through /proc for the leaders of process groups, still running
+// and started since this process, whose environment carries one of those marks (anywhere
+// in it: a shell the child runs, or a shim, reorders the environment of what it execs),
 // and kills each one's group. So a child is guarded from its first instant, whichever
 // thread started it (the component's worker runs most children itself, and no thread
 // could name their pids before they ran), and a process that is not ours cannot be taken
@@ -31,10 +32,14 @@ import fs from "node:fs";
 export const MARK = "BOXD_BRIDGE_CALL";
 
 // `read`, `set`, `case` and `kill` are builtins: nothing to find on PATH once the laptop is
-// in trouble. dash's `read` drops the NULs between the variables of /proc/PID/environ, and
-// stops at its first newline: the mark is the first variable, ended by ";".
+// in trouble. dash's `read` drops the NULs between the variables of /proc/PID/environ (so
+// each line read runs them together; the mark ends with ";"), and stops at a newline.
+// $2 is this process's start time (clock ticks since boot, /proc/PID/stat's 22nd field): a
+// process that started before it is no child of ours, and its environment is not read
+// (dash reads it a byte at a time, ~1 µs a byte).
 const SCRIPT = `
 token=$1
+since=$2
 live=
 while read -r op n; do
   case $n in ''|*[!0-9]*) continue ;; esac
@@ -49,19 +54,23 @@ for p in /proc/[0-9]*; do
   pid=\${p#/proc/}
   read -r stat 2>/dev/null < $p/stat || continue
   set -- \${stat##*) }
-  # A group's leader (its pgrp, the third field after the name, is its pid), not a zombie.
-  [ $# -ge 3 ] && [ "$1" != Z ] && [ "$3" = "$pid" ] || continue
-  env=
-  read -r env 2>/dev/null < $p/environ
-  case $env in ${MARK}=$token:*) ;; *) continue ;; esac
+  # A group's leader (its pgrp, the third field after the name, is its pid), not a zombie,
+  # started no earlier than this process (the 22nd field).
+  [ $# -ge 20 ] && [ "$1" != Z ] && [ "$3" = "$pid" ] && [ "\${20}" -ge "$since" ] || continue
+  marks=
+  while read -r line 2>/dev/null || [ -n "$line" ]; do
+    case $line in *${MARK}=$token:*) marks="$marks$line" ;; esac
+    line=
+  done 2>/dev/null < $p/environ
+  [ -n "$marks" ] || continue
   for m in $live; do
-    case $env in ${MARK}=$token:$m\\;*) kill -9 -$pid 2>/dev/null; break ;; esac
+    case $marks in *${MARK}=$token:$m\\;*) kill -9 -$pid 2>/dev/null; break ;; esac
   done
 done
 }
-# Twice: a runtime that closes a child's copy of this pipe before its exec (rather than
-# at it) leaves a moment in which the child carries no mark yet; the first look takes
-# longer than that moment.
+# Twice: an exec closes the old program's descriptors (this pipe among them) a moment
+# before the new environment can be read, so a child exec'ing just as this process died
+# can show an empty one; the first look takes longer than that moment.
 sweep
 sweep
 exit 0
@@ -86,12 +95,23 @@ function watchdog() {
 // Each watchdog runs in its own group: a signal to OpenCode's group (a terminal's, a
 // harness's) leaves it standing to do its job. Neither it nor its stdin keeps the plugin's
 // process alive: it ends when it would have ended anyway.
-const ARGV = ["-c", SCRIPT, "boxd-watchdog", TOKEN];
+const ARGV = () => ["-c", SCRIPT, "boxd-watchdog", TOKEN, String(startTime())];
+
+// This process's start time, in clock ticks since boot; 0 (every process looked at) where
+// it cannot be read.
+function startTime() {
+  try {
+    const stat = fs.readFileSync("/proc/self/stat", "utf8");
+    return Number(stat.slice(stat.lastIndexOf(")") + 2).split(" ")[19]) || 0;
+  } catch {
+    return 0;
+  }
+}
 
 // Node writes to a child's stdin at once when nothing is queued before it (libuv tries the
 // write before queueing it), so a line is in the pipe when write() returns.
 function startUnderNode() {
-  const child = spawn("/bin/sh", ARGV, { stdio: ["pipe", "ignore", "ignore"], detached: true, env: {} });
+  const child = spawn("/bin/sh", ARGV(), { stdio: ["pipe", "ignore", "ignore"], detached: true, env: {} });
   const self = { write: (line) => child.stdin.write(line), end: () => child.stdin.end() };
   child.on("error", () => lost(self, null)); // it could not start: none from now on
   child.on("exit", () => lost(self));
@@ -108,7 +128,7 @@ function startUnderNode() {
 // in the pipe when a SIGKILL came, and the child outlived OpenCode. Bun.spawn's stdin is a
 // FileSink, whose flush() writes what it holds before returning.
 function startUnderBun() {
-  const child = Bun.spawn({ cmd: ["/bin/sh", ...ARGV], stdin: "pipe", stdout: "ignore", stderr: "ignore", detached: true, env: {} });
+  const child = Bun.spawn({ cmd: ["/bin/sh", ...ARGV()], stdin: "pipe", stdout: "ignore", stderr: "ignore", detached: true, env: {} });
   const settled = (r) => r?.catch?.(() => {}); // a write to a watchdog gone: its exit says so
   const self = {
     write: (line) => {
@@ -172,7 +192,7 @@ export function idle() {
 }
 
 /**
- * A new mark, announced: `env` is the [name, value] pair to put first in the environment of
+ * A new mark, announced: `env` is the [name, value] pair to put in the environment of
  * every child it guards, `release()` takes it back once they have all been reaped (what
  * they left running is then left alone). Where no watchdog can run, `env` is null.
  */
@@ -195,7 +215,7 @@ export function mark() {
   };
 }
 
-/** `env` with the mark `pair` ([name, value], or null for none) as its first variable. */
+/** `env` with the mark `pair` ([name, value], or null for none) added, as its first variable. */
 export function marked(pair, env) {
   if (!pair) return env;
   const [name, value] = pair;
