@@ -416,7 +416,8 @@ fn bridge(world: &World) {
         return row("OpenCode bridge, boxd_status", "n/a", "", None, "run npm run build in host-bridge/opencode");
     }
     // Under Node, and under Bun as OpenCode itself runs plugins (the opencode binary is Bun
-    // when BUN_BE_BUN=1): there every child runs on the plugin's thread (docs/architecture.md).
+    // when BUN_BE_BUN=1): there the worker runs its children with Bun.spawnSync
+    // (docs/architecture.md).
     let opencode = repo().join("tests/node_modules/.bin/opencode");
     let runtimes: [(&str, Command); 2] = [("Node", Command::new("node")), ("Bun in opencode", {
         let mut c = Command::new(&opencode);
