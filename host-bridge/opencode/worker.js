@@ -19,6 +19,7 @@ import { instantiate } from "./dist/boxd_component.js";
 import { createSandbox } from "./sandbox.js";
 import { REPLY, SHARED_WORDS, runInWorker, runsInWorker, threadId } from "./lib/inworker.js";
 import { spawnRecord } from "./lib/audit.js";
+import { partOf } from "./lib/watchdog.js";
 
 // No stacks: V8 records one for every Error made, and the shim makes one for each path a
 // call finds missing (its stat throws ENOENT, which it turns into `no-entry`): ~50 µs each,
@@ -42,14 +43,22 @@ const tid = threadId();
 parentPort.postMessage({ type: "ready", shared: shared.buffer, port: port2, tid }, [port2]);
 
 let currentCall = 0;
-// The current call's watchdog mark, for the children run here (lib/watchdog.js).
+// The current call's watchdog mark (its stem), and how many children it has run here: each
+// carries a mark of its own within the call's (lib/watchdog.js partOf), taken back as the
+// plugin's thread hears it was reaped, so what it left running is left alone.
 let currentMark = null;
+let childNo = 0;
 // The current call's spawn records (lib/audit.js), from both spawn paths: they go back
 // with its answer, for the audit line.
 let spawns = [];
 // Replies taken off the port, ever; the main thread raises REPLY once per reply it posts, so
 // the two differ exactly while a reply is on its way. Neither is reset between calls.
 let taken = 0;
+
+// A child's output files that something it left in its group may still write into: watched
+// by the plugin's thread (lib/outputs.js), which runs while this one is blocked in its next
+// call, as it does for the children it starts itself.
+const keepOnMain = (held) => parentPort.postMessage({ type: "kept", held });
 
 /** The WIT request as the glue hands it, with its options filled in. */
 function request(req) {
@@ -91,7 +100,9 @@ function runAll(reqs) {
   if (here >= 0) {
     // Told, not asked: the main thread reports progress and watches the output meanwhile.
     parentPort.postMessage({ type: "spawning", call, req: requests[here] });
-    results[here] = runInWorker(requests[here], workerData, shared, call, currentMark, (g) => (grants[here] = g));
+    const part = ++childNo;
+    results[here] = runInWorker(requests[here], workerData, shared, call, partOf(currentMark, part), (g) => (grants[here] = g), keepOnMain);
+    parentPort.postMessage({ type: "reaped", call, part });
     took[here] = performance.now() - started;
   }
   for (let got = 0, tries = 0; got < posted; ) {
@@ -158,6 +169,7 @@ prepareNext();
 parentPort.on("message", async (m) => {
   currentCall = m.id;
   currentMark = m.mark ?? null;
+  childNo = 0;
   spawns = [];
   const done = (r) => {
     parentPort.postMessage({ type: "done", id: m.id, ...r, spawns });

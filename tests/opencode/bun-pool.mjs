@@ -3,7 +3,10 @@
 // boxd_status call whose boxd CLI is DIR/boxd (a script the test wrote, noting its pids
 // in DIR/pids). It prints one JSON line, {runtime, answer}, then exits; the node test
 // looks at the pids. Scenarios: abort (abort once both children noted their pids), capped and timeout
-// (wait for the answer, at most 30 s), exit (process.exit while the children run). Never shipped.
+// (wait for the answer, at most 30 s), exit (process.exit while the children run), kept (a
+// second call made once the first is answered, with DIR/slow there: the answer carries
+// `goneMs`, how long after the first answer the process its CLI noted in DIR/pids was
+// gone, and `busy`, whether the second call was still running then). Never shipped.
 import fs from "node:fs";
 import path from "node:path";
 
@@ -37,6 +40,27 @@ if (scenario === "exit") {
 if (scenario === "abort") {
   while (!noted(4)) await sleep(20);
   abort.abort();
+}
+if (scenario === "kept") {
+  const first = await Promise.race([answer, sleep(30000).then(() => "no answer within 30 s")]);
+  const t0 = performance.now();
+  fs.writeFileSync(path.join(dir, "slow"), "");
+  let answered = false;
+  const second = pool.call("boxd_status", "{}", ctx).then((a) => ((answered = true), a));
+  const left = Number(fs.readFileSync(pids, "utf8").trim().split(/\s+/)[0]);
+  const gone = (pid) => {
+    try {
+      return fs.readFileSync(`/proc/${pid}/stat`, "utf8").split(") ")[1].startsWith("Z");
+    } catch {
+      return true;
+    }
+  };
+  while (!gone(left) && performance.now() - t0 < 20000) await sleep(20);
+  const result = { first, goneMs: gone(left) ? Math.round(performance.now() - t0) : null, busy: !answered };
+  await second;
+  say(result);
+  pool.close();
+  process.exit(0);
 }
 // Bounded: a child that outlives its kill would hold the answer for ever.
 say(await Promise.race([answer, sleep(30000).then(() => "no answer within 30 s")]));

@@ -179,6 +179,42 @@ describe("OpenCode killed or stopped mid-call", { skip }, () => {
     }
   });
 
+  // What a child of the component's worker left running in a group of its own (a CLI's own
+  // daemon, the environment kept) once that child was reaped is left alone when the plugin
+  // is killed later in the same call, as it is for a child of the plugin's thread: each
+  // worker child carries a mark of its own within the call's, taken back as it is reaped.
+  // The call's other child, still running, dies. Through the real pool.
+  for (const runtime of ["node", "bun"]) test(`${runtime}: what a worker's child left running once reaped is left alone when the plugin is killed mid-call`, async () => {
+    const dir = fs.realpathSync(fs.mkdtempSync(path.join(os.tmpdir(), "boxd-watchdog-daemon-")));
+    const noted = (name) => (fs.existsSync(path.join(dir, name)) ? fs.readFileSync(path.join(dir, name), "utf8").trim().split("\n").filter(Boolean).map(Number) : []);
+    try {
+      // machine list runs in the worker (the batch's first request): it leaves a daemon and
+      // answers; snapshots list, on the plugin's thread, hangs.
+      fs.writeFileSync(path.join(dir, "boxd"), `#!/bin/sh\nif [ "$1" = machine ]; then setsid sleep 30 & echo $! >> ${dir}/daemon; echo '[]'; exit 0; fi\necho $$ >> ${dir}/hung\nexec sleep 30\n`, { mode: 0o755 });
+      runScript(runtime, `
+        const policy = await import(${JSON.stringify(path.join(PLUGIN, "lib/policy.js"))});
+        const { Pool } = await import(${JSON.stringify(path.join(PLUGIN, "lib/pool.js"))});
+        const dir = ${JSON.stringify(dir)};
+        fs.mkdirSync(dir + "/proj");
+        const g = policy.resolveGrants({ options: { boxd: dir + "/boxd", ledgerDir: dir + "/ledger" }, directory: dir + "/proj", env: { PATH: process.env.PATH, HOME: dir } });
+        const pool = new Pool(g);
+        pool.call("boxd_status", "{}", { hostName: "opencode", hostVersion: "1.18.33", optionsJson: "{}", project: g.project, ledger: g.ledger, nowMs: Date.now(), entropy: new Uint8Array(32), approved: true });
+        const there = (f) => fs.existsSync(dir + "/" + f);
+        for (const t = Date.now(); !(there("daemon") && there("hung")) && Date.now() - t < 30000; ) await new Promise((r) => setTimeout(r, 20));
+        await new Promise((r) => setTimeout(r, 300)); // the worker's child reaped, and heard of
+        say({});
+        process.kill(process.pid, "SIGKILL");`);
+      const [daemon] = noted("daemon");
+      const [hung] = noted("hung");
+      left.push(daemon, hung);
+      assert.ok(daemon && hung, `the call's two children did not both start (daemon ${daemon}, hung ${hung})`);
+      assert.ok(await waitGone(hung, 10000), "the call's child still running outlived the plugin");
+      assert.equal(gone(daemon), false, "what the worker's reaped child left running was killed with the plugin");
+    } finally {
+      fs.rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
   // A child is guarded from its first instant, whichever thread starts it: the plugin's
   // process is killed the moment its component worker has forked a child (seen among the
   // worker thread's children, before or just after its exec), and the child and what it

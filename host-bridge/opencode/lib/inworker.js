@@ -22,7 +22,7 @@
 // child its own group, every request takes the plugin's thread (threadId below).
 import { spawnSync } from "node:child_process";
 import fs from "node:fs";
-import { OUTPUT_FILE_MARK, killLeftGroup, readStart, releaseOutputs, takeOutputFile } from "./outputs.js";
+import { OUTPUT_FILE_MARK, holdOutputs, keepOutputs, killLeftGroup, readStart, takeOutputFile } from "./outputs.js";
 import { BOUNDS, checkLaunch, overCap } from "./policy.js";
 import { marked } from "./watchdog.js";
 
@@ -87,9 +87,12 @@ export function runSync(binary, args, { cwd, env, stdio, timeout }) {
 /**
  * Run one child on this (worker) thread: the WIT spawn.run's answer. `shared` is the
  * worker's shared words; `call` the id of the call asking; `mark` its watchdog mark
- * ([name, value] or null, lib/watchdog.js).
+ * ([name, value] or null, lib/watchdog.js). `keep` takes the child's output files when
+ * something it left in its group may still write into them (lib/outputs.js holdOutputs):
+ * the shipped worker hands them to the plugin's thread, which watches them while this
+ * thread is blocked in its next call; by default this thread keeps them.
  */
-export function runInWorker(req, grants, shared, call, mark, onGrant = () => {}) {
+export function runInWorker(req, grants, shared, call, mark, onGrant = () => {}, keep = keepOutputs) {
   if (Atomics.load(shared, ABORTED) === call) return err("failed", "the user aborted this tool call");
   const launch = checkLaunch(req, grants);
   if (launch.refused) return launch.refused;
@@ -138,8 +141,9 @@ export function runInWorker(req, grants, shared, call, mark, onGrant = () => {})
     return err("failed", `${req.program}: ${e.message}`);
   } finally {
     // Kept while the child's group lives (what it left running may write on), checked
-    // against the caps between this worker's calls.
-    releaseOutputs(group, files.map((fd, i) => [fd, i ? BOUNDS.stderr : BOUNDS.stdout]));
+    // against the caps by whichever thread `keep` hands them to.
+    const held = holdOutputs(group, files.map((fd, i) => [fd, i ? BOUNDS.stderr : BOUNDS.stdout]));
+    if (held) keep(held);
   }
 }
 

@@ -183,16 +183,33 @@ function closeAll(files) {
  * its process group `group` still has members, keep them under the sweep above.
  */
 export function releaseOutputs(group, files) {
+  const held = holdOutputs(group, files);
+  if (held) keepOutputs(held);
+}
+
+/**
+ * releaseOutputs's first half, on the thread that reaped the child: its output files
+ * closed (null), or what keepOutputs needs to keep them ({group, files, members}, plain
+ * data: a worker hands it to the plugin's thread, whose sweep runs while the worker is
+ * blocked in its next call; descriptors are the process's, whichever thread holds them).
+ */
+export function holdOutputs(group, files) {
   // Who is in it now, while it is certainly the child's, to know it later (stillOurs); on
   // the answer's path, so only for a child that left something in its group: a look
   // through /proc takes ~50 µs a process here. Nothing is kept where /proc cannot tell.
   const members = groupLives(group) ? membersOf(group) : [];
-  if (!members.length) return closeAll(files);
-  for (const held of leftBehind) {
+  if (members.length) return { group, files, members };
+  closeAll(files);
+  return null;
+}
+
+/** Keep a child's output files under the sweep above (`held` from holdOutputs). */
+export function keepOutputs(held) {
+  for (const kept of leftBehind) {
     if (leftBehind.size < HELD_GROUPS) break;
-    letGo(held, true);
+    letGo(kept, true);
   }
-  leftBehind.add({ group, files, members });
+  leftBehind.add(held);
   if (!sweeping) {
     sweeping = setInterval(sweep, SWEEP_MS);
     sweeping.unref?.();

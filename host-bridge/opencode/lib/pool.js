@@ -10,6 +10,7 @@
 // is handed to the waiting worker through its port and an Atomics word.
 import { Worker } from "node:worker_threads";
 import { ABORTED, REPLY, killChildrenOf, watchOutput } from "./inworker.js";
+import { keepOutputs } from "./outputs.js";
 import { runChild } from "./policy.js";
 import { mark } from "./watchdog.js";
 
@@ -147,12 +148,14 @@ export class Pool {
           });
           job.unwatch = watchOutput(slot.tid, slot.shared, () => job.aborted);
           // Announced before the worker can start a child with it (lib/watchdog.js), and
-          // taken back once the call's children have all been reaped: at its answer, or
-          // once its worker has exited. describe runs no child, and starts no watchdog.
+          // taken back once the call's children have all been reaped: each as the worker
+          // says it reaped it, the rest at the answer, or once its worker has exited.
+          // describe runs no child, and starts no watchdog.
           if (job.msg.type !== "describe") {
             const guard = mark();
-            job.msg.mark = guard.env;
+            job.msg.mark = guard.parts;
             job.release = guard.release;
+            job.releasePart = guard.releasePart;
           }
         }
         // The call's clock is read as it reaches its worker, not when it was asked: a call
@@ -182,6 +185,10 @@ export class Pool {
         this.#spawn(slot, m);
       } else if (m.type === "spawning") {
         progress(slot.job, m.req);
+      } else if (m.type === "kept") {
+        keepOutputs(m.held);
+      } else if (m.type === "reaped") {
+        if (slot.job?.msg.id === m.call) slot.job.releasePart?.(m.part);
       } else if (m.type === "done" && slot.job?.msg.id === m.id) {
         const job = slot.job;
         job.unwatch?.();

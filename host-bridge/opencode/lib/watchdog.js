@@ -6,9 +6,11 @@
 //
 // One watchdog a process stands in: /bin/sh reading a pipe only this process holds. Every
 // child is started with a mark in its environment, BOXD_BRIDGE_CALL=<token>:<n>; — the
-// token drawn once for this process (128 random bits), n one call's or one child's number.
-// A mark is announced to the watchdog ("+ n") before any child carries it, and taken back
-// ("- n") once every child that carried it has been reaped. When the pipe ends with marks
+// token drawn once for this process (128 random bits), n a number — or, for a child the
+// component's worker runs, <token>:<n>.<k>;, n its call's number and k the child's within
+// the call. A mark is announced to the watchdog ("+ n") before any child carries it, and
+// taken back ("- n") once every child that carried it has been reaped; a worker's child is
+// taken back alone ("- n.k") as soon as the plugin's thread hears it was reaped. When the pipe ends with marks
 // still announced (this process is gone, however it ended: an idle plugin ends it with
 // none), the watchdog looks through /proc for the leaders of process groups, still running
 // and started since this process, whose environment carries one of those marks (anywhere
@@ -41,18 +43,25 @@ const SCRIPT = `
 token=$1
 since=$2
 live=
+parts=
 while read -r op n; do
-  case $n in ''|*[!0-9]*) continue ;; esac
-  case $op in
-    +) live="$live $n" ;;
-    -) kept=; for m in $live; do [ "$m" = "$n" ] || kept="$kept $m"; done; live=$kept ;;
+  case $n in ''|*[!0-9.]*|.*|*.|*.*.*) continue ;; esac
+  case $op:$n in
+    +:*.*) ;;
+    +:*) live="$live $n" ;;
+    -:*.*) parts="$parts $n" ;;
+    -:*)
+      kept=; for m in $live; do [ "$m" = "$n" ] || kept="$kept $m"; done; live=$kept
+      kept=; for r in $parts; do [ "\${r%%.*}" = "$n" ] || kept="$kept $r"; done; parts=$kept ;;
   esac
 done
 [ -n "$live" ] || exit 0
 sweep() {
 for p in /proc/[0-9]*; do
   pid=\${p#/proc/}
-  read -r stat 2>/dev/null < $p/stat || continue
+  # Its last line: a process's name may hold a newline.
+  stat=
+  while read -r line || [ -n "$line" ]; do stat=$line; line=; done 2>/dev/null < $p/stat
   set -- \${stat##*) }
   # A group's leader (its pgrp, the third field after the name, is its pid), not a zombie,
   # started no earlier than this process (the 22nd field).
@@ -64,7 +73,11 @@ for p in /proc/[0-9]*; do
   done 2>/dev/null < $p/environ
   [ -n "$marks" ] || continue
   for m in $live; do
-    case $marks in *${MARK}=$token:$m\\;*) kill -9 -$pid 2>/dev/null; break ;; esac
+    case $marks in *${MARK}=$token:$m[.\\;]*) ;; *) continue ;; esac
+    # A worker's child already reaped: what it left is left alone.
+    for r in $parts; do case $marks in *${MARK}=$token:$r\\;*) continue 2 ;; esac; done
+    kill -9 -$pid 2>/dev/null
+    break
   done
 done
 }
@@ -194,10 +207,12 @@ export function idle() {
 /**
  * A new mark, announced: `env` is the [name, value] pair to put in the environment of
  * every child it guards, `release()` takes it back once they have all been reaped (what
- * they left running is then left alone). Where no watchdog can run, `env` is null.
+ * they left running is then left alone). `parts` is the pair's stem for a worker's
+ * children (partOf), `releasePart(k)` takes back its child k alone once reaped. Where no
+ * watchdog can run, `env` and `parts` are null.
  */
 export function mark() {
-  if (!watchdog()) return { env: null, release: () => {} };
+  if (!watchdog()) return { env: null, parts: null, release: () => {}, releasePart: () => {} };
   const n = ++made;
   live.add(n);
   ending = false;
@@ -205,6 +220,10 @@ export function mark() {
   let done = false;
   return {
     env: [MARK, `${TOKEN}:${n};`],
+    parts: [MARK, `${TOKEN}:${n}`],
+    releasePart: (k) => {
+      if (!done && Number.isInteger(k) && k > 0) tell(`- ${n}.${k}\n`);
+    },
     release: () => {
       if (done) return;
       done = true;
@@ -213,6 +232,11 @@ export function mark() {
       endIfIdle();
     },
   };
+}
+
+/** The mark pair of child `k` (1, 2, …) of a mark's `parts` stem, or null for none. */
+export function partOf(parts, k) {
+  return parts ? [parts[0], `${parts[1]}.${k};`] : null;
 }
 
 /** `env` with the mark `pair` ([name, value], or null for none) added, as its first variable. */
