@@ -101,20 +101,29 @@ describe("OpenCode killed or stopped mid-call", { skip }, () => {
   });
 
   // A watchdog killed by someone else while it guards a child: the next one is started at
-  // once and told of the marks still held, so the child still dies with the plugin's
-  // process, as does one guarded after.
+  // once and told of the marks still held, and of the parts of them taken back, so the
+  // child still dies with the plugin's process, as does one guarded after, and a reaped
+  // worker child's leftover (its part taken back) is still left alone.
   for (const runtime of ["node", "bun"]) test(`${runtime}: a watchdog killed by someone else is replaced, and its children still guarded`, async () => {
     const seen = JSON.parse(runScript(runtime, `
       const before = child(w.mark());
+      const call = w.mark();
+      const part = (k) => spawn("sleep", ["30"], { detached: true, stdio: "ignore", env: w.marked(w.partOf(call.parts, k), { PATH: process.env.PATH }) });
+      const reaped = part(1);
+      const running = part(2);
+      call.releasePart(1);
       const first = await killWatchdog();
       const after = child(w.mark());
-      say({ before: before.pid, after: after.pid, first, second: w.watchdogPid });
+      say({ before: before.pid, after: after.pid, reaped: reaped.pid, running: running.pid, first, second: w.watchdogPid });
       for (const t = Date.now(); Date.now() - t < 50; );
       process.kill(process.pid, "SIGKILL");`));
     assert.ok(seen.second && seen.second !== seen.first, `no watchdog took over from the one killed (${JSON.stringify(seen)})`);
     assert.ok(await waitGone(seen.before, 10000), "a child guarded by the killed watchdog outlived its process");
     assert.ok(await waitGone(seen.after, 10000), "a child guarded after the watchdog was killed outlived its process");
+    assert.ok(await waitGone(seen.running, 10000), "a worker child still running outlived its process");
     assert.ok(await waitGone(seen.second, 10000), "the watchdog that took over stayed after its work was done");
+    left.push(seen.reaped);
+    assert.equal(gone(seen.reaped), false, "the watchdog that took over killed what a reaped worker child left running");
   });
 
   // The watchdog kills only groups whose leader carries a mark of this process still held.
@@ -141,12 +150,18 @@ describe("OpenCode killed or stopped mid-call", { skip }, () => {
         unmarked: child(null),
         otherToken: spawn("sleep", ["30"], { detached: true, stdio: "ignore", env: { [name]: "0".repeat(32) + value.slice(32) } }),
       };
+      // A process name with a newline in it (the name is the program file's): /proc/PID/stat
+      // then spans two lines.
+      const nl = fs.mkdtempSync("/tmp/boxd-watchdog-nl-");
+      fs.symlinkSync("/bin/sleep", nl + "/a\\nb");
+      pids.newline = spawn(nl + "/a\\nb", ["30"], { detached: true, stdio: "ignore", env: w.marked(held.env, { PATH: process.env.PATH }) });
       if (fs.existsSync("/bin/bash")) pids.bash = spawn("/bin/bash", ["-c", "true; sleep 30"], { detached: true, stdio: "ignore", env: w.marked(held.env, { PATH: process.env.PATH, HOME: "/nowhere" }) });
       let out = "";
       pids.held.stdout.on("data", (d) => (out += d));
       while (out.split("\\n").length < 3) await new Promise((r) => setTimeout(r, 10));
       const [grandchild, ownGroup] = out.split("\\n").map(Number);
       await new Promise((r) => setTimeout(r, 200)); // the setsid children started
+      fs.rmSync(nl, { recursive: true, force: true });
       answered.release();
       say({ ...Object.fromEntries(Object.entries(pids).map(([k, c]) => [k, c.pid])), grandchild, ownGroup, watchdog: w.watchdogPid });
       process.kill(process.pid, "SIGKILL");`));
@@ -166,8 +181,8 @@ describe("OpenCode killed or stopped mid-call", { skip }, () => {
       assert.ok(await waitGone(seen.held, 10000), "a child whose mark was held outlived the plugin");
       assert.ok(await waitGone(seen.grandchild, 10000), "a grandchild in the held child's group outlived the plugin");
       assert.ok(await waitGone(seen.ownGroup, 10000), "a group the held child made, with its environment, outlived the plugin");
-      for (const what of ["wrapped", "markLast", "bash"].filter((k) => seen[k])) {
-        assert.ok(await waitGone(seen[what], 10000), `a held child whose mark is not first in its environment outlived the plugin (${what})`);
+      for (const what of ["wrapped", "markLast", "bash", "newline"].filter((k) => seen[k])) {
+        assert.ok(await waitGone(seen[what], 10000), `a held child outlived the plugin (${what}: its mark moved from first place, or its name holding a newline)`);
       }
       for (const [what, pid] of [["answered", seen.answered], ["unmarked", seen.unmarked], ["otherToken", seen.otherToken]]) {
         assert.equal(gone(pid), false, `the watchdog killed a process it should have left alone (${what})`);
@@ -210,6 +225,96 @@ describe("OpenCode killed or stopped mid-call", { skip }, () => {
       assert.ok(daemon && hung, `the call's two children did not both start (daemon ${daemon}, hung ${hung})`);
       assert.ok(await waitGone(hung, 10000), "the call's child still running outlived the plugin");
       assert.equal(gone(daemon), false, "what the worker's reaped child left running was killed with the plugin");
+    } finally {
+      fs.rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
+  // A plugin disposed with a call in flight (pool.close(), then the watchdog's idle()): the
+  // call is answered, its children on both threads are killed, and the watchdog ends once
+  // the worker has exited and let go of the call's mark. Through the real pool.
+  for (const runtime of ["node", "bun"]) test(`${runtime}: closing the pool mid-call kills the call's children and the watchdog ends`, async () => {
+    const dir = fs.realpathSync(fs.mkdtempSync(path.join(os.tmpdir(), "boxd-watchdog-close-")));
+    try {
+      fs.writeFileSync(path.join(dir, "boxd"), `#!/bin/sh\necho $$ >> ${dir}/pids\nexec sleep 30\n`, { mode: 0o755 });
+      const seen = JSON.parse(runScript(runtime, `
+        const policy = await import(${JSON.stringify(path.join(PLUGIN, "lib/policy.js"))});
+        const { Pool } = await import(${JSON.stringify(path.join(PLUGIN, "lib/pool.js"))});
+        const dir = ${JSON.stringify(dir)};
+        fs.mkdirSync(dir + "/proj");
+        const g = policy.resolveGrants({ options: { boxd: dir + "/boxd", ledgerDir: dir + "/ledger" }, directory: dir + "/proj", env: { PATH: process.env.PATH, HOME: dir } });
+        const pool = new Pool(g);
+        const answer = pool.call("boxd_status", "{}", { hostName: "opencode", hostVersion: "1.18.33", optionsJson: "{}", project: g.project, ledger: g.ledger, nowMs: Date.now(), entropy: new Uint8Array(32), approved: true });
+        const pids = () => (fs.existsSync(dir + "/pids") ? fs.readFileSync(dir + "/pids", "utf8").trim().split("\\n").map(Number) : []);
+        for (const t = Date.now(); pids().length < 2 && Date.now() - t < 30000; ) await new Promise((r) => setTimeout(r, 20));
+        const watchdog = w.watchdogPid;
+        pool.close();
+        w.idle();
+        const answered = await Promise.race([answer, new Promise((r) => setTimeout(() => r(null), 10000))]);
+        const childrenGone = (await Promise.all(pids().map((pid) => waitGone(pid, 5000)))).every(Boolean);
+        const watchdogEnded = await waitGone(watchdog, 10000);
+        say({ answered, children: pids(), childrenGone, watchdog, watchdogEnded });
+        process.exit(0);`));
+      left.push(...(seen.children ?? []));
+      assert.equal(seen.children.length, 2, `the call's two children did not both start (${JSON.stringify(seen)})`);
+      assert.match(JSON.stringify(seen.answered), /shutting down/, "the call in flight was not answered at close()");
+      assert.ok(seen.childrenGone, "a child of the closed pool's call outlived close()");
+      assert.ok(seen.watchdog && seen.watchdogEnded, "the watchdog of a disposed plugin stayed after its worker had exited");
+    } finally {
+      fs.rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
+  // A worker's exit closes no descriptor the plugin's thread holds. A worker child's output
+  // files, kept after its answer while something it left in its group ran, are handed to
+  // the plugin's thread, which closes them once that group is gone (here: killed for writing
+  // past the stderr cap, which does not wait on init to reap it); Node, by default,
+  // also closed every file a worker had opened when the worker exited, so the numbers,
+  // reused meanwhile by the plugin's thread for other files, were closed under it.
+  for (const runtime of ["node", "bun"]) test(`${runtime}: a worker's exit closes none of the plugin thread's descriptors`, async () => {
+    const dir = fs.realpathSync(fs.mkdtempSync(path.join(os.tmpdir(), "boxd-watchdog-fds-")));
+    try {
+      // machine list runs in the worker; what it leaves in its group writes past the cap.
+      fs.writeFileSync(path.join(dir, "boxd"), `#!/bin/sh\nif [ "$1" = machine ]; then (sleep 0.3; head -c 2000000 /dev/zero >&2; exec sleep 30) & fi\necho '[]'\n`, { mode: 0o755 });
+      const seen = JSON.parse(runScript(runtime, `
+        const policy = await import(${JSON.stringify(path.join(PLUGIN, "lib/policy.js"))});
+        const { Pool } = await import(${JSON.stringify(path.join(PLUGIN, "lib/pool.js"))});
+        const dir = ${JSON.stringify(dir)};
+        fs.mkdirSync(dir + "/proj");
+        const g = policy.resolveGrants({ options: { boxd: dir + "/boxd", ledgerDir: dir + "/ledger" }, directory: dir + "/proj", env: { PATH: process.env.PATH, HOME: dir } });
+        const pool = new Pool(g);
+        const fds = () => fs.readdirSync("/proc/self/fd").map(Number);
+        const before = fds();
+        await pool.call("boxd_status", "{}", { hostName: "opencode", hostVersion: "1.18.33", optionsJson: "{}", project: g.project, ledger: g.ledger, nowMs: Date.now(), entropy: new Uint8Array(32), approved: true });
+        // The kept files: output files with something in them (the spare ones are empty).
+        const output = (fd) => {
+          try {
+            return fs.readlinkSync("/proc/self/fd/" + fd).includes(".boxd-bridge-") && fs.fstatSync(fd).size > 0;
+          } catch {
+            return false;
+          }
+        };
+        const held = fds().filter(output);
+        // Its group killed past the cap and its kept files closed by the plugin's thread.
+        for (const t = Date.now(); held.some(output) && Date.now() - t < 10000; ) await new Promise((r) => setTimeout(r, 50));
+        const freed = held.filter((fd) => !output(fd)).length;
+        // Files of the plugin's thread, taking the lowest free numbers: those just closed.
+        const victims = Array.from({ length: 16 }, (_, i) => fs.openSync(dir + "/victim" + i, "w"));
+        const exited = new Promise((r) => setTimeout(r, 3000));
+        pool.close();
+        await exited; // the worker has exited
+        const closed = victims.filter((fd) => {
+          try {
+            fs.fstatSync(fd);
+            return false;
+          } catch {
+            return true;
+          }
+        });
+        say({ victims, closed, freed });
+        process.exit(0);`));
+      assert.ok(seen.victims?.length === 16 && seen.freed >= 1, `the kept files were never let go, so nothing was checked (${JSON.stringify(seen)})`);
+      assert.deepEqual(seen.closed, [], `a worker's exit closed descriptors of the plugin's thread (${JSON.stringify(seen)})`);
     } finally {
       fs.rmSync(dir, { recursive: true, force: true });
     }

@@ -191,7 +191,8 @@ export function releaseOutputs(group, files) {
  * releaseOutputs's first half, on the thread that reaped the child: its output files
  * closed (null), or what keepOutputs needs to keep them ({group, files, members}, plain
  * data: a worker hands it to the plugin's thread, whose sweep runs while the worker is
- * blocked in its next call; descriptors are the process's, whichever thread holds them).
+ * blocked in its next call; descriptors are the process's, whichever thread holds them, as
+ * long as Node is not told to close a worker's at its exit: lib/pool.js).
  */
 export function holdOutputs(group, files) {
   // Who is in it now, while it is certainly the child's, to know it later (stillOurs); on

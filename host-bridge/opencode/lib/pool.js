@@ -170,7 +170,13 @@ export class Pool {
 
   #start() {
     const { preopens, ledger, programs, programPolicies, childEnv, runAllMax } = this.#grants;
-    const worker = new Worker(new URL("../dist/worker.js", import.meta.url), { workerData: { preopens, ledger, programs, programPolicies, childEnv, runAllMax } });
+    // trackUnmanagedFds off: Node closes, at a worker's exit, every descriptor the worker
+    // opened and did not close, and a child's output files kept after its answer are
+    // opened there but watched and closed by this thread (lib/outputs.js keepOutputs). Node
+    // would close them under this thread, or close numbers since reused by others. Bun
+    // never closes them. So a worker ended mid-call leaves its few open files (the spare
+    // output files, the call's own) open until this process exits.
+    const worker = new Worker(new URL("../dist/worker.js", import.meta.url), { workerData: { preopens, ledger, programs, programPolicies, childEnv, runAllMax }, trackUnmanagedFds: false });
     worker.unref();
     const slot = { worker, job: null, shared: null, port: null, tid: undefined };
     slot.ready = new Promise((resolve) => (slot.onReady = resolve));

@@ -23,9 +23,9 @@
 // the pipe ends only once its environment is the one with the mark.
 //
 // Left alone: a child that had exited (its group's leader gone), with what it left behind,
-// and what a call answered before left running (its mark taken back). A call's processes
-// that made groups of their own and kept the environment are killed with it (its mark not
-// yet taken back). Linux only (it reads /proc); elsewhere children still outlive a SIGKILL.
+// in its group or in one of its own (its mark, or its part of the call's, taken back).
+// What a child still running made in a group of its own, keeping the environment, is
+// killed with it. Linux only (it reads /proc); elsewhere children still outlive a SIGKILL.
 import { spawn } from "node:child_process";
 import { randomBytes } from "node:crypto";
 import fs from "node:fs";
@@ -158,7 +158,8 @@ function startUnderBun() {
 }
 
 // A watchdog that ended while it was still this process's (killed by someone, or a
-// failure): the next one is started at once and told every mark still announced. `next`
+// failure): the next one is started at once and told every mark still announced, and the
+// parts of them already taken back. `next`
 // null: none can be started, and none is tried again; nor after REPLACEMENTS, so one that
 // cannot live does not make a process of every turn.
 const REPLACEMENTS = 10;
@@ -170,7 +171,10 @@ function lost(self, next = undefined) {
   if (pipe !== undefined || live.size === 0) return;
   replaced++;
   watchdog();
-  for (const n of live) tell(`+ ${n}\n`);
+  for (const n of live) {
+    tell(`+ ${n}\n`);
+    for (const k of parts.get(n) ?? []) tell(`- ${n}.${k}\n`);
+  }
 }
 
 // A line to the watchdog running as it is written. Never throws: a watchdog gone is heard
@@ -187,6 +191,7 @@ export let watchdogPid;
 // Marks announced and not yet taken back; and whether the plugin was disposed, so the
 // watchdog ends once the last of them is: a disposed plugin leaves no process.
 const live = new Set();
+const parts = new Map(); // mark → the parts of it taken back (a worker's children reaped)
 let made = 0;
 let ending = false;
 function endIfIdle() {
@@ -222,12 +227,16 @@ export function mark() {
     env: [MARK, `${TOKEN}:${n};`],
     parts: [MARK, `${TOKEN}:${n}`],
     releasePart: (k) => {
-      if (!done && Number.isInteger(k) && k > 0) tell(`- ${n}.${k}\n`);
+      if (done || !Number.isInteger(k) || k < 1) return;
+      if (!parts.has(n)) parts.set(n, new Set());
+      parts.get(n).add(k);
+      tell(`- ${n}.${k}\n`);
     },
     release: () => {
       if (done) return;
       done = true;
       live.delete(n);
+      parts.delete(n);
       tell(`- ${n}\n`);
       endIfIdle();
     },
