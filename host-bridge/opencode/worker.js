@@ -20,6 +20,7 @@ import { createSandbox } from "./sandbox.js";
 import { REPLY, SHARED_WORDS, runInWorker, runsInWorker, threadId } from "./lib/inworker.js";
 import { spawnRecord } from "./lib/audit.js";
 import { partOf } from "./lib/watchdog.js";
+import { closeSpareOutputs } from "./lib/outputs.js";
 
 // No stacks: V8 records one for every Error made, and the shim makes one for each path a
 // call finds missing (its stat throws ENOENT, which it turns into `no-entry`): ~50 µs each,
@@ -101,8 +102,11 @@ function runAll(reqs) {
     // Told, not asked: the main thread reports progress and watches the output meanwhile.
     parentPort.postMessage({ type: "spawning", call, req: requests[here] });
     const part = ++childNo;
-    results[here] = runInWorker(requests[here], workerData, shared, call, partOf(currentMark, part), (g) => (grants[here] = g), keepOnMain);
-    parentPort.postMessage({ type: "reaped", call, part });
+    results[here] = runInWorker(requests[here], workerData, shared, call, partOf(currentMark, part), {
+      onGrant: (g) => (grants[here] = g),
+      keep: keepOnMain,
+      onReaped: () => parentPort.postMessage({ type: "reaped", call, part }),
+    });
     took[here] = performance.now() - started;
   }
   for (let got = 0, tries = 0; got < posted; ) {
@@ -167,6 +171,12 @@ function take() {
 prepareNext();
 
 parentPort.on("message", async (m) => {
+  // The pool closes an idle worker: its spare output files closed here (no one else knows
+  // them), then it is ended (lib/pool.js).
+  if (m.type === "close") {
+    closeSpareOutputs();
+    return parentPort.postMessage({ type: "closed" });
+  }
   currentCall = m.id;
   currentMark = m.mark ?? null;
   childNo = 0;

@@ -320,6 +320,45 @@ describe("OpenCode killed or stopped mid-call", { skip }, () => {
     }
   });
 
+  // A pool closed while idle leaves no output file open: its workers close their spare
+  // output files, which only they know, before they end (they run with trackUnmanagedFds
+  // off, so nothing else would). A long-lived OpenCode disposes and makes plugin instances.
+  for (const runtime of ["node", "bun"]) test(`${runtime}: closing idle pools leaves no output file open`, async () => {
+    const dir = fs.realpathSync(fs.mkdtempSync(path.join(os.tmpdir(), "boxd-watchdog-spares-")));
+    try {
+      fs.writeFileSync(path.join(dir, "boxd"), "#!/bin/sh\necho '[]'\n", { mode: 0o755 });
+      const seen = JSON.parse(runScript(runtime, `
+        const policy = await import(${JSON.stringify(path.join(PLUGIN, "lib/policy.js"))});
+        const { Pool } = await import(${JSON.stringify(path.join(PLUGIN, "lib/pool.js"))});
+        const dir = ${JSON.stringify(dir)};
+        fs.mkdirSync(dir + "/proj");
+        const g = policy.resolveGrants({ options: { boxd: dir + "/boxd", ledgerDir: dir + "/ledger" }, directory: dir + "/proj", env: { PATH: process.env.PATH, HOME: dir } });
+        const open = () => fs.readdirSync("/proc/self/fd").filter((fd) => {
+          try {
+            return fs.readlinkSync("/proc/self/fd/" + fd).includes(".boxd-bridge-");
+          } catch {
+            return false;
+          }
+        }).length;
+        const counts = [];
+        for (let round = 0; round < 4; round++) {
+          const pool = new Pool(g);
+          const answer = await pool.call("boxd_status", "{}", { hostName: "opencode", hostVersion: "1.18.33", optionsJson: "{}", project: g.project, ledger: g.ledger, nowMs: Date.now(), entropy: new Uint8Array(32), approved: true });
+          if (!answer.ok) throw new Error(JSON.stringify(answer));
+          await new Promise((r) => setTimeout(r, 100)); // the worker's spares made again
+          pool.close();
+          await new Promise((r) => setTimeout(r, 1500)); // the worker ended
+          counts.push(open());
+        }
+        say({ counts });
+        process.exit(0);`));
+      assert.equal(seen.counts?.length, 4, JSON.stringify(seen));
+      assert.ok(seen.counts[3] <= seen.counts[0], `output files left open grew with each closed pool: ${seen.counts.join(", ")}`);
+    } finally {
+      fs.rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
   // A child is guarded from its first instant, whichever thread starts it: the plugin's
   // process is killed the moment its component worker has forked a child (seen among the
   // worker thread's children, before or just after its exec), and the child and what it

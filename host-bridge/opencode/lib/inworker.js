@@ -86,13 +86,15 @@ export function runSync(binary, args, { cwd, env, stdio, timeout }) {
 
 /**
  * Run one child on this (worker) thread: the WIT spawn.run's answer. `shared` is the
- * worker's shared words; `call` the id of the call asking; `mark` its watchdog mark
- * ([name, value] or null, lib/watchdog.js). `keep` takes the child's output files when
- * something it left in its group may still write into them (lib/outputs.js holdOutputs):
- * the shipped worker hands them to the plugin's thread, which watches them while this
- * thread is blocked in its next call; by default this thread keeps them.
+ * worker's shared words; `call` the id of the call asking; `mark` the child's watchdog
+ * mark ([name, value] or null, lib/watchdog.js). Hooks: `onGrant(grant)` hears the grant
+ * it ran under; `onReaped()` is called as soon as the child has been reaped; `keep(held)`
+ * takes the child's output files when something it left in its group may still write
+ * into them (lib/outputs.js holdOutputs): the shipped worker hands them to the plugin's
+ * thread, which watches them while this thread is blocked in its next call; by default
+ * this thread keeps them.
  */
-export function runInWorker(req, grants, shared, call, mark, onGrant = () => {}, keep = keepOutputs) {
+export function runInWorker(req, grants, shared, call, mark, { onGrant = () => {}, keep = keepOutputs, onReaped = () => {} } = {}) {
   if (Atomics.load(shared, ABORTED) === call) return err("failed", "the user aborted this tool call");
   const launch = checkLaunch(req, grants);
   if (launch.refused) return launch.refused;
@@ -112,6 +114,7 @@ export function runInWorker(req, grants, shared, call, mark, onGrant = () => {},
       stdio: ["ignore", out, errOut],
       timeout: Math.max(1, req.timeoutMs),
     });
+    onReaped(); // before anything else: the watchdog takes its mark back (what it left is left alone)
     group = r.pid;
     if (r.error?.code === "ENOENT") return err("not-found", launch.binary);
     if (r.error && r.error.code !== "ETIMEDOUT") return err("failed", `${launch.binary}: ${r.error.message}`);

@@ -25,18 +25,26 @@ function makeOutputFile() {
 const SPARE_OUTPUTS = 4;
 const spareOutputs = [];
 let refilling = false;
+let closed = false;
 export function takeOutputFile() {
   const fd = spareOutputs.pop() ?? makeOutputFile();
-  if (!refilling) {
+  if (!refilling && !closed) {
     refilling = true;
     setImmediate(() => {
       refilling = false;
+      if (closed) return;
       try {
         while (spareOutputs.length < SPARE_OUTPUTS) spareOutputs.push(makeOutputFile());
       } catch {} // the next child makes its own, and reports the failure
     });
   }
   return fd;
+}
+
+/** Close the spare output files, and make no more (a worker about to end). */
+export function closeSpareOutputs() {
+  closed = true;
+  closeAll(spareOutputs.splice(0).map((fd) => [fd]));
 }
 
 /** Up to `limit` bytes from the start of the file `fd`. */

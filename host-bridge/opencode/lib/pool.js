@@ -80,7 +80,14 @@ export class Pool {
         childThreads.delete(s.tid);
         job?.release?.();
       });
-      s.worker.terminate();
+      if (job) {
+        s.worker.terminate();
+        continue;
+      }
+      // An idle worker first closes its spare output files, which only it knows (workers
+      // run with trackUnmanagedFds off, below); ended when it says so, or after a second.
+      s.worker.postMessage({ type: "close" });
+      setTimeout(() => s.worker.terminate(), 1000).unref?.();
     }
     this.#workers = [];
     for (const job of jobs) job.resolve({ trap: "the plugin is shutting down" });
@@ -174,8 +181,9 @@ export class Pool {
     // opened and did not close, and a child's output files kept after its answer are
     // opened there but watched and closed by this thread (lib/outputs.js keepOutputs). Node
     // would close them under this thread, or close numbers since reused by others. Bun
-    // never closes them. So a worker ended mid-call leaves its few open files (the spare
-    // output files, the call's own) open until this process exits.
+    // never closes them. So a worker closes its spare output files itself when the pool
+    // closes (close()), and one ended mid-call leaves its few open files (its spares, its
+    // call's own) open until this process exits.
     const worker = new Worker(new URL("../dist/worker.js", import.meta.url), { workerData: { preopens, ledger, programs, programPolicies, childEnv, runAllMax }, trackUnmanagedFds: false });
     worker.unref();
     const slot = { worker, job: null, shared: null, port: null, tid: undefined };
@@ -193,6 +201,8 @@ export class Pool {
         progress(slot.job, m.req);
       } else if (m.type === "kept") {
         keepOutputs(m.held);
+      } else if (m.type === "closed") {
+        worker.terminate();
       } else if (m.type === "reaped") {
         if (slot.job?.msg.id === m.call) slot.job.releasePart?.(m.part);
       } else if (m.type === "done" && slot.job?.msg.id === m.id) {
