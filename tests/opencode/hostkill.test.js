@@ -5,7 +5,7 @@
 // from the ledger. Real `opencode serve` with the plugin, boxd-local with a `hang` fault.
 import { test, describe, after } from "node:test";
 import assert from "node:assert/strict";
-import { execFileSync, spawn } from "node:child_process";
+import { execFileSync, spawn, spawnSync } from "node:child_process";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
@@ -207,13 +207,9 @@ describe("OpenCode killed or stopped mid-call", { skip }, () => {
       // answers; snapshots list, on the plugin's thread, hangs.
       fs.writeFileSync(path.join(dir, "boxd"), `#!/bin/sh\nif [ "$1" = machine ]; then setsid sleep 30 & echo $! >> ${dir}/daemon; echo '[]'; exit 0; fi\necho $$ >> ${dir}/hung\nexec sleep 30\n`, { mode: 0o755 });
       runScript(runtime, `
-        const policy = await import(${JSON.stringify(path.join(PLUGIN, "lib/policy.js"))});
-        const { Pool } = await import(${JSON.stringify(path.join(PLUGIN, "lib/pool.js"))});
         const dir = ${JSON.stringify(dir)};
-        fs.mkdirSync(dir + "/proj");
-        const g = policy.resolveGrants({ options: { boxd: dir + "/boxd", ledgerDir: dir + "/ledger" }, directory: dir + "/proj", env: { PATH: process.env.PATH, HOME: dir } });
-        const pool = new Pool(g);
-        pool.call("boxd_status", "{}", { hostName: "opencode", hostVersion: "1.18.33", optionsJson: "{}", project: g.project, ledger: g.ledger, nowMs: Date.now(), entropy: new Uint8Array(32), approved: true });
+        const { pool, status } = await poolIn(dir);
+        status();
         const there = (f) => fs.existsSync(dir + "/" + f);
         for (const t = Date.now(); !(there("daemon") && there("hung")) && Date.now() - t < 30000; ) await new Promise((r) => setTimeout(r, 20));
         await new Promise((r) => setTimeout(r, 300)); // the worker's child reaped, and heard of
@@ -238,13 +234,9 @@ describe("OpenCode killed or stopped mid-call", { skip }, () => {
     try {
       fs.writeFileSync(path.join(dir, "boxd"), `#!/bin/sh\necho $$ >> ${dir}/pids\nexec sleep 30\n`, { mode: 0o755 });
       const seen = JSON.parse(runScript(runtime, `
-        const policy = await import(${JSON.stringify(path.join(PLUGIN, "lib/policy.js"))});
-        const { Pool } = await import(${JSON.stringify(path.join(PLUGIN, "lib/pool.js"))});
         const dir = ${JSON.stringify(dir)};
-        fs.mkdirSync(dir + "/proj");
-        const g = policy.resolveGrants({ options: { boxd: dir + "/boxd", ledgerDir: dir + "/ledger" }, directory: dir + "/proj", env: { PATH: process.env.PATH, HOME: dir } });
-        const pool = new Pool(g);
-        const answer = pool.call("boxd_status", "{}", { hostName: "opencode", hostVersion: "1.18.33", optionsJson: "{}", project: g.project, ledger: g.ledger, nowMs: Date.now(), entropy: new Uint8Array(32), approved: true });
+        const { pool, status } = await poolIn(dir);
+        const answer = status();
         const pids = () => (fs.existsSync(dir + "/pids") ? fs.readFileSync(dir + "/pids", "utf8").trim().split("\\n").map(Number) : []);
         for (const t = Date.now(); pids().length < 2 && Date.now() - t < 30000; ) await new Promise((r) => setTimeout(r, 20));
         const watchdog = w.watchdogPid;
@@ -277,15 +269,11 @@ describe("OpenCode killed or stopped mid-call", { skip }, () => {
       // machine list runs in the worker; what it leaves in its group writes past the cap.
       fs.writeFileSync(path.join(dir, "boxd"), `#!/bin/sh\nif [ "$1" = machine ]; then (sleep 0.3; head -c 2000000 /dev/zero >&2; exec sleep 30) & fi\necho '[]'\n`, { mode: 0o755 });
       const seen = JSON.parse(runScript(runtime, `
-        const policy = await import(${JSON.stringify(path.join(PLUGIN, "lib/policy.js"))});
-        const { Pool } = await import(${JSON.stringify(path.join(PLUGIN, "lib/pool.js"))});
         const dir = ${JSON.stringify(dir)};
-        fs.mkdirSync(dir + "/proj");
-        const g = policy.resolveGrants({ options: { boxd: dir + "/boxd", ledgerDir: dir + "/ledger" }, directory: dir + "/proj", env: { PATH: process.env.PATH, HOME: dir } });
-        const pool = new Pool(g);
+        const { pool, status } = await poolIn(dir);
         const fds = () => fs.readdirSync("/proc/self/fd").map(Number);
         const before = fds();
-        await pool.call("boxd_status", "{}", { hostName: "opencode", hostVersion: "1.18.33", optionsJson: "{}", project: g.project, ledger: g.ledger, nowMs: Date.now(), entropy: new Uint8Array(32), approved: true });
+        await status();
         // The kept files: output files with something in them (the spare ones are empty).
         const output = (fd) => {
           try {
@@ -328,11 +316,7 @@ describe("OpenCode killed or stopped mid-call", { skip }, () => {
     try {
       fs.writeFileSync(path.join(dir, "boxd"), "#!/bin/sh\necho '[]'\n", { mode: 0o755 });
       const seen = JSON.parse(runScript(runtime, `
-        const policy = await import(${JSON.stringify(path.join(PLUGIN, "lib/policy.js"))});
-        const { Pool } = await import(${JSON.stringify(path.join(PLUGIN, "lib/pool.js"))});
         const dir = ${JSON.stringify(dir)};
-        fs.mkdirSync(dir + "/proj");
-        const g = policy.resolveGrants({ options: { boxd: dir + "/boxd", ledgerDir: dir + "/ledger" }, directory: dir + "/proj", env: { PATH: process.env.PATH, HOME: dir } });
         const open = () => fs.readdirSync("/proc/self/fd").filter((fd) => {
           try {
             return fs.readlinkSync("/proc/self/fd/" + fd).includes(".boxd-bridge-");
@@ -342,8 +326,8 @@ describe("OpenCode killed or stopped mid-call", { skip }, () => {
         }).length;
         const counts = [];
         for (let round = 0; round < 4; round++) {
-          const pool = new Pool(g);
-          const answer = await pool.call("boxd_status", "{}", { hostName: "opencode", hostVersion: "1.18.33", optionsJson: "{}", project: g.project, ledger: g.ledger, nowMs: Date.now(), entropy: new Uint8Array(32), approved: true });
+          const { pool, status } = await poolIn(dir);
+          const answer = await status();
           if (!answer.ok) throw new Error(JSON.stringify(answer));
           await new Promise((r) => setTimeout(r, 100)); // the worker's spares made again
           pool.close();
@@ -359,6 +343,27 @@ describe("OpenCode killed or stopped mid-call", { skip }, () => {
     }
   });
 
+  // A plugin killed between an output file's open and its unlink leaves the file named (and
+  // empty) in the temporary folder. The next plugin process removes those of processes that
+  // are gone, once, and leaves those of a live pid alone.
+  for (const runtime of ["node", "bun"]) test(`${runtime}: output files a killed plugin left named are removed, a live process's are not`, async () => {
+    const dead = spawnSync("true").pid; // ended and reaped: no process has it now
+    const orphan = path.join(os.tmpdir(), `.boxd-bridge-${dead}-0123456789ab.out`);
+    const living = path.join(os.tmpdir(), `.boxd-bridge-${process.pid}-0123456789ab.out`);
+    for (const f of [orphan, living]) fs.writeFileSync(f, "");
+    try {
+      runScript(runtime, `
+        const outputs = await import(${JSON.stringify(path.join(PLUGIN, "lib/outputs.js"))});
+        fs.closeSync(outputs.takeOutputFile());
+        await new Promise((r) => setTimeout(r, 300));
+        say({});`);
+      assert.equal(fs.existsSync(orphan), false, "an output file left by a process that is gone was not removed");
+      assert.equal(fs.existsSync(living), true, "an output file of a live process was removed");
+    } finally {
+      for (const f of [orphan, living]) fs.rmSync(f, { force: true });
+    }
+  });
+
   // A child is guarded from its first instant, whichever thread starts it: the plugin's
   // process is killed the moment its component worker has forked a child (seen among the
   // worker thread's children, before or just after its exec), and the child and what it
@@ -369,15 +374,11 @@ describe("OpenCode killed or stopped mid-call", { skip }, () => {
       const pids = path.join(dir, "pids");
       fs.writeFileSync(path.join(dir, "boxd"), `#!/bin/sh\necho $$ >> ${pids}\nsleep 30 &\necho $! >> ${pids}\nsleep 30\n`, { mode: 0o755 });
       const seen = JSON.parse(runScript(runtime, `
-        const policy = await import(${JSON.stringify(path.join(PLUGIN, "lib/policy.js"))});
-        const { Pool } = await import(${JSON.stringify(path.join(PLUGIN, "lib/pool.js"))});
         const dir = ${JSON.stringify(dir)};
-        fs.mkdirSync(dir + "/proj");
-        const g = policy.resolveGrants({ options: { boxd: dir + "/boxd", ledgerDir: dir + "/ledger" }, directory: dir + "/proj", env: { PATH: process.env.PATH, HOME: dir } });
-        const pool = new Pool(g);
+        const { pool, status } = await poolIn(dir);
         await pool.describe(); // the worker ready: its probe child (lib/inworker.js threadId) has ended
         const watchdogAfterDescribe = w.watchdogPid ?? null; // describe runs no child
-        pool.call("boxd_status", "{}", { hostName: "opencode", hostVersion: "1.18.33", optionsJson: "{}", project: g.project, ledger: g.ledger, nowMs: Date.now(), entropy: new Uint8Array(32), approved: true });
+        status();
         await null; // the pool posts the call to its worker in a microtask
         // The worker's children, as soon as there is one: no turn of the event loop between.
         const tasks = () => fs.readdirSync("/proc/self/task").filter((t) => Number(t) !== process.pid);
@@ -424,6 +425,17 @@ function runScript(runtime, body) {
     const w = await import(${JSON.stringify(path.join(PLUGIN, "lib/watchdog.js"))});
     const { gone, waitGone } = await import(${JSON.stringify(new URL("./harness.mjs", import.meta.url).pathname)});
     const say = (value) => fs.writeSync(1, JSON.stringify(value));
+    // The real pool over DIR, whose boxd is DIR/boxd (a fake the test wrote): {pool, status},
+    // status() one boxd_status call.
+    const poolIn = async (dir) => {
+      const policy = await import(${JSON.stringify(path.join(PLUGIN, "lib/policy.js"))});
+      const { Pool } = await import(${JSON.stringify(path.join(PLUGIN, "lib/pool.js"))});
+      fs.mkdirSync(dir + "/proj", { recursive: true });
+      const g = policy.resolveGrants({ options: { boxd: dir + "/boxd", ledgerDir: dir + "/ledger" }, directory: dir + "/proj", env: { PATH: process.env.PATH, HOME: dir } });
+      const pool = new Pool(g);
+      const ctx = () => ({ hostName: "opencode", hostVersion: "1.18.33", optionsJson: "{}", project: g.project, ledger: g.ledger, nowMs: Date.now(), entropy: new Uint8Array(32), approved: true });
+      return { pool, status: () => pool.call("boxd_status", "{}", ctx()) };
+    };
     // A detached sleep, its environment marked with \`m\` (w.mark()), or not (null).
     const child = (m) => spawn("sleep", ["30"], { detached: true, stdio: "ignore", env: w.marked(m?.env ?? null, { PATH: process.env.PATH }) });
     // SIGKILL the watchdog as someone else would, and wait for the next (at most 10 s); its pid.

@@ -12,10 +12,33 @@ export const OUTPUT_FILE_MARK = `.boxd-bridge-${process.pid}-`;
 
 /** A fresh unlinked, owner-only temporary file for a child's output; its descriptor. */
 function makeOutputFile() {
+  if (!swept) {
+    swept = true;
+    setImmediate(() => sweepOrphans(os.tmpdir()));
+  }
   const tmp = path.join(os.tmpdir(), `${OUTPUT_FILE_MARK}${randomBytes(6).toString("hex")}.out`);
   const fd = fs.openSync(tmp, "wx+", 0o600);
   fs.unlinkSync(tmp);
   return fd;
+}
+
+// A process killed between a file's open and its unlink (above) leaves it there, named and
+// empty. Once a process, off the spawn path, the files of processes that are gone are
+// removed: the name says whose (a pid still in use keeps its files, ours or not), and
+// /tmp's sticky bit leaves another user's alone.
+let swept = false;
+function sweepOrphans(dir) {
+  let names = [];
+  try {
+    names = fs.readdirSync(dir);
+  } catch {}
+  for (const name of names) {
+    const m = /^\.boxd-bridge-(\d+)-[0-9a-f]{12}\.out$/.exec(name);
+    if (!m || Number(m[1]) === process.pid || pidTaken(Number(m[1]))) continue;
+    try {
+      fs.unlinkSync(path.join(dir, name));
+    } catch {}
+  }
 }
 
 // Output files made ahead, between calls: making one costs ~0.2 ms, which would otherwise

@@ -9,8 +9,9 @@
 // token drawn once for this process (128 random bits), n a number — or, for a child the
 // component's worker runs, <token>:<n>.<k>;, n its call's number and k the child's within
 // the call. A mark is announced to the watchdog ("+ n") before any child carries it, and
-// taken back ("- n") once every child that carried it has been reaped (or, at a cap or a
-// timeout, sent its SIGKILL: it is dying, with its group); a worker's child is
+// taken back ("- n") once every child that carried it has been reaped (a child of the
+// plugin's thread: also once its group's SIGKILL is sent past a cap, or 2 s after the one
+// sent at a timeout if no exit is heard); a worker's child is
 // taken back alone ("- n.k") as soon as the plugin's thread hears it was reaped. When the pipe ends with marks
 // still announced (this process is gone, however it ended: an idle plugin ends it with
 // none), the watchdog looks through /proc for the leaders of process groups, still running
