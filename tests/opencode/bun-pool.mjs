@@ -13,6 +13,7 @@ import path from "node:path";
 const [scenario, dir] = process.argv.slice(2);
 const PLUGIN = path.resolve(path.dirname(new URL(import.meta.url).pathname), "../../host-bridge/opencode");
 const policy = await import(path.join(PLUGIN, "lib/policy.js"));
+const { gone } = await import(new URL("./harness.mjs", import.meta.url).pathname);
 const { Pool } = await import(path.join(PLUGIN, "lib/pool.js"));
 
 const options = { boxd: path.join(dir, "boxd"), ledgerDir: path.join(dir, "ledger") };
@@ -48,13 +49,6 @@ if (scenario === "kept") {
   let answered = false;
   const second = pool.call("boxd_status", "{}", ctx).then((a) => ((answered = true), a));
   const left = Number(fs.readFileSync(pids, "utf8").trim().split(/\s+/)[0]);
-  const gone = (pid) => {
-    try {
-      return fs.readFileSync(`/proc/${pid}/stat`, "utf8").split(") ")[1].startsWith("Z");
-    } catch {
-      return true;
-    }
-  };
   while (!gone(left) && performance.now() - t0 < 20000) await sleep(20);
   const result = { first, goneMs: gone(left) ? Math.round(performance.now() - t0) : null, busy: !answered };
   await second;

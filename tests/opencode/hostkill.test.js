@@ -165,17 +165,8 @@ describe("OpenCode killed or stopped mid-call", { skip }, () => {
       answered.release();
       say({ ...Object.fromEntries(Object.entries(pids).map(([k, c]) => [k, c.pid])), grandchild, ownGroup, watchdog: w.watchdogPid });
       process.kill(process.pid, "SIGKILL");`));
-    const byParent = (ppid) => fs.readdirSync("/proc").filter((n) => /^\d+$/.test(n)).map(Number).filter((pid) => {
-      try {
-        const stat = fs.readFileSync(`/proc/${pid}/stat`, "utf8");
-        return Number(stat.slice(stat.lastIndexOf(")") + 2).split(" ")[1]) === ppid;
-      } catch {
-        return false;
-      }
-    });
-    // The setsid'd sleeps: children of the `setsid` process, which execs sleep (same pid).
-    const setsidOf = (sh) => byParent(sh);
-    const answeredOwn = setsidOf(seen.answered);
+    // What the answered child started: its sleep, and the `setsid` one (which execs sleep).
+    const answeredOwn = childrenOf(seen.answered).map((c) => c.pid);
     try {
       assert.ok(await waitGone(seen.watchdog, 10000), "the watchdog stayed after its work was done");
       assert.ok(await waitGone(seen.held, 10000), "a child whose mark was held outlived the plugin");
@@ -191,6 +182,42 @@ describe("OpenCode killed or stopped mid-call", { skip }, () => {
       assert.equal(gone(stranger.pid), false, "a process that was not the plugin's was killed with the plugin");
     } finally {
       for (const pid of [seen.answered, seen.unmarked, seen.otherToken, ...answeredOwn, stranger.pid]) kill(pid);
+    }
+  });
+
+  // Two plugin processes at once (two OpenCodes), each with its own watchdog: the one killed
+  // takes only its own children. The other's child carries the same variable with the other
+  // process's token, and is left until its own process dies, when its watchdog takes it.
+  for (const runtime of ["node", "bun"]) test(`${runtime}: of two plugin processes at once, the one killed takes only its own children`, async () => {
+    const dir = fs.realpathSync(fs.mkdtempSync(path.join(os.tmpdir(), "boxd-watchdog-two-")));
+    const other = path.join(dir, "other.mjs");
+    // The other plugin process: marks a child, says its pids, and runs on until killed.
+    fs.writeFileSync(other, `
+      import { spawn } from "node:child_process";
+      import fs from "node:fs";
+      const w = await import(${JSON.stringify(path.join(PLUGIN, "lib/watchdog.js"))});
+      const c = spawn("sleep", ["30"], { detached: true, stdio: "ignore", env: w.marked(w.mark().env, { PATH: process.env.PATH }) });
+      fs.writeSync(1, JSON.stringify({ process: process.pid, child: c.pid, watchdog: w.watchdogPid }) + "\\n");
+      setInterval(() => {}, 1000);`);
+    let seen;
+    try {
+      seen = JSON.parse(runScript(runtime, `
+        const o = spawn(process.execPath, [${JSON.stringify(other)}], { stdio: ["ignore", "pipe", "ignore"], detached: true });
+        let line = "";
+        o.stdout.on("data", (d) => (line += d));
+        for (const t = Date.now(); !line.includes("\\n") && Date.now() - t < 20000; ) await new Promise((r) => setTimeout(r, 10));
+        const mine = child(w.mark());
+        say({ other: JSON.parse(line), mine: mine.pid, watchdog: w.watchdogPid });
+        process.kill(process.pid, "SIGKILL");`));
+      left.push(seen.other.process, seen.other.child);
+      assert.ok(await waitGone(seen.mine, 10000), "the killed process's child outlived it");
+      assert.ok(await waitGone(seen.watchdog, 10000), "the killed process's watchdog stayed");
+      assert.equal(gone(seen.other.child), false, "the killed process's watchdog took the other plugin process's child");
+      assert.equal(gone(seen.other.watchdog), false, "the other plugin process's watchdog ended");
+      process.kill(seen.other.process, "SIGKILL");
+      assert.ok(await waitGone(seen.other.child, 10000), "the other process's child outlived it, once it was killed");
+    } finally {
+      fs.rmSync(dir, { recursive: true, force: true });
     }
   });
 

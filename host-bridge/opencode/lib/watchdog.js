@@ -11,10 +11,10 @@
 // the call. A mark is announced to the watchdog ("+ n") before any child carries it, and
 // taken back ("- n") once every child that carried it has been reaped (a child of the
 // plugin's thread: also once its group's SIGKILL is sent past a cap, or 2 s after the one
-// sent at a timeout if no exit is heard); a worker's child is
-// taken back alone ("- n.k") as soon as the plugin's thread hears it was reaped. When the pipe ends with marks
-// still announced (this process is gone, however it ended: an idle plugin ends it with
-// none), the watchdog looks through /proc for the leaders of process groups, still running
+// sent at a timeout if no exit is heard); a worker's child is taken back alone ("- n.k") as
+// soon as the plugin's thread hears it was reaped. When the pipe ends with marks still
+// announced (this process is gone, however it ended: an idle plugin ends it with none), the
+// watchdog looks through /proc for the leaders of process groups, still running
 // and started since this process, whose environment carries one of those marks (anywhere
 // in it: a shell the child runs, or a shim, reorders the environment of what it execs),
 // and kills each one's group. So a child is guarded from its first instant, whichever
