@@ -370,6 +370,52 @@ describe("OpenCode killed or stopped mid-call", { skip }, () => {
     }
   });
 
+  // Closed pools leave no thread behind, their workers idle or mid-call: the preview2-shim's
+  // I/O thread, which each worker starts, ends once its worker has (lib/shimworker.js). Bun
+  // does not end it with its worker (Node does): a thread, its descriptors and ~6 MB were
+  // left by each plugin a long-lived OpenCode disposed.
+  for (const runtime of ["node", "bun"]) test(`${runtime}: closed pools leave no thread behind, idle or mid-call`, async () => {
+    const dir = fs.realpathSync(fs.mkdtempSync(path.join(os.tmpdir(), "boxd-watchdog-threads-")));
+    try {
+      // With DIR/slow there, each child notes its pid and hangs: the pool is closed mid-call.
+      fs.writeFileSync(path.join(dir, "boxd"), `#!/bin/sh\nif [ -e ${dir}/slow ]; then echo $$ >> ${dir}/pids; exec sleep 30; fi\necho '[]'\n`, { mode: 0o755 });
+      const seen = JSON.parse(runScript(runtime, `
+        const dir = ${JSON.stringify(dir)};
+        const threads = () => fs.readdirSync("/proc/self/task").length;
+        const pids = () => (fs.existsSync(dir + "/pids") ? fs.readFileSync(dir + "/pids", "utf8").trim().split("\\n").map(Number) : []);
+        const counts = [];
+        for (let round = 0; round < 6; round++) {
+          const busy = round % 2 === 1;
+          if (busy) fs.writeFileSync(dir + "/slow", "");
+          else fs.rmSync(dir + "/slow", { force: true });
+          const { pool, status } = await poolIn(dir);
+          const answer = status();
+          if (busy) {
+            const had = pids().length;
+            for (const t = Date.now(); pids().length === had && Date.now() - t < 30000; ) await new Promise((r) => setTimeout(r, 20));
+          } else {
+            const a = await answer;
+            if (!a.ok) throw new Error(JSON.stringify(a));
+          }
+          pool.close();
+          // The first round sets the count (its worker given 1.5 s to end); after each later
+          // one, the count comes back down to it once the worker and its I/O thread have ended.
+          if (round === 0) await new Promise((r) => setTimeout(r, 1500));
+          for (const t = Date.now(); round && threads() > counts[0] && Date.now() - t < 5000; ) await new Promise((r) => setTimeout(r, 50));
+          counts.push(threads());
+        }
+        say({ counts, children: pids() });
+        process.exit(0);`));
+      left.push(...(seen.children ?? []));
+      assert.equal(seen.counts?.length, 6, JSON.stringify(seen));
+      assert.ok(seen.children.length >= 3, `the pools were not closed mid-call (${JSON.stringify(seen)})`);
+      assert.ok(seen.counts.at(-1) <= seen.counts[0], `threads left grew with each closed pool: ${seen.counts.join(", ")}`);
+      for (const pid of seen.children) assert.ok(await waitGone(pid, 5000), `${pid}, a child of a pool closed mid-call, outlived close()`);
+    } finally {
+      fs.rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
   // A plugin killed between an output file's open and its unlink leaves the file named (and
   // empty) in the temporary folder. The next plugin process removes those of processes that
   // are gone, once, and leaves those of a live pid alone.

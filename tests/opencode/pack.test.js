@@ -39,7 +39,7 @@ describe("the packed plugin, installed into OpenCode from its tarball", { skip }
   test("the tarball holds everything the plugin loads, and installs with no build and no dependency", () => {
     const inTarball = new Set(packed.files.map((f) => f.path));
     const loaded = ["package.json", "index.js", ...filesUnder(path.join(PLUGIN, "lib"), PLUGIN), ...filesUnder(path.join(PLUGIN, "dist"), PLUGIN)];
-    for (const f of ["dist/worker.js", "dist/worker-thread.bundle.js", "dist/boxd_component.core.wasm", "dist/policy.json", "dist/protocol.json", "dist/skills/boxd/SKILL.md"]) {
+    for (const f of ["dist/worker.js", "dist/worker-thread.bundle.js", "dist/shimthread.js", "dist/boxd_component.core.wasm", "dist/policy.json", "dist/protocol.json", "dist/skills/boxd/SKILL.md"]) {
       assert.ok(loaded.includes(f), `dist/ has ${f}`);
     }
     assert.deepEqual(loaded.filter((f) => !inTarball.has(f)), [], "files the plugin loads but the tarball lacks");

@@ -177,6 +177,9 @@ export class Pool {
 
   #start() {
     const { preopens, ledger, programs, programPolicies, childEnv, runAllMax } = this.#grants;
+    // Raised once the worker has exited, this word ends the shim's I/O thread the worker
+    // started (lib/shimworker.js), which Bun leaves running; Node has ended it already.
+    const shimEnding = new Int32Array(new SharedArrayBuffer(4));
     // trackUnmanagedFds off: Node closes, at a worker's exit, every descriptor the worker
     // opened and did not close, and a child's output files kept after its answer are
     // opened there but watched and closed by this thread (lib/outputs.js keepOutputs). Node
@@ -184,7 +187,14 @@ export class Pool {
     // never closes them. So a worker closes its spare output files itself when the pool
     // closes (close()), and one ended mid-call leaves its few open files (its spares, its
     // call's own) open until this process exits.
-    const worker = new Worker(new URL("../dist/worker.js", import.meta.url), { workerData: { preopens, ledger, programs, programPolicies, childEnv, runAllMax }, trackUnmanagedFds: false });
+    const worker = new Worker(new URL("../dist/worker.js", import.meta.url), {
+      workerData: { preopens, ledger, programs, programPolicies, childEnv, runAllMax, shimEnding: shimEnding.buffer },
+      trackUnmanagedFds: false,
+    });
+    worker.once("exit", () => {
+      Atomics.store(shimEnding, 0, 1);
+      Atomics.notify(shimEnding, 0);
+    });
     worker.unref();
     const slot = { worker, job: null, shared: null, port: null, tid: undefined };
     slot.ready = new Promise((resolve) => (slot.onReady = resolve));

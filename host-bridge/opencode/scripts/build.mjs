@@ -3,6 +3,7 @@
 //   dist/boxd_component*.wasm   core modules, from `jco transpile --instantiation async`
 //   dist/worker.js              worker.js + sandbox.js + the jco glue + preview2-shim, one esbuild bundle
 //   dist/worker-thread.bundle.js the shim's own I/O thread (it starts it by URL next to itself)
+//   dist/shimthread.js          lib/shimthread.js, which a pool worker starts that thread through
 //   dist/policy.json            host-bridge/policy.json, the grants every host applies
 //   dist/protocol.json          component/guest/protocol.json, the file limits (lib/frames.js)
 //   dist/skills/boxd/SKILL.md   the skill, from the repo's skills/ folder
@@ -50,6 +51,7 @@ execFileSync(process.execPath, [jco, "transpile", wasm, "-o", tmp, "--name", "bo
 });
 
 const esbuild = await import("esbuild");
+let shimWorker = false;
 await esbuild.build({
   entryPoints: [path.join(here, "worker.js")],
   outfile: path.join(tmp, "worker.js"),
@@ -57,21 +59,33 @@ await esbuild.build({
   platform: "node",
   format: "esm",
   target: "node20",
-  // The glue was written to tmp/ above; worker.js names it ./dist/…, so point that there.
   plugins: [{
     name: "dist-glue",
     setup(b) {
+      // The glue was written to tmp/ above; worker.js names it ./dist/…, so point that there.
       b.onResolve({ filter: /^\.\/dist\/boxd_component\.js$/ }, () => ({ path: path.join(tmp, "boxd_component.js") }));
+      // The shim starts its I/O thread with lib/shimworker.js's Worker, which the pool can
+      // end under Bun too (lib/shimworker.js says why).
+      b.onResolve({ filter: /^node:worker_threads$/ }, (a) => {
+        if (!a.importer.endsWith(path.join("preview2-shim", "dist", "io", "worker-io.js"))) return undefined;
+        shimWorker = true;
+        return { path: path.join(here, "lib/shimworker.js") };
+      });
     },
   }],
   legalComments: "none",
   logLevel: "warning",
 });
+if (!shimWorker) {
+  fs.rmSync(tmp, { recursive: true, force: true });
+  fail("preview2-shim's io/worker-io.js no longer imports node:worker_threads: its I/O thread would outlive the pool's workers under Bun (lib/shimworker.js)");
+}
 // Inlined into worker.js; the type declarations are for TypeScript users of the glue.
 for (const f of ["boxd_component.js", "boxd_component.d.ts", "interfaces"]) fs.rmSync(path.join(tmp, f), { recursive: true, force: true });
 
 const shimDir = path.dirname(path.dirname(fileURLToPath(import.meta.resolve("@bytecodealliance/preview2-shim/instantiation"))));
 fs.copyFileSync(path.join(shimDir, "io/worker-thread.bundle.js"), path.join(tmp, "worker-thread.bundle.js"));
+fs.copyFileSync(path.join(here, "lib/shimthread.js"), path.join(tmp, "shimthread.js"));
 fs.copyFileSync(path.join(repo, "host-bridge/policy.json"), path.join(tmp, "policy.json"));
 fs.copyFileSync(path.join(repo, "component/guest/protocol.json"), path.join(tmp, "protocol.json"));
 fs.cpSync(path.join(repo, "skills/boxd"), path.join(tmp, "skills/boxd"), { recursive: true });
