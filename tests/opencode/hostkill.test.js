@@ -381,7 +381,11 @@ describe("OpenCode killed or stopped mid-call", { skip }, () => {
       fs.writeFileSync(path.join(dir, "boxd"), `#!/bin/sh\nif [ -e ${dir}/slow ]; then echo $$ >> ${dir}/pids; exec sleep 30; fi\necho '[]'\n`, { mode: 0o755 });
       const seen = JSON.parse(runScript(runtime, `
         const dir = ${JSON.stringify(dir)};
-        const threads = () => fs.readdirSync("/proc/self/task").length;
+        // Bun names every worker thread "Worker" and starts helpers of its own lazily, so
+        // under Bun only workers are counted; Node's threads are all counted.
+        const bun = typeof Bun !== "undefined";
+        const comm = (t) => { try { return fs.readFileSync("/proc/self/task/" + t + "/comm", "utf8").trim(); } catch { return ""; } }; // it may have just ended
+        const threads = () => fs.readdirSync("/proc/self/task").filter((t) => !bun || comm(t) === "Worker").length;
         const pids = () => (fs.existsSync(dir + "/pids") ? fs.readFileSync(dir + "/pids", "utf8").trim().split("\\n").map(Number) : []);
         const counts = [];
         for (let round = 0; round < 6; round++) {

@@ -6,5 +6,7 @@ import { workerData } from "node:worker_threads";
 
 const ending = new Int32Array(workerData.shimEnding);
 // Waited on asynchronously: this thread's event loop goes on serving the shim meanwhile.
-Promise.resolve(Atomics.waitAsync(ending, 0, 0).value).then(() => process.exit(0));
+// A runtime without waitAsync (both we run have it) gets the shim's thread as it was,
+// never a thread that died before the shim could answer its worker.
+if (typeof Atomics.waitAsync === "function") Promise.resolve(Atomics.waitAsync(ending, 0, 0).value).then(() => process.exit(0));
 await import(workerData.shimEntry);
