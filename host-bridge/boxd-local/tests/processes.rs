@@ -19,7 +19,7 @@ fn hibernated_processes_survive_wake() {
     let (pid, counter) = start_counter(&h, "h");
     wait_for("ticks", 5, || lines(&counter) > 3);
     h.ok(&["machine", "hibernate", "h"]);
-    wait_for("hibernate to stop the process", 5, || proc_state(pid) == Some('T'));
+    wait_for("hibernate to stop the process", 5, || held(pid));
     assert!(settles(&counter), "a stopped counter does not count");
     assert_eq!(h.status("h"), "hibernated");
 
@@ -39,7 +39,7 @@ fn pause_and_resume_stop_and_continue() {
     h.ok(&["machine", "new", "p"]);
     let (pid, counter) = start_counter(&h, "p");
     h.ok(&["machine", "pause", "p"]);
-    wait_for("pause to stop the process", 5, || proc_state(pid) == Some('T'));
+    wait_for("pause to stop the process", 5, || held(pid));
     assert!(settles(&counter));
     h.ok(&["machine", "resume", "p"]);
     let n = lines(&counter);
@@ -119,9 +119,8 @@ fn idle_bound_hibernates_at_the_next_invocation() {
     assert_eq!(list[0]["name"], "busy");
     assert_eq!(list[0]["status"], "running");
     assert_eq!(list[1]["status"], "hibernated");
-    // Stopped, or about to be: a process in uninterruptible sleep (state D, seen under
-    // load) takes its pending SIGSTOP as it leaves it.
-    wait_for("auto-hibernate to stop the processes", 5, || proc_state(pid) == Some('T'));
+    // Stopped, or about to be (common::held).
+    wait_for("auto-hibernate to stop the processes", 5, || held(pid));
     assert!(settles(&counter));
     h.ok(&["machine", "wake", "i"]);
     assert_ne!(proc_state(pid), Some('T'));

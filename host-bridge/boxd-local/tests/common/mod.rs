@@ -155,6 +155,23 @@ pub fn proc_state(pid: i32) -> Option<char> {
     rest.chars().next().filter(|c| *c != 'Z')
 }
 
+/// Held by a stop (hibernate, pause): stopped (`T`), or blocked in the kernel (`D`) with a
+/// SIGSTOP pending, which it takes as it leaves. A shell that forked with vfork waits in `D`
+/// until its child execs, and a stop that caught the child before its exec keeps it there
+/// (seen under load: the counter's shell, its `sleep` stopped in between); it runs no more
+/// than a stopped process until the machine is continued.
+pub fn held(pid: i32) -> bool {
+    match proc_state(pid) {
+        Some('T') => true,
+        Some('D') => {
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+            let pending = |key: &str| status.lines().find_map(|l| l.strip_prefix(key)).and_then(|m| u64::from_str_radix(m.trim(), 16).ok()).unwrap_or(0);
+            (pending("ShdPnd:") | pending("SigPnd:")) & (1 << (libc::SIGSTOP - 1)) != 0
+        }
+        _ => false,
+    }
+}
+
 /// Poll until `f` holds or the named wait times out.
 pub fn wait_for(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
     let end = Instant::now() + Duration::from_secs(secs);
