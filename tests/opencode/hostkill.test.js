@@ -205,7 +205,7 @@ describe("OpenCode killed or stopped mid-call", { skip }, () => {
         const o = spawn(process.execPath, [${JSON.stringify(other)}], { stdio: ["ignore", "pipe", "ignore"], detached: true });
         let line = "";
         o.stdout.on("data", (d) => (line += d));
-        for (const t = Date.now(); !line.includes("\\n") && Date.now() - t < 20000; ) await new Promise((r) => setTimeout(r, 10));
+        await waitWhile(() => !line.includes("\\n"), 20000, 10);
         const mine = child(w.mark());
         say({ other: JSON.parse(line), mine: mine.pid, watchdog: w.watchdogPid });
         process.kill(process.pid, "SIGKILL");`));
@@ -238,7 +238,7 @@ describe("OpenCode killed or stopped mid-call", { skip }, () => {
         const { pool, status } = await poolIn(dir);
         status();
         const there = (f) => fs.existsSync(dir + "/" + f);
-        for (const t = Date.now(); !(there("daemon") && there("hung")) && Date.now() - t < 30000; ) await new Promise((r) => setTimeout(r, 20));
+        await waitWhile(() => !(there("daemon") && there("hung")), 30000, 20);
         await new Promise((r) => setTimeout(r, 300)); // the worker's child reaped, and heard of
         say({});
         process.kill(process.pid, "SIGKILL");`);
@@ -265,7 +265,7 @@ describe("OpenCode killed or stopped mid-call", { skip }, () => {
         const { pool, status } = await poolIn(dir);
         const answer = status();
         const pids = () => (fs.existsSync(dir + "/pids") ? fs.readFileSync(dir + "/pids", "utf8").trim().split("\\n").map(Number) : []);
-        for (const t = Date.now(); pids().length < 2 && Date.now() - t < 30000; ) await new Promise((r) => setTimeout(r, 20));
+        await waitWhile(() => pids().length < 2, 30000, 20);
         const watchdog = w.watchdogPid;
         pool.close();
         w.idle();
@@ -311,7 +311,7 @@ describe("OpenCode killed or stopped mid-call", { skip }, () => {
         };
         const held = fds().filter(output);
         // Its group killed past the cap and its kept files closed by the plugin's thread.
-        for (const t = Date.now(); held.some(output) && Date.now() - t < 10000; ) await new Promise((r) => setTimeout(r, 50));
+        await waitWhile(() => held.some(output), 10000, 50);
         const freed = held.filter((fd) => !output(fd)).length;
         // Files of the plugin's thread, taking the lowest free numbers: those just closed.
         const victims = Array.from({ length: 16 }, (_, i) => fs.openSync(dir + "/victim" + i, "w"));
@@ -396,7 +396,7 @@ describe("OpenCode killed or stopped mid-call", { skip }, () => {
           const answer = status();
           if (busy) {
             const had = pids().length;
-            for (const t = Date.now(); pids().length === had && Date.now() - t < 30000; ) await new Promise((r) => setTimeout(r, 20));
+            await waitWhile(() => pids().length === had, 30000, 20);
           } else {
             const a = await answer;
             if (!a.ok) throw new Error(JSON.stringify(a));
@@ -405,7 +405,7 @@ describe("OpenCode killed or stopped mid-call", { skip }, () => {
           // The first round sets the count (its worker given 1.5 s to end); after each later
           // one, the count comes back down to it once the worker and its I/O thread have ended.
           if (round === 0) await new Promise((r) => setTimeout(r, 1500));
-          for (const t = Date.now(); round && threads() > counts[0] && Date.now() - t < 5000; ) await new Promise((r) => setTimeout(r, 50));
+          await waitWhile(() => round && threads() > counts[0], 5000, 50);
           counts.push(threads());
         }
         say({ counts, children: pids() });
@@ -488,7 +488,8 @@ describe("OpenCode killed or stopped mid-call", { skip }, () => {
 
 /**
  * Run `body` as a module under `runtime` (node, or bun: OpenCode's own binary), with
- * lib/watchdog.js as `w`, spawn, harness's gone and waitGone, `killWatchdog()`, and
+ * lib/watchdog.js as `w`, spawn, harness's gone and waitGone, `waitWhile(cond, ms, step)`,
+ * `killWatchdog()`, and
  * `say(value)` writing one JSON line to stdout at once (the process may kill itself next).
  * Returns its stdout,
  * however it ended.
@@ -502,6 +503,12 @@ function runScript(runtime, body) {
     const w = await import(${JSON.stringify(path.join(PLUGIN, "lib/watchdog.js"))});
     const { gone, waitGone } = await import(${JSON.stringify(new URL("./harness.mjs", import.meta.url).pathname)});
     const say = (value) => fs.writeSync(1, JSON.stringify(value));
+    // Wait, polling every \`step\` ms, while \`cond\` holds, for at most \`ms\`, on the monotonic
+    // clock (as harness's waitGone: this machine's wall clock can jump).
+    const waitWhile = async (cond, ms, step) => {
+      const end = performance.now() + ms;
+      while (cond() && performance.now() < end) await new Promise((r) => setTimeout(r, step));
+    };
     // The real pool over DIR, whose boxd is DIR/boxd (a fake the test wrote): {pool, status},
     // status() one boxd_status call.
     const poolIn = async (dir) => {
@@ -519,7 +526,7 @@ function runScript(runtime, body) {
     const killWatchdog = async () => {
       const first = w.watchdogPid;
       process.kill(first, "SIGKILL");
-      for (const t = Date.now(); !(w.watchdogPid && w.watchdogPid !== first) && Date.now() - t < 10000; ) await new Promise((r) => setTimeout(r, 10));
+      await waitWhile(() => !(w.watchdogPid && w.watchdogPid !== first), 10000, 10);
       return first;
     };
     ${body}`);
