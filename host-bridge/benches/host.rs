@@ -259,10 +259,12 @@ fn one_shot(world: &World, tool: &str, args: &str) -> Tool {
 }
 
 /// A read-like tool: one-shot and in-process times against the replay of its calls (with
-/// the stdin the host gave each). Returns its boxd round trips.
+/// the stdin the host gave each), and the process start (`--version`) timed in the same
+/// rounds, so the one-shot baseline is measured beside the call it is set against, not at
+/// another moment of a machine whose speed drifts. Returns its boxd round trips.
 /// `at_once`: the tool runs its calls side by side (run-all), so it is also set beside its
 /// calls replayed side by side: what the host itself costs.
-fn read_tool(world: &World, s: &mut Session, cap: &mut (Capture, Session), what: &str, tool: &str, args: &str, version: Duration, at_once: bool) -> usize {
+fn read_tool(world: &World, s: &mut Session, cap: &mut (Capture, Session), what: &str, tool: &str, args: &str, at_once: bool) -> usize {
     let first = one_shot(world, tool, args);
     let calls = cap.0.invocations(|| drop(cap.1.call(tool, args).unwrap().unwrap()));
     // As sets: calls run side by side have no order between them.
@@ -273,7 +275,7 @@ fn read_tool(world: &World, s: &mut Session, cap: &mut (Capture, Session), what:
     // Alternated, round by round, so a noisy moment falls on every side alike; tools of a
     // few milliseconds (status) get more rounds than those of hundreds.
     let n = if first.one_shot < Duration::from_millis(50) { 41 } else { 7 };
-    let (mut shots, mut inprocs, mut directs, mut togethers) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut shots, mut inprocs, mut directs, mut togethers, mut versions) = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let time = |f: &mut dyn FnMut()| {
         let t = Instant::now();
         f();
@@ -283,15 +285,16 @@ fn read_tool(world: &World, s: &mut Session, cap: &mut (Capture, Session), what:
         // As `one_shot` times it: the call and its answer's parse, not the call log's reset
         // and read around it, which the replay does not pay.
         shots.push(one_shot(world, tool, args).one_shot);
+        versions.push(process(1, &["--version"], &[]));
         inprocs.push(served(s, tool, args));
         directs.push(time(&mut || replay(world, &calls)));
         if at_once {
             togethers.push(time(&mut || replay_at_once(world, &calls)));
         }
     }
-    let (shot, inproc, direct) = (median(shots), median(inprocs), median(directs));
+    let (shot, inproc, direct, version) = (median(shots), median(inprocs), median(directs), median(versions));
     row(&format!("{what}, long-lived host"), &ms(inproc), &ms(direct), ratio(inproc, direct), &format!("{} boxd calls", first.trips.len()));
-    row(&format!("{what}, one-shot call"), &ms(shot), &format!("{} + {}", ms(direct), ms(version)), ratio(shot, direct + version), "baseline: replay plus a process start");
+    row(&format!("{what}, one-shot call"), &ms(shot), &format!("{} + {}", ms(direct), ms(version)), ratio(shot, direct + version), "baseline: replay plus a process start (timed in the same rounds)");
     if at_once {
         let together = median(togethers);
         let note = "its calls run side by side; baseline: the same calls replayed side by side";
@@ -403,8 +406,9 @@ fn status_at(world: &World, n: usize) -> (Duration, Duration, Duration, Duration
     (took, direct, together, cpu)
 }
 
-fn process(args: &[&str], env: &[(&str, &Path)]) -> Duration {
-    timed(9, || {
+/// The median of `n` runs of boxd-host with `args`.
+fn process(n: usize, args: &[&str], env: &[(&str, &Path)]) -> Duration {
+    timed(n, || {
         let out = Command::new(boxd_host()).args(args).envs(env.iter().copied()).output().unwrap();
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     })
@@ -464,23 +468,44 @@ fn wants(section: &str) -> bool {
     named.is_empty() || named.iter().any(|n| n == section)
 }
 
+/// boxd-host as `cargo install` leaves it: a copy of the linked file (`std::fs::copy`, as
+/// cargo install copies it), and no compiled copy of the component in the cache until its
+/// first start writes one, as after an install. The linker writes target/…/boxd-host in
+/// small pieces and the page cache keeps that file in 4 KiB pages, where a copy is kept in
+/// 64 KiB ones; a one-shot call faults in a few hundred pages of code, and from the linked
+/// file it took ~0.3 ms longer (docs/performance.md). Points BOXD_HOST_BIN at the copy.
+fn installed(bin: &Scratch) {
+    let copy = bin.0.join("boxd-host");
+    std::fs::create_dir_all(&bin.0).unwrap();
+    std::fs::copy(boxd_host(), &copy).unwrap();
+    let prefix = &boxd_host::COMPONENT_SHA256[..16];
+    for e in std::fs::read_dir(cache_dir()).unwrap() {
+        let path = e.unwrap().path();
+        if path.file_name().unwrap().to_string_lossy().starts_with(prefix) {
+            std::fs::remove_file(&path).unwrap();
+        }
+    }
+    // SAFETY: the bench's first step, before it starts any thread.
+    unsafe { std::env::set_var("BOXD_HOST_BIN", &copy) };
+}
+
 fn main() {
     ensure_boxd_local();
+    let bin = Scratch::new("bench-bin");
+    installed(&bin);
     let started = Instant::now();
     let world = World::new("bench");
-    println!("component: {} bytes; boxd-local: {}", boxd_host::COMPONENT.len(), boxd_local().display());
+    println!("component: {} bytes; boxd-host: {} (a copy, as installed); boxd-local: {}", boxd_host::COMPONENT.len(), boxd_host().display(), boxd_local().display());
     println!();
     println!("| what | measured | baseline | ratio | note |");
     println!("|---|---|---|---|---|");
 
     // Process start and describe: cold (an empty compiled cache: the built-in component
-    // comes compiled by build.rs) and warm; and the same component given as a file, which
-    // is compiled at its first start (the cost build.rs takes off the built-in one).
-    let version = process(&["--version"], &[]);
+    // comes compiled by build.rs) and warm; at the end, the same component given as a file,
+    // which is compiled at its first start (the cost build.rs takes off the built-in one).
+    let version = process(9, &["--version"], &[]);
     row("`boxd-host --version` (process start)", &ms(version), "", None, "");
-    if wants("start") {
-        start(&world);
-    }
+    let cold = wants("start").then(|| start(&world));
     world.ok_call("boxd_ensure", r#"{"work":"w1"}"#);
     let mut s = session(&world, &world.laptop.ledger);
     let capture = Capture::new(&world);
@@ -489,14 +514,14 @@ fn main() {
     let mut trips = Vec::new();
     if wants("reads") {
         trips.extend([
-            ("status", read_tool(&world, &mut s, &mut cap, "boxd_status", "boxd_status", "{}", version, true)),
-            ("ensure-adopt", read_tool(&world, &mut s, &mut cap, "boxd_ensure (adopt)", "boxd_ensure", r#"{"work":"w1"}"#, version, false)),
-            ("job", read_tool(&world, &mut s, &mut cap, "boxd_job", "boxd_job", r#"{"work":"w1"}"#, version, false)),
+            ("status", read_tool(&world, &mut s, &mut cap, "boxd_status", "boxd_status", "{}", true)),
+            ("ensure-adopt", read_tool(&world, &mut s, &mut cap, "boxd_ensure (adopt)", "boxd_ensure", r#"{"work":"w1"}"#, false)),
+            ("job", read_tool(&world, &mut s, &mut cap, "boxd_job", "boxd_job", r#"{"work":"w1"}"#, false)),
         ]);
     }
     // A prompt submitted and harvested: the record status_at copies is a used work's.
     if wants("tools") || wants("works") || wants("drop") {
-        tools(&world, &mut s, &mut cap, version, &mut trips);
+        tools(&world, &mut s, &mut cap, &mut trips);
     }
     if wants("works") {
         for n in [1, 50, 500] {
@@ -520,6 +545,9 @@ fn main() {
         row("boxd_drop, one-shot", &ms(t.elapsed()), "", None, &format!("{} boxd calls; {answer}", world.laptop.boxd_calls().len()));
         trips.push(("drop", world.laptop.boxd_calls().len()));
     }
+    if let Some(cold) = cold {
+        compiled_start(&world, cold);
+    }
     println!();
     let trips: Vec<String> = trips.iter().map(|(t, n)| format!("{t} {n}")).collect();
     println!("boxd round trips per tool: {}", trips.join(", "));
@@ -529,44 +557,57 @@ fn main() {
 /// Describe, cold (an empty compiled cache: the built-in component comes compiled by
 /// build.rs) and warm; the same component given as a file, which is compiled at its first
 /// start (the cost build.rs takes off the built-in one); the process runner.
-fn start(world: &World) {
-    let cache = cache_dir();
+/// Returns the cold describe, which the compiled start (`compiled_start`) is set against.
+fn start(world: &World) -> Duration {
+    let cold = cold_describe(world, &[]);
+    let warm = process(9, &["describe"], &[("BOXD_HOST_CACHE", cache_dir())]);
+    row("describe, cold / warm cache", &format!("{} / {}", ms(cold), ms(warm)), "", ratio(cold, warm), "the built-in component is compiled at build time");
+    runner();
+    cold
+}
+
+/// `describe` with an empty compiled cache (the median of 3).
+fn cold_describe(world: &World, extra: &[&str]) -> Duration {
     let empty = world.laptop.scratch.0.join("empty-cache");
-    let cold_with = |extra: &[&str]| {
-        timed(3, || {
-            let _ = std::fs::remove_dir_all(&empty);
-            let out = Command::new(boxd_host()).args(extra).arg("describe").env("BOXD_HOST_CACHE", &empty).output().unwrap();
-            assert!(out.status.success());
-        })
-    };
-    let cold = cold_with(&[]);
-    let warm = process(&["describe"], &[("BOXD_HOST_CACHE", cache)]);
+    timed(3, || {
+        let _ = std::fs::remove_dir_all(&empty);
+        let out = Command::new(boxd_host()).args(extra).arg("describe").env("BOXD_HOST_CACHE", &empty).output().unwrap();
+        assert!(out.status.success());
+    })
+}
+
+/// The component given as a file, compiled at its first start. Measured last: Cranelift's
+/// ~0.35 s over hundreds of MB made the one-shot calls measured right after it read up to
+/// ~0.07 ms slower on the project machine, a VM (docs/performance.md).
+fn compiled_start(world: &World, cold: Duration) {
     let file = world.laptop.scratch.0.join("component.wasm");
     std::fs::write(&file, boxd_host::COMPONENT).unwrap();
-    let compiled = cold_with(&["--component", file.to_str().unwrap()]);
-    row("describe, cold / warm cache", &format!("{} / {}", ms(cold), ms(warm)), "", ratio(cold, warm), "the built-in component is compiled at build time");
-    row("describe --component (compiled at its first start)", &ms(compiled), &ms(cold), ratio(compiled, cold), "Cranelift; the built-in one skips this");
-    runner();
+    let compiled = cold_describe(world, &["--component", file.to_str().unwrap()]);
+    row("describe --component (compiled at its first start)", &ms(compiled), &ms(cold), ratio(compiled, cold), "Cranelift; the built-in one skips this; measured last");
 }
 
 /// Submit, harvest, sleep + resume and image, in that order (each needs the one before).
-fn tools(world: &World, s: &mut Session, cap: &mut (Capture, Session), version: Duration, trips: &mut Vec<(&'static str, usize)>) {
+fn tools(world: &World, s: &mut Session, cap: &mut (Capture, Session), trips: &mut Vec<(&'static str, usize)>) {
     std::fs::write(world.laptop.project.join("a.txt"), "a").unwrap();
     let submit = one_shot(world, "boxd_submit", r#"{"work":"w1","prompt":"hello","files":[{"from":"a.txt","to":"a.txt"}]}"#);
     world.job_until_idle("w1");
     row("boxd_submit, one-shot", &ms(submit.one_shot), "", None, &format!("{} boxd calls; no replay (it queues a prompt)", submit.trips.len()));
     let harvest = one_shot(world, "boxd_harvest", r#"{"work":"w1"}"#);
     row("boxd_harvest (a new prompt), one-shot", &ms(harvest.one_shot), "", None, &format!("{} boxd calls; imports and proves on the laptop", harvest.trips.len()));
-    trips.push(("harvest", read_tool(world, s, cap, "boxd_harvest, nothing new", "boxd_harvest", r#"{"work":"w1"}"#, version, false)));
+    trips.push(("harvest", read_tool(world, s, cap, "boxd_harvest, nothing new", "boxd_harvest", r#"{"work":"w1"}"#, false)));
 
     // Sleep and resume as a pair that ends where it began, against their calls replayed.
     let pair = |world: &World| -> (Tool, Tool) { (one_shot(world, "boxd_sleep", r#"{"work":"w1"}"#), one_shot(world, "boxd_resume", r#"{"work":"w1"}"#)) };
     let (sleep, resume) = pair(world);
-    // Each call as `one_shot` times it (not the call log's reset and read around it).
+    // Each call as `one_shot` times it (not the call log's reset and read around it), with a
+    // process start timed in each round (as read_tool does).
+    let mut versions = Vec::new();
     let shot = median((0..5).map(|_| {
         let (sleep, resume) = pair(world);
+        versions.push(process(1, &["--version"], &[]));
         sleep.one_shot + resume.one_shot
     }).collect());
+    let version = median(versions);
     let inproc = median((0..5).map(|_| served(s, "boxd_sleep", r#"{"work":"w1"}"#) + served(s, "boxd_resume", r#"{"work":"w1"}"#)).collect());
     let calls = cap.0.invocations(|| {
         cap.1.call("boxd_sleep", r#"{"work":"w1"}"#).unwrap().unwrap();

@@ -9,8 +9,10 @@ pub fn target_dir() -> PathBuf {
     std::env::current_exe().unwrap().parent().unwrap().parent().unwrap().to_path_buf()
 }
 
+/// The boxd-host under test: cargo's build of it, or the file BOXD_HOST_BIN names (the
+/// bench runs an installed copy: host-bridge/benches/host.rs, `installed`).
 pub fn boxd_host() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_boxd-host"))
+    std::env::var_os("BOXD_HOST_BIN").filter(|p| !p.is_empty()).map_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_boxd-host")), PathBuf::from)
 }
 
 /// The boxd-local provider binary, built by `cargo test --workspace`.
