@@ -577,8 +577,8 @@ fn cold_describe(world: &World, extra: &[&str]) -> Duration {
 }
 
 /// The component given as a file, compiled at its first start. Measured last: Cranelift's
-/// ~0.35 s over hundreds of MB made the one-shot calls measured right after it read up to
-/// ~0.07 ms slower on the project machine, a VM (docs/performance.md).
+/// ~0.35 s over hundreds of MB made the one-shot calls measured right after it read
+/// 0.04-0.36 ms slower on the project machine, a VM (docs/performance.md).
 fn compiled_start(world: &World, cold: Duration) {
     let file = world.laptop.scratch.0.join("component.wasm");
     std::fs::write(&file, boxd_host::COMPONENT).unwrap();
