@@ -28,8 +28,8 @@ fn the_packed_plugin_installs_into_opencode_and_runs_boxd_status() {
 pub fn relocated(dir: &Path) -> PathBuf {
     let bin = dir.join("bin");
     std::fs::create_dir_all(&bin).unwrap();
-    for exe in [boxd_host(), boxd_local()] {
-        std::fs::copy(&exe, bin.join(exe.file_name().unwrap())).unwrap();
+    for (exe, name) in [(boxd_host(), "boxd-host"), (boxd_local(), "boxd-local")] {
+        std::fs::copy(&exe, bin.join(name)).unwrap();
     }
     bin.join("boxd-host")
 }
