@@ -107,17 +107,28 @@ impl<'a, P: Programs> Opencode<'a, P> {
     }
 
     /// Whether the laptop holds each session: `opencode export` of each, up to four side
-    /// by side. One that exits non-zero is absent (as `export` reads it).
+    /// by side. Only OpenCode's own answer that it has no such session is an absence. Any
+    /// other failure (a locked database, a crash, a signal) says nothing either way, and
+    /// read as absent it would let the guest's messages be imported into a session the user
+    /// holds: it is IMPORT_FAILED, with nothing imported.
     pub fn held(&mut self, sessions: &[&str], cwd: &str) -> ToolResult<Vec<Held>> {
         let mut out = Vec::with_capacity(sessions.len());
         for batch in sessions.chunks(HELD_BATCH) {
             let requests: Vec<RunRequest> = batch.iter().map(|id| request(&["export", id], cwd)).collect();
-            for r in self.programs.run_all(&requests) {
+            for (id, r) in batch.iter().zip(self.programs.run_all(&requests)) {
                 let o = r.map_err(|e| spawn_error(e, "export"))?;
                 out.push(match (o.exit_code, first_json(&o.stdout)) {
                     (Some(0), Some(v)) => Held::Copy(v),
                     (Some(0), None) => Held::Unreadable(said(&o.stderr)),
-                    _ => Held::Absent,
+                    (Some(_), _) if not_found(&o.stderr, id) => Held::Absent,
+                    (code, _) => {
+                        let ended = code.map_or_else(|| "killed by a signal".to_string(), |c| format!("with exit code {c}"));
+                        let why = format!(
+                            "could not tell whether this laptop's OpenCode already holds session {id}: opencode export ended {ended} without saying it has no such session ({}); nothing was imported",
+                            said(&o.stderr)
+                        );
+                        return Err(ToolError::new(Code::ImportFailed, why));
+                    }
                 });
             }
         }
@@ -127,6 +138,12 @@ impl<'a, P: Programs> Opencode<'a, P> {
     fn run(&mut self, args: &[&str], cwd: &str) -> ToolResult<RunOutput> {
         self.programs.run(&request(args, cwd)).map_err(|e| spawn_error(e, args[0]))
     }
+}
+
+/// Whether `opencode export ID` said it has no session `id` ("Error: Session not found:
+/// ID", in colour, on stderr).
+fn not_found(stderr: &[u8], id: &str) -> bool {
+    without_colours(&String::from_utf8_lossy(stderr)).lines().any(|l| l.contains(id) && l.to_ascii_lowercase().contains("not found"))
 }
 
 fn request(args: &[&str], cwd: &str) -> RunRequest {
@@ -197,6 +214,24 @@ mod tests {
         assert!(e.code == Code::ProofFailed && e.message.contains("Session not found"), "{e:?}");
         assert_eq!(o.export("ses_1", "/p").unwrap_err().code, Code::OpencodeMissing);
         assert!(p.requests.iter().all(|r| r.program == "opencode" && r.cwd.as_deref() == Some("/p")));
+    }
+
+    #[test]
+    fn a_session_is_absent_only_when_opencode_says_it_has_none() {
+        let held = |exit: Option<i32>, stderr: &str| {
+            let mut p = Scripted::default();
+            match exit {
+                Some(c) => p.push_exit(c, "", stderr),
+                None => p.answers.push_back(Ok(RunOutput { exit_code: None, stdout: Vec::new(), stderr: stderr.as_bytes().to_vec(), files: Vec::new() })),
+            }
+            Opencode::new(&mut p).held(&["ses_a"], "/p").map(|h| matches!(h[..], [Held::Absent])).map_err(|e| (e.code, e.message))
+        };
+        assert_eq!(held(Some(1), "Exporting session: ses_a\n\x1b[91m\x1b[1mError: \x1b[0mSession not found: ses_a\n"), Ok(true));
+        // Anything else says nothing of whether the laptop holds it: nothing is imported.
+        for (exit, stderr) in [(Some(1), "Error: database is locked\n"), (Some(1), "Error: Session not found: ses_b\n"), (Some(134), ""), (None, "")] {
+            let (code, message) = held(exit, stderr).unwrap_err();
+            assert!(code == Code::ImportFailed && message.contains("ses_a") && message.contains("nothing was imported"), "{exit:?} {stderr}: {message}");
+        }
     }
 
     #[test]

@@ -31,6 +31,7 @@ mod temps;
 mod live_check;
 mod boxd_local_remove;
 mod warm;
+mod laptop_lookup;
 mod world_lies;
 mod acted_then_failed;
 mod side_by_side;

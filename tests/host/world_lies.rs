@@ -444,11 +444,11 @@ exec "$real" "$@"
 }
 
 /// The start of every export lie: the real answer in `real`, its root session `root`.
-const LIE_HEAD: &str = "import json, sys\nreal = json.loads(sys.stdin.read())\nroot = real[\"sessions\"][0]\n";
-const LIE_TAIL: &str = "sys.stdout.write(json.dumps(real) + \"\\n\")\n";
+pub(crate) const LIE_HEAD: &str = "import json, sys\nreal = json.loads(sys.stdin.read())\nroot = real[\"sessions\"][0]\n";
+pub(crate) const LIE_TAIL: &str = "sys.stdout.write(json.dumps(real) + \"\\n\")\n";
 
 /// A session of the user's own on the laptop, in another folder: no work's.
-fn users_own_session(world: &World) -> (String, std::path::PathBuf) {
+pub(crate) fn users_own_session(world: &World) -> (String, std::path::PathBuf) {
     let (sid, mid) = ("ses_2320ffffffffUSERSOWNSESSN", "msg_2320ffffffffUSERSOWNMSG01");
     let session = json!({
         "info": { "id": sid, "slug": "users-own", "projectID": "x", "directory": "/x", "title": "my own", "version": "1.18.33", "time": { "created": 1, "updated": 1 } },
@@ -464,7 +464,7 @@ fn users_own_session(world: &World) -> (String, std::path::PathBuf) {
 }
 
 /// The laptop's copy of a session read from `dir`, or None when it holds none.
-fn laptop_copy(world: &World, dir: &std::path::Path, id: &str) -> Option<Value> {
+pub(crate) fn laptop_copy(world: &World, dir: &std::path::Path, id: &str) -> Option<Value> {
     let path = world.laptop.scratch.0.join(format!("copy-{id}.json"));
     let out = std::process::Command::new(opencode_bin()).args(["export", id]).current_dir(dir).envs(world.laptop_env()).stdout(std::fs::File::create(&path).unwrap()).output().unwrap();
     let text = std::fs::read_to_string(&path).unwrap();
