@@ -140,10 +140,13 @@ impl<'a, P: Programs> Opencode<'a, P> {
     }
 }
 
-/// Whether `opencode export ID` said it has no session `id` ("Error: Session not found:
-/// ID", in colour, on stderr).
+/// Whether `opencode export ID` said it has no session `id`: a stderr line that ends in
+/// "not found: ID" ("Error: Session not found: ID", in colour). Its first line, "Exporting
+/// session: ID", names the id too, and the id is the guest's choice: only the line's end
+/// counts.
 fn not_found(stderr: &[u8], id: &str) -> bool {
-    without_colours(&String::from_utf8_lossy(stderr)).lines().any(|l| l.contains(id) && l.to_ascii_lowercase().contains("not found"))
+    let text = without_colours(&String::from_utf8_lossy(stderr));
+    text.lines().any(|l| l.trim_end().strip_suffix(id).is_some_and(|head| head.trim_end().to_ascii_lowercase().ends_with("not found:")))
 }
 
 fn request(args: &[&str], cwd: &str) -> RunRequest {
@@ -228,7 +231,8 @@ mod tests {
         };
         assert_eq!(held(Some(1), "Exporting session: ses_a\n\x1b[91m\x1b[1mError: \x1b[0mSession not found: ses_a\n"), Ok(true));
         // Anything else says nothing of whether the laptop holds it: nothing is imported.
-        for (exit, stderr) in [(Some(1), "Error: database is locked\n"), (Some(1), "Error: Session not found: ses_b\n"), (Some(134), ""), (None, "")] {
+        let locked = "Exporting session: ses_a\nError: database is locked\n";
+        for (exit, stderr) in [(Some(1), locked), (Some(1), "Error: Session not found: ses_b\n"), (Some(1), "Error: Session not found: ses_a and more\n"), (Some(134), ""), (None, "")] {
             let (code, message) = held(exit, stderr).unwrap_err();
             assert!(code == Code::ImportFailed && message.contains("ses_a") && message.contains("nothing was imported"), "{exit:?} {stderr}: {message}");
         }
