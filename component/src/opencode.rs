@@ -35,6 +35,13 @@ pub enum Held {
 /// How many `opencode export` runs `held` starts side by side (the hosts' run-all bound).
 const HELD_BATCH: usize = 4;
 
+/// How many times an `import` or `export` is run while it fails without an answer of
+/// OpenCode's own. Two opencode processes that open a data folder no opencode has opened yet
+/// race to make its database: the loser fails ("database is locked", or "Failed query:
+/// CREATE TABLE …" for a table the other just made), and a run a moment later finds it
+/// made. Two harvests at once on a fresh laptop do exactly that.
+pub(crate) const TRIES: usize = 3;
+
 /// Drives the laptop's `opencode` CLI through the `Programs` capability.
 pub struct Opencode<'a, P: Programs> {
     programs: &'a mut P,
@@ -90,7 +97,7 @@ impl<'a, P: Programs> Opencode<'a, P> {
 
     /// `opencode import FILE` in the work's folder (which names the project it lands in).
     pub fn import(&mut self, file: &str, session: &str, cwd: &str) -> ToolResult<()> {
-        let out = self.run(&["import", file], cwd)?;
+        let out = self.run(&["import", file], cwd, |_| false)?;
         if out.exit_code != Some(0) {
             return Err(ToolError::new(Code::ImportFailed, format!("opencode import of session {session} failed: {}", said(&out.stderr))));
         }
@@ -100,7 +107,7 @@ impl<'a, P: Programs> Opencode<'a, P> {
     /// `opencode export SESSION`: the laptop's own copy, or PROOF_FAILED when it has none
     /// it can print.
     pub fn export(&mut self, session: &str, cwd: &str) -> ToolResult<Value> {
-        let out = self.run(&["export", session], cwd)?;
+        let out = self.run(&["export", session], cwd, |o| not_found(&o.stderr, session))?;
         first_json(&out.stdout).filter(|_| out.exit_code == Some(0)).ok_or_else(|| {
             ToolError::new(Code::ProofFailed, format!("the laptop has no readable copy of session {session}: {}", said(&out.stderr)))
         })
@@ -110,13 +117,16 @@ impl<'a, P: Programs> Opencode<'a, P> {
     /// by side. Only OpenCode's own answer that it has no such session is an absence. Any
     /// other failure (a locked database, a crash, a signal) says nothing either way, and
     /// read as absent it would let the guest's messages be imported into a session the user
-    /// holds: it is IMPORT_FAILED, with nothing imported.
+    /// holds: the export is run again (`TRIES`), and a failure that stays is IMPORT_FAILED,
+    /// with nothing imported.
     pub fn held(&mut self, sessions: &[&str], cwd: &str) -> ToolResult<Vec<Held>> {
         let mut out = Vec::with_capacity(sessions.len());
         for batch in sessions.chunks(HELD_BATCH) {
             let requests: Vec<RunRequest> = batch.iter().map(|id| request(&["export", id], cwd)).collect();
-            for (id, r) in batch.iter().zip(self.programs.run_all(&requests)) {
+            let first = self.programs.run_all(&requests);
+            for ((id, req), r) in batch.iter().zip(&requests).zip(first) {
                 let o = r.map_err(|e| spawn_error(e, "export"))?;
+                let o = self.again(req, o, |o| not_found(&o.stderr, id))?;
                 out.push(match (o.exit_code, first_json(&o.stdout)) {
                     (Some(0), Some(v)) => Held::Copy(v),
                     (Some(0), None) => Held::Unreadable(said(&o.stderr)),
@@ -124,7 +134,7 @@ impl<'a, P: Programs> Opencode<'a, P> {
                     (code, _) => {
                         let ended = code.map_or_else(|| "killed by a signal".to_string(), |c| format!("with exit code {c}"));
                         let why = format!(
-                            "could not tell whether this laptop's OpenCode already holds session {id}: opencode export ended {ended} without saying it has no such session ({}); nothing was imported",
+                            "could not tell whether this laptop's OpenCode already holds session {id}: opencode export ended {ended} without saying it has no such session, {TRIES} times ({}); nothing was imported",
                             said(&o.stderr)
                         );
                         return Err(ToolError::new(Code::ImportFailed, why));
@@ -135,8 +145,24 @@ impl<'a, P: Programs> Opencode<'a, P> {
         Ok(out)
     }
 
-    fn run(&mut self, args: &[&str], cwd: &str) -> ToolResult<RunOutput> {
-        self.programs.run(&request(args, cwd)).map_err(|e| spawn_error(e, args[0]))
+    /// One `opencode` run, run again (`TRIES`) while it fails and `answered` says the
+    /// failure is not OpenCode's own answer.
+    fn run(&mut self, args: &[&str], cwd: &str, answered: impl Fn(&RunOutput) -> bool) -> ToolResult<RunOutput> {
+        let req = request(args, cwd);
+        let out = self.programs.run(&req).map_err(|e| spawn_error(e, args[0]))?;
+        self.again(&req, out, answered)
+    }
+
+    /// `out`, or the output of `req` run again, up to `TRIES` runs in all, while it ended
+    /// non-zero or by a signal without `answered`. A timeout is not run again.
+    fn again(&mut self, req: &RunRequest, mut out: RunOutput, answered: impl Fn(&RunOutput) -> bool) -> ToolResult<RunOutput> {
+        for _ in 1..TRIES {
+            if out.exit_code == Some(0) || answered(&out) {
+                break;
+            }
+            out = self.programs.run(req).map_err(|e| spawn_error(e, &req.args[0]))?;
+        }
+        Ok(out)
     }
 }
 
@@ -205,9 +231,11 @@ mod tests {
     fn import_and_export_run_in_the_works_folder_and_name_their_failures() {
         let mut p = Scripted::default();
         p.push_exit(0, "Imported session ses_1", "");
-        p.push_fail(1, "Error: bad file");
+        for _ in 0..TRIES {
+            p.push_fail(1, "Error: bad file");
+        }
         p.push_exit(0, "Exporting…\n{\"info\":{\"id\":\"ses_1\"},\"messages\":[]}\n", "");
-        p.push_exit(1, "", "Session not found");
+        p.push_exit(1, "", "Error: Session not found: ses_1");
         p.push_spawn_error(SpawnError::NotAllowed("opencode".into()));
         let mut o = Opencode::new(&mut p);
         assert!(o.import("/l/x.json", "ses_1", "/p").is_ok());
@@ -217,17 +245,47 @@ mod tests {
         assert!(e.code == Code::ProofFailed && e.message.contains("Session not found"), "{e:?}");
         assert_eq!(o.export("ses_1", "/p").unwrap_err().code, Code::OpencodeMissing);
         assert!(p.requests.iter().all(|r| r.program == "opencode" && r.cwd.as_deref() == Some("/p")));
+        assert!(p.answers.is_empty(), "a failed import ran {TRIES} times, OpenCode's own not-found once");
+    }
+
+    #[test]
+    fn a_run_that_fails_without_opencodes_own_answer_is_run_again() {
+        // Two opencode processes opening a fresh data folder at once: the loser's words.
+        let race = "\x1b[91m\x1b[1mError: \x1b[0mUnexpected error\n\nFailed query: \n        CREATE TABLE `workspace` (\n        );\n      \nparams: \n";
+        let copy = "Exporting…\n{\"info\":{\"id\":\"ses_a\"},\"messages\":[]}\n";
+        let mut p = Scripted::default();
+        p.push_fail(1, race);
+        p.push_fail(1, "Error: Unexpected error\n\ndatabase is locked\n");
+        p.push_exit(0, copy, "");
+        assert_eq!(Opencode::new(&mut p).export("ses_a", "/p").unwrap()["info"]["id"], "ses_a");
+        p.push_fail(1, race);
+        p.push_exit(0, "Imported session ses_a", "");
+        assert!(Opencode::new(&mut p).import("/l/x.json", "ses_a", "/p").is_ok());
+        // held: each of a batch is run again on its own, until it answers.
+        p.push_fail(1, race);
+        p.push_fail(1, "Error: Session not found: ses_b\n");
+        p.push_fail(1, "Error: Unexpected error\n\ndatabase is locked\n");
+        p.push_exit(0, copy, "");
+        let held = Opencode::new(&mut p).held(&["ses_a", "ses_b"], "/p").unwrap();
+        assert!(matches!(held[..], [Held::Copy(_), Held::Absent]), "{held:?}");
+        assert_eq!(p.commands().iter().filter(|c| c.starts_with("export")).count(), 3 + 4);
+        assert!(p.answers.is_empty());
     }
 
     #[test]
     fn a_session_is_absent_only_when_opencode_says_it_has_none() {
         let held = |exit: Option<i32>, stderr: &str| {
             let mut p = Scripted::default();
-            match exit {
-                Some(c) => p.push_exit(c, "", stderr),
-                None => p.answers.push_back(Ok(RunOutput { exit_code: None, stdout: Vec::new(), stderr: stderr.as_bytes().to_vec(), files: Vec::new() })),
+            for _ in 0..TRIES {
+                match exit {
+                    Some(c) => p.push_exit(c, "", stderr),
+                    None => p.answers.push_back(Ok(RunOutput { exit_code: None, stdout: Vec::new(), stderr: stderr.as_bytes().to_vec(), files: Vec::new() })),
+                }
             }
-            Opencode::new(&mut p).held(&["ses_a"], "/p").map(|h| matches!(h[..], [Held::Absent])).map_err(|e| (e.code, e.message))
+            let held = Opencode::new(&mut p).held(&["ses_a"], "/p").map(|h| matches!(h[..], [Held::Absent])).map_err(|e| (e.code, e.message));
+            // OpenCode's own answer is taken at once; anything else is asked again.
+            assert_eq!(p.answers.len(), if held == Ok(true) { TRIES - 1 } else { 0 }, "{stderr}");
+            held
         };
         assert_eq!(held(Some(1), "Exporting session: ses_a\n\x1b[91m\x1b[1mError: \x1b[0mSession not found: ses_a\n"), Ok(true));
         // Anything else says nothing of whether the laptop holds it: nothing is imported.
