@@ -20,7 +20,7 @@ use crate::encode::sha256_hex;
 use crate::errors::{Code, ToolError, ToolResult};
 use crate::guest::Guest;
 use crate::ledger::{Ledger, Proof, SessionProof, Work};
-use crate::opencode::Opencode;
+use crate::opencode::{Held, Opencode};
 
 /// One session as the guest exported it: `{info, messages}`.
 struct Exported {
@@ -206,8 +206,10 @@ fn import_checked(env: &mut Env, file: &str, s: &Exported, directory: &str) -> T
 /// there since (or an OpenCode data folder changed) is imported again from the export the
 /// ledger stored when it was proven, and checked as a harvest checks it. A session that is
 /// there is left as it is, whatever it holds now: messages reverted or added on the laptop
-/// are the user's. Returns the ids restored, and a note when the laptop's copy could not be
-/// looked at from here (the work belongs to another project: the ledger's copy stays).
+/// are the user's. Only OpenCode's own "not found" is an absence (`Opencode::held`): an
+/// import after a lookup that merely failed would bring back messages the user reverted.
+/// Returns the ids restored, and a note when the laptop's copy could not be looked at from
+/// here (the work belongs to another project: the ledger's copy stays).
 pub(super) fn restore_for_drop(env: &mut Env, w: &Work) -> ToolResult<(Vec<String>, Option<String>)> {
     let Some(proof) = w.proofs.last().filter(|p| !p.sessions.is_empty()) else { return Ok((Vec::new(), None)) };
     if work_folder_granted(env.ctx, w).is_err() {
@@ -216,10 +218,12 @@ pub(super) fn restore_for_drop(env: &mut Env, w: &Work) -> ToolResult<(Vec<Strin
     }
     let mut restored = Vec::new();
     for p in &proof.sessions {
-        match Opencode::new(&mut env.programs).export(&p.id, &w.directory) {
-            Ok(_) => continue,
-            Err(e) if e.code != Code::ProofFailed => return Err(e),
-            Err(_) => {}
+        let held = Opencode::new(&mut env.programs).held(&[p.id.as_str()], &w.directory).map_err(|e| match e.code {
+            Code::ImportFailed => ToolError::with_next(e.code, e.message, "Read the laptop OpenCode's message above, fix it, then call boxd_drop again; nothing was destroyed."),
+            _ => e,
+        })?;
+        if !matches!(held[..], [Held::Absent]) {
+            continue;
         }
         let mut ledger = Ledger::for_call(&mut env.files, env.ctx);
         let intact = p.file.as_ref().map_or(Ok(false), |f| stored_intact(&mut ledger, &w.work, f, None))?;

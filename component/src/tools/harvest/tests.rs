@@ -242,6 +242,34 @@ fn the_guests_permission_rules_and_steering_never_reach_the_laptop() {
 }
 
 #[test]
+fn a_drop_restores_a_session_only_when_opencode_says_it_has_none() {
+    let s = session("ses_a", None, 2);
+    let restore = |answers: &[(i32, &str, &str)]| {
+        let (ctx, mut files) = ledger_with(&[]);
+        let w = proven(&mut files, "w1", &s);
+        let mut programs = crate::testing::Scripted::default();
+        for (code, out, err) in answers {
+            programs.push_exit(*code, out, err);
+        }
+        let mut env = Env { programs: &mut programs, files: &mut files, ctx: &ctx };
+        let r = restore_for_drop(&mut env, &w).map(|(restored, _)| restored).map_err(|e| (e.code, e.message, e.next));
+        assert!(programs.answers.is_empty(), "{:?}", programs.commands());
+        (r, programs.commands().iter().filter(|c| c.starts_with("import")).count())
+    };
+    let locked = "Error: Unexpected error\n\ndatabase is locked\n";
+    // A lookup that keeps failing says nothing: the drop stops, nothing imported.
+    let (r, imports) = restore(&[(1, "", locked), (1, "", locked), (1, "", locked)]);
+    let (code, message, next) = r.unwrap_err();
+    assert!(code == Code::ImportFailed && message.contains("ses_a") && message.contains("database is locked") && next.contains("boxd_drop"), "{message} {next}");
+    assert_eq!(imports, 0);
+    // A copy OpenCode printed nothing of is still held: left as it is.
+    assert_eq!(restore(&[(0, "", "")]), (Ok(Vec::new()), 0));
+    // A lookup that failed once, then said "not found": restored.
+    let (r, imports) = restore(&[(1, "", locked), (1, "", "Error: Session not found: ses_a"), (0, "", ""), (0, &s.to_string(), "")]);
+    assert_eq!((r, imports), (Ok(alloc::vec!["ses_a".to_string()]), 1));
+}
+
+#[test]
 fn every_message_and_part_names_its_own_session_and_message() {
     let bad = |edit: &dyn Fn(&mut Value)| {
         let mut v = json!({ "sessions": [session("ses_root", None, 2), session("ses_child", Some("ses_root"), 1)] });
