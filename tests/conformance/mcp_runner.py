@@ -6,12 +6,13 @@ Python SDK and write each step's raw result (the tool's JSON, or its error objec
     mcp_runner.py --host BOXD_HOST --probe PROBE_WASM --out FILE -- <boxd-host flags…>
 
 A step with "host" runs on its own server, started with that setup's flags (scenario
-`hosts`: other plugin options, or the probe component).
+`hosts`: other plugin options, the probe component, or a laptop opencode that fails).
 """
 
 import argparse
 import json
 import os
+import shutil
 import sys
 
 import contextlib
@@ -37,7 +38,34 @@ def setup_flags(a, scenario, name):
         flags += ["--options", json.dumps(setup["options"])]
     if setup.get("component") == "probe":
         flags += ["--component", a.probe]
+    if "opencodeFails" in setup:
+        flags += ["--opencode", failing_opencode(a, setup["opencodeFails"])]
     return flags
+
+
+def failing_opencode(a, fails):
+    """tests/conformance/opencode-that-fails.sh in a folder beside --out, next to the real
+    opencode (--opencode among the host flags) and its count of failures."""
+    folder = os.path.join(os.path.dirname(os.path.abspath(a.out)), "failing-opencode")
+    os.makedirs(folder, exist_ok=True)
+    wrapper = os.path.join(folder, "opencode")
+    shutil.copy(os.path.join(os.path.dirname(__file__), "opencode-that-fails.sh"), wrapper)
+    real = os.path.join(folder, "real")
+    if os.path.lexists(real):
+        os.remove(real)
+    os.symlink(a.real_opencode, real)
+    with open(os.path.join(folder, "fails"), "w") as f:
+        f.write(str(fails))
+    return wrapper
+
+
+def failures_spent(a, scenario, step):
+    """After a step whose laptop opencode fails: the host ran it as many times as it fails."""
+    if "opencodeFails" not in scenario["hosts"].get(step.get("host"), {}):
+        return
+    left = open(os.path.join(os.path.dirname(os.path.abspath(a.out)), "failing-opencode", "fails")).read().strip()
+    if left != "0":
+        raise SystemExit(f"{step['tool']}: the laptop's opencode was not run as often as it fails ({left} left)")
 
 
 def arm_faults(step):
@@ -86,6 +114,7 @@ async def main(a, flags):
             if "host" in step:
                 async with session(a, flags + setup_flags(a, scenario, step["host"])) as other:
                     results.append(await run_step(other, step))
+                failures_spent(a, scenario, step)
             else:
                 results.append(await run_step(s, step))
     json.dump(results, open(a.out, "w"), indent=1)
@@ -98,4 +127,8 @@ if __name__ == "__main__":
     p.add_argument("--host", required=True)
     p.add_argument("--probe", required=True)
     p.add_argument("--out", required=True)
-    anyio.run(main, p.parse_args(argv[:split]), argv[split + 1:])
+    a = p.parse_args(argv[:split])
+    flags = argv[split + 1:]
+    # The real opencode: the one the host flags name.
+    a.real_opencode = flags[flags.index("--opencode") + 1]
+    anyio.run(main, a, flags)

@@ -3,6 +3,8 @@
 //! real opencode with the scripted model), each against its own boxd-local, and the
 //! normalised results must be equal.
 
+use std::path::{Path, PathBuf};
+
 use serde_json::{json, Value};
 
 use crate::common::*;
@@ -57,8 +59,9 @@ fn prepare(world: &World) {
     std::fs::create_dir_all(world.laptop.project.join("out")).unwrap();
 }
 
-/// The boxd-host flags of a step's host setup (scenario `hosts`): none for the default.
-fn setup_flags(step: &Value) -> Vec<String> {
+/// The boxd-host flags of a step's host setup (scenario `hosts`): none for the default. A
+/// laptop opencode that fails is laid out in `scratch`.
+fn setup_flags(step: &Value, scratch: &Path) -> Vec<String> {
     let Some(name) = step.get("host").and_then(Value::as_str) else { return Vec::new() };
     let setup = &scenario()["hosts"][name];
     let mut flags = Vec::new();
@@ -68,7 +71,31 @@ fn setup_flags(step: &Value) -> Vec<String> {
     if setup.get("component").and_then(Value::as_str) == Some("probe") {
         flags.extend(["--component".to_string(), probe_wasm().display().to_string()]);
     }
+    if let Some(fails) = setup.get("opencodeFails").and_then(Value::as_u64) {
+        flags.extend(["--opencode".to_string(), failing_opencode(&scratch.join("failing-opencode"), fails).display().to_string()]);
+    }
     flags
+}
+
+/// tests/conformance/opencode-that-fails.sh in `dir`, beside the real opencode and its count
+/// of failures (scenario `opencodeFails`).
+fn failing_opencode(dir: &Path, fails: u64) -> PathBuf {
+    std::fs::create_dir_all(dir).unwrap();
+    let wrapper = dir.join("opencode");
+    std::fs::copy(repo().join("tests/conformance/opencode-that-fails.sh"), &wrapper).unwrap();
+    let _ = std::fs::remove_file(dir.join("real"));
+    std::os::unix::fs::symlink(opencode_bin(), dir.join("real")).unwrap();
+    std::fs::write(dir.join("fails"), fails.to_string()).unwrap();
+    wrapper
+}
+
+/// After a step whose laptop opencode fails: the host ran it as many times as it fails.
+fn failures_spent(step: &Value, scratch: &Path) {
+    let Some(name) = step.get("host").and_then(Value::as_str) else { return };
+    if scenario()["hosts"][name].get("opencodeFails").is_some() {
+        let left = std::fs::read_to_string(scratch.join("failing-opencode/fails")).unwrap();
+        assert_eq!(left.trim(), "0", "{}: the laptop's opencode was not run as often as it fails", step["tool"]);
+    }
 }
 
 /// A step's boxd-local fault rules (scenario `faults`), written just before it.
@@ -100,11 +127,12 @@ fn via_cli() -> Results {
     let (mut out, mut raw) = (Vec::new(), Vec::new());
     for step in scenario()["steps"].as_array().unwrap() {
         let (tool, args) = (step["tool"].as_str().unwrap(), step["args"].to_string());
-        let flags = setup_flags(step);
+        let flags = setup_flags(step, &world.laptop.scratch.0);
         let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
         arm_faults(&world.laptop.boxd_home, step);
         let mut v = world.call_with(&flags, tool, &args).1;
         disarm_faults(&world.laptop.boxd_home, step);
+        failures_spent(step, &world.laptop.scratch.0);
         let until = step.get("until").and_then(Value::as_object);
         let mut tries = 0;
         while until.is_some_and(|u| u.iter().all(|(k, x)| &v[k] == x)) && tries < 240 {
@@ -198,6 +226,12 @@ fn every_host_gives_the_same_results() -> Result<(), Differs> {
     assert!(cli[18]["next"].as_str().unwrap().contains("'access'"), "{:#}", cli[18]);
     assert_eq!(cli[19]["text"], "not-allowed: {}: not in the host's policy (allowed: boxd, opencode, git)");
     assert_eq!((cli[20]["error"].as_str(), cli[20]["next"].as_str()), (Some("HOST_FAILED"), Some(boxd_host::policy::host_failed_next())));
+    // A laptop opencode whose database stays locked, then one that loses a race twice.
+    assert_eq!(cli[33]["outcome"], "completed", "{:#}", cli[33]);
+    assert_eq!(cli[34]["error"], "IMPORT_FAILED", "{:#}", cli_results.1[34]);
+    assert!(cli_results.1[34]["message"].as_str().unwrap().contains("database is locked"), "{:#}", cli_results.1[34]);
+    assert_eq!((&cli[35]["proven"], &cli[35]["sessions"]), (&json!(true), &json!(1)), "{:#}", cli_results.1[35]);
+    assert_eq!(cli[36]["dropped"], true, "{:#}", cli[36]);
     same("the MCP server", &mcp, &cli_results)?;
     let oc = opencode.expect("the OpenCode runner failed");
     same("the OpenCode bridge", &oc, &cli_results)

@@ -4,8 +4,9 @@
 // normalises and compares with `boxd-host call` and the MCP server; the facts every host
 // must show are also checked here, so this suite stands on its own. A step with "host"
 // runs on the bridge's plugin module (index.js) set up as scenario `hosts` names it —
-// other options, or a copy of the plugin built around the test-only probe component
-// ($BOXD_PROBE_WASM) — called the way OpenCode calls a tool, without a second opencode.
+// other options, a copy of the plugin built around the test-only probe component
+// ($BOXD_PROBE_WASM), or a laptop opencode that fails (its `opencode` option) — called the
+// way OpenCode calls a tool, without a second opencode.
 import { test, describe, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { execFileSync } from "node:child_process";
@@ -13,7 +14,7 @@ import { createHash } from "node:crypto";
 import fs from "node:fs";
 import path from "node:path";
 import { pathToFileURL } from "node:url";
-import { BOXD_LOCAL, Laptop, OC_VERSION, PLUGIN, REPO, copyShippedPlugin, missingPrerequisite, outputJson } from "./harness.mjs";
+import { BOXD_LOCAL, Laptop, OC_VERSION, OPENCODE, PLUGIN, REPO, copyShippedPlugin, missingPrerequisite, outputJson } from "./harness.mjs";
 
 const SCENARIO = JSON.parse(fs.readFileSync(path.join(REPO, "tests/conformance/scenario.json"), "utf8"));
 const RESULTS = path.join(REPO, "target/conformance-opencode.json");
@@ -31,12 +32,28 @@ function probePlugin(dir) {
   return dir;
 }
 
+/**
+ * tests/conformance/opencode-that-fails.sh in `dir`, beside the real opencode and its count
+ * of failures (scenario `opencodeFails`).
+ */
+function failingOpencode(dir, fails) {
+  fs.mkdirSync(dir, { recursive: true });
+  const wrapper = path.join(dir, "opencode");
+  fs.copyFileSync(path.join(REPO, "tests/conformance/opencode-that-fails.sh"), wrapper);
+  fs.chmodSync(wrapper, 0o755);
+  fs.rmSync(path.join(dir, "real"), { force: true });
+  fs.symlinkSync(OPENCODE, path.join(dir, "real"));
+  fs.writeFileSync(path.join(dir, "fails"), String(fails));
+  return wrapper;
+}
+
 /** The plugin's hooks for a host setup, as OpenCode would load them for this laptop. */
 async function setupHooks(l, setup) {
   const dir = setup.component === "probe" ? probePlugin(path.join(l.root, "probe-plugin")) : PLUGIN;
   const { default: plugin } = await import(pathToFileURL(path.join(dir, "index.js")).href);
   const client = { _client: { get: async () => ({ data: { version: OC_VERSION } }) } };
-  return plugin.server({ directory: l.project, client }, { boxd: BOXD_LOCAL, ledgerDir: l.ledger, ...setup.options });
+  const laptop = setup.opencodeFails === undefined ? {} : { opencode: failingOpencode(path.join(l.root, "failing-opencode"), setup.opencodeFails) };
+  return plugin.server({ directory: l.project, client }, { boxd: BOXD_LOCAL, ledgerDir: l.ledger, ...setup.options, ...laptop });
 }
 
 /** One tool call through the hooks, as OpenCode makes it; the JSON (or text) the model reads. */
@@ -92,6 +109,10 @@ describe("the conformance scenario through the OpenCode bridge", { skip }, () =>
           if (v === undefined) delete process.env[k];
           else process.env[k] = v;
         }
+        if (SCENARIO.hosts[step.host].opencodeFails !== undefined) {
+          const left = fs.readFileSync(path.join(l.root, "failing-opencode/fails"), "utf8").trim();
+          assert.equal(left, "0", `${step.tool}: the laptop's opencode was not run as often as it fails`);
+        }
       }
     }
     let value;
@@ -143,6 +164,13 @@ describe("the conformance scenario through the OpenCode bridge", { skip }, () =>
     assert.equal(v[28].state, "idle", JSON.stringify(v[28]));
     assert.equal(v[29].proven, true, JSON.stringify(v[29]));
     assert.equal(v[30].dropped, true, JSON.stringify(v[30]));
+    // A laptop opencode whose database stays locked, then one that loses a race twice.
+    assert.equal(v[33].outcome, "completed", JSON.stringify(v[33]));
+    assert.equal(v[34].error, "IMPORT_FAILED", JSON.stringify(v[34]));
+    assert.match(v[34].message, /database is locked/);
+    assert.equal(v[35].proven, true, JSON.stringify(v[35]));
+    assert.equal(v[35].sessions.length, 1, JSON.stringify(v[35]));
+    assert.equal(v[36].dropped, true, JSON.stringify(v[36]));
     fs.mkdirSync(path.dirname(RESULTS), { recursive: true });
     fs.writeFileSync(RESULTS, JSON.stringify(results, null, 1));
   });
