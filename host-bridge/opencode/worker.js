@@ -124,7 +124,10 @@ function runAll(reqs) {
     }
     const raised = Atomics.load(shared, REPLY);
     if (raised === taken) {
-      Atomics.wait(shared, REPLY, raised);
+      // Bounded: Bun's terminate() does not wake a thread blocked in Atomics.wait, so a pool
+      // closed before its reply was sent would leave this worker (and the shim's thread)
+      // waiting for ever. Woken, the loop runs JS again, and there the termination lands.
+      Atomics.wait(shared, REPLY, raised, 100);
       continue;
     }
     // The word is raised after the reply is posted; allow a moment for it to show on the port.

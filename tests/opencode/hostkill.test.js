@@ -387,6 +387,13 @@ describe("OpenCode killed or stopped mid-call", { skip }, () => {
         const comm = (t) => { try { return fs.readFileSync("/proc/self/task/" + t + "/comm", "utf8").trim(); } catch { return ""; } }; // it may have just ended
         const threads = () => fs.readdirSync("/proc/self/task").filter((t) => !bun || comm(t) === "Worker").length;
         const pids = () => (fs.existsSync(dir + "/pids") ? fs.readFileSync(dir + "/pids", "utf8").trim().split("\\n").map(Number) : []);
+        // What each counted thread is doing, and what became of the children: for the
+        // message of a run whose count did not come back.
+        const task = (t, f) => { try { return fs.readFileSync("/proc/self/task/" + t + "/" + f, "utf8").trim(); } catch { return "-"; } };
+        const doing = () => ({
+          threads: fs.readdirSync("/proc/self/task").filter((t) => !bun || comm(t) === "Worker").map((t) => [t, comm(t), task(t, "stat").split(") ")[1]?.split(" ")[0], task(t, "wchan"), task(t, "children")].join(" ")),
+          children: pids().map((p) => p + (gone(p) ? " gone" : " alive")),
+        });
         const counts = [];
         for (let round = 0; round < 6; round++) {
           const busy = round % 2 === 1;
@@ -408,12 +415,12 @@ describe("OpenCode killed or stopped mid-call", { skip }, () => {
           await waitWhile(() => round && threads() > counts[0], 5000, 50);
           counts.push(threads());
         }
-        say({ counts, children: pids() });
+        say({ counts, children: pids(), left: counts.at(-1) > counts[0] ? doing() : undefined });
         process.exit(0);`));
       left.push(...(seen.children ?? []));
       assert.equal(seen.counts?.length, 6, JSON.stringify(seen));
       assert.ok(seen.children.length >= 3, `the pools were not closed mid-call (${JSON.stringify(seen)})`);
-      assert.ok(seen.counts.at(-1) <= seen.counts[0], `threads left grew with each closed pool: ${seen.counts.join(", ")}`);
+      assert.ok(seen.counts.at(-1) <= seen.counts[0], `threads left grew with each closed pool: ${seen.counts.join(", ")} (${JSON.stringify(seen.left)})`);
       for (const pid of seen.children) assert.ok(await waitGone(pid, 5000), `${pid}, a child of a pool closed mid-call, outlived close()`);
     } finally {
       fs.rmSync(dir, { recursive: true, force: true });
@@ -534,6 +541,9 @@ function runScript(runtime, body) {
   try {
     return execFileSync(bin, [script], { encoding: "utf8", env, timeout: 60000 });
   } catch (e) {
+    // A script that ended before it said anything: how, and its last words, not a bare
+    // "Unexpected end of JSON input" from the caller's parse.
+    if (!e.stdout) throw new Error(`the ${runtime} script ended (${e.signal ?? `exit code ${e.status}`}) without an answer: ${String(e.stderr ?? "").slice(-2000)}`);
     return e.stdout;
   } finally {
     fs.rmSync(dir, { recursive: true, force: true });
