@@ -154,10 +154,10 @@ impl<'a, P: Programs> Opencode<'a, P> {
     }
 
     /// `out`, or the output of `req` run again, up to `TRIES` runs in all, while it ended
-    /// non-zero or by a signal without `answered`. A timeout is not run again.
+    /// non-zero without `answered`, or by a signal. A timeout is not run again.
     fn again(&mut self, req: &RunRequest, mut out: RunOutput, answered: impl Fn(&RunOutput) -> bool) -> ToolResult<RunOutput> {
         for _ in 1..TRIES {
-            if out.exit_code == Some(0) || answered(&out) {
+            if out.exit_code == Some(0) || (out.exit_code.is_some() && answered(&out)) {
                 break;
             }
             out = self.programs.run(req).map_err(|e| spawn_error(e, &req.args[0]))?;
@@ -166,13 +166,16 @@ impl<'a, P: Programs> Opencode<'a, P> {
     }
 }
 
-/// Whether `opencode export ID` said it has no session `id`: a stderr line that ends in
-/// "not found: ID" ("Error: Session not found: ID", in colour). Its first line, "Exporting
-/// session: ID", names the id too, and the id is the guest's choice: only the line's end
-/// counts.
+/// Whether `opencode export ID` said it has no session `id`: a stderr line that starts with
+/// "Error:" and ends in "not found: ID" ("Error: Session not found: ID", in colour). Its
+/// first line, "Exporting session: ID", names the id too, and the id is the guest's choice:
+/// only OpenCode's error line counts.
 fn not_found(stderr: &[u8], id: &str) -> bool {
     let text = without_colours(&String::from_utf8_lossy(stderr));
-    text.lines().any(|l| l.trim_end().strip_suffix(id).is_some_and(|head| head.trim_end().to_ascii_lowercase().ends_with("not found:")))
+    text.lines().any(|l| {
+        let l = l.trim();
+        l.starts_with("Error:") && l.strip_suffix(id).is_some_and(|head| head.trim_end().to_ascii_lowercase().ends_with("not found:"))
+    })
 }
 
 fn request(args: &[&str], cwd: &str) -> RunRequest {
@@ -290,7 +293,9 @@ mod tests {
         assert_eq!(held(Some(1), "Exporting session: ses_a\n\x1b[91m\x1b[1mError: \x1b[0mSession not found: ses_a\n"), Ok(true));
         // Anything else says nothing of whether the laptop holds it: nothing is imported.
         let locked = "Exporting session: ses_a\nError: database is locked\n";
-        for (exit, stderr) in [(Some(1), locked), (Some(1), "Error: Session not found: ses_b\n"), (Some(1), "Error: Session not found: ses_a and more\n"), (Some(134), ""), (None, "")] {
+        let said_by_guest = "Exporting session: ses_a\ntitle: Session not found: ses_a\n";
+        let killed_saying_it = "Error: Session not found: ses_a\n";
+        for (exit, stderr) in [(Some(1), locked), (Some(1), "Error: Session not found: ses_b\n"), (Some(1), "Error: Session not found: ses_a and more\n"), (Some(1), said_by_guest), (Some(134), ""), (None, ""), (None, killed_saying_it)] {
             let (code, message) = held(exit, stderr).unwrap_err();
             assert!(code == Code::ImportFailed && message.contains("ses_a") && message.contains("nothing was imported"), "{exit:?} {stderr}: {message}");
         }

@@ -216,12 +216,15 @@ pub(super) fn restore_for_drop(env: &mut Env, w: &Work) -> ToolResult<(Vec<Strin
         let note = format!("the laptop's OpenCode copy of the transcript was not checked: work '{}' belongs to {}, outside this project; the ledger keeps its proven export", w.work, w.directory);
         return Ok((Vec::new(), Some(note)));
     }
+    // A harvest would not put the session back (its digest is unchanged): the next step of
+    // a failed lookup or import here is the drop again.
+    let again = |e: ToolError| match e.code {
+        Code::ImportFailed | Code::ProofFailed => ToolError::with_next(e.code, e.message, "Read the laptop OpenCode's message above, fix it, then call boxd_drop again; nothing was destroyed."),
+        _ => e,
+    };
     let mut restored = Vec::new();
     for p in &proof.sessions {
-        let held = Opencode::new(&mut env.programs).held(&[p.id.as_str()], &w.directory).map_err(|e| match e.code {
-            Code::ImportFailed => ToolError::with_next(e.code, e.message, "Read the laptop OpenCode's message above, fix it, then call boxd_drop again; nothing was destroyed."),
-            _ => e,
-        })?;
+        let held = Opencode::new(&mut env.programs).held(&[p.id.as_str()], &w.directory).map_err(again)?;
         if !matches!(held[..], [Held::Absent]) {
             continue;
         }
@@ -250,7 +253,7 @@ pub(super) fn restore_for_drop(env: &mut Env, w: &Work) -> ToolResult<(Vec<Strin
             ));
         };
         let s = Exported { id: p.id.clone(), parent: p.parent_id.clone(), json, messages: p.messages, digest: p.digest.clone() };
-        import_checked(env, &path, &s, &w.directory)?;
+        import_checked(env, &path, &s, &w.directory).map_err(again)?;
         restored.push(p.id.clone());
     }
     Ok((restored, None))

@@ -264,6 +264,12 @@ fn a_drop_restores_a_session_only_when_opencode_says_it_has_none() {
     assert_eq!(imports, 0);
     // A copy OpenCode printed nothing of is still held: left as it is.
     assert_eq!(restore(&[(0, "", "")]), (Ok(Vec::new()), 0));
+    // An import that keeps failing is the drop's to try again (a harvest would not: the
+    // digest is unchanged).
+    let gone = (1, "", "Error: Session not found: ses_a");
+    let (r, imports) = restore(&[gone, (1, "", locked), (1, "", locked), (1, "", locked), gone]);
+    let (code, _, next) = r.unwrap_err();
+    assert!(code == Code::ImportFailed && next.contains("boxd_drop") && imports == 3, "{next}");
     // A lookup that failed once, then said "not found": restored.
     let (r, imports) = restore(&[(1, "", locked), (1, "", "Error: Session not found: ses_a"), (0, "", ""), (0, &s.to_string(), "")]);
     assert_eq!((r, imports), (Ok(alloc::vec!["ses_a".to_string()]), 1));
