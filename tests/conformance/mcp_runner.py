@@ -3,7 +3,7 @@
 Python SDK and write each step's raw result (the tool's JSON, or its error object) to
 --out as a JSON array. The comparison with the other hosts is in tests/host/conformance.rs.
 
-    mcp_runner.py --host BOXD_HOST --probe PROBE_WASM --out FILE -- <boxd-host flags…>
+    mcp_runner.py --host BOXD_HOST --probe PROBE_WASM --out FILE -- --opencode PATH <boxd-host flags…>
 
 A step with "host" runs on its own server, started with that setup's flags (scenario
 `hosts`: other plugin options, the probe component, or a laptop opencode that fails).
@@ -56,16 +56,23 @@ def failing_opencode(a, fails):
     os.symlink(a.real_opencode, real)
     with open(os.path.join(folder, "fails"), "w") as f:
         f.write(str(fails))
+    open(os.path.join(folder, "commands"), "w").close()
     return wrapper
 
 
 def failures_spent(a, scenario, step):
-    """After a step whose laptop opencode fails: the host ran it as many times as it fails."""
-    if "opencodeFails" not in scenario["hosts"].get(step.get("host"), {}):
+    """After a step whose laptop opencode fails: the host ran it as many times as it fails,
+    and imported as often as the setup's `opencodeImports` says."""
+    setup = scenario["hosts"].get(step.get("host"), {})
+    if "opencodeFails" not in setup:
         return
-    left = open(os.path.join(os.path.dirname(os.path.abspath(a.out)), "failing-opencode", "fails")).read().strip()
+    folder = os.path.join(os.path.dirname(os.path.abspath(a.out)), "failing-opencode")
+    left = open(os.path.join(folder, "fails")).read().strip()
     if left != "0":
         raise SystemExit(f"{step['tool']}: the laptop's opencode was not run as often as it fails ({left} left)")
+    ran = open(os.path.join(folder, "commands")).read().split()
+    if ran.count("import") != setup["opencodeImports"]:
+        raise SystemExit(f"{step['tool']}: {ran.count('import')} imports ran, not {setup['opencodeImports']} ({ran})")
 
 
 def arm_faults(step):
@@ -129,6 +136,8 @@ if __name__ == "__main__":
     p.add_argument("--out", required=True)
     a = p.parse_args(argv[:split])
     flags = argv[split + 1:]
-    # The real opencode: the one the host flags name.
-    a.real_opencode = flags[flags.index("--opencode") + 1]
+    # The real opencode: the one the host flags name (a failing one is laid out beside it).
+    if "--opencode" not in flags[:-1]:
+        raise SystemExit("mcp_runner.py: the boxd-host flags must name the real opencode (--opencode PATH)")
+    a.real_opencode = os.path.abspath(flags[flags.index("--opencode") + 1])
     anyio.run(main, a, flags)

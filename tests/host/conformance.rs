@@ -86,15 +86,21 @@ fn failing_opencode(dir: &Path, fails: u64) -> PathBuf {
     let _ = std::fs::remove_file(dir.join("real"));
     std::os::unix::fs::symlink(opencode_bin(), dir.join("real")).unwrap();
     std::fs::write(dir.join("fails"), fails.to_string()).unwrap();
+    std::fs::write(dir.join("commands"), "").unwrap();
     wrapper
 }
 
-/// After a step whose laptop opencode fails: the host ran it as many times as it fails.
+/// After a step whose laptop opencode fails: the host ran it as many times as it fails, and
+/// imported as often as the setup's `opencodeImports` says.
 fn failures_spent(step: &Value, scratch: &Path) {
     let Some(name) = step.get("host").and_then(Value::as_str) else { return };
-    if scenario()["hosts"][name].get("opencodeFails").is_some() {
-        let left = std::fs::read_to_string(scratch.join("failing-opencode/fails")).unwrap();
+    let setup = &scenario()["hosts"][name];
+    if setup.get("opencodeFails").is_some() {
+        let dir = scratch.join("failing-opencode");
+        let left = std::fs::read_to_string(dir.join("fails")).unwrap();
         assert_eq!(left.trim(), "0", "{}: the laptop's opencode was not run as often as it fails", step["tool"]);
+        let ran = std::fs::read_to_string(dir.join("commands")).unwrap();
+        assert_eq!(Some(ran.lines().filter(|c| *c == "import").count() as u64), setup["opencodeImports"].as_u64(), "{}: imports: {ran}", step["tool"]);
     }
 }
 

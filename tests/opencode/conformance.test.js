@@ -44,6 +44,7 @@ function failingOpencode(dir, fails) {
   fs.rmSync(path.join(dir, "real"), { force: true });
   fs.symlinkSync(OPENCODE, path.join(dir, "real"));
   fs.writeFileSync(path.join(dir, "fails"), String(fails));
+  fs.writeFileSync(path.join(dir, "commands"), "");
   return wrapper;
 }
 
@@ -99,21 +100,27 @@ describe("the conformance scenario through the OpenCode bridge", { skip }, () =>
       // (its HOME, XDG folders and boxd-local state), as the opencode it serves has.
       const saved = Object.fromEntries(Object.keys(l.env).map((k) => [k, process.env[k]]));
       Object.assign(process.env, l.env);
-      const hooks = await setupHooks(l, SCENARIO.hosts[step.host]);
+      const setup = SCENARIO.hosts[step.host];
+      const hooks = await setupHooks(l, setup);
+      let value;
       try {
-        const value = await callHook(hooks, step.tool, step.args);
-        return { tool: step.tool, isError: value?.error !== undefined, value };
+        value = await callHook(hooks, step.tool, step.args);
       } finally {
         await hooks.dispose();
         for (const [k, v] of Object.entries(saved)) {
           if (v === undefined) delete process.env[k];
           else process.env[k] = v;
         }
-        if (SCENARIO.hosts[step.host].opencodeFails !== undefined) {
-          const left = fs.readFileSync(path.join(l.root, "failing-opencode/fails"), "utf8").trim();
-          assert.equal(left, "0", `${step.tool}: the laptop's opencode was not run as often as it fails`);
-        }
       }
+      if (setup.opencodeFails !== undefined) {
+        // The host ran the laptop's opencode as often as it fails, and imported as often as
+        // the setup says.
+        const dir = path.join(l.root, "failing-opencode");
+        assert.equal(fs.readFileSync(path.join(dir, "fails"), "utf8").trim(), "0", `${step.tool}: the laptop's opencode was not run as often as it fails`);
+        const ran = fs.readFileSync(path.join(dir, "commands"), "utf8").split("\n");
+        assert.equal(ran.filter((c) => c === "import").length, setup.opencodeImports, `${step.tool}: ${ran.join(" ")}`);
+      }
+      return { tool: step.tool, isError: value?.error !== undefined, value };
     }
     let value;
     for (let i = 0; i < 240; i++) {
