@@ -49,7 +49,7 @@ fn stored_export(world: &World) -> std::path::PathBuf {
 }
 
 /// The user deletes a session in the laptop's OpenCode.
-fn delete_laptop_session(world: &World, sid: &str) {
+pub(crate) fn delete_laptop_session(world: &World, sid: &str) {
     let out = std::process::Command::new(opencode_bin()).args(["session", "delete", sid]).current_dir(&world.laptop.project).envs(world.laptop_env()).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }

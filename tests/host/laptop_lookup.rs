@@ -96,3 +96,42 @@ fn a_drop_whose_lookup_fails_puts_nothing_back_and_destroys_nothing() {
     assert!(v.get("restoredToLaptop").is_none(), "{v:#}");
     assert_eq!(crate::harvest::laptop_export(&world, &id)["messages"].as_array().unwrap().len() as u64, proven - 1);
 }
+
+/// A drop puts back a session the user deleted on the laptop, and the host is killed in the
+/// middle of that import (a wrapper imports all but the last message, then SIGKILLs the
+/// host). The next drop finds a copy, but the ledger's mark says the restore was cut short:
+/// it imports again, and the machine goes only once the laptop holds every proven message.
+/// Without the mark, that partial copy read as the user's own and the drop destroyed the
+/// machine with messages missing on the laptop.
+#[test]
+fn a_restore_the_host_was_killed_in_is_finished_by_the_next_drop() {
+    let world = World::new("restore-cut-short");
+    world.ok_call("boxd_ensure", W1);
+    world.ok_call("boxd_submit", r#"{"work":"w1","prompt":"hello"}"#);
+    assert_eq!(world.job_until_idle("w1")["outcome"], "completed");
+    let id = world.ok_call("boxd_harvest", W1)["sessions"][0]["id"].as_str().unwrap().to_string();
+    let proven = crate::harvest::laptop_export(&world, &id)["messages"].clone();
+    crate::harvest::delete_laptop_session(&world, &id);
+
+    let dir = &world.laptop.scratch.0;
+    let cut = dir.join("opencode-import-cut-short");
+    let script = format!(
+        "#!/bin/sh\nif [ \"$1\" = import ]; then\n  python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); d[\"messages\"].pop(); json.dump(d, open(sys.argv[2], \"w\"))' \"$2\" '{partial}'\n  '{real}' import '{partial}' >&2\n  kill -9 $PPID\n  exit 1\nfi\nexec '{real}' \"$@\"\n",
+        partial = dir.join("partial.json").display(),
+        real = opencode_bin().display()
+    );
+    std::fs::write(&cut, script).unwrap();
+    std::fs::set_permissions(&cut, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let mut env = world.laptop_env();
+    env.push(("PATH".into(), std::env::var("PATH").unwrap_or_default()));
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let out = world.laptop.host_stdin(&["--opencode", cut.to_str().unwrap(), "call", "boxd_drop", W1], &env, None);
+    assert_eq!(std::os::unix::process::ExitStatusExt::signal(&out.status), Some(9), "{}", String::from_utf8_lossy(&out.stdout));
+    let partial = crate::harvest::laptop_export(&world, &id)["messages"].as_array().unwrap().len();
+    assert_eq!(partial, proven.as_array().unwrap().len() - 1, "the import was cut short");
+    assert!(world.laptop.boxd(&["machine", "get", "oc-w1", "--json"]).status.success(), "the killed drop destroyed nothing");
+
+    let v = world.ok_call("boxd_drop", W1);
+    assert_eq!((&v["dropped"], &v["restoredToLaptop"]), (&serde_json::json!(true), &serde_json::json!([id])), "{v:#}");
+    assert_eq!(crate::harvest::laptop_export(&world, &id)["messages"], proven, "every proven message is on the laptop");
+}

@@ -80,6 +80,11 @@ pub struct Work {
     /// boxd_ensure that adopts it), so a rebuild cut short still gets it.
     #[serde(default, skip_serializing_if = "core::ops::Not::not")]
     pub restore_pending: bool,
+    /// Proven sessions a drop began to put back in the laptop's OpenCode and has not read
+    /// back whole yet: a copy of one found there is a restore cut short (the host killed
+    /// mid-import), imported again, not a copy the user changed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub laptop_restoring: Vec<String>,
     /// When the work was created (the creating call's clock); 0 in records older than
     /// the spend ledger, whose lifetime and asleep time are then unknown.
     #[serde(default, skip_serializing_if = "is_zero")]

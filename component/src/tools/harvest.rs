@@ -206,8 +206,9 @@ fn import_checked(env: &mut Env, file: &str, s: &Exported, directory: &str) -> T
 /// there since (or an OpenCode data folder changed) is imported again from the export the
 /// ledger stored when it was proven, and checked as a harvest checks it. A session that is
 /// there is left as it is, whatever it holds now: messages reverted or added on the laptop
-/// are the user's. Only OpenCode's own "not found" is an absence (`Opencode::held`): an
-/// import after a lookup that merely failed would bring back messages the user reverted.
+/// are the user's, unless a drop's restore of it was cut short (`laptop_restoring`). Only
+/// OpenCode's own "not found" is an absence (`Opencode::held`): an import after a lookup
+/// that merely failed would bring back messages the user reverted.
 /// Returns the ids restored, and a note when the laptop's copy could not be looked at from
 /// here (the work belongs to another project: the ledger's copy stays).
 pub(super) fn restore_for_drop(env: &mut Env, w: &Work) -> ToolResult<(Vec<String>, Option<String>)> {
@@ -222,10 +223,12 @@ pub(super) fn restore_for_drop(env: &mut Env, w: &Work) -> ToolResult<(Vec<Strin
         Code::ImportFailed | Code::ProofFailed => ToolError::with_next(e.code, e.message, "Read the laptop OpenCode's message above, fix it, then call boxd_drop again; nothing was destroyed."),
         _ => e,
     };
+    // Restores an earlier drop began and did not finish (`laptop_restoring`).
+    let cut_short = Ledger::for_call(&mut env.files, env.ctx).read(&w.work)?.map(|w| w.laptop_restoring).unwrap_or_default();
     let mut restored = Vec::new();
     for p in &proof.sessions {
         let held = Opencode::new(&mut env.programs).held(&[p.id.as_str()], &w.directory).map_err(again)?;
-        if !matches!(held[..], [Held::Absent]) {
+        if !matches!(held[..], [Held::Absent]) && !cut_short.contains(&p.id) {
             continue;
         }
         let mut ledger = Ledger::for_call(&mut env.files, env.ctx);
@@ -253,7 +256,16 @@ pub(super) fn restore_for_drop(env: &mut Env, w: &Work) -> ToolResult<(Vec<Strin
             ));
         };
         let s = Exported { id: p.id.clone(), parent: p.parent_id.clone(), json, messages: p.messages, digest: p.digest.clone() };
+        // Marked before the import and cleared once the copy is read back whole: a host
+        // killed between leaves a partial copy that only the mark tells from a user's revert.
+        let id = p.id.clone();
+        Ledger::for_call(&mut env.files, env.ctx).update(&w.work, |w| {
+            if !w.laptop_restoring.contains(&id) {
+                w.laptop_restoring.push(id.clone());
+            }
+        })?;
         import_checked(env, &path, &s, &w.directory).map_err(again)?;
+        Ledger::for_call(&mut env.files, env.ctx).update(&w.work, |w| w.laptop_restoring.retain(|i| *i != id))?;
         restored.push(p.id.clone());
     }
     Ok((restored, None))

@@ -276,6 +276,39 @@ fn a_drop_restores_a_session_only_when_opencode_says_it_has_none() {
 }
 
 #[test]
+fn a_restore_cut_short_is_imported_again_even_where_the_laptop_holds_a_copy() {
+    let s = session("ses_a", None, 2);
+    let mut partial = s.clone();
+    partial["messages"].as_array_mut().unwrap().pop();
+    let (ctx, mut files) = ledger_with(&[]);
+    let w = proven(&mut files, "w1", &s);
+    let marked = |files: &mut crate::testing::MemFiles| Ledger::new(files, "/l").require("w1").unwrap().laptop_restoring;
+    // The host is killed after the import began: the mark stays, and the copy is partial.
+    let mut programs = crate::testing::Scripted::default();
+    programs.push_fail(1, "Error: Session not found: ses_a");
+    programs.push_spawn_error(crate::caps::SpawnError::TimedOut);
+    programs.push_exit(0, &partial.to_string(), "");
+    let mut env = Env { programs: &mut programs, files: &mut files, ctx: &ctx };
+    assert_eq!(restore_for_drop(&mut env, &w).unwrap_err().code, Code::Timeout);
+    assert_eq!(marked(&mut files), ["ses_a"]);
+    // The next drop finds that copy: not the user's, so it is imported again, and the mark goes.
+    let mut programs = crate::testing::Scripted::default();
+    programs.push_exit(0, &partial.to_string(), "");
+    programs.push_exit(0, "", "");
+    programs.push_exit(0, &s.to_string(), "");
+    let mut env = Env { programs: &mut programs, files: &mut files, ctx: &ctx };
+    assert_eq!(restore_for_drop(&mut env, &w).unwrap().0, ["ses_a"]);
+    assert_eq!(programs.commands()[1].split(' ').next(), Some("import"));
+    assert!(marked(&mut files).is_empty());
+    // Without a mark, a copy is the user's: left as it is.
+    let mut programs = crate::testing::Scripted::default();
+    programs.push_exit(0, &partial.to_string(), "");
+    let mut env = Env { programs: &mut programs, files: &mut files, ctx: &ctx };
+    assert_eq!(restore_for_drop(&mut env, &w).unwrap().0, Vec::<String>::new());
+    assert!(programs.answers.is_empty());
+}
+
+#[test]
 fn every_message_and_part_names_its_own_session_and_message() {
     let bad = |edit: &dyn Fn(&mut Value)| {
         let mut v = json!({ "sessions": [session("ses_root", None, 2), session("ses_child", Some("ses_root"), 1)] });
