@@ -27,6 +27,16 @@ fn export_fails(dir: &Path) -> PathBuf {
     path
 }
 
+/// A world whose work w1 ran one prompt and was harvested, and its session's id.
+fn harvested(name: &str) -> (World, String) {
+    let world = World::new(name);
+    world.ok_call("boxd_ensure", W1);
+    world.ok_call("boxd_submit", r#"{"work":"w1","prompt":"hello"}"#);
+    assert_eq!(world.job_until_idle("w1")["outcome"], "completed");
+    let id = world.ok_call("boxd_harvest", W1)["sessions"][0]["id"].as_str().unwrap().to_string();
+    (world, id)
+}
+
 /// `boxd-host call TOOL` for w1 with `opencode` as the laptop's OpenCode (its last
 /// `--opencode` wins over the pinned one `call_with` names).
 fn call_as(world: &World, opencode: &Path, tool: &str) -> (i32, serde_json::Value) {
@@ -66,13 +76,8 @@ fn a_lookup_the_laptops_opencode_cannot_answer_imports_nothing_into_the_users_se
 /// the reverted messages back.
 #[test]
 fn a_drop_whose_lookup_fails_puts_nothing_back_and_destroys_nothing() {
-    let world = World::new("drop-lookup-fails");
-    world.ok_call("boxd_ensure", W1);
-    world.ok_call("boxd_submit", r#"{"work":"w1","prompt":"hello"}"#);
-    assert_eq!(world.job_until_idle("w1")["outcome"], "completed");
-    let v = world.ok_call("boxd_harvest", W1);
-    let id = v["sessions"][0]["id"].as_str().unwrap().to_string();
-    let proven = v["sessions"][0]["messages"].as_u64().unwrap();
+    let (world, id) = harvested("drop-lookup-fails");
+    let proven = crate::harvest::laptop_export(&world, &id)["messages"].as_array().unwrap().len() as u64;
     // The user reverts the session's last message on the laptop (as OpenCode's revert
     // removes it: the message and its parts).
     let db = world.home.join("data/opencode/opencode.db");
@@ -105,11 +110,7 @@ fn a_drop_whose_lookup_fails_puts_nothing_back_and_destroys_nothing() {
 /// machine with messages missing on the laptop.
 #[test]
 fn a_restore_the_host_was_killed_in_is_finished_by_the_next_drop() {
-    let world = World::new("restore-cut-short");
-    world.ok_call("boxd_ensure", W1);
-    world.ok_call("boxd_submit", r#"{"work":"w1","prompt":"hello"}"#);
-    assert_eq!(world.job_until_idle("w1")["outcome"], "completed");
-    let id = world.ok_call("boxd_harvest", W1)["sessions"][0]["id"].as_str().unwrap().to_string();
+    let (world, id) = harvested("restore-cut-short");
     let proven = crate::harvest::laptop_export(&world, &id)["messages"].clone();
     crate::harvest::delete_laptop_session(&world, &id);
 
