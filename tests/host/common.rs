@@ -222,6 +222,15 @@ impl World {
     }
 
     pub fn call_with(&self, flags: &[&str], tool: &str, args: &str) -> (i32, serde_json::Value) {
+        let out = self.host_call(flags, tool, args, &[]);
+        let code = out.status.code().unwrap_or(-1);
+        assert!(code == 0 || code == 1, "boxd-host failed ({code}): {}", String::from_utf8_lossy(&out.stderr));
+        (code, stdout_json(&out))
+    }
+
+    /// `boxd-host call` as `call_with` makes it (a later `--opencode` in `flags` wins over
+    /// the pinned one), with `extra` in its environment: how it ended, whatever that was.
+    pub fn host_call(&self, flags: &[&str], tool: &str, args: &str, extra: &[(&str, &str)]) -> Output {
         let oc = opencode_bin();
         let path = format!("{}:{}", oc.parent().unwrap().display(), std::env::var("PATH").unwrap_or_default());
         let mut argv: Vec<&str> = vec!["--opencode", oc.to_str().unwrap()];
@@ -230,23 +239,15 @@ impl World {
         argv.extend(["call", tool, if big { "-" } else { args }]);
         let mut env = self.laptop_env();
         env.push(("PATH".into(), path));
-        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-        let out = self.laptop.host_stdin(&argv, &env, big.then_some(args.as_bytes()));
-        let code = out.status.code().unwrap_or(-1);
-        assert!(code == 0 || code == 1, "boxd-host failed ({code}): {}", String::from_utf8_lossy(&out.stderr));
-        (code, stdout_json(&out))
+        let mut env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        env.extend_from_slice(extra);
+        self.laptop.host_stdin(&argv, &env, big.then_some(args.as_bytes()))
     }
 
     /// `boxd-host call` as `call` makes it, with a kill point (BOXD_HOST_KILL_AT); true when
     /// the host was killed there, else the call's answer must be a tool's answer.
     pub fn killed_at(&self, point: &str, tool: &str, args: &str) -> bool {
-        let oc = opencode_bin();
-        let path = format!("{}:{}", oc.parent().unwrap().display(), std::env::var("PATH").unwrap_or_default());
-        let mut env = self.laptop_env();
-        env.push(("PATH".into(), path));
-        env.push(("BOXD_HOST_KILL_AT".into(), point.into()));
-        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-        let out = self.laptop.host_stdin(&["--opencode", oc.to_str().unwrap(), "call", tool, args], &env, None);
+        let out = self.host_call(&[], tool, args, &[("BOXD_HOST_KILL_AT", point)]);
         use std::os::unix::process::ExitStatusExt;
         match out.status.signal() {
             Some(9) => true,

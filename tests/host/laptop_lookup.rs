@@ -123,10 +123,7 @@ fn a_restore_the_host_was_killed_in_is_finished_by_the_next_drop() {
     );
     std::fs::write(&cut, script).unwrap();
     std::fs::set_permissions(&cut, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    let mut env = world.laptop_env();
-    env.push(("PATH".into(), std::env::var("PATH").unwrap_or_default()));
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    let out = world.laptop.host_stdin(&["--opencode", cut.to_str().unwrap(), "call", "boxd_drop", W1], &env, None);
+    let out = world.host_call(&["--opencode", cut.to_str().unwrap()], "boxd_drop", W1, &[]);
     assert_eq!(std::os::unix::process::ExitStatusExt::signal(&out.status), Some(9), "{}", String::from_utf8_lossy(&out.stdout));
     let partial = crate::harvest::laptop_export(&world, &id)["messages"].as_array().unwrap().len();
     assert_eq!(partial, proven.as_array().unwrap().len() - 1, "the import was cut short");

@@ -385,13 +385,14 @@ describe("OpenCode killed or stopped mid-call", { skip }, () => {
         // under Bun only workers are counted; Node's threads are all counted.
         const bun = typeof Bun !== "undefined";
         const comm = (t) => { try { return fs.readFileSync("/proc/self/task/" + t + "/comm", "utf8").trim(); } catch { return ""; } }; // it may have just ended
-        const threads = () => fs.readdirSync("/proc/self/task").filter((t) => !bun || comm(t) === "Worker").length;
+        const counted = () => fs.readdirSync("/proc/self/task").filter((t) => !bun || comm(t) === "Worker");
+        const threads = () => counted().length;
         const pids = () => (fs.existsSync(dir + "/pids") ? fs.readFileSync(dir + "/pids", "utf8").trim().split("\\n").map(Number) : []);
         // What each counted thread is doing, and what became of the children: for the
         // message of a run whose count did not come back.
         const task = (t, f) => { try { return fs.readFileSync("/proc/self/task/" + t + "/" + f, "utf8").trim(); } catch { return "-"; } };
         const doing = () => ({
-          threads: fs.readdirSync("/proc/self/task").filter((t) => !bun || comm(t) === "Worker").map((t) => [t, comm(t), task(t, "stat").split(") ")[1]?.split(" ")[0], task(t, "wchan"), task(t, "children")].join(" ")),
+          threads: counted().map((t) => [t, comm(t), task(t, "stat").split(") ")[1]?.split(" ")[0], task(t, "wchan"), task(t, "children")].join(" ")),
           children: pids().map((p) => p + (gone(p) ? " gone" : " alive")),
         });
         const counts = [];

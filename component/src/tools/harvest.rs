@@ -219,16 +219,16 @@ pub(super) fn restore_for_drop(env: &mut Env, w: &Work) -> ToolResult<(Vec<Strin
     }
     // A harvest would not put the session back (its digest is unchanged): the next step of
     // a failed lookup or import here is the drop again.
-    let again = |e: ToolError| match e.code {
+    let drop_next = |e: ToolError| match e.code {
         Code::ImportFailed | Code::ProofFailed => ToolError::with_next(e.code, e.message, "Read the laptop OpenCode's message above, fix it, then call boxd_drop again; nothing was destroyed."),
         _ => e,
     };
-    // Restores an earlier drop began and did not finish (`laptop_restoring`).
-    let cut_short = Ledger::for_call(&mut env.files, env.ctx).read(&w.work)?.map(|w| w.laptop_restoring).unwrap_or_default();
+    let ids: Vec<&str> = proof.sessions.iter().map(|p| p.id.as_str()).collect();
+    let held = Opencode::new(&mut env.programs).held(&ids, &w.directory).map_err(drop_next)?;
     let mut restored = Vec::new();
-    for p in &proof.sessions {
-        let held = Opencode::new(&mut env.programs).held(&[p.id.as_str()], &w.directory).map_err(again)?;
-        if !matches!(held[..], [Held::Absent]) && !cut_short.contains(&p.id) {
+    for (p, held) in proof.sessions.iter().zip(held) {
+        // Held, and no earlier drop's restore of it was cut short: the user's as it is.
+        if !matches!(held, Held::Absent) && !w.laptop_restoring.contains(&p.id) {
             continue;
         }
         let mut ledger = Ledger::for_call(&mut env.files, env.ctx);
@@ -264,7 +264,7 @@ pub(super) fn restore_for_drop(env: &mut Env, w: &Work) -> ToolResult<(Vec<Strin
                 w.laptop_restoring.push(id.clone());
             }
         })?;
-        import_checked(env, &path, &s, &w.directory).map_err(again)?;
+        import_checked(env, &path, &s, &w.directory).map_err(drop_next)?;
         Ledger::for_call(&mut env.files, env.ctx).update(&w.work, |w| w.laptop_restoring.retain(|i| *i != id))?;
         restored.push(p.id.clone());
     }

@@ -291,7 +291,9 @@ fn a_restore_cut_short_is_imported_again_even_where_the_laptop_holds_a_copy() {
     let mut env = Env { programs: &mut programs, files: &mut files, ctx: &ctx };
     assert_eq!(restore_for_drop(&mut env, &w).unwrap_err().code, Code::Timeout);
     assert_eq!(marked(&mut files), ["ses_a"]);
-    // The next drop finds that copy: not the user's, so it is imported again, and the mark goes.
+    // The next drop (reading the record anew) finds that copy: not the user's, so it is
+    // imported again, and the mark goes.
+    let w = Ledger::new(&mut files, "/l").require("w1").unwrap();
     let mut programs = crate::testing::Scripted::default();
     programs.push_exit(0, &partial.to_string(), "");
     programs.push_exit(0, "", "");
@@ -301,6 +303,7 @@ fn a_restore_cut_short_is_imported_again_even_where_the_laptop_holds_a_copy() {
     assert_eq!(programs.commands()[1].split(' ').next(), Some("import"));
     assert!(marked(&mut files).is_empty());
     // Without a mark, a copy is the user's: left as it is.
+    let w = Ledger::new(&mut files, "/l").require("w1").unwrap();
     let mut programs = crate::testing::Scripted::default();
     programs.push_exit(0, &partial.to_string(), "");
     let mut env = Env { programs: &mut programs, files: &mut files, ctx: &ctx };
