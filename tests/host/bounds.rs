@@ -163,6 +163,30 @@ fn a_daemon_holding_the_pipe_does_not_lose_the_answer_and_is_left_alone() {
     }
 }
 
+/// A daemon a boxd call left logging to stderr (a line every 50 ms) holds each call a few
+/// graces at the most, not until boxdTimeoutSeconds: with two calls it held boxd_status
+/// twice the timeout. The daemons are not the host's to kill.
+#[test]
+fn a_daemon_that_keeps_logging_holds_no_call_until_its_timeout() {
+    let laptop = Laptop::new("trickle");
+    let pids = laptop.scratch.0.join("daemons");
+    let log = "while :; do echo 'daemon: still here' >&2; sleep 0.05; done";
+    let boxd = fake_boxd(&laptop, "boxd", &format!("( {log} ) &\necho $! >> {}\nexec {} \"$@\"", pids.display(), boxd_local().display()));
+    let run = host(&laptop, &boxd, &["--options", r#"{"boxdTimeoutSeconds": 20}"#, "call", "boxd_status", "{}"], &[]);
+    let started = std::fs::read_to_string(&pids).unwrap_or_default();
+    let alive: Vec<&str> = started.lines().filter(|pid| !gone(pid)).collect();
+    for pid in started.lines() {
+        let _ = Command::new("kill").args(["-9", pid]).status();
+    }
+    no_trap(&run);
+    assert_eq!(run.code, Some(0), "{}", String::from_utf8_lossy(&run.stdout));
+    assert_eq!(run.json()["boxd"]["calls"], 2, "{}", String::from_utf8_lossy(&run.stdout));
+    assert_eq!(started.lines().count(), 2, "each boxd call left its daemon");
+    assert_eq!(alive.len(), 2, "a daemon was killed");
+    // Two calls side by side, each ending four graces (150 ms) after its exit at the most.
+    assert!(run.took < Duration::from_secs(8), "{:?}", run.took);
+}
+
 /// What a boxd call left running writes on its stdout after the host answered (and here,
 /// exited) is bounded: 512 KiB gets through, 4 MiB does not (it would otherwise have sat
 /// in memory for as long as that process lived). Neither process is killed for it.

@@ -12,8 +12,9 @@
 //! - the deadline passes: the group is killed, and the spawn times out;
 //! - the child exits: stdout went to a file (see `outputs::StdoutFile`), stderr is read to its
 //!   end; a background process that keeps stderr open (a daemon the child started) gets
-//!   `afterExit.graceMs` of silence, then the answer is what the child printed, and that
-//!   process is left alone (what it writes after the answer is bounded: outputs.rs).
+//!   `afterExit.graceMs` of silence (`AFTER_EXIT_READS` graces at the most, however it
+//!   trickles), then the answer is what the child printed, and that process is left
+//!   alone (what it writes after the answer is bounded: outputs.rs).
 //!
 //! On Linux each child also gets PR_SET_PDEATHSIG(SIGKILL): if the host itself is killed,
 //! the child dies with it rather than running on as an orphan. A host stopped by SIGTERM,
@@ -132,6 +133,11 @@ pub fn human(bytes: usize) -> String {
 /// How often the stdout file's size is checked against its cap while the child runs.
 const CAP_WATCH: Duration = Duration::from_millis(50);
 
+/// Once the child exited, stderr is read until a grace passes with nothing new, and for
+/// this many graces at the most in all: a daemon it left logging a line every 100 ms
+/// held every call until its deadline (each boxd call of a tool, minutes in all).
+const AFTER_EXIT_READS: u32 = 4;
+
 pub fn run(s: Spawn<'_>) -> Result<Output, SpawnFailure> {
     run_streaming(s, Streams::default())
 }
@@ -233,6 +239,7 @@ fn run_started_by(s: Spawn<'_>, streams: Streams<'_>, start_child: StartChild) -
     let mut chunk = [0u8; 16 * 1024];
     let mut status: Option<ExitStatus> = None;
     let mut grace_until = None;
+    let mut exited_at: Option<Instant> = None;
     let mut stderr_open = true;
     loop {
         // Checked first: a child killed by kill_running has exited by now, and a child
@@ -246,8 +253,8 @@ fn run_started_by(s: Spawn<'_>, streams: Streams<'_>, start_child: StartChild) -
         if stdout_len() > stdout_cap {
             return end(&mut child, over_cap(Stream::Stdout));
         }
-        // The deadline holds after the exit too: stderr that keeps trickling from a process
-        // the child left behind never holds the answer past it.
+        // The deadline holds after the exit too (as does AFTER_EXIT_READS): stderr that
+        // keeps trickling from a process the child left behind never holds the answer.
         let until = grace_until.map_or(deadline, |g: Instant| g.min(deadline));
         let now = Instant::now();
         if now >= until {
@@ -272,9 +279,9 @@ fn run_started_by(s: Spawn<'_>, streams: Streams<'_>, start_child: StartChild) -
                 Ok(n) => {
                     stderr.extend_from_slice(&chunk[..n]);
                     // Still arriving (a loaded machine may schedule us late): the grace is
-                    // for silence, not a deadline on what the child already wrote.
-                    if grace_until.is_some() {
-                        grace_until = Some(Instant::now() + s.bounds.after_exit);
+                    // for silence, up to AFTER_EXIT_READS graces after the exit.
+                    if let Some(exited) = exited_at {
+                        grace_until = Some((Instant::now() + s.bounds.after_exit).min(exited + s.bounds.after_exit * AFTER_EXIT_READS));
                     }
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
@@ -285,6 +292,7 @@ fn run_started_by(s: Spawn<'_>, streams: Streams<'_>, start_child: StartChild) -
             match child.exit_status() {
                 Ok(st) => {
                     status = Some(st);
+                    exited_at = Some(Instant::now());
                     grace_until = Some(Instant::now() + s.bounds.after_exit);
                 }
                 Err(e) => return end(&mut child, SpawnFailure::Failed(format!("{}: waiting for it failed: {e}", s.name))),
@@ -411,6 +419,27 @@ mod tests {
             assert_eq!((o.exit_code, o.stdout.as_slice()), (Some(0), &b"{\"ok\":true}\n"[..]), "{how}");
             assert!(took < Duration::from_secs(10), "{how}: {took:?}");
             let daemon = pid_in(&file);
+            assert!(alive(daemon), "{how}: the daemon was killed");
+            kill_group(daemon);
+        });
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A daemon the child left logging to stderr does not hold the answer until the
+    /// deadline (it did: every boxd call of a tool took its whole timeout).
+    #[test]
+    fn a_daemon_that_keeps_logging_holds_the_answer_a_few_graces_at_the_most() {
+        let dir = std::env::temp_dir().join(format!("spawn-trickle-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        each_start(|how, sh| {
+            let file = dir.join(how);
+            let script = format!("(while :; do echo log >&2; sleep 0.05; done) & echo $! > {}; echo answer; exit 0", file.display());
+            let (r, took) = sh(&script, Duration::from_secs(30), SMALL);
+            let daemon = pid_in(&file);
+            let o = r.unwrap();
+            assert_eq!((o.exit_code, o.stdout.as_slice()), (Some(0), &b"answer\n"[..]), "{how}");
+            // Four graces of 150 ms after the exit, where the deadline is 30 s.
+            assert!(took < Duration::from_secs(5), "{how}: {took:?}");
             assert!(alive(daemon), "{how}: the daemon was killed");
             kill_group(daemon);
         });
