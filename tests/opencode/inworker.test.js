@@ -54,9 +54,9 @@ async function runner(grants) {
   return {
     tid,
     words,
-    run(script, { timeoutMs = 60000, aborted = () => false } = {}) {
+    run(script, { timeoutMs = 60000, aborted = () => false, watched = true } = {}) {
       call += 1;
-      const unwatch = inworker.watchOutput(tid, words, aborted);
+      const unwatch = watched ? inworker.watchOutput(tid, words, aborted) : () => {};
       worker.postMessage({ req: { program: "boxd", args: ["-c", script], env: [], timeoutMs, stdinFiles: [], stdoutFiles: [] }, call });
       return new Promise((r) => worker.once("message", r)).finally(unwatch);
     },
@@ -144,12 +144,26 @@ describe("a child run in the worker", { skip }, () => {
     assert.equal(under.val.stdout.length, 2000000);
   });
 
+  // The watch reads the file through the worker's descriptor, so a child that points its
+  // own fd 1 away cannot hide a flood from it: before, only the child's timeout or its exit
+  // ended one, and 1.8 GB reached /tmp past the 64 MiB cap.
+  test("a flood into the stdout file from what the child started, its own fd 1 pointed away, is cut at the cap", async () => {
+    const dir = scratch("hidden-flood");
+    const pidFile = path.join(dir, "pid");
+    const t0 = performance.now();
+    const r = await (await runner(shGrants(dir))).run(`cat /dev/zero & echo $! > ${pidFile}; exec >/dev/null; sleep 30; exit 0`);
+    const pid = notedPid(pidFile, cleanup);
+    assert.match(r.val?.val ?? JSON.stringify(r), /printed more than 64 MiB on stdout/);
+    assert.ok(performance.now() - t0 < 15000, `ended after ${Math.round(performance.now() - t0)} ms, not at the cap`);
+    assert.ok(await waitGone(pid, 1000), "the background cat outlived the cap");
+  });
+
   test("a cap passed only after the child exited: what it left writing in its group is killed", async () => {
     const dir = scratch("late-cap");
     const pidFile = path.join(dir, "pid");
-    // The child points its own stdout away, so the watch never sees the flood its
-    // background cat writes; the cap is found when the output is read, after the exit.
-    const r = await (await runner(shGrants(dir))).run(`cat /dev/zero & echo $! > ${pidFile}; exec >/dev/null; sleep 1; exit 0`);
+    // Unwatched, as a watch that looks late sees it: the cap is found when the output is
+    // read, after the exit.
+    const r = await (await runner(shGrants(dir))).run(`cat /dev/zero & echo $! > ${pidFile}; exec >/dev/null; sleep 1; exit 0`, { watched: false });
     const pid = notedPid(pidFile, cleanup);
     assert.match(r.val?.val ?? JSON.stringify(r), /printed more than 64 MiB on stdout/);
     assert.ok(await waitGone(pid, 1000), "the background cat outlived the cap");

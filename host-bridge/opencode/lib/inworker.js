@@ -14,7 +14,7 @@
 //   parent), and the worker refuses any spawn of an aborted call;
 // - output caps: stdout and stderr go to unlinked files (a daemon the child leaves holding
 //   them cannot hold the answer), whose sizes the main thread checks every 50 ms through
-//   /proc/PID/fd, killing the group past a cap;
+//   the worker's own descriptors of them, killing the group past a cap;
 // - children die with the plugin's process (the main thread's exit handler; the call's
 //   mark, announced by the main thread before the call reached this worker, for a
 //   SIGKILL: lib/watchdog.js).
@@ -22,7 +22,7 @@
 // child its own group, every request takes the plugin's thread (threadId below).
 import { spawnSync } from "node:child_process";
 import fs from "node:fs";
-import { OUTPUT_FILE_MARK, holdOutputs, keepOutputs, killLeftGroup, readStart, takeOutputFile } from "./outputs.js";
+import { holdOutputs, keepOutputs, killLeftGroup, readStart, takeOutputFile } from "./outputs.js";
 import { BOUNDS, checkLaunch, overCap } from "./policy.js";
 import { marked } from "./watchdog.js";
 
@@ -31,12 +31,16 @@ export const REPLY = 0; // raised by the main thread when a spawn reply is on th
 export const ABORTED = 1; // the id of the call the user aborted
 export const CAPPED_PID = 2; // a child the main thread killed for its output…
 export const CAPPED_STREAM = 3; // …and which stream (1 stdout, 2 stderr)
-// The inodes of the running child's stdout and stderr files (low and high 32 bits each):
-// the watch tells the streams apart by file, not by descriptor number, since a child may
-// point its fd 1 at its stderr file (`>&2`) or its fd 2 at its stdout (`2>&1`).
+// The running child's stdout and stderr files: each one's inode (low and high 32 bits)
+// and the worker's descriptor of it (0 once the child has been reaped). The watch reads
+// the files through these descriptors, not through the child's: a child may point its own
+// fd 1 elsewhere and leave a process of its group writing to the file (it filled 1.8 GB of
+// /tmp past the 64 MiB cap, unseen), or point fd 1 at its stderr file (`>&2`).
 export const STDOUT_FILE = 4;
 export const STDERR_FILE = 6;
-export const SHARED_WORDS = 8;
+export const STDOUT_FD = 8;
+export const STDERR_FD = 9;
+export const SHARED_WORDS = 10;
 
 const STREAMS = { 1: "stdout", 2: "stderr" };
 const err = (tag, val) => ({ tag: "err", val: val === undefined ? { tag } : { tag, val } });
@@ -106,14 +110,15 @@ export function runInWorker(req, grants, shared, call, mark, { onGrant = () => {
     files.push(takeOutputFile());
     files.push(takeOutputFile());
     const [out, errOut] = files;
-    setFile(shared, STDOUT_FILE, out);
-    setFile(shared, STDERR_FILE, errOut);
+    setFile(shared, STDOUT_FILE, STDOUT_FD, out);
+    setFile(shared, STDERR_FILE, STDERR_FD, errOut);
     const r = runSync(launch.binary, req.args, {
       cwd: launch.cwd,
       env: marked(mark, launch.env),
       stdio: ["ignore", out, errOut],
       timeout: Math.max(1, req.timeoutMs),
     });
+    unsetFiles(shared);
     onReaped(); // before anything else: the watchdog takes its mark back (what it left is left alone)
     group = r.pid;
     if (r.error?.code === "ENOENT") return err("not-found", launch.binary);
@@ -143,6 +148,7 @@ export function runInWorker(req, grants, shared, call, mark, { onGrant = () => {
   } catch (e) {
     return err("failed", `${req.program}: ${e.message}`);
   } finally {
+    unsetFiles(shared);
     // Kept while the child's group lives (what it left running may write on), checked
     // against the caps by whichever thread `keep` hands them to.
     const held = holdOutputs(group, files.map((fd, i) => [fd, i ? BOUNDS.stderr : BOUNDS.stdout]));
@@ -150,16 +156,35 @@ export function runInWorker(req, grants, shared, call, mark, { onGrant = () => {
   }
 }
 
-/** Note the inode of the output file `fd` in the shared words at `at`. */
-function setFile(shared, at, fd) {
+/** Note the output file `fd` in the shared words: its inode at `at`, then `fd` at `fdAt`. */
+function setFile(shared, at, fdAt, fd) {
   const ino = fs.fstatSync(fd, { bigint: true }).ino;
   Atomics.store(shared, at, Number(ino & 0xffffffffn) | 0);
   Atomics.store(shared, at + 1, Number((ino >> 32n) & 0xffffffffn) | 0);
+  Atomics.store(shared, fdAt, fd);
 }
 
-/** The inode noted at `at` (setFile). */
-function fileAt(shared, at) {
-  return (BigInt(Atomics.load(shared, at + 1) >>> 0) << 32n) | BigInt(Atomics.load(shared, at) >>> 0);
+/** No child runs with the noted files any more (it has been reaped). */
+function unsetFiles(shared) {
+  Atomics.store(shared, STDOUT_FD, 0);
+  Atomics.store(shared, STDERR_FD, 0);
+}
+
+/** The file noted for a stream ({fd, ino}), while its child runs. */
+function noted(shared, at, fdAt) {
+  const fd = Atomics.load(shared, fdAt);
+  if (!(fd > 0)) return undefined;
+  return { fd, ino: (BigInt(Atomics.load(shared, at + 1) >>> 0) << 32n) | BigInt(Atomics.load(shared, at) >>> 0) };
+}
+
+/** The size of the noted file, read through the worker's descriptor (0n if it is not that file). */
+function noteSize(file) {
+  try {
+    const st = fs.fstatSync(file.fd, { bigint: true });
+    return st.ino === file.ino ? st.size : 0n;
+  } catch {
+    return 0n; // closed meanwhile: the child has been reaped
+  }
 }
 
 // A child still running (listed, not yet reaped), with its group; should it not lead its
@@ -197,21 +222,18 @@ export function killChildrenOf(tid) {
 export function watchOutput(tid, shared, aborted) {
   const timer = setInterval(() => {
     if (aborted()) return killChildrenOf(tid);
-    const files = { [fileAt(shared, STDOUT_FILE)]: 1, [fileAt(shared, STDERR_FILE)]: 2 };
-    for (const pid of childrenOf(tid)) {
-      for (const fd of Object.keys(STREAMS)) {
-        let file;
-        try {
-          // Only a file we gave it (a child may point its fd 1 elsewhere itself), and by
-          // which file it is: `cat >&2` writes its stderr file through fd 1.
-          if (fs.readlinkSync(`/proc/${pid}/fd/${fd}`).includes(OUTPUT_FILE_MARK)) file = fs.statSync(`/proc/${pid}/fd/${fd}`, { bigint: true });
-        } catch {}
-        const stream = file && files[file.ino];
-        if (stream && file.size > BigInt(BOUNDS[STREAMS[stream]])) {
-          Atomics.store(shared, CAPPED_STREAM, stream);
-          Atomics.store(shared, CAPPED_PID, pid);
-          killGroup(pid);
-        }
+    for (const [stream, at, fdAt] of [[1, STDOUT_FILE, STDOUT_FD], [2, STDERR_FILE, STDERR_FD]]) {
+      const file = noted(shared, at, fdAt);
+      if (!file || noteSize(file) <= BigInt(BOUNDS[STREAMS[stream]])) continue;
+      const pids = childrenOf(tid);
+      // Still that file's child: the worker notes a new child's files before it starts
+      // it, so one listed here while the note stands is the one the file was given to.
+      const now = noted(shared, at, fdAt);
+      if (now?.fd !== file.fd || now.ino !== file.ino) continue;
+      for (const pid of pids) {
+        Atomics.store(shared, CAPPED_STREAM, stream);
+        Atomics.store(shared, CAPPED_PID, pid);
+        killGroup(pid);
       }
     }
   }, 50);
