@@ -128,22 +128,46 @@ fn verb(args: &[String]) -> String {
 }
 
 fn json_of(out: &RunOutput, what: &str) -> Result<Value, Failure> {
-    first_json(&out.stdout).ok_or_else(|| {
-        let said = error_line(out).map(|l| format!(": {l}")).unwrap_or_default();
-        Failure::Other(format!("boxd {what} printed no JSON{said}"))
-    })
+    first_json(&out.stdout).ok_or_else(|| no_json(out, what))
+}
+
+fn no_json(out: &RunOutput, what: &str) -> Failure {
+    let said = error_line(out).map(|l| format!(": {l}")).unwrap_or_default();
+    Failure::Other(format!("boxd {what} printed no JSON{said}"))
+}
+
+/// A listing's JSON, its bytes that are not UTF-8 read as U+FFFD. Such a name is never
+/// one of ours (they are ASCII), and it keeps its row, where strict JSON lost the whole
+/// listing to it: every tool failed over a stranger's machine.
+fn listing_json(out: &RunOutput, what: &str) -> Result<Value, Failure> {
+    first_json(String::from_utf8_lossy(&out.stdout).as_bytes()).ok_or_else(|| no_json(out, what))
 }
 
 /// A row without a name is a listing we cannot read, not a row to skip: a drop takes a
-/// name missing from the listing as boxd's word that the machine is gone.
+/// name missing from the listing as boxd's word that the machine is gone. Names are
+/// unique in an org, so a name listed twice is a listing that cannot say which of its
+/// rows is there (one running, one hibernated read as a sleeping machine).
 fn machines_of(v: &Value) -> Result<Vec<Machine>, Failure> {
     let rows = v.as_array().ok_or_else(|| Failure::Other("boxd machine list printed no JSON array".into()))?;
-    rows.iter()
+    let machines = rows
+        .iter()
         .map(|r| match r.get("name").and_then(Value::as_str) {
             Some(name) if !name.is_empty() => Ok(Machine { name: name.to_string(), status: str_field(r, "status") }),
             _ => Err(Failure::Other(format!("boxd machine list printed a row without a name: {}", crate::redact::cut(&r.to_string(), 200)))),
         })
-        .collect()
+        .collect::<Result<Vec<Machine>, Failure>>()?;
+    let mut names: Vec<&str> = machines.iter().map(|m| m.name.as_str()).collect();
+    names.sort_unstable();
+    if let Some(twice) = names.windows(2).find(|w| w[0] == w[1]) {
+        let states: Vec<&str> = machines.iter().filter(|m| m.name == twice[0]).map(|m| m.status.as_str()).collect();
+        return Err(Failure::Other(format!(
+            "boxd machine list printed machine {} {} times (status {}); a name is one machine, so this listing cannot say which is there",
+            crate::redact::cut(twice[0], 80),
+            states.len(),
+            states.iter().map(|s| if s.is_empty() { "none" } else { s }).collect::<Vec<_>>().join(", ")
+        )));
+    }
+    Ok(machines)
 }
 
 /// The same for snapshots: a skipped row would hide a snapshot that is someone else's, and
@@ -409,8 +433,10 @@ impl<'a, P: Programs> Boxd<'a, P> {
     }
 
     pub fn list(&mut self) -> Result<Vec<Machine>, Failure> {
-        let v = self.run_json(argv(&["machine", "list", "--json"]))?;
-        machines_of(&v)
+        let args = argv(&["machine", "list", "--json"]);
+        let what = verb(&args);
+        let out = self.run(args, None, self.timeout_ms)?;
+        machines_of(&listing_json(&out, &what)?)
     }
 
     /// `list` and `snapshots` side by side (`Programs::run_all`): a read that needs both
@@ -424,7 +450,7 @@ impl<'a, P: Programs> Boxd<'a, P> {
         let mut outs = self.programs.run_all(&requests).into_iter();
         let mut answer = |r: &RunRequest| {
             let out = outs.next().unwrap_or_else(|| Err(SpawnError::Failed("the host gave fewer results than requests".into())));
-            settle(r, out).and_then(|o| json_of(&o, &verb(&r.args)))
+            settle(r, out).and_then(|o| listing_json(&o, &verb(&r.args)))
         };
         let machines = answer(&requests[0]).and_then(|v| machines_of(&v));
         let snapshots = answer(&requests[1]).and_then(|v| snapshots_of(&v));
@@ -465,8 +491,10 @@ impl<'a, P: Programs> Boxd<'a, P> {
     }
 
     pub fn snapshots(&mut self) -> Result<Vec<Snapshot>, Failure> {
-        let v = self.run_json(argv(&["snapshots", "list", "--json"]))?;
-        snapshots_of(&v)
+        let args = argv(&["snapshots", "list", "--json"]);
+        let what = verb(&args);
+        let out = self.run(args, None, self.timeout_ms)?;
+        snapshots_of(&listing_json(&out, &what)?)
     }
 
     pub fn create(&mut self, name: &str, snapshot: &str, idle_seconds: u32) -> Result<Created, Failure> {

@@ -114,6 +114,46 @@ fn a_snapshot_row_without_a_name_fails_the_whole_listing() {
     assert_eq!(Boxd::new(&mut p, 10).snapshots().unwrap()[0].name, "img");
 }
 
+/// Names are unique in an org: a listing that names one machine twice cannot say which
+/// row is there (a running machine with a hibernated twin read as asleep).
+#[test]
+fn a_machine_listed_twice_fails_the_listing() {
+    let twice = r#"[{"name":"oc-w1","status":"running"},{"name":"other","status":"running"},{"name":"oc-w1","status":"hibernated"}]"#;
+    let mut p = Scripted::default();
+    p.push_exit(0, twice, "");
+    let e = Boxd::new(&mut p, 10).list().unwrap_err().into_error();
+    assert_eq!(e.code, Code::BoxdFailed, "{e:?}");
+    assert!(e.message.contains("machine oc-w1 2 times (status running, hibernated)"), "{}", e.message);
+    let mut p = Scripted::default();
+    p.push_exit(0, twice, "");
+    p.push_exit(0, "[]", "");
+    let (machines, snapshots) = Boxd::new(&mut p, 10).list_and_snapshots();
+    assert!(machines.is_err() && snapshots.is_ok());
+    // Snapshot names repeat by design (a save of the same name is a new version).
+    let mut p = Scripted::default();
+    p.push_exit(0, r#"[{"name":"img","version":"v1"},{"name":"img","version":"v2"}]"#, "");
+    assert_eq!(Boxd::new(&mut p, 10).snapshots().unwrap().len(), 2);
+}
+
+/// A stranger's name that is not UTF-8 costs its own row nothing but its bytes: the other
+/// rows, ours among them, still read (strict JSON lost the whole listing to it).
+#[test]
+fn a_listing_row_whose_name_is_not_utf8_leaves_the_others_readable() {
+    let raw = |stdout: &[u8]| RunOutput { exit_code: Some(0), stdout: stdout.to_vec(), ..Default::default() };
+    let mut p = Scripted::default();
+    p.answers.push_back(Ok(raw(b"[{\"name\":\"oc-w1\",\"status\":\"running\"},{\"name\":\"their\xff\xfe\",\"status\":\"running\"}]\n")));
+    p.answers.push_back(Ok(raw(b"[{\"name\":\"img\xff\",\"status\":\"ready\"},{\"name\":\"opencode-golden\",\"status\":\"ready\"}]\n")));
+    let (machines, snapshots) = Boxd::new(&mut p, 10).list_and_snapshots();
+    let machines = machines.unwrap();
+    assert_eq!(machines.iter().map(|m| m.name.as_str()).collect::<Vec<_>>(), ["oc-w1", "their\u{fffd}\u{fffd}"]);
+    assert_eq!(snapshots.unwrap()[1].name, "opencode-golden");
+    let mut p = Scripted::default();
+    p.answers.push_back(Ok(raw(b"[{\"name\":\"oc-w1\",\"status\":\"running\"},{\"name\":\"\xff\"}]")));
+    assert_eq!(Boxd::new(&mut p, 10).list().unwrap()[0].status, "running");
+    // Where it is not a listing, JSON that is not UTF-8 is still no JSON (guest.rs, opencode.rs).
+    assert_eq!(first_json(b"{\"name\":\"\xff\"}\n"), None);
+}
+
 /// A file the host could not land from the exec's stdout is the laptop's (PATH_REFUSED,
 /// said as the host's word); the same words from an exec that lands nothing, and a frame
 /// the guest damaged, stay the CLI's (BOXD_FAILED).
