@@ -92,3 +92,26 @@ fn a_record_removed_by_hand_while_its_machine_runs_is_named_by_status() {
     world.ok_call("boxd_harvest", W1);
     assert_eq!(world.ok_call("boxd_drop", W1)["dropped"], true);
 }
+
+/// A file harvested home counts as recovered only while the laptop holds it: the user
+/// removed the harvested copy (a `git clean`, a move), and the drop refused, naming it,
+/// where it had destroyed its only bytes with the machine. A harvest brings it home again,
+/// and then the drop goes on.
+#[test]
+fn a_harvested_file_gone_from_the_laptop_keeps_the_machine_until_it_is_home_again() {
+    let world = World::new("changed-file-gone");
+    world.ok_call("boxd_ensure", W1);
+    run_on(&world, "w1", &bash("echo 'only here' > RESULT.md"));
+    world.ok_call("boxd_harvest", r#"{"work":"w1","files":["RESULT.md"],"to":"r2"}"#);
+    let copy = world.laptop.project.join("r2/RESULT.md");
+    assert_eq!(std::fs::read_to_string(&copy).unwrap(), "only here\n");
+    std::fs::remove_dir_all(world.laptop.project.join("r2")).unwrap();
+    let e = world.err_call("boxd_drop", W1, "UNTRACKED");
+    let message = e["message"].as_str().unwrap();
+    assert!(message.contains("RESULT.md (was ") && message.contains("r2/RESULT.md"), "{e:#}");
+    assert!(e["next"].as_str().unwrap().contains("boxd_harvest"), "{e:#}");
+    assert_eq!(world.ok_call("boxd_job", W1)["state"], "idle", "the machine is still there");
+    world.ok_call("boxd_harvest", r#"{"work":"w1","files":["RESULT.md"],"to":"r2"}"#);
+    assert_eq!(std::fs::read_to_string(&copy).unwrap(), "only here\n", "home again");
+    assert_eq!(world.ok_call("boxd_drop", W1)["dropped"], true);
+}

@@ -264,6 +264,49 @@ pub fn check_live(w: &Work, live: &Value, discard: &[String]) -> ToolResult<()> 
     Ok(())
 }
 
+/// The new files a record says the laptop holds (guest path, digest) of which it holds no
+/// copy any more: every record of them names a laptop file that is not there now (deleted
+/// or moved since the harvest or the submit). A path this host cannot look at (another
+/// project's) or cannot read counts as held: the drop there is not this host's to refuse.
+pub fn laptop_lost<F: Files>(files: &mut F, w: &Work) -> BTreeMap<(String, String), String> {
+    let (mut held, mut lost) = (Vec::new(), BTreeMap::new());
+    for f in w.files_out.iter().chain(w.files_in.iter()) {
+        let key = (f.guest.clone(), f.sha256.clone());
+        match files.stat(&f.laptop) {
+            Ok(Some(m)) if m.kind != crate::caps::Kind::File => {
+                lost.insert(key, f.laptop.clone());
+            }
+            Ok(None) => {
+                lost.insert(key, f.laptop.clone());
+            }
+            _ => held.push(key),
+        }
+    }
+    lost.retain(|k, _| !held.contains(k));
+    lost
+}
+
+/// The machine's new files whose laptop copies are all gone (`lost`, from `laptop_lost`):
+/// a harvested output counts as home only while the laptop holds it, since the machine
+/// then has its only bytes and a drop would destroy them.
+pub fn check_laptop_copies(w: &Work, live: &Value, discard: &[String], lost: &BTreeMap<(String, String), String>) -> ToolResult<()> {
+    let gone: Vec<String> = entries(&live["untracked"])
+        .into_iter()
+        .chain(entries(&live["ignored"]))
+        .filter(|e| !discarded(&e.path, discard))
+        .filter_map(|e| lost.get(&(e.path.clone(), e.sha256.clone())).map(|laptop| format!("{} (was {laptop})", e.path)))
+        .collect();
+    if gone.is_empty() {
+        return Ok(());
+    }
+    let work = &w.work;
+    Err(ToolError::with_next(
+        Code::Untracked,
+        format!("work '{work}' has files on the machine that this laptop held once and holds no more (deleted or moved since they came home or were sent): {}; nothing was destroyed", gone.join(", ")),
+        format!("Call boxd_harvest for work '{work}' with those files to bring them home again, or boxd_drop with \"discard\" naming them if they are not wanted."),
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -316,6 +359,42 @@ mod tests {
         assert_eq!(e.code, Code::Untracked);
         assert!(e.message.contains("results.csv"), "{}", e.message);
         assert!(check_live(&w, &live, &["results.csv".to_string()]).is_ok(), "discarding it by name lets the drop go on");
+    }
+
+    /// A harvested output counts as home only while the laptop holds a copy of it: once
+    /// every copy is gone (deleted, moved, a folder in its place), the machine has its only
+    /// bytes and the drop refuses, naming it, until it is harvested again or discarded.
+    #[test]
+    fn a_harvested_file_the_laptop_no_longer_holds_refuses_the_drop() {
+        let mut w = proven_work();
+        let rec = |guest: &str, laptop: &str| crate::ledger::FileRecord { guest: guest.into(), laptop: laptop.into(), sha256: "ab".into(), ..Default::default() };
+        w.files_out.push(rec("RESULT.md", "/p/r2/RESULT.md"));
+        w.files_out.push(rec("notes.md", "/p/notes.md"));
+        w.files_out.push(rec("notes.md", "/p/copy/notes.md"));
+        w.files_in.push(rec("data.csv", "/p/data.csv"));
+        w.files_in.push(rec("elsewhere.txt", "/other/elsewhere.txt"));
+        let live = json!({ "repo": true, "refs": { "HEAD": SHA }, "untracked": [
+            { "path": "RESULT.md", "sha256": "ab" }, { "path": "notes.md", "sha256": "ab" },
+            { "path": "data.csv", "sha256": "ab" }, { "path": "elsewhere.txt", "sha256": "ab" }], "ignored": [] });
+        assert!(check_live(&w, &live, &[]).is_ok(), "the record accounts for each");
+        let mut fs = crate::testing::MemFiles::new(&["/p"]);
+        fs.put("/p/r2/RESULT.md", b"x");
+        fs.put("/p/copy/notes.md", b"x");
+        fs.put("/p/data.csv", b"x");
+        assert!(laptop_lost(&mut fs, &w).is_empty(), "every file has a laptop copy (one of two, for notes.md; another project's is not looked at)");
+        assert!(check_laptop_copies(&w, &live, &[], &laptop_lost(&mut fs, &w)).is_ok());
+        fs.remove_file("/p/r2/RESULT.md").unwrap();
+        fs.remove_file("/p/data.csv").unwrap();
+        fs.create_dir_all("/p/data.csv").unwrap();
+        let lost = laptop_lost(&mut fs, &w);
+        let e = check_laptop_copies(&w, &live, &[], &lost).unwrap_err();
+        assert_eq!(e.code, Code::Untracked);
+        assert!(e.message.contains("RESULT.md (was /p/r2/RESULT.md), data.csv (was /p/data.csv)") && !e.message.contains("notes.md"), "{}", e.message);
+        assert!(e.next.contains("boxd_harvest") && e.next.contains("discard"), "{}", e.next);
+        assert!(check_laptop_copies(&w, &live, &["RESULT.md".into(), "data.csv".into()], &lost).is_ok(), "given up by name");
+        // The machine's copy changed since: not what the record held, so check_live names it.
+        let live = json!({ "repo": true, "refs": { "HEAD": SHA }, "untracked": [{ "path": "RESULT.md", "sha256": "cd" }] });
+        assert!(check_laptop_copies(&w, &live, &[], &lost).is_ok());
     }
 
     #[test]

@@ -342,6 +342,11 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
         _ => (Vec::new(), None),
     };
     let ctx = env.ctx;
+    // Looked at before the seal: the laptop copies of the new files the record holds.
+    let lost = match &plan {
+        Plan::Live(w) => super::account::laptop_lost(&mut env.files, w),
+        _ => Default::default(),
+    };
     let mut ledger = Ledger::for_call(&mut env.files, ctx);
     let w = match plan {
         Plan::AlreadyDropped(w) => {
@@ -453,7 +458,8 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
         }
         require_proven(&w)?;
         super::account::check_stored(&mut ledger, &w)?;
-        super::account::check_live(&w, &live, &discard)
+        super::account::check_live(&w, &live, &discard)?;
+        super::account::check_laptop_copies(&w, &live, &discard, &lost)
     })();
     if let Err(e) = checked {
         // The seal's exec failed and the machine is gone: another drop of it, at once,
