@@ -41,3 +41,4 @@ mod interrupt;
 mod mcp_lines;
 mod mcp_retry;
 mod changed_world;
+mod laptop_config;

@@ -174,7 +174,37 @@ pub fn user_path(ctx: &Context, p: &str, base: &str) -> ToolResult<String> {
             "Use a path in the project outside any .git folder (harvest's 'to' and 'files', submit's 'from', ensure's 'directory'). A work's commits come home in the ledger's bundle; fetchCommits fetches them as refs/boxd/<work>.",
         ));
     }
+    if let Some(at) = opencode_config(ctx, &path) {
+        return Err(crate::errors::ToolError::with_next(
+            crate::errors::Code::PathRefused,
+            alloc::format!("laptop path '{p}' is {at}, the laptop OpenCode's own configuration (its plugins, tools, MCP servers and permission rules): a file harvested there would run on this laptop as OpenCode's code, or lift its permission rules, and one sent from there could carry its provider keys"),
+            "Copy the file on the machine to a path outside OpenCode's configuration and harvest that copy (with 'to' for another laptop folder), then read it before you put it in place yourself. For a submit, send a copy kept outside it.",
+        ));
+    }
     Ok(path)
+}
+
+/// The laptop OpenCode's configuration on the way to `path` below the folder granted for
+/// it: a `.opencode` folder (OpenCode loads every one from its working folder up to the
+/// worktree root: `plugins/*.js` run as its code), an `opencode.json` or `opencode.jsonc`
+/// (loaded the same way: plugins, MCP server commands, permission rules), or
+/// `.config/opencode` (the global one, under an allowed home). A guest's file must not
+/// land there: the transcript's permission rules are cleaned for the same reason. Any
+/// case, as for `.git`.
+fn opencode_config(ctx: &Context, path: &str) -> Option<String> {
+    let root = granted_root(ctx, path)?.trim_end_matches('/');
+    let mut at = String::from(root);
+    let mut after_config = false;
+    for part in path[root.len().min(path.len())..].split('/').filter(|s| !s.is_empty()) {
+        at.push('/');
+        at.push_str(part);
+        let lower = part.to_ascii_lowercase();
+        if lower == ".opencode" || lower == "opencode.json" || lower == "opencode.jsonc" || (after_config && lower == "opencode") {
+            return Some(at);
+        }
+        after_config = lower == ".config";
+    }
+    None
 }
 
 /// The `.git` folder (or file: a linked work tree's or a submodule's) on the way to `path`
@@ -340,6 +370,31 @@ mod tests {
             assert!(p.requests.is_empty(), "{args}: nothing ran");
             assert_eq!(crate::ledger::Ledger::new(&mut fs, "/l").require("w1").unwrap(), before, "{args}: nothing recorded");
             assert!(!fs.files.keys().chain(fs.dirs.iter()).any(|k| k.to_ascii_lowercase().contains(".git")), "{args}: nothing made");
+        }
+    }
+
+    /// A guest's file harvested into `.opencode/plugin/` ran on the laptop as OpenCode's
+    /// code the next time it started there, and an `opencode.json` lifted its permission
+    /// rules to "allow": OpenCode's own configuration is refused as `.git` is, both ways.
+    #[test]
+    fn no_laptop_path_reaches_into_the_laptop_opencodes_configuration() {
+        let ctx = context(raw(r#"{"allowedRoots":["/home/u"]}"#, "{}")).unwrap();
+        for p in [".opencode/plugin/evil.js", ".opencode", "sub/.OpenCode/tools/t.ts", "opencode.json", "sub/OpenCode.JSONC", "/home/u/.config/opencode/plugins/x.js", "/home/u/.config/OpenCode"] {
+            let e = user_path(&ctx, p, "/p").unwrap_err();
+            assert!(e.code == Code::PathRefused && e.message.contains("OpenCode's own configuration"), "{p}: {e:?}");
+            assert!(e.next.contains("'to'"), "{p}: {}", e.next);
+        }
+        for p in ["opencode-notes.md", "docs/opencode/x.md", ".opencodex/x", "my.opencode.json", "opencode.json.bak", "/home/u/.config/nvim/opencode"] {
+            assert!(user_path(&ctx, p, "/p").is_ok(), "{p}");
+        }
+        for args in [r#"{"work":"w1","files":[".opencode/plugin/evil.js"]}"#, r#"{"work":"w1","files":["evil.js"],"to":".opencode/plugin"}"#, r#"{"work":"w1","files":["a.txt","opencode.json"],"to":"out"}"#] {
+            let mut fs = crate::testing::open_work(None);
+            let before = crate::ledger::Ledger::new(&mut fs, "/l").require("w1").unwrap();
+            let mut p = Scripted::default();
+            let e = call(&mut p, &mut fs, "boxd_harvest", args, raw("{}", "{}")).unwrap_err();
+            assert!(e.code == Code::PathRefused && e.message.contains("OpenCode's own configuration"), "{args}: {e:?}");
+            assert!(p.requests.is_empty(), "{args}: nothing ran");
+            assert_eq!(crate::ledger::Ledger::new(&mut fs, "/l").require("w1").unwrap(), before, "{args}: nothing recorded");
         }
     }
 
