@@ -368,7 +368,11 @@ fn fork_machine<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F
             if !unclaim(ledger, true)? {
                 return Ok(Step::Elsewhere);
             }
-            return Err(ToolError::new(Code::NotOurs, format!("a machine named {machine} exists, but this laptop's ledger did not create it; the fork stays queued")));
+            return Err(ToolError::with_next(
+                Code::NotOurs,
+                format!("a machine named {machine} exists, but this laptop's ledger did not create it; the fork stays queued"),
+                format!("Leave {machine} alone; drop fork '{}' (boxd_drop sends boxd nothing for a queued fork) and fork again under another id, or call boxd_fork again once that name is free.", w.work),
+            ));
         }
         Err(Failure::Other(m)) if m.contains("already exists") => {
             // A claim taken over from one that never answered: its fork may have landed late.

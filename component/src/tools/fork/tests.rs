@@ -150,6 +150,28 @@ fn a_fork_that_landed_and_then_failed_stays_this_works_to_adopt() {
     }
 }
 
+/// A fork whose name someone else's machine holds: NOT_OURS, the fork stays queued, and
+/// the next step is one that works (it said "call boxd_ensure", which refuses a fork's id,
+/// so the user went round in a loop); the drop it names closes the fork sending nothing.
+#[test]
+fn a_fork_whose_name_someone_else_holds_names_the_drop_of_the_fork() {
+    let at = || raw_at(2 * FORK_CLAIM_MS);
+    let mut fs = open_work(None);
+    let mut p = Scripted::default();
+    p.push_exit(0, "1.18.33", "");
+    p.push_exit(0, OURS, "");
+    p.push_exit(0, r#"[{"name":"oc-w1","status":"running"},{"name":"oc-fa","status":"running"}]"#, "");
+    p.push_fail(1, "error: VM 'oc-fa' already exists");
+    let e = call(&mut p, &mut fs, "boxd_fork", r#"{"work":"w1","forks":["fa"]}"#, at()).unwrap_err();
+    assert_eq!(e.code, Code::NotOurs, "{e:?}");
+    assert!(e.next.contains("Leave oc-fa alone") && e.next.contains("drop fork 'fa'"), "{}", e.next);
+    assert_eq!(Ledger::new(&mut fs, "/l").require("fa").unwrap().state, WorkState::Queued);
+    let mut p = Scripted::default();
+    let v = call(&mut p, &mut fs, "boxd_drop", r#"{"work":"fa"}"#, at()).unwrap();
+    assert_eq!(v["dropped"], true, "{v}");
+    assert!(p.requests.is_empty(), "nothing reached boxd: {:?}", p.commands());
+}
+
 /// A fork claimed by another call (`creating`, no machine yet) is left to it while the
 /// claim is younger than FORK_CLAIM_MS, and forked again once it is older.
 #[test]
