@@ -270,6 +270,12 @@ fn create_admitted<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledge
                 w.warnings.push(format!("{now}: {machine} was rebuilt with a new work tree; the commits and uncommitted changes the gone one held at the last harvest are in the ledger's {} (earlierGit in the work's record)", kept.join(" and ")));
                 w.earlier_git.push(g);
             }
+            // Files a harvest was asked for went with the gone tree: owed no more (the drop
+            // refused over files no machine held, and status said they were still there).
+            if !w.owed.is_empty() {
+                let owed = core::mem::take(&mut w.owed);
+                w.warnings.push(format!("{now}: files a harvest was asked for never came home from {machine}, which was gone when it was rebuilt, so they went with it: {}", owed.join(", ")));
+            }
             if !lost.is_empty() {
                 w.warnings.push(format!("{now}: prompt(s) {} ran on {machine} after the last harvest; that machine was gone when it was rebuilt, so their runs are lost (the rebuilt machine holds the transcript as of the last harvest)", lost.join(", ")));
                 w.unrecovered.extend(lost);

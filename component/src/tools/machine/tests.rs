@@ -176,6 +176,22 @@ fn a_rebuild_keeps_the_gone_trees_bundle_and_patch_named() {
     assert_eq!(warned.len(), 1, "{:?}", w.warnings);
 }
 
+/// Files a harvest was asked for and never brought home went with the gone tree: once it
+/// is rebuilt they are owed no more (the drop refused over files no machine held, and
+/// boxd_status said they were still on the machine), and a warning names them once.
+#[test]
+fn a_rebuild_names_the_owed_files_that_went_with_the_gone_tree() {
+    let mut fs = open_work(None);
+    Ledger::new(&mut fs, "/l").update("w1", |w| w.owed = alloc::vec!["SUMMARY.md".into(), "out/r.csv".into()]).unwrap();
+    for _ in 0..2 {
+        rebuilt_without_an_id(&mut fs);
+    }
+    let w = Ledger::new(&mut fs, "/l").require("w1").unwrap();
+    assert!(w.owed.is_empty(), "{:?}", w.owed);
+    let warned: Vec<&String> = w.warnings.iter().filter(|t| t.contains("never came home") && t.contains("SUMMARY.md, out/r.csv")).collect();
+    assert_eq!(warned.len(), 1, "{:?}", w.warnings);
+}
+
 /// A create boxd refused made nothing: the work does not stay "creating", so a machine
 /// someone else later makes under its name is refused, never adopted and prepared.
 #[test]
