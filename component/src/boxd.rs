@@ -144,27 +144,35 @@ fn listing_json(out: &RunOutput, what: &str) -> Result<Value, Failure> {
 }
 
 /// A row without a name is a listing we cannot read, not a row to skip: a drop takes a
-/// name missing from the listing as boxd's word that the machine is gone. Names are
-/// unique in an org, so a name listed twice is a listing that cannot say which of its
-/// rows is there (one running, one hibernated read as a sleeping machine).
+/// name missing from the listing as boxd's word that the machine is gone.
+///
+/// Names are unique in an org, but a removed machine's row lingers a moment (`destroyed`)
+/// and its name may be taken again at once: a gone row gives way to a live one of its name.
+/// A name of ours (`oc-…`) listed live twice is a listing that cannot say which row is
+/// there (a running machine with a hibernated twin read as asleep): refused. Another name
+/// listed twice is not ours to judge, and is kept as listed.
 fn machines_of(v: &Value) -> Result<Vec<Machine>, Failure> {
     let rows = v.as_array().ok_or_else(|| Failure::Other("boxd machine list printed no JSON array".into()))?;
-    let machines = rows
+    let mut machines = rows
         .iter()
         .map(|r| match r.get("name").and_then(Value::as_str) {
             Some(name) if !name.is_empty() => Ok(Machine { name: name.to_string(), status: str_field(r, "status") }),
             _ => Err(Failure::Other(format!("boxd machine list printed a row without a name: {}", crate::redact::cut(&r.to_string(), 200)))),
         })
         .collect::<Result<Vec<Machine>, Failure>>()?;
-    let mut names: Vec<&str> = machines.iter().map(|m| m.name.as_str()).collect();
-    names.sort_unstable();
-    if let Some(twice) = names.windows(2).find(|w| w[0] == w[1]) {
-        let states: Vec<&str> = machines.iter().filter(|m| m.name == twice[0]).map(|m| m.status.as_str()).collect();
+    let gone = |m: &Machine| State::from_status(&m.status) == Some(State::Gone);
+    let mut live: alloc::collections::BTreeMap<String, usize> = alloc::collections::BTreeMap::new();
+    for m in machines.iter().filter(|m| !gone(m)) {
+        *live.entry(m.name.clone()).or_default() += 1;
+    }
+    machines.retain(|m| !gone(m) || !live.contains_key(&m.name));
+    if let Some(twice) = machines.iter().find(|m| m.name.starts_with("oc-") && live.get(&m.name).is_some_and(|n| *n > 1)) {
+        let states: Vec<&str> = machines.iter().filter(|m| m.name == twice.name).map(|m| if m.status.is_empty() { "none" } else { m.status.as_str() }).collect();
         return Err(Failure::Other(format!(
-            "boxd machine list printed machine {} {} times (status {}); a name is one machine, so this listing cannot say which is there",
-            crate::redact::cut(twice[0], 80),
+            "boxd machine list printed machine {} {} times (status {}); a name is one machine, so this listing cannot say which is there (see 'boxd machine list')",
+            crate::redact::cut(&twice.name, 80),
             states.len(),
-            states.iter().map(|s| if s.is_empty() { "none" } else { s }).collect::<Vec<_>>().join(", ")
+            states.join(", ")
         )));
     }
     Ok(machines)

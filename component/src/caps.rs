@@ -117,6 +117,10 @@ pub trait Files {
     fn list(&mut self, dir: &str) -> Result<Vec<String>, FsError>;
     /// Metadata without following a symlink; None when absent.
     fn stat(&mut self, path: &str) -> Result<Option<Meta>, FsError>;
+    /// The kind alone, as `stat` tells it: where a size would cost a read of the file.
+    fn kind(&mut self, path: &str) -> Result<Option<Kind>, FsError> {
+        Ok(self.stat(path)?.map(|m| m.kind))
+    }
     /// Remove a file; absent is fine.
     fn remove_file(&mut self, path: &str) -> Result<(), FsError>;
     /// Create `path` only if nothing is there (an exclusive create), holding `bytes`;

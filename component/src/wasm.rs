@@ -217,6 +217,38 @@ fn each_chunk(fd: &Descriptor, mut take: impl FnMut(Vec<u8>) -> bool) -> Result<
     }
 }
 
+impl WitFiles {
+    /// A path's kind, and its size when `sized` (see `stat`).
+    fn meta(&mut self, path: &str, sized: bool) -> Result<Option<Meta>, FsError> {
+        let (dir, rel) = self.resolve(path)?;
+        let fd = if rel.is_empty() {
+            None
+        } else {
+            match dir.open_at(PathFlags::empty(), rel, OpenFlags::empty(), DescriptorFlags::READ) {
+                Ok(fd) => Some(fd),
+                Err(ErrorCode::NoEntry) => return Ok(None),
+                Err(ErrorCode::Loop) | Err(ErrorCode::NotPermitted) => return Ok(Some(Meta { kind: Kind::Symlink, size: 0 })),
+                Err(e) => return Err(io(e)),
+            }
+        };
+        let d = fd.as_ref().unwrap_or(dir);
+        let kind = match d.get_type().map_err(io)? {
+            DescriptorType::RegularFile => Kind::File,
+            DescriptorType::Directory => Kind::Dir,
+            DescriptorType::SymbolicLink => Kind::Symlink,
+            _ => Kind::Other,
+        };
+        let mut size = 0u64;
+        if kind == Kind::File && sized {
+            each_chunk(d, |chunk| {
+                size += chunk.len() as u64;
+                true
+            })?;
+        }
+        Ok(Some(Meta { kind, size }))
+    }
+}
+
 impl Files for WitFiles {
     fn read(&mut self, path: &str) -> Result<Option<Vec<u8>>, FsError> {
         self.read_at_most(path, usize::MAX)
@@ -331,32 +363,11 @@ impl Files for WitFiles {
     // Not `stat`: its record carries timestamps, which would import wasi:clocks. Opening
     // without following symlinks tells the kind, and a read tells the size.
     fn stat(&mut self, path: &str) -> Result<Option<Meta>, FsError> {
-        let (dir, rel) = self.resolve(path)?;
-        let fd = if rel.is_empty() {
-            None
-        } else {
-            match dir.open_at(PathFlags::empty(), rel, OpenFlags::empty(), DescriptorFlags::READ) {
-                Ok(fd) => Some(fd),
-                Err(ErrorCode::NoEntry) => return Ok(None),
-                Err(ErrorCode::Loop) | Err(ErrorCode::NotPermitted) => return Ok(Some(Meta { kind: Kind::Symlink, size: 0 })),
-                Err(e) => return Err(io(e)),
-            }
-        };
-        let d = fd.as_ref().unwrap_or(dir);
-        let kind = match d.get_type().map_err(io)? {
-            DescriptorType::RegularFile => Kind::File,
-            DescriptorType::Directory => Kind::Dir,
-            DescriptorType::SymbolicLink => Kind::Symlink,
-            _ => Kind::Other,
-        };
-        let mut size = 0u64;
-        if kind == Kind::File {
-            each_chunk(d, |chunk| {
-                size += chunk.len() as u64;
-                true
-            })?;
-        }
-        Ok(Some(Meta { kind, size }))
+        self.meta(path, true)
+    }
+
+    fn kind(&mut self, path: &str) -> Result<Option<Kind>, FsError> {
+        Ok(self.meta(path, false)?.map(|m| m.kind))
     }
 
     fn remove_file(&mut self, path: &str) -> Result<(), FsError> {

@@ -114,8 +114,8 @@ fn a_snapshot_row_without_a_name_fails_the_whole_listing() {
     assert_eq!(Boxd::new(&mut p, 10).snapshots().unwrap()[0].name, "img");
 }
 
-/// Names are unique in an org: a listing that names one machine twice cannot say which
-/// row is there (a running machine with a hibernated twin read as asleep).
+/// Names are unique in an org: a listing that names one machine of ours live twice cannot
+/// say which row is there (a running machine with a hibernated twin read as asleep).
 #[test]
 fn a_machine_listed_twice_fails_the_listing() {
     let twice = r#"[{"name":"oc-w1","status":"running"},{"name":"other","status":"running"},{"name":"oc-w1","status":"hibernated"}]"#;
@@ -129,6 +129,18 @@ fn a_machine_listed_twice_fails_the_listing() {
     p.push_exit(0, "[]", "");
     let (machines, snapshots) = Boxd::new(&mut p, 10).list_and_snapshots();
     assert!(machines.is_err() && snapshots.is_ok());
+    // A removed machine's row lingers (destroyed) while its name is taken again: the live
+    // row stands. Two gone rows are one gone machine; another's name twice is theirs.
+    for (listing, want) in [
+        (r#"[{"name":"oc-w1","status":"destroyed"},{"name":"oc-w1","status":"running"}]"#, vec![("oc-w1", "running")]),
+        (r#"[{"name":"oc-w1","status":"destroyed"},{"name":"oc-w1","status":"deleted"}]"#, vec![("oc-w1", "destroyed"), ("oc-w1", "deleted")]),
+        (r#"[{"name":"theirs","status":"running"},{"name":"theirs","status":"stopped"}]"#, vec![("theirs", "running"), ("theirs", "stopped")]),
+    ] {
+        let mut p = Scripted::default();
+        p.push_exit(0, listing, "");
+        let got = Boxd::new(&mut p, 10).list().unwrap();
+        assert_eq!(got.iter().map(|m| (m.name.as_str(), m.status.as_str())).collect::<Vec<_>>(), want, "{listing}");
+    }
     // Snapshot names repeat by design (a save of the same name is a new version).
     let mut p = Scripted::default();
     p.push_exit(0, r#"[{"name":"img","version":"v1"},{"name":"img","version":"v2"}]"#, "");

@@ -265,21 +265,22 @@ pub fn check_live(w: &Work, live: &Value, discard: &[String]) -> ToolResult<()> 
 }
 
 /// The new files a record says the laptop holds (guest path, digest) of which it holds no
-/// copy any more: every record of them names a laptop file that is not there now (deleted
-/// or moved since the harvest or the submit). A path this host cannot look at (another
-/// project's) or cannot read counts as held: the drop there is not this host's to refuse.
+/// copy any more: every record of them names a laptop path with nothing there now, or a
+/// folder (deleted or moved since the harvest or the submit). A symlink the user put in
+/// its place counts as held (it is never followed, and says where they keep it), as does a
+/// path this host cannot look at (another project's) or cannot read: the drop there is not
+/// this host's to refuse. Each laptop path is looked at once, by its kind (no read).
 pub fn laptop_lost<F: Files>(files: &mut F, w: &Work) -> BTreeMap<(String, String), String> {
+    use crate::caps::Kind;
+    let mut kinds: BTreeMap<&str, bool> = BTreeMap::new();
     let (mut held, mut lost) = (Vec::new(), BTreeMap::new());
     for f in w.files_out.iter().chain(w.files_in.iter()) {
         let key = (f.guest.clone(), f.sha256.clone());
-        match files.stat(&f.laptop) {
-            Ok(Some(m)) if m.kind != crate::caps::Kind::File => {
-                lost.insert(key, f.laptop.clone());
-            }
-            Ok(None) => {
-                lost.insert(key, f.laptop.clone());
-            }
-            _ => held.push(key),
+        let there = *kinds.entry(f.laptop.as_str()).or_insert_with(|| !matches!(files.kind(&f.laptop), Ok(None) | Ok(Some(Kind::Dir | Kind::Other))));
+        if there {
+            held.push(key);
+        } else {
+            lost.insert(key, f.laptop.clone());
         }
     }
     lost.retain(|k, _| !held.contains(k));
@@ -386,12 +387,16 @@ mod tests {
         fs.remove_file("/p/r2/RESULT.md").unwrap();
         fs.remove_file("/p/data.csv").unwrap();
         fs.create_dir_all("/p/data.csv").unwrap();
+        w.files_out.push(rec("RESULT.md", "/p/r2/RESULT.md")); // harvested twice to one place: looked at once
         let lost = laptop_lost(&mut fs, &w);
         let e = check_laptop_copies(&w, &live, &[], &lost).unwrap_err();
         assert_eq!(e.code, Code::Untracked);
         assert!(e.message.contains("RESULT.md (was /p/r2/RESULT.md), data.csv (was /p/data.csv)") && !e.message.contains("notes.md"), "{}", e.message);
         assert!(e.next.contains("boxd_harvest") && e.next.contains("discard"), "{}", e.next);
         assert!(check_laptop_copies(&w, &live, &["RESULT.md".into(), "data.csv".into()], &lost).is_ok(), "given up by name");
+        // A symlink the user put where the file was says where they keep it: held.
+        fs.symlinks.insert("/p/r2/RESULT.md".into());
+        assert!(!laptop_lost(&mut fs, &w).contains_key(&("RESULT.md".to_string(), "ab".to_string())));
         // The machine's copy changed since: not what the record held, so check_live names it.
         let live = json!({ "repo": true, "refs": { "HEAD": SHA }, "untracked": [{ "path": "RESULT.md", "sha256": "cd" }] });
         assert!(check_laptop_copies(&w, &live, &[], &lost).is_ok());

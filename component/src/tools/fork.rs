@@ -371,7 +371,7 @@ fn fork_machine<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F
             return Err(ToolError::with_next(
                 Code::NotOurs,
                 format!("a machine named {machine} exists, but this laptop's ledger did not create it; the fork stays queued"),
-                format!("Leave {machine} alone; drop fork '{}' (boxd_drop sends boxd nothing for a queued fork) and fork again under another id, or call boxd_fork again once that name is free.", w.work),
+                format!("Leave {machine} alone; call boxd_drop for work '{}' (a queued fork: boxd is sent nothing) and boxd_fork for work '{}' with another fork id, or call boxd_fork for work '{}' again once that name is free.", w.work, parent.work, parent.work),
             ));
         }
         Err(Failure::Other(m)) if m.contains("already exists") => {

@@ -177,32 +177,35 @@ pub fn user_path(ctx: &Context, p: &str, base: &str) -> ToolResult<String> {
     if let Some(at) = opencode_config(ctx, &path) {
         return Err(crate::errors::ToolError::with_next(
             crate::errors::Code::PathRefused,
-            alloc::format!("laptop path '{p}' is {at}, the laptop OpenCode's own configuration (its plugins, tools, MCP servers and permission rules): a file harvested there would run on this laptop as OpenCode's code, or lift its permission rules, and one sent from there could carry its provider keys"),
-            "Copy the file on the machine to a path outside OpenCode's configuration and harvest that copy (with 'to' for another laptop folder), then read it before you put it in place yourself. For a submit, send a copy kept outside it.",
+            alloc::format!("laptop path '{p}' is {at}, the laptop OpenCode's own configuration or data (its plugins, tools, MCP servers, permission rules, provider keys and sessions): a file harvested there would run on this laptop as OpenCode's code or lift its permission rules, and one sent from there could carry its keys"),
+            "Keep OpenCode's own folders out of the work: for a harvest, have the guest copy the file to another path (a boxd_submit prompt) and harvest that copy, then read it before you put it in place yourself; submit a copy kept elsewhere; start a work in a folder outside them.",
         ));
     }
     Ok(path)
 }
 
-/// The laptop OpenCode's configuration on the way to `path` below the folder granted for
-/// it: a `.opencode` folder (OpenCode loads every one from its working folder up to the
-/// worktree root: `plugins/*.js` run as its code), an `opencode.json` or `opencode.jsonc`
-/// (loaded the same way: plugins, MCP server commands, permission rules), or
-/// `.config/opencode` (the global one, under an allowed home). A guest's file must not
-/// land there: the transcript's permission rules are cleaned for the same reason. Any
-/// case, as for `.git`.
+/// The laptop OpenCode's own files on the way to `path` below the folder granted for it: a
+/// `.opencode` folder (OpenCode loads every one from its working folder up to the worktree
+/// root: `plugins/*.js` run as its code), an `opencode.json` or `opencode.jsonc` (loaded
+/// the same way: plugins, MCP server commands, permission rules), `.config/opencode` (its
+/// global configuration) and `.local/share/opencode` (its data: `auth.json` holds the
+/// provider keys, and the sessions). A guest's file must not land there: the transcript's
+/// permission rules are cleaned for the same reason. The root's own folders count for the
+/// context (an allowed `~/.config` still has `opencode` below it refused), but a root the
+/// user put inside one is theirs, as for `.git`. Any case, as for `.git`.
 fn opencode_config(ctx: &Context, path: &str) -> Option<String> {
     let root = granted_root(ctx, path)?.trim_end_matches('/');
+    let lower = |p: &str| p.to_ascii_lowercase();
+    let mut seen: alloc::vec::Vec<String> = root.split('/').filter(|s| !s.is_empty()).map(lower).collect();
     let mut at = String::from(root);
-    let mut after_config = false;
     for part in path[root.len().min(path.len())..].split('/').filter(|s| !s.is_empty()) {
         at.push('/');
         at.push_str(part);
-        let lower = part.to_ascii_lowercase();
-        if lower == ".opencode" || lower == "opencode.json" || lower == "opencode.jsonc" || (after_config && lower == "opencode") {
+        seen.push(lower(part));
+        let tail = |t: &[&str]| seen.len() >= t.len() && seen[seen.len() - t.len()..].iter().zip(t).all(|(a, b)| a == b);
+        if tail(&[".opencode"]) || tail(&["opencode.json"]) || tail(&["opencode.jsonc"]) || tail(&[".config", "opencode"]) || tail(&[".local", "share", "opencode"]) {
             return Some(at);
         }
-        after_config = lower == ".config";
     }
     None
 }
@@ -378,15 +381,17 @@ mod tests {
     /// rules to "allow": OpenCode's own configuration is refused as `.git` is, both ways.
     #[test]
     fn no_laptop_path_reaches_into_the_laptop_opencodes_configuration() {
-        let ctx = context(raw(r#"{"allowedRoots":["/home/u"]}"#, "{}")).unwrap();
-        for p in [".opencode/plugin/evil.js", ".opencode", "sub/.OpenCode/tools/t.ts", "opencode.json", "sub/OpenCode.JSONC", "/home/u/.config/opencode/plugins/x.js", "/home/u/.config/OpenCode"] {
+        let ctx = context(raw(r#"{"allowedRoots":["/home/u","/home/v/.config","/home/w/.config/opencode"]}"#, "{}")).unwrap();
+        for p in [".opencode/plugin/evil.js", ".opencode", "sub/.OpenCode/tools/t.ts", "opencode.json", "sub/OpenCode.JSONC", "/home/u/.config/opencode/plugins/x.js", "/home/u/.config/OpenCode", "/home/u/.local/share/opencode/auth.json", "/home/v/.config/opencode/opencode.json", "/home/v/.config/opencode"] {
             let e = user_path(&ctx, p, "/p").unwrap_err();
             assert!(e.code == Code::PathRefused && e.message.contains("OpenCode's own configuration"), "{p}: {e:?}");
-            assert!(e.next.contains("'to'"), "{p}: {}", e.next);
+            assert!(e.next.contains("boxd_submit prompt"), "{p}: {}", e.next);
         }
-        for p in ["opencode-notes.md", "docs/opencode/x.md", ".opencodex/x", "my.opencode.json", "opencode.json.bak", "/home/u/.config/nvim/opencode"] {
+        for p in ["opencode-notes.md", "docs/opencode/x.md", ".opencodex/x", "my.opencode.json", "opencode.json.bak", "/home/u/.config/nvim/opencode", "/home/u/.local/opencode", "/home/v/.config/nvim/init.lua"] {
             assert!(user_path(&ctx, p, "/p").is_ok(), "{p}");
         }
+        // A root the user put inside OpenCode's configuration is theirs, as for `.git`.
+        assert!(user_path(&ctx, "/home/w/.config/opencode/themes/t.json", "/p").is_ok());
         for args in [r#"{"work":"w1","files":[".opencode/plugin/evil.js"]}"#, r#"{"work":"w1","files":["evil.js"],"to":".opencode/plugin"}"#, r#"{"work":"w1","files":["a.txt","opencode.json"],"to":"out"}"#] {
             let mut fs = crate::testing::open_work(None);
             let before = crate::ledger::Ledger::new(&mut fs, "/l").require("w1").unwrap();

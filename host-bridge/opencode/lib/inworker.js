@@ -40,7 +40,11 @@ export const STDOUT_FILE = 4;
 export const STDERR_FILE = 6;
 export const STDOUT_FD = 8;
 export const STDERR_FD = 9;
-export const SHARED_WORDS = 10;
+// Raised before each child's files are noted: a watch that saw it unchanged around its look
+// at the children looked at that child's files (a descriptor and an inode may both be used
+// again by the next child's).
+export const NOTED = 10;
+export const SHARED_WORDS = 11;
 
 const STREAMS = { 1: "stdout", 2: "stderr" };
 const err = (tag, val) => ({ tag: "err", val: val === undefined ? { tag } : { tag, val } });
@@ -110,6 +114,7 @@ export function runInWorker(req, grants, shared, call, mark, { onGrant = () => {
     files.push(takeOutputFile());
     files.push(takeOutputFile());
     const [out, errOut] = files;
+    Atomics.add(shared, NOTED, 1);
     setFile(shared, STDOUT_FILE, STDOUT_FD, out);
     setFile(shared, STDERR_FILE, STDERR_FD, errOut);
     const r = runSync(launch.binary, req.args, {
@@ -223,13 +228,14 @@ export function watchOutput(tid, shared, aborted) {
   const timer = setInterval(() => {
     if (aborted()) return killChildrenOf(tid);
     for (const [stream, at, fdAt] of [[1, STDOUT_FILE, STDOUT_FD], [2, STDERR_FILE, STDERR_FD]]) {
+      const seen = Atomics.load(shared, NOTED);
       const file = noted(shared, at, fdAt);
       if (!file || noteSize(file) <= BigInt(BOUNDS[STREAMS[stream]])) continue;
       const pids = childrenOf(tid);
       // Still that file's child: the worker notes a new child's files before it starts
       // it, so one listed here while the note stands is the one the file was given to.
       const now = noted(shared, at, fdAt);
-      if (now?.fd !== file.fd || now.ino !== file.ino) continue;
+      if (Atomics.load(shared, NOTED) !== seen || now?.fd !== file.fd || now.ino !== file.ino) continue;
       for (const pid of pids) {
         Atomics.store(shared, CAPPED_STREAM, stream);
         Atomics.store(shared, CAPPED_PID, pid);

@@ -7,7 +7,7 @@ import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 
-/** What every output file's name holds (lib/inworker.js finds a child's by it). */
+/** What every output file's name holds: whose it is (the sweep of a gone process's files; tests find them by it). */
 export const OUTPUT_FILE_MARK = `.boxd-bridge-${process.pid}-`;
 
 /** A fresh unlinked, owner-only temporary file for a child's output; its descriptor. */

@@ -164,7 +164,7 @@ fn a_fork_whose_name_someone_else_holds_names_the_drop_of_the_fork() {
     p.push_fail(1, "error: VM 'oc-fa' already exists");
     let e = call(&mut p, &mut fs, "boxd_fork", r#"{"work":"w1","forks":["fa"]}"#, at()).unwrap_err();
     assert_eq!(e.code, Code::NotOurs, "{e:?}");
-    assert!(e.next.contains("Leave oc-fa alone") && e.next.contains("drop fork 'fa'"), "{}", e.next);
+    assert!(e.next.contains("Leave oc-fa alone") && e.next.contains("boxd_drop for work 'fa'") && e.next.contains("boxd_fork for work 'w1'"), "{}", e.next);
     assert_eq!(Ledger::new(&mut fs, "/l").require("fa").unwrap().state, WorkState::Queued);
     let mut p = Scripted::default();
     let v = call(&mut p, &mut fs, "boxd_drop", r#"{"work":"fa"}"#, at()).unwrap();
