@@ -64,6 +64,9 @@ pub fn ensure(env: &mut Env, args: &Value) -> ToolResult<Value> {
     }
     if let Some(w) = &record {
         refuse_other_spec(w, args, &directory, &ctx.options.snapshot)?;
+        // Another project's work (or one whose folder moved): taken up from here, its
+        // prompts and files came from here and nothing it made could be harvested here.
+        super::harvest::work_folder_granted(ctx, w)?;
     }
     let mut boxd = Boxd::new(&mut env.programs, ctx.options.boxd_timeout_seconds);
     // One read that carries the id: the machine is ours, or it is refused untouched.

@@ -142,6 +142,10 @@ fn admit(env: &mut Env, args: &Value) -> ToolResult<Admitted> {
     let mut ledger = Ledger::for_call(&mut env.files, ctx);
     let w = ledger.require(&work)?;
     super::require_open(&w)?;
+    // A work started in another project (or a folder since moved) is that folder's: a
+    // prompt from here went into its session and its files over its tree, and no harvest
+    // from here could bring what it made home.
+    super::harvest::work_folder_granted(ctx, &w)?;
     super::image::require_not_saving(&w)?;
     super::admission::check_lifetime(&w, ctx)?;
     running_state(&mut Boxd::new(&mut env.programs, ctx.options.boxd_timeout_seconds), &mut ledger, ctx, &w)?;
