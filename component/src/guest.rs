@@ -27,7 +27,7 @@ pub fn helper_path() -> String {
 /// The error kinds the guest helper reports: exactly the `errorKinds` of
 /// component/guest/protocol.json (a unit test keeps the two equal).
 pub const GUEST_CODES: &[Code] = &[
-    Code::ArgsInvalid, Code::ExportInvalid, Code::FileTooLarge, Code::GuestFailed, Code::GuestServerDown,
+    Code::ArgsInvalid, Code::ExportInvalid, Code::FileConflict, Code::FileTooLarge, Code::GuestFailed, Code::GuestServerDown,
     Code::GuestStateLost, Code::GuestUnresponsive, Code::GuestVersion, Code::GuestWorkspace, Code::NameInvalid, Code::PathRefused,
     Code::RunInterrupted, Code::SessionBusy, Code::WorkUnknown,
 ];
@@ -70,11 +70,14 @@ pub struct Guest<'b, 'a, P: Programs> {
     pub boxd: &'b mut Boxd<'a, P>,
     pub machine: String,
     pub work: String,
+    /// The helper's last refusal (exit 3), as it printed it: its fields beyond the code and
+    /// the message (a submit's `"admitted": false`).
+    pub refused: Option<Value>,
 }
 
 impl<'b, 'a, P: Programs> Guest<'b, 'a, P> {
     pub fn new(boxd: &'b mut Boxd<'a, P>, machine: &str, work: &str) -> Self {
-        Self { boxd, machine: machine.to_string(), work: work.to_string() }
+        Self { boxd, machine: machine.to_string(), work: work.to_string(), refused: None }
     }
 
     /// Upload the helper and check its digest on the guest before it is put in place. Each
@@ -116,6 +119,7 @@ impl<'b, 'a, P: Programs> Guest<'b, 'a, P> {
     /// As `call`, with files streamed in and out by the host (docs/guest.md, "Frames");
     /// also returns what the host streamed.
     pub fn call_streaming(&mut self, command: &str, flags: &[&str], stdin: Option<Vec<u8>>, streams: &Streams) -> ToolResult<(Value, Vec<Streamed>)> {
+        self.refused = None;
         let helper = helper_path();
         let mut line = alloc::vec![String::from("python3"), helper.clone(), command.to_string(), "--work".into(), self.work.clone()];
         line.extend(flags.iter().map(|f| f.to_string()));
@@ -140,6 +144,7 @@ impl<'b, 'a, P: Programs> Guest<'b, 'a, P> {
                 ToolError::new(code, format!("the guest helper's {command} printed no JSON: {}", tail(&out.stderr)))
             }),
             Some(3) => {
+                self.refused = first_json(&out.stdout);
                 let (kind, message) = reply(&out.stdout);
                 let message = message.unwrap_or_else(|| "the guest helper failed".to_string());
                 // Only the kinds the helper speaks: a guest cannot claim a laptop's code

@@ -113,10 +113,12 @@ class Inbox(unittest.TestCase):
         self.tree = Path(self.work.tree)
 
     # -- helpers
-    def submit(self, prompt_id, prompt="do it", files=(), frames=None, **more):
-        """cli.main("submit"): (exit code, answer). files: [(to, bytes)]; `more` goes into
-        the payload (samePending=True, as the laptop sends it)."""
-        payload = {"promptId": prompt_id, "prompt": prompt, "files": [{"to": to} for to, _ in files], **more}
+    def submit(self, prompt_id, prompt="do it", files=(), frames=None, held=None, **more):
+        """cli.main("submit"): (exit code, answer). files: [(to, bytes)]; `held`: {to: [bytes]}
+        the laptop holds there; `more` goes into the payload (samePending=True, as the
+        laptop sends it)."""
+        holds = lambda to: [hashlib.sha256(b).hexdigest() for b in (held or {}).get(to, [])]
+        payload = {"promptId": prompt_id, "prompt": prompt, "files": [{"to": to, "held": holds(to)} for to, _ in files], **more}
         body = b"".join(frame(data) for _, data in files) if frames is None else frames
         self.sys.use(json.dumps(payload).encode() + b"\n" + body)
         code = cli.main(["submit", "--work", "w1"])
@@ -217,7 +219,7 @@ class Inbox(unittest.TestCase):
         def second_submit():
             other["answer"] = self.submit("p1", files=[("f.txt", b"second\n")])
 
-        def write_files(work, received):
+        def write_files(work, received, keep):
             if received and not placed:
                 # the first submit is about to place its files: the same id arrives again
                 t = threading.Thread(target=second_submit)
@@ -226,7 +228,7 @@ class Inbox(unittest.TestCase):
                 other["thread"] = t
             if received:
                 placed.append([r[0] for r in received])
-            return real_write(work, received)
+            return real_write(work, received, keep)
 
         with mock.patch.object(cli, "write_files", write_files):
             code, out = self.submit("p1", files=[("f.txt", b"first\n")])
@@ -255,6 +257,43 @@ class Inbox(unittest.TestCase):
         code, out = self.submit("p1", files=[("n2", b"x"), ("n2b/c", b"y")])  # a shared prefix is no folder
         self.assertEqual(code, 0, out)
 
+    def test_a_file_the_laptop_does_not_hold_is_never_replaced(self):
+        """The agent's output no harvest brought home: a submit to its path is refused whole
+        (FILE_CONFLICT, "admitted": false), nothing placed; bytes the laptop holds there
+        (`held`), the same bytes, or what HEAD holds are replaced as before."""
+        (self.tree / "results.csv").write_bytes(b"the agent's output\n")
+        (self.tree / "other.txt").write_bytes(b"old\n")
+        code, out = self.submit("p1", files=[("other.txt", b"new\n"), ("results.csv", b"mine\n")])
+        self.assertEqual((code, out["error"], out["path"], out["admitted"]), (3, "FILE_CONFLICT", "other.txt", False), out)
+        self.assertEqual(out["paths"], ["other.txt", "results.csv"], out)
+        self.assertEqual(((self.tree / "results.csv").read_bytes(), (self.tree / "other.txt").read_bytes()), (b"the agent's output\n", b"old\n"))
+        self.assertEqual((self.inbox(), self.temps()), ([], []))
+        self.assertEqual(self.work.resolved(["p1"]), {"p1": False})
+        held = hashlib.sha256(b"the agent's output\n").hexdigest()
+        same = [{"to": "results.csv", "held": [held]}, {"to": "other.txt", "held": []}]
+        self.sys.use(json.dumps({"promptId": "p2", "prompt": "do it", "files": same}).encode() + b"\n" + frame(b"mine\n") + frame(b"old\n"))
+        code = cli.main(["submit", "--work", "w1"])
+        out = json.loads(self.sys.stdout.buffer.getvalue().decode())
+        self.assertEqual(code, 0, out)
+        self.assertEqual((self.tree / "results.csv").read_bytes(), b"mine\n", "held by the laptop: replaced")
+
+    def test_bytes_a_submit_placed_may_be_replaced_though_the_laptop_never_heard(self):
+        """A submit whose answer was lost placed its file, and the laptop holds no record of
+        it: those bytes came from the laptop (placed.json), so a later submit replaces them;
+        once the agent has changed them, it does not."""
+        self.assertEqual(self.submit("p1", "one", files=[("f.txt", b"v1\n")])[0], 0)
+        code, out = self.submit("p2", "two", files=[("f.txt", b"v2\n")])
+        self.assertEqual(code, 0, out)
+        self.assertEqual((self.tree / "f.txt").read_bytes(), b"v2\n")
+        (self.tree / "f.txt").write_bytes(b"the agent's edit\n")
+        code, out = self.submit("p3", "three", files=[("f.txt", b"v3\n")])
+        self.assertEqual((code, out["error"]), (3, "FILE_CONFLICT"), out)
+        self.assertEqual((self.tree / "f.txt").read_bytes(), b"the agent's edit\n")
+
+    def test_a_refusal_before_admission_says_nothing_was_admitted(self):
+        code, out = self.submit("p1", files=[("a", b"x"), ("a", b"y")])
+        self.assertEqual((code, out["error"], out["admitted"]), (3, "NAME_INVALID", False), out)
+
     def test_nothing_is_placed_until_every_target_is_checked(self):
         outside = Path(self.tmp) / "outside"
         outside.mkdir()
@@ -262,7 +301,7 @@ class Inbox(unittest.TestCase):
         received = files.receive_files(self.work, planned, io.BytesIO(frame(b"a") + frame(b"x")))
         os.symlink(str(outside), str(self.tree / "d"))  # the agent, meanwhile
         with self.assertRaises(Fail) as e:
-            files.write_files(self.work, received)
+            files.write_files(self.work, received, {})
         self.assertEqual(e.exception.kind, "NAME_INVALID")
         self.assertFalse((self.tree / "a.txt").exists())
         self.assertEqual((os.listdir(outside), self.temps()), ([], []))
@@ -369,7 +408,7 @@ class SamePending(Inbox):
         for pid, prompt, data, more in [("p2", "other words", b"v1\n", {"samePending": True}),
                                         ("p3", "words", b"v2\n", {"samePending": True}),
                                         ("p4", "words", b"v1\n", {})]:
-            code, out = self.submit(pid, prompt, files=[("f.txt", data)], **more)
+            code, out = self.submit(pid, prompt, files=[("f.txt", data)], held={"f.txt": [b"v1\n", b"v2\n"]}, **more)
             self.assertEqual((code, out.get("duplicate")), (0, None), (pid, out))
         self.entry(9, "p9", "older")  # an older helper's admission: no key
         code, out = self.submit("p10", "older", samePending=True)

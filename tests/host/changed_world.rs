@@ -115,3 +115,33 @@ fn a_harvested_file_gone_from_the_laptop_keeps_the_machine_until_it_is_home_agai
     assert_eq!(std::fs::read_to_string(&copy).unwrap(), "only here\n", "home again");
     assert_eq!(world.ok_call("boxd_drop", W1)["dropped"], true);
 }
+
+/// What the agent wrote on the machine since the last harvest is never replaced by a
+/// submit's file: the submit is FILE_CONFLICT, nothing placed and no prompt left recorded
+/// (one left behind held the drop for ten minutes). Before, the file was replaced and the
+/// drop then counted it as sent. Bytes the laptop holds there (harvested), and a committed
+/// file, are replaced as before.
+#[test]
+fn a_submit_never_replaces_what_the_agent_wrote_since_the_last_harvest() {
+    let world = World::new("changed-submit-over");
+    world.ok_call("boxd_ensure", W1);
+    run_on(&world, "w1", &bash("echo 'v1' > tracked.txt && git add tracked.txt && git -c user.email=t@t -c user.name=t commit -qm t && echo 'only here' > results.csv"));
+    std::fs::write(world.laptop.project.join("input.md"), "mine\n").unwrap();
+    let over = |to: &str| serde_json::json!({ "work": "w1", "prompt": format!("use {to}"), "files": [{ "from": "input.md", "to": to }] }).to_string();
+    let e = world.err_call("boxd_submit", &over("results.csv"), "FILE_CONFLICT");
+    assert!(e["message"].as_str().unwrap().contains("results.csv") && e["next"].as_str().unwrap().contains("boxd_harvest"), "{e:#}");
+    assert_eq!(crate::nothing_lost::in_tree(&world, "w1", "cat results.csv"), "only here\n", "the agent's bytes are as they were");
+    assert_eq!(record(&world)["prompts"].as_array().unwrap().len(), 1, "the refused prompt left the record: {:#}", record(&world));
+    // A committed file: its commit holds the bytes, so it is replaced.
+    world.ok_call("boxd_submit", &over("tracked.txt"));
+    world.job_until_idle("w1");
+    assert_eq!(crate::nothing_lost::in_tree(&world, "w1", "cat tracked.txt"), "mine\n");
+    // Once harvested, the laptop holds the agent's bytes: replaced too, and the drop goes on.
+    world.ok_call("boxd_harvest", r#"{"work":"w1","files":["results.csv"],"to":"kept"}"#);
+    world.ok_call("boxd_submit", &over("results.csv"));
+    world.job_until_idle("w1");
+    assert_eq!(crate::nothing_lost::in_tree(&world, "w1", "cat results.csv"), "mine\n");
+    assert_eq!(std::fs::read_to_string(world.laptop.project.join("kept/results.csv")).unwrap(), "only here\n");
+    world.ok_call("boxd_harvest", W1);
+    assert_eq!(world.ok_call("boxd_drop", W1)["dropped"], true);
+}

@@ -12,7 +12,8 @@ import sys
 import traceback
 
 from .disk import FileLock, atomic_write, fsync_dir, now_iso, read_json, read_text, sha256_hex, write_json
-from .files import discard, plan_files, read_requested, receive_files, send_requested, sweep_temps, write_files
+from .files import (discard, placed, plan_files, read_requested, receive_files, remember_placed, send_requested,
+                    sweep_temps, write_files)
 from .gitstate import ensure_git_exclude, ensure_repo, inventory, make_bundle
 from .opencode import Api, ApiError, find_opencode, opencode_env, opencode_version
 from .procs import kill_group, owned_alive, servers_in
@@ -96,6 +97,19 @@ def cmd_prepare(args):
 
 
 def cmd_submit(args):
+    # A refusal before the prompt was admitted says so (`"admitted": false`): the laptop
+    # then takes back the prompt it recorded, which else waited ten minutes for a word
+    # that could not come and held the work's drop meanwhile.
+    admitted = []
+    try:
+        return submit(args, admitted)
+    except Fail as f:
+        if not admitted:
+            f.extra.setdefault("admitted", False)
+        raise
+
+
+def submit(args, admitted):
     work = Work(args.work)
     work.require()
     if work.sealed_recently():
@@ -128,6 +142,10 @@ def cmd_submit(args):
     password = work.password()
     planned, digests = plan_files(work, files), []
     received = receive_files(work, planned, sys.stdin.buffer, digests)
+    # The bytes each target may hold and still be replaced: what the laptop sent or brought
+    # home there (`held`), what a submit placed there, and what is being sent now.
+    given = {"/".join(parts): d for (parts, _), d in zip(planned, digests)}
+    keep = {path: set(held_of(f)) | {given[path]} for path, f in zip(given, files)}
     key = submit_key(prompt, [("/".join(parts), d) for (parts, _), d in zip(planned, digests)])
     if same_pending:
         try:  # a run that has just ended is recorded as ended before the check below
@@ -156,8 +174,13 @@ def cmd_submit(args):
                 # has ended is admitted as a prompt of its own.
                 duplicate = True
             else:
-                write_files(work, received)
+                for path, shas in placed(work).items():
+                    if path in keep and isinstance(shas, list):
+                        keep[path].update(d for d in shas if isinstance(d, str))
+                write_files(work, received, keep)
+                remember_placed(work, given.items())
                 admit(work, st, entries, prompt_id, prompt, key)
+            admitted.append(True)
     finally:
         discard(received)  # those not placed (a refusal, a duplicate, a failure part way)
     ensure_git_exclude(work)
@@ -182,6 +205,14 @@ def cmd_submit(args):
     if to_resolve:
         out["resolved"] = work.resolved(to_resolve)
     return out
+
+
+def held_of(f):
+    """A submit file's `held`: the digests the laptop holds of that path (a list of hex)."""
+    held = f.get("held") or []
+    if not isinstance(held, list) or not all(isinstance(h, str) for h in held):
+        raise Fail("ARGS_INVALID", "files[].held must be a list of sha256 digests")
+    return held
 
 
 def admit(work, st, entries, prompt_id, prompt, key=None):

@@ -4,11 +4,14 @@ limits; a submit's files are all checked and received before any is written. The
 bytes travel as frames (frames.py), never in the JSON."""
 
 import errno
+import hashlib
 import os
 import tempfile
 import time
 
+from .disk import read_json, write_json
 from .frames import copy_frame, send_frame
+from .gitstate import git
 from .protocol import CALL_MAX, FILE_MAX, Fail, mib, workspace_failure
 
 NAME_MAX = 255                      # bytes in one path component (Linux)
@@ -198,17 +201,81 @@ def discard(received):
             pass
 
 
-def write_files(work, received):
+# The digests a path was given by submits, newest last, at most this many a path: bytes
+# that came from the laptop, which a later submit may replace even when the laptop never
+# heard that they landed (a submit whose answer was lost).
+PLACED_KEPT = 16
+
+
+def placed(work):
+    """{path: [sha256, ...]} the submits placed (placed.json in the work's folder)."""
+    got = read_json(work.p("placed.json"), {})
+    return got if isinstance(got, dict) else {}
+
+
+def remember_placed(work, entries):
+    """Add (path, sha256) pairs to placed.json. Best effort: one not written only makes a
+    later submit to that path refuse (FILE_CONFLICT), which loses nothing."""
+    known = placed(work)
+    for key, sha in entries:
+        kept = [d for d in known.get(key, []) if isinstance(d, str) and d != sha] + [sha]
+        known[key] = kept[-PLACED_KEPT:]
+    try:
+        write_json(work.p("placed.json"), known, 0o600)
+    except OSError:
+        pass
+
+
+def unheld(work, received, keep):
+    """The targets whose file the submit would replace with bytes the laptop does not hold:
+    not one of `keep[path]` (what the laptop sent or brought home there, and what is sent
+    now), nor what the tree's last commit holds there. The agent's output that no harvest
+    brought home was replaced, and the drop then took the only copy with the machine."""
+    out = []
+    for parts, target, _ in received:
+        key = "/".join(parts)
+        if os.path.islink(target) or not os.path.isfile(target):
+            continue
+        try:
+            with open(target, "rb") as fh:
+                sha = hashlib.sha256()
+                for chunk in iter(lambda: fh.read(1 << 20), b""):
+                    sha.update(chunk)
+        except OSError:
+            out.append(key)  # unreadable: not known to be held
+            continue
+        if sha.hexdigest() in keep.get(key, ()) or committed(work, key, target):
+            continue
+        out.append(key)
+    return out
+
+
+def committed(work, key, target):
+    """Whether the file at `target` is byte for byte what HEAD holds at `key`."""
+    head = git(work, ["rev-parse", "-q", "--verify", "HEAD:" + key], check=False)
+    if head.returncode != 0:
+        return False
+    here = git(work, ["hash-object", "--no-filters", "--", target], check=False)
+    return here.returncode == 0 and here.stdout.strip() == head.stdout.strip()
+
+
+def write_files(work, received, keep):
     """Move received files into place (a rename each), parents created, an existing
     file's mode kept; the way is checked again, since the agent may have changed the tree
-    meanwhile. Then one sync(2) makes them all durable before the prompt is admitted: a
-    flush per file costs ten times as much for many small files."""
+    meanwhile. A target holding bytes the laptop does not hold is refused (`unheld`), the
+    whole submit with it. Then one sync(2) makes them all durable before the prompt is
+    admitted: a flush per file costs ten times as much for many small files."""
     tree_real = os.path.realpath(work.tree)
     try:
         # every target is checked before anything is placed (the agent may have changed the
         # tree since plan_files), then each again right before its own rename
         for parts, _, _ in received:
             check_target(work, parts, "NAME_INVALID")
+        lost = unheld(work, received, keep)
+        if lost:
+            raise Fail("FILE_CONFLICT", "the work tree's %s holds bytes this laptop does not have (written on the "
+                       "machine since the last harvest); a submit would replace them, so nothing was written or "
+                       "admitted" % ", ".join(lost), path=lost[0], paths=lost)
         for parts, target, temp in received:
             parent = os.path.dirname(target)
             check_target(work, parts, "NAME_INVALID")

@@ -105,6 +105,20 @@ fn unsent(e: ToolError, work: &str, files: &[Incoming], fate: &str) -> ToolError
     ToolError::with_next(e.code, message, next)
 }
 
+/// A refusal the guest gave before it admitted the prompt. FILE_CONFLICT: a target holds
+/// the agent's bytes that this laptop does not have, which the code's own next step (about
+/// a laptop file) does not say how to keep.
+fn guest_refused(e: ToolError, work: &str) -> ToolError {
+    if e.code != Code::FileConflict {
+        return e;
+    }
+    ToolError::with_next(
+        e.code,
+        e.message,
+        format!("Call boxd_harvest for work '{work}' with those files (use 'to' for another laptop folder) to bring the machine's copy home, then submit again; or send yours under another name ('to')."),
+    )
+}
+
 /// A prompt id as the guest helper takes one (`PROMPT_ID_RE` in state.py).
 fn prompt_id_ok(id: &str) -> bool {
     let b = id.as_bytes();
@@ -187,7 +201,7 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
         attempt: attempt.clone(),
         ..Default::default()
     };
-    let mut chosen: Option<(Prompt, bool, Vec<String>)> = None;
+    let mut chosen: Option<(Prompt, bool, Vec<String>, Vec<Vec<String>>)> = None;
     // A sleep's intent as this call read it, before its exec (`Work::seen_running`).
     let mut sleeping_then = None;
     let unknown = ledger.unknown(&work);
@@ -219,10 +233,14 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
             }
         };
         let others = w.unresolved().into_iter().filter(|p| p != &sent.id).collect();
-        chosen = Some((sent, recorded, others));
+        // The bytes the laptop holds at each target (sent there, or brought home from
+        // there): the guest replaces a file only when it holds one of these (or its
+        // commit does), never the agent's output that no harvest brought home.
+        let held = files.iter().map(|f| w.files_in.iter().chain(w.files_out.iter()).filter(|r| r.guest == f.to).map(|r| r.sha256.clone()).collect()).collect();
+        chosen = Some((sent, recorded, others, held));
         Ok(Some(w))
     })?;
-    let (sent, recorded, others) = chosen.expect("the update chose the prompt");
+    let (sent, recorded, others, held) = chosen.expect("the update chose the prompt");
     let id = sent.id.clone();
 
     // One line of JSON, then one frame per file in the same order. `samePending`: the guest
@@ -232,7 +250,7 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
         "promptId": id,
         "prompt": prompt,
         "resolve": others,
-        "files": files.iter().map(|f| json!({ "to": f.to })).collect::<Vec<_>>(),
+        "files": files.iter().zip(&held).map(|(f, held)| json!({ "to": f.to, "held": held })).collect::<Vec<_>>(),
         "samePending": true,
     });
     let mut stdin = serde_json::to_vec(&payload).expect("serialises");
@@ -241,6 +259,19 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
     let mut guest = Guest::new(&mut boxd, &machine, &work);
     let (answer, sent_files) = match guest.call_streaming("submit", &[], Some(stdin), &streams) {
         Ok(v) => v,
+        // The guest refused before admitting it (it says so): the prompt this call
+        // recorded leaves the record, as below, instead of holding the drop for ten
+        // minutes as a prompt whose fate is unknown.
+        Err(e) if guest.refused.as_ref().is_some_and(|r| r.get("admitted") == Some(&Value::Bool(false))) => {
+            if recorded {
+                let _ = ledger.update(&work, |w| {
+                    if w.prompts.iter().any(|p| p.id == id && !p.admitted && p.attempt == attempt) {
+                        w.remove_prompts(core::slice::from_ref(&id));
+                    }
+                });
+            }
+            return Err(guest_refused(e, &work));
+        }
         Err(e) if e.message.starts_with(crate::boxd::UNSENT) => {
             // Nothing reached the guest whole: the prompt this call recorded leaves the
             // record, in one locked update, while this call still carries it and nothing

@@ -307,6 +307,36 @@ fn a_refusal_never_takes_a_prompt_the_guest_may_have() {
     assert_eq!(prompts(&mut fs).len(), 1, "another call carries it now");
 }
 
+/// The guest refuses a submit whose target holds the agent's bytes the laptop lacks
+/// (FILE_CONFLICT, `"admitted": false`): the prompt this call recorded leaves the record
+/// (it held the drop ten minutes as a prompt whose fate was unknown), the next step says
+/// how to keep those bytes, and the payload told the guest the bytes the laptop holds there.
+#[test]
+fn a_refusal_the_guest_says_admitted_nothing_takes_the_prompt_back() {
+    let mut fs = open_work(Some(GitRecord::default()));
+    fs.put("/p/a.txt", b"one");
+    crate::ledger::Ledger::new(&mut fs, "/l")
+        .update("w1", |w| w.files_out.push(crate::ledger::FileRecord { guest: "src/a.txt".into(), laptop: "/p/x".into(), sha256: "ab".into(), ..Default::default() }))
+        .unwrap();
+    let refusal = r#"{"ok":false,"error":"FILE_CONFLICT","message":"the work tree's src/a.txt holds bytes this laptop does not have","path":"src/a.txt","admitted":false}"#;
+    let mut p = Scripted::default();
+    p.push_exit(0, OURS, "");
+    p.push_exit(3, refusal, "");
+    let e = call(&mut p, &mut fs, "boxd_submit", ARGS, raw(1)).unwrap_err();
+    assert_eq!(e.code, Code::FileConflict, "{e:?}");
+    assert!(e.next.contains("boxd_harvest for work 'w1'") && e.next.contains("'to'"), "{}", e.next);
+    assert!(prompts(&mut fs).is_empty(), "{:?}", prompts(&mut fs));
+    let stdin = p.requests.iter().rev().find_map(|r| r.stdin.clone()).unwrap();
+    let line: Value = serde_json::from_slice(stdin.split(|b| *b == b'\n').next().unwrap()).unwrap();
+    assert_eq!(line["files"], json!([{ "to": "src/a.txt", "held": ["ab"] }]));
+    // A refusal that does not say so (an older helper) leaves the prompt for the guest's word.
+    let mut p = Scripted::default();
+    p.push_exit(0, OURS, "");
+    p.push_exit(3, &refusal.replace(r#","admitted":false"#, ""), "");
+    assert_eq!(call(&mut p, &mut fs, "boxd_submit", ARGS, raw(2)).unwrap_err().code, Code::FileConflict);
+    assert_eq!(prompts(&mut fs).len(), 1);
+}
+
 /// No prompt reaches a machine boxd_image is saving (its save recorded as under way):
 /// SESSION_BUSY naming boxd_image for that name, before any boxd call, and also when the
 /// image records its save while this submit's `machine get` runs (checked again under
