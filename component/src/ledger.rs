@@ -392,7 +392,17 @@ fn parse_record(path: &str, bytes: &[u8]) -> ToolResult<Work> {
             "Update the plugin to the version that wrote this ledger.",
         ));
     }
-    parsed.map_err(|e| ToolError::new(Code::LedgerFailed, format!("{path} is not a ledger record ({e}); it was left as it is")))
+    parsed.map_err(|e| {
+        // Written whole or not at all (a temp file and a rename), so a record that does not
+        // parse was damaged from outside: restarting or a writable folder changes nothing.
+        let folder = paths::parent(path);
+        let machine = paths::machine_name(folder.rsplit('/').next().unwrap_or_default());
+        ToolError::with_next(
+            Code::LedgerFailed,
+            format!("{path} is not a ledger record ({e}); it was left as it is"),
+            format!("Put {path} back from a backup if you have one. Else the plugin can no longer act on that work: look at {machine} yourself ('boxd machine get {machine}'), copy off what you need, remove it ('boxd machine remove {machine} -y') if it is yours, then move {folder} out of the ledger (its stored transcripts, bundle and patch stay in it)."),
+        )
+    })
 }
 
 /// Hours-minutes-seconds UTC from Unix milliseconds, as ISO 8601 (the component has no
