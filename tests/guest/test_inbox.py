@@ -290,6 +290,14 @@ class Inbox(unittest.TestCase):
         self.assertEqual((code, out["error"]), (3, "FILE_CONFLICT"), out)
         self.assertEqual((self.tree / "f.txt").read_bytes(), b"the agent's edit\n")
 
+    def test_a_target_past_the_file_cap_is_refused_unread(self):
+        with open(self.tree / "big.bin", "wb") as f:
+            f.truncate(files.FILE_MAX + 1)
+        with mock.patch.object(files, "committed", lambda *a: self.fail("a file past the cap is not hashed")):
+            code, out = self.submit("p1", files=[("big.bin", b"small\n")])
+        self.assertEqual((code, out["error"], out["path"]), (3, "FILE_CONFLICT", "big.bin"), out)
+        self.assertEqual(os.path.getsize(self.tree / "big.bin"), files.FILE_MAX + 1)
+
     def test_a_refusal_before_admission_says_nothing_was_admitted(self):
         code, out = self.submit("p1", files=[("a", b"x"), ("a", b"y")])
         self.assertEqual((code, out["error"], out["admitted"]), (3, "NAME_INVALID", False), out)

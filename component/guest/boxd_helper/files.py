@@ -237,6 +237,11 @@ def unheld(work, received, keep):
         if os.path.islink(target) or not os.path.isfile(target):
             continue
         try:
+            if os.path.getsize(target) > FILE_MAX:
+                # No file past the cap ever crossed the line, so the laptop holds none:
+                # not read through (an agent's 10 GB file would outlast the helper's bound).
+                out.append(key)
+                continue
             with open(target, "rb") as fh:
                 sha = hashlib.sha256()
                 for chunk in iter(lambda: fh.read(1 << 20), b""):

@@ -365,15 +365,22 @@ mod tests {
     #[test]
     fn a_harvest_into_a_git_folder_runs_nothing_and_owes_nothing() {
         for args in [r#"{"work":"w1","files":["master"],"to":".git/refs/heads"}"#, r#"{"work":"w1","files":[".git/config"]}"#, r#"{"work":"w1","files":["a.txt",".GIT/HEAD"],"to":"out"}"#] {
-            let mut fs = crate::testing::open_work(None);
-            let before = crate::ledger::Ledger::new(&mut fs, "/l").require("w1").unwrap();
-            let mut p = Scripted::default();
-            let e = call(&mut p, &mut fs, "boxd_harvest", args, raw("{}", "{}")).unwrap_err();
-            assert!(e.code == Code::PathRefused && e.message.contains("git repository's own folder"), "{args}: {e:?}");
-            assert!(p.requests.is_empty(), "{args}: nothing ran");
-            assert_eq!(crate::ledger::Ledger::new(&mut fs, "/l").require("w1").unwrap(), before, "{args}: nothing recorded");
+            let fs = refused_harvest(args, "git repository's own folder");
             assert!(!fs.files.keys().chain(fs.dirs.iter()).any(|k| k.to_ascii_lowercase().contains(".git")), "{args}: nothing made");
         }
+    }
+
+    /// A harvest refused PATH_REFUSED with `words` in its message, before anything ran or
+    /// was recorded; the laptop's files after it.
+    fn refused_harvest(args: &str, words: &str) -> crate::testing::MemFiles {
+        let mut fs = crate::testing::open_work(None);
+        let before = crate::ledger::Ledger::new(&mut fs, "/l").require("w1").unwrap();
+        let mut p = Scripted::default();
+        let e = call(&mut p, &mut fs, "boxd_harvest", args, raw("{}", "{}")).unwrap_err();
+        assert!(e.code == Code::PathRefused && e.message.contains(words), "{args}: {e:?}");
+        assert!(p.requests.is_empty(), "{args}: nothing ran");
+        assert_eq!(crate::ledger::Ledger::new(&mut fs, "/l").require("w1").unwrap(), before, "{args}: nothing recorded");
+        fs
     }
 
     /// A guest's file harvested into `.opencode/plugin/` ran on the laptop as OpenCode's
@@ -393,13 +400,7 @@ mod tests {
         // A root the user put inside OpenCode's configuration is theirs, as for `.git`.
         assert!(user_path(&ctx, "/home/w/.config/opencode/themes/t.json", "/p").is_ok());
         for args in [r#"{"work":"w1","files":[".opencode/plugin/evil.js"]}"#, r#"{"work":"w1","files":["evil.js"],"to":".opencode/plugin"}"#, r#"{"work":"w1","files":["a.txt","opencode.json"],"to":"out"}"#] {
-            let mut fs = crate::testing::open_work(None);
-            let before = crate::ledger::Ledger::new(&mut fs, "/l").require("w1").unwrap();
-            let mut p = Scripted::default();
-            let e = call(&mut p, &mut fs, "boxd_harvest", args, raw("{}", "{}")).unwrap_err();
-            assert!(e.code == Code::PathRefused && e.message.contains("OpenCode's own configuration"), "{args}: {e:?}");
-            assert!(p.requests.is_empty(), "{args}: nothing ran");
-            assert_eq!(crate::ledger::Ledger::new(&mut fs, "/l").require("w1").unwrap(), before, "{args}: nothing recorded");
+            refused_harvest(args, "OpenCode's own configuration");
         }
     }
 
