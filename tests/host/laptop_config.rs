@@ -19,6 +19,7 @@ fn a_guest_file_never_lands_in_the_laptop_opencodes_configuration() {
         r#"{"work":"w1","files":[".opencode/plugin/evil.js"],"to":"review"}"#,
         r#"{"work":"w1","files":["evil.js"],"to":".opencode/plugin"}"#,
         r#"{"work":"w1","files":["fine.txt","opencode.json"]}"#,
+        r#"{"work":"w1","files":["tui.json"]}"#,
     ] {
         let e = world.err_call("boxd_harvest", args, "PATH_REFUSED");
         assert!(e["message"].as_str().unwrap().contains("OpenCode's own configuration"), "{args}: {e:#}");

@@ -186,10 +186,11 @@ pub fn user_path(ctx: &Context, p: &str, base: &str) -> ToolResult<String> {
 
 /// The laptop OpenCode's own files on the way to `path` below the folder granted for it: a
 /// `.opencode` folder (OpenCode loads every one from its working folder up to the worktree
-/// root: `plugins/*.js` run as its code), an `opencode.json` or `opencode.jsonc` (loaded
+/// root: `plugins/*.js` run as its code), an `opencode.json(c)` or `tui.json(c)` (loaded
 /// the same way: plugins, MCP server commands, permission rules), `.config/opencode` (its
-/// global configuration) and `.local/share/opencode` (its data: `auth.json` holds the
-/// provider keys, and the sessions). A guest's file must not land there: the transcript's
+/// global configuration), `.local/share/opencode` (its data: `auth.json` holds the
+/// provider keys, and the sessions) and `.cache/opencode` (the npm plugins it installs
+/// and runs). A guest's file must not land there: the transcript's
 /// permission rules are cleaned for the same reason. The root's own folders count for the
 /// context (an allowed `~/.config` still has `opencode` below it refused), but a root the
 /// user put inside one is theirs, as for `.git`. Any case, as for `.git`.
@@ -203,7 +204,8 @@ fn opencode_config(ctx: &Context, path: &str) -> Option<String> {
         at.push_str(part);
         seen.push(lower(part));
         let tail = |t: &[&str]| seen.len() >= t.len() && seen[seen.len() - t.len()..].iter().zip(t).all(|(a, b)| a == b);
-        if tail(&[".opencode"]) || tail(&["opencode.json"]) || tail(&["opencode.jsonc"]) || tail(&[".config", "opencode"]) || tail(&[".local", "share", "opencode"]) {
+        let config_file = ["opencode.json", "opencode.jsonc", "tui.json", "tui.jsonc"].iter().any(|n| tail(&[n]));
+        if config_file || tail(&[".opencode"]) || tail(&[".config", "opencode"]) || tail(&[".local", "share", "opencode"]) || tail(&[".cache", "opencode"]) {
             return Some(at);
         }
     }
@@ -389,7 +391,7 @@ mod tests {
     #[test]
     fn no_laptop_path_reaches_into_the_laptop_opencodes_configuration() {
         let ctx = context(raw(r#"{"allowedRoots":["/home/u","/home/v/.config","/home/w/.config/opencode"]}"#, "{}")).unwrap();
-        for p in [".opencode/plugin/evil.js", ".opencode", "sub/.OpenCode/tools/t.ts", "opencode.json", "sub/OpenCode.JSONC", "/home/u/.config/opencode/plugins/x.js", "/home/u/.config/OpenCode", "/home/u/.local/share/opencode/auth.json", "/home/v/.config/opencode/opencode.json", "/home/v/.config/opencode"] {
+        for p in [".opencode/plugin/evil.js", ".opencode", "sub/.OpenCode/tools/t.ts", "opencode.json", "sub/OpenCode.JSONC", "/home/u/.config/opencode/plugins/x.js", "/home/u/.config/OpenCode", "/home/u/.local/share/opencode/auth.json", "/home/v/.config/opencode/opencode.json", "/home/v/.config/opencode", "tui.json", "sub/TUI.jsonc", "/home/u/.cache/opencode/packages/x/index.js"] {
             let e = user_path(&ctx, p, "/p").unwrap_err();
             assert!(e.code == Code::PathRefused && e.message.contains("OpenCode's own configuration"), "{p}: {e:?}");
             assert!(e.next.contains("boxd_submit prompt"), "{p}: {}", e.next);
