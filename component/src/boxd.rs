@@ -148,9 +148,10 @@ fn listing_json(out: &RunOutput, what: &str) -> Result<Value, Failure> {
 ///
 /// Names are unique in an org, but a removed machine's row lingers a moment (`destroyed`)
 /// and its name may be taken again at once: a gone row gives way to a live one of its name.
-/// A name of ours (`oc-…`) listed live twice is a listing that cannot say which row is
-/// there (a running machine with a hibernated twin read as asleep): refused. Another name
-/// listed twice is not ours to judge, and is kept as listed.
+/// A name of ours (`oc-…`) listed live twice cannot say which row is there (a running
+/// machine with a hibernated twin read as asleep): its rows become one whose status says
+/// so, a status no tool acts on (BOXD_FAILED for that work alone; the others go on, and
+/// the caps count it as billing). Another name listed twice is not ours to judge.
 fn machines_of(v: &Value) -> Result<Vec<Machine>, Failure> {
     let rows = v.as_array().ok_or_else(|| Failure::Other("boxd machine list printed no JSON array".into()))?;
     let mut machines = rows
@@ -161,20 +162,19 @@ fn machines_of(v: &Value) -> Result<Vec<Machine>, Failure> {
         })
         .collect::<Result<Vec<Machine>, Failure>>()?;
     let gone = |m: &Machine| State::from_status(&m.status) == Some(State::Gone);
-    let mut live: alloc::collections::BTreeMap<String, usize> = alloc::collections::BTreeMap::new();
+    let mut live: alloc::collections::BTreeMap<String, Vec<String>> = alloc::collections::BTreeMap::new();
     for m in machines.iter().filter(|m| !gone(m)) {
-        *live.entry(m.name.clone()).or_default() += 1;
+        live.entry(m.name.clone()).or_default().push(if m.status.is_empty() { "none".into() } else { cut(&m.status, 40) });
     }
     machines.retain(|m| !gone(m) || !live.contains_key(&m.name));
-    if let Some(twice) = machines.iter().find(|m| m.name.starts_with("oc-") && live.get(&m.name).is_some_and(|n| *n > 1)) {
-        let states: Vec<&str> = machines.iter().filter(|m| m.name == twice.name).map(|m| if m.status.is_empty() { "none" } else { m.status.as_str() }).collect();
-        return Err(Failure::Other(format!(
-            "boxd machine list printed machine {} {} times (status {}); a name is one machine, so this listing cannot say which is there (see 'boxd machine list')",
-            crate::redact::cut(&twice.name, 80),
-            states.len(),
-            states.join(", ")
-        )));
-    }
+    let mut merged = alloc::collections::BTreeSet::new();
+    machines.retain_mut(|m| match live.get(&m.name).filter(|s| s.len() > 1 && m.name.starts_with("oc-")) {
+        Some(statuses) => {
+            m.status = format!("listed {} times by boxd machine list ({})", statuses.len(), statuses.join(", "));
+            merged.insert(m.name.clone())
+        }
+        None => true,
+    });
     Ok(machines)
 }
 

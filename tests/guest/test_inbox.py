@@ -11,6 +11,7 @@ import io
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
@@ -297,6 +298,42 @@ class Inbox(unittest.TestCase):
             code, out = self.submit("p1", files=[("big.bin", b"small\n")])
         self.assertEqual((code, out["error"], out["path"]), (3, "FILE_CONFLICT", "big.bin"), out)
         self.assertEqual(os.path.getsize(self.tree / "big.bin"), files.FILE_MAX + 1)
+
+    def test_a_committed_file_is_replaced_but_not_one_whose_staged_version_differs(self):
+        env = dict(os.environ, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@t")
+
+        def git(*argv):
+            subprocess.run(["git", "-C", str(self.tree)] + list(argv), check=True, env=env, capture_output=True)
+        git("init", "-q")
+        for name in ("f.txt", "g.txt"):
+            (self.tree / name).write_bytes(b"v1\n")
+        git("add", "f.txt", "g.txt")
+        git("commit", "-qm", "one")
+        code, out = self.submit("p1", "one", files=[("f.txt", b"laptop\n")])
+        self.assertEqual(code, 0, out)  # HEAD holds what it replaced
+        (self.tree / "g.txt").write_bytes(b"v2, staged\n")
+        git("add", "g.txt")
+        (self.tree / "g.txt").write_bytes(b"v1\n")  # the file as HEAD has it; the index holds v2
+        code, out = self.submit("p2", "two", files=[("g.txt", b"laptop\n")])
+        self.assertEqual((code, out["error"], out["path"]), (3, "FILE_CONFLICT", "g.txt"), out)
+
+    def test_a_file_the_agent_writes_while_the_submit_places_is_not_replaced(self):
+        (self.tree / "a.txt").write_bytes(b"sent before\n")
+        (self.tree / "b.txt").write_bytes(b"sent before\n")
+        held = {"a.txt": [b"sent before\n"], "b.txt": [b"sent before\n"]}
+        real = files.unheld
+        calls = []
+
+        def agent_writes_b_after_the_check(work, received, keep):
+            calls.append(len(received))
+            if len(calls) == 2:  # the first file's own look, right before its rename
+                (self.tree / "b.txt").write_bytes(b"the agent, meanwhile\n")
+            return real(work, received, keep)
+        with mock.patch.object(files, "unheld", agent_writes_b_after_the_check):
+            code, out = self.submit("p1", files=[("a.txt", b"new\n"), ("b.txt", b"new\n")], held=held)
+        self.assertEqual((code, out["error"], out["path"], out["admitted"]), (3, "FILE_CONFLICT", "b.txt", False), out)
+        self.assertEqual((self.tree / "b.txt").read_bytes(), b"the agent, meanwhile\n")
+        self.assertEqual(self.inbox(), [])
 
     def test_a_refusal_before_admission_says_nothing_was_admitted(self):
         code, out = self.submit("p1", files=[("a", b"x"), ("a", b"y")])

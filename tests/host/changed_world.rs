@@ -145,3 +145,20 @@ fn a_submit_never_replaces_what_the_agent_wrote_since_the_last_harvest() {
     world.ok_call("boxd_harvest", W1);
     assert_eq!(world.ok_call("boxd_drop", W1)["dropped"], true);
 }
+
+/// A version staged apart from its file (`git add`, then the file changed again) is in no
+/// commit and not in the patch (`git diff HEAD` holds the file's): the drop refuses it as
+/// DIRTY, naming it, where it dropped and lost it. Staged again, it comes home and drops.
+#[test]
+fn a_version_staged_apart_from_its_file_keeps_the_machine() {
+    let world = World::new("changed-staged-apart");
+    world.ok_call("boxd_ensure", W1);
+    let commit = "git add f.txt && git -c user.email=t@t -c user.name=t commit -qm one";
+    run_on(&world, "w1", &bash(&format!("echo v1 > f.txt && {commit} && echo 'v2, staged' > f.txt && git add f.txt && echo v3 > f.txt")));
+    world.ok_call("boxd_harvest", W1);
+    let e = world.err_call("boxd_drop", W1, "DIRTY");
+    assert!(e["message"].as_str().unwrap().contains("staged versions") && e["message"].as_str().unwrap().contains("f.txt"), "{e:#}");
+    crate::nothing_lost::in_tree(&world, "w1", "git add f.txt");
+    world.ok_call("boxd_harvest", W1);
+    assert_eq!(world.ok_call("boxd_drop", W1)["dropped"], true);
+}

@@ -575,9 +575,10 @@ fn a_work_from_another_project_is_said_to_belong_there() {
         assert!(v["message"].as_str().unwrap().contains(&world.laptop.project.display().to_string()), "{v:#}");
         assert!(v["next"].as_str().unwrap().contains("Open OpenCode in"), "{v:#}");
     }
-    // Nor is it taken up or sent a prompt from there: the prompt went into its session and
-    // the files over its tree, where no harvest from there could reach what it made.
-    for (tool, args) in [("boxd_ensure", W1.to_string()), ("boxd_submit", json!({ "work": "w1", "prompt": "from elsewhere" }).to_string())] {
+    // Nor is it taken up, sent a prompt or dropped from there: the prompt went into its
+    // session and the files over its tree, where no harvest from there could reach what it
+    // made, and a drop from there could not check what its folder still holds.
+    for (tool, args) in [("boxd_ensure", W1.to_string()), ("boxd_submit", json!({ "work": "w1", "prompt": "from elsewhere" }).to_string()), ("boxd_drop", W1.to_string())] {
         let v = in_other(tool, &args);
         assert_eq!(v["error"], "PATH_REFUSED", "{tool}: {v:#}");
         assert!(v["next"].as_str().unwrap().contains("Open OpenCode in"), "{tool}: {v:#}");

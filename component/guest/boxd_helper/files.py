@@ -256,12 +256,16 @@ def unheld(work, received, keep):
 
 
 def committed(work, key, target):
-    """Whether the file at `target` is byte for byte what HEAD holds at `key`."""
+    """Whether the file at `target` is byte for byte what HEAD holds at `key`, and the index
+    holds the same there: a version staged apart (`git add`, then the file put back) is in
+    no commit and no patch, and would go with the replaced file's last trace."""
     head = git(work, ["rev-parse", "-q", "--verify", "HEAD:" + key], check=False)
     if head.returncode != 0:
         return False
+    blob = head.stdout.strip()
     here = git(work, ["hash-object", "--no-filters", "--", target], check=False)
-    return here.returncode == 0 and here.stdout.strip() == head.stdout.strip()
+    staged = git(work, ["rev-parse", "-q", "--verify", ":" + key], check=False)
+    return here.returncode == 0 and here.stdout.strip() == blob and staged.returncode == 0 and staged.stdout.strip() == blob
 
 
 def write_files(work, received, keep):
@@ -281,9 +285,16 @@ def write_files(work, received, keep):
             raise Fail("FILE_CONFLICT", "the work tree's %s holds bytes this laptop does not have (written on the "
                        "machine since the last harvest); a submit would replace them, so nothing was written or "
                        "admitted" % ", ".join(lost), path=lost[0], paths=lost)
-        for parts, target, temp in received:
+        for placed_so_far, (parts, target, temp) in enumerate(received):
             parent = os.path.dirname(target)
             check_target(work, parts, "NAME_INVALID")
+            # Once more right before its rename: the agent may be writing it now (a submit
+            # is admitted while a run goes on), and the check above hashed other files since.
+            changed = unheld(work, [(parts, target, temp)], keep)
+            if changed:
+                raise Fail("FILE_CONFLICT", "the work tree's %s changed on the machine while this submit placed its files, "
+                           "to bytes this laptop does not have; it was not replaced, %d file(s) before it were, and the "
+                           "prompt was not admitted" % (changed[0], placed_so_far), path=changed[0], paths=changed)
             os.makedirs(parent, exist_ok=True)
             check_target(work, parts, "NAME_INVALID")
             real_parent = os.path.realpath(parent)

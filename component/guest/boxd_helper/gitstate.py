@@ -135,6 +135,9 @@ def inventory_with(work, out, index):
     out["status"] = lines
     out["dirty"] = any(not line.startswith("??") for line in lines)
     out["changed"] = [line[3:] for line in lines if not line.startswith("??")][:200]
+    # Staged, then changed again in the tree (`MM`, `AM`, `MD`…): the index holds a version
+    # that is in no commit and not in the tree, so not in the patch (`git diff HEAD`) either.
+    out["stagedApart"] = [line[3:] for line in lines if line[0] not in " ?!" and line[1] not in " ?!"][:200]
     others = ["ls-files", "-z", "--others", "--exclude-standard"]
     if out["head"]:
         out["untracked"], tu = list_paths(work, others)

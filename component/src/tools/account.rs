@@ -233,6 +233,16 @@ pub fn check_live(w: &Work, live: &Value, discard: &[String]) -> ToolResult<()> 
             format!("Call boxd_harvest for work '{work}': it brings every commit home as a git bundle, then drop."),
         ));
     }
+    // A version staged apart from its file is in no commit and no patch (`git diff HEAD`
+    // holds the file's): a drop would lose it.
+    let apart: Vec<&str> = live["stagedApart"].as_array().into_iter().flatten().filter_map(Value::as_str).filter(|p| !discarded(p, discard)).collect();
+    if !apart.is_empty() {
+        return Err(ToolError::with_next(
+            Code::Dirty,
+            format!("work '{work}' has staged versions that differ from their files on the machine (git add, then changed again), which no commit or patch holds: {}", apart.join(", ")),
+            format!("Commit them on the machine (or stage the files again, or unstage them), harvest, then drop; or call boxd_drop for work '{work}' with \"discard\" naming them; or boxd_sleep, which keeps the disk."),
+        ));
+    }
     // Uncommitted changes: the live diff is the stored patch.
     if live["dirty"].as_bool().unwrap_or(false) {
         let live_sha = live["diffSha256"].as_str().unwrap_or("");
@@ -411,6 +421,11 @@ mod tests {
         let e = check_live(&w, &json!({ "repo": true, "refs": { "HEAD": SHA }, "dirty": true, "diffSha256": "x", "changed": ["README.md"] }), &[]).unwrap_err();
         assert_eq!(e.code, Code::Dirty);
         assert!(e.message.contains("README.md"));
+        // A version staged apart from its file: in no commit and no patch.
+        let staged = json!({ "repo": true, "refs": { "HEAD": SHA }, "dirty": true, "stagedApart": ["f.txt"] });
+        let e = check_live(&w, &staged, &[]).unwrap_err();
+        assert!(e.code == Code::Dirty && e.message.contains("staged versions") && e.message.contains("f.txt"), "{e:?}");
+        assert_ne!(check_live(&w, &staged, &["f.txt".to_string()]).map_err(|e| e.message).err().unwrap_or_default(), e.message, "discarded by name");
     }
 
     #[test]

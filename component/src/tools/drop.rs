@@ -227,6 +227,10 @@ fn plan_of(env: &mut Env, work: &str, machine: &str) -> ToolResult<Plan> {
         return Ok(Plan::Gone(None, Some(info.id), false));
     }
     check_machine(&w, &info)?;
+    // Another project's work (or a folder since moved): its transcript and files are
+    // checked where they are, so its live machine is dropped only from there (a drop from
+    // here destroyed what that laptop folder no longer held).
+    super::harvest::work_folder_granted(ctx, &w)?;
     match crate::boxd::known_state(&info)? {
         State::Running | State::Standby => {}
         State::Starting => return Err(ToolError::new(Code::MachineStarting, format!("{machine} is still starting"))),

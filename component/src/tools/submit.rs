@@ -175,6 +175,12 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
     let Admitted { work, machine, prompt, files } = admit(env, args)?;
     let now = env.now();
     let ctx = env.ctx;
+    // Bytes the records say the laptop holds but whose every laptop copy is gone: the
+    // machine has the only ones, so they are not `held` (the drop's rule, account.rs).
+    let lost = match Ledger::for_call(&mut env.files, ctx).read(&work)? {
+        Some(w) => super::account::laptop_lost(&mut env.files, &w),
+        None => Default::default(),
+    };
     let mut ledger = Ledger::for_call(&mut env.files, ctx);
     let mut boxd = Boxd::new(&mut env.programs, ctx.options.boxd_timeout_seconds);
 
@@ -236,7 +242,13 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
         // The bytes the laptop holds at each target (sent there, or brought home from
         // there): the guest replaces a file only when it holds one of these (or its
         // commit does), never the agent's output that no harvest brought home.
-        let held = files.iter().map(|f| w.files_in.iter().chain(w.files_out.iter()).filter(|r| r.guest == f.to).map(|r| r.sha256.clone()).collect()).collect();
+        let held = files
+            .iter()
+            .map(|f| {
+                let records = w.files_in.iter().chain(w.files_out.iter()).filter(|r| r.guest == f.to);
+                records.filter(|r| !lost.contains_key(&(r.guest.clone(), r.sha256.clone()))).map(|r| r.sha256.clone()).collect()
+            })
+            .collect();
         chosen = Some((sent, recorded, others, held));
         Ok(Some(w))
     })?;

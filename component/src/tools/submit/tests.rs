@@ -315,6 +315,7 @@ fn a_refusal_never_takes_a_prompt_the_guest_may_have() {
 fn a_refusal_the_guest_says_admitted_nothing_takes_the_prompt_back() {
     let mut fs = open_work(Some(GitRecord::default()));
     fs.put("/p/a.txt", b"one");
+    fs.put("/p/x", b"the agent's bytes, harvested");
     crate::ledger::Ledger::new(&mut fs, "/l")
         .update("w1", |w| w.files_out.push(crate::ledger::FileRecord { guest: "src/a.txt".into(), laptop: "/p/x".into(), sha256: "ab".into(), ..Default::default() }))
         .unwrap();
@@ -335,6 +336,16 @@ fn a_refusal_the_guest_says_admitted_nothing_takes_the_prompt_back() {
     p.push_exit(3, &refusal.replace(r#","admitted":false"#, ""), "");
     assert_eq!(call(&mut p, &mut fs, "boxd_submit", ARGS, raw(2)).unwrap_err().code, Code::FileConflict);
     assert_eq!(prompts(&mut fs).len(), 1);
+    // The harvested copy deleted on the laptop since: the machine has the only bytes, so
+    // the laptop no longer says it holds them (the drop's rule).
+    crate::caps::Files::remove_file(&mut fs, "/p/x").unwrap();
+    let mut p = Scripted::default();
+    p.push_exit(0, OURS, "");
+    p.push_exit(3, refusal, "");
+    call(&mut p, &mut fs, "boxd_submit", ARGS, raw(3)).unwrap_err();
+    let stdin = p.requests.iter().rev().find_map(|r| r.stdin.clone()).unwrap();
+    let line: Value = serde_json::from_slice(stdin.split(|b| *b == b'\n').next().unwrap()).unwrap();
+    assert_eq!(line["files"], json!([{ "to": "src/a.txt", "held": [] }]));
 }
 
 /// No prompt reaches a machine boxd_image is saving (its save recorded as under way):
