@@ -549,6 +549,31 @@ class T1Commands(unittest.TestCase):
         self.assertEqual((r.rc, r.json["error"]), (3, "FILE_TOO_LARGE"), r)
         (tree / "big.bin").unlink()
 
+    def test_versions_staged_apart_are_named_by_their_real_paths(self):
+        """`git add`, then the file changed again: the staged version is in no commit and no
+        patch. Named by its real path (a space, a rename's new name); a mode changed after
+        `git add` keeps the staged bytes in the file, and is not named."""
+        g, work = self.g, "stagedw"
+        tree = g.tree(work)
+        tree.mkdir(parents=True)
+        ident = ("-c", "user.email=t@t", "-c", "user.name=t")
+        git(tree, "init", "-q")
+        for name in ("a b.txt", "old.txt", "mode.sh", "same.txt"):
+            (tree / name).write_text("v1\n")
+        git(tree, "add", "-A")
+        git(tree, *ident, "commit", "-qm", "base")
+        (tree / "a b.txt").write_text("v2, staged\n")
+        git(tree, "add", "a b.txt")
+        (tree / "a b.txt").write_text("v3\n")
+        git(tree, "mv", "old.txt", "new.txt")
+        (tree / "new.txt").write_text("renamed, then changed\n")
+        (tree / "mode.sh").write_text("v2\n")
+        git(tree, "add", "mode.sh")
+        os.chmod(tree / "mode.sh", 0o755)
+        r = g.run("git", work, {"files": [], "haveRefs": {}}, "--files-stdin")
+        self.assertEqual(r.rc, 0, r)
+        self.assertEqual(sorted(r.json["stagedApart"]), ["a b.txt", "new.txt"], r.json["status"])
+
     def test_git_sees_hidden_edits_older_stashes_and_dirty_linked_worktrees(self):
         g, work = self.g, "hiddenw"
         tree = g.tree(work)

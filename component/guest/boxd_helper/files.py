@@ -263,7 +263,8 @@ def committed(work, key, target):
     if head.returncode != 0:
         return False
     blob = head.stdout.strip()
-    here = git(work, ["hash-object", "--no-filters", "--", target], check=False)
+    # As git reads the file (its attributes: a CRLF file git status calls clean is clean).
+    here = git(work, ["hash-object", "--", target], check=False)
     staged = git(work, ["rev-parse", "-q", "--verify", ":" + key], check=False)
     return here.returncode == 0 and here.stdout.strip() == blob and staged.returncode == 0 and staged.stdout.strip() == blob
 

@@ -123,6 +123,30 @@ def inventory(work):
         return inventory_with(work, out, index)
 
 
+def staged_apart(work, index):
+    """The paths whose staged version differs from both HEAD and the file (read with -z: real
+    names, a rename's new one), leaving out those whose staged bytes are the file's (a
+    mode changed after `git add`: the patch carries it). At most 200."""
+    st = git(work, ["status", "--porcelain=v1", "-z", "--untracked-files=no"], index=index).stdout.split(b"\0")
+    apart, i = [], 0
+    while i < len(st) and len(apart) < 200:
+        rec = st[i]
+        i += 1
+        if len(rec) < 4:
+            continue
+        x, y, path = chr(rec[0]), chr(rec[1]), rec[3:].decode("utf-8", "replace")
+        if x in "RC":
+            i += 1  # the rename's old name follows
+        if x in " ?!" or y in " ?!" or is_boxd_path(path):
+            continue
+        staged = git(work, ["rev-parse", "-q", "--verify", ":" + path], check=False, index=index)
+        here = git(work, ["hash-object", "--", path], check=False)
+        if staged.returncode == 0 and here.returncode == 0 and staged.stdout.strip() == here.stdout.strip():
+            continue
+        apart.append(path)
+    return apart
+
+
 def inventory_with(work, out, index):
     """The rest of `inventory`, reading the tree through `index` (None: git's own)."""
     st = git(work, ["status", "--porcelain=v1", "--untracked-files=all"], index=index)
@@ -135,9 +159,10 @@ def inventory_with(work, out, index):
     out["status"] = lines
     out["dirty"] = any(not line.startswith("??") for line in lines)
     out["changed"] = [line[3:] for line in lines if not line.startswith("??")][:200]
-    # Staged, then changed again in the tree (`MM`, `AM`, `MD`…): the index holds a version
-    # that is in no commit and not in the tree, so not in the patch (`git diff HEAD`) either.
-    out["stagedApart"] = [line[3:] for line in lines if line[0] not in " ?!" and line[1] not in " ?!"][:200]
+    # Staged, then changed again in the tree (`MM`, `AM`, `MD`, a conflict's `UU`…): the index
+    # may hold a version that is in no commit and not in the tree, so not in the patch
+    # (`git diff HEAD`) either.
+    out["stagedApart"] = staged_apart(work, index) if any(l[0] not in " ?!" and l[1] not in " ?!" for l in lines) else []
     others = ["ls-files", "-z", "--others", "--exclude-standard"]
     if out["head"]:
         out["untracked"], tu = list_paths(work, others)

@@ -239,7 +239,7 @@ pub fn check_live(w: &Work, live: &Value, discard: &[String]) -> ToolResult<()> 
     if !apart.is_empty() {
         return Err(ToolError::with_next(
             Code::Dirty,
-            format!("work '{work}' has staged versions that differ from their files on the machine (git add, then changed again), which no commit or patch holds: {}", apart.join(", ")),
+            format!("work '{work}' has staged versions that differ from their files on the machine (git add, then changed again; or a merge left unresolved), which no commit or patch holds: {}", apart.join(", ")),
             format!("Commit them on the machine (or stage the files again, or unstage them), harvest, then drop; or call boxd_drop for work '{work}' with \"discard\" naming them; or boxd_sleep, which keeps the disk."),
         ));
     }

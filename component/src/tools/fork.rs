@@ -325,6 +325,11 @@ fn fork_machine<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F
                 f.at_prompt = parent.prompts.last().map(|p| p.id.clone());
                 f.inherited = parent.proofs.last().map(|p| p.sessions.iter().map(|s| (s.id.clone(), s.messages)).collect()).unwrap_or_default();
             }
+            // Its tree is a copy of the parent's: the files the laptop sent there or brought
+            // home from there are the laptop's in the fork too (a submit over one was refused
+            // as the agent's, and an untouched fork's drop as untracked).
+            w.files_in = parent.files_in.clone();
+            w.files_out = parent.files_out.clone();
             claimed = true;
         }
     })?;

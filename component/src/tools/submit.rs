@@ -109,6 +109,10 @@ fn unsent(e: ToolError, work: &str, files: &[Incoming], fate: &str) -> ToolError
 /// the agent's bytes that this laptop does not have, which the code's own next step (about
 /// a laptop file) does not say how to keep.
 fn guest_refused(e: ToolError, work: &str) -> ToolError {
+    if e.code == Code::SessionBusy && e.message.contains("sealed for a drop") {
+        // Not a run to wait for: a drop checked the machine and was refused moments ago.
+        return ToolError::with_next(e.code, e.message, format!("Call boxd_ensure for work '{work}' (it reopens the work at once), then submit again; or submit again in a minute."));
+    }
     if e.code != Code::FileConflict {
         return e;
     }

@@ -150,6 +150,24 @@ fn a_fork_that_landed_and_then_failed_stays_this_works_to_adopt() {
     }
 }
 
+/// A fork's tree is a copy of its parent's: the files the laptop sent there or brought home
+/// from there are the laptop's in the fork too (a submit over one was refused as the
+/// agent's output, and an untouched fork's drop as untracked).
+#[test]
+fn a_fork_holds_what_its_parent_held_of_its_tree() {
+    let mut fs = open_work(None);
+    let rec = crate::ledger::FileRecord { guest: "in.md".into(), laptop: "/p/input.md".into(), sha256: "ab".into(), ..Default::default() };
+    Ledger::new(&mut fs, "/l").update("w1", |w| {
+        w.files_in.push(rec.clone());
+        w.files_out.push(crate::ledger::FileRecord { guest: "out.csv".into(), ..rec.clone() });
+    })
+    .unwrap();
+    let (r, _) = fork_call(&mut fs, &["oc-w1"], &["fa"], "{}", r#"{"work":"w1","forks":["fa"]}"#);
+    r.unwrap();
+    let (parent, fa) = (Ledger::new(&mut fs, "/l").require("w1").unwrap(), Ledger::new(&mut fs, "/l").require("fa").unwrap());
+    assert_eq!((fa.files_in, fa.files_out), (parent.files_in, parent.files_out));
+}
+
 /// A fork whose name someone else's machine holds: NOT_OURS, the fork stays queued, and
 /// the next step is one that works (it said "call boxd_ensure", which refuses a fork's id,
 /// so the user went round in a loop); the drop it names closes the fork sending nothing.

@@ -346,6 +346,12 @@ fn a_refusal_the_guest_says_admitted_nothing_takes_the_prompt_back() {
     let stdin = p.requests.iter().rev().find_map(|r| r.stdin.clone()).unwrap();
     let line: Value = serde_json::from_slice(stdin.split(|b| *b == b'\n').next().unwrap()).unwrap();
     assert_eq!(line["files"], json!([{ "to": "src/a.txt", "held": [] }]));
+    // Refused because a drop sealed the machine moments ago: no run to wait for.
+    let mut p = Scripted::default();
+    p.push_exit(0, OURS, "");
+    p.push_exit(3, r#"{"ok":false,"error":"SESSION_BUSY","message":"work w1 was sealed for a drop moments ago; nothing was admitted","admitted":false}"#, "");
+    let e = call(&mut p, &mut fs, "boxd_submit", ARGS, raw(4)).unwrap_err();
+    assert!(e.code == Code::SessionBusy && e.next.contains("boxd_ensure for work 'w1'"), "{e:?}");
 }
 
 /// No prompt reaches a machine boxd_image is saving (its save recorded as under way):
