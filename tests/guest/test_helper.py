@@ -570,6 +570,10 @@ class T1Commands(unittest.TestCase):
         (tree / "mode.sh").write_text("v2\n")
         git(tree, "add", "mode.sh")
         os.chmod(tree / "mode.sh", 0o755)
+        # A rename in the tree's column (` R`: moved, the new name marked with `git add -N`)
+        # carries its old name too, which is not a record of its own.
+        os.rename(tree / "same.txt", tree / "moved.txt")
+        git(tree, "add", "-N", "moved.txt")
         r = g.run("git", work, {"files": [], "haveRefs": {}}, "--files-stdin")
         self.assertEqual(r.rc, 0, r)
         self.assertEqual(sorted(r.json["stagedApart"]), ["a b.txt", "new.txt"], r.json["status"])

@@ -316,6 +316,16 @@ class Inbox(unittest.TestCase):
         (self.tree / "g.txt").write_bytes(b"v1\n")  # the file as HEAD has it; the index holds v2
         code, out = self.submit("p2", "two", files=[("g.txt", b"laptop\n")])
         self.assertEqual((code, out["error"], out["path"]), (3, "FILE_CONFLICT", "g.txt"), out)
+        # A clean filter drops bytes on the way into a commit (nbstripout, LFS): the file's
+        # own bytes are in no commit, though git reads it as HEAD's.
+        git("config", "filter.firstline.clean", "head -n1")
+        (self.tree / ".gitattributes").write_bytes(b"*.nb filter=firstline\n")
+        (self.tree / "n.nb").write_bytes(b"code\n")
+        git("add", ".gitattributes", "n.nb")
+        git("commit", "-qm", "three")
+        (self.tree / "n.nb").write_bytes(b"code\nthe outputs, only here\n")
+        code, out = self.submit("p3", "three", files=[("n.nb", b"laptop\n")])
+        self.assertEqual((code, out["error"], out["path"]), (3, "FILE_CONFLICT", "n.nb"), out)
 
     def test_a_file_the_agent_writes_while_the_submit_places_is_not_replaced(self):
         (self.tree / "a.txt").write_bytes(b"sent before\n")

@@ -258,15 +258,22 @@ def unheld(work, received, keep):
 def committed(work, key, target):
     """Whether the file at `target` is byte for byte what HEAD holds at `key`, and the index
     holds the same there: a version staged apart (`git add`, then the file put back) is in
-    no commit and no patch, and would go with the replaced file's last trace."""
+    no commit and no patch, and would go with the replaced file's last trace. Compared raw;
+    as git reads it (a CRLF file git status calls clean) only where no filter attribute
+    applies, since a clean filter (nbstripout, LFS) drops bytes that no commit then holds."""
     head = git(work, ["rev-parse", "-q", "--verify", "HEAD:" + key], check=False)
-    if head.returncode != 0:
+    staged = git(work, ["rev-parse", "-q", "--verify", ":0:" + key], check=False)
+    if head.returncode != 0 or staged.returncode != 0 or staged.stdout.strip() != head.stdout.strip():
         return False
     blob = head.stdout.strip()
-    # As git reads the file (its attributes: a CRLF file git status calls clean is clean).
-    here = git(work, ["hash-object", "--", target], check=False)
-    staged = git(work, ["rev-parse", "-q", "--verify", ":" + key], check=False)
-    return here.returncode == 0 and here.stdout.strip() == blob and staged.returncode == 0 and staged.stdout.strip() == blob
+    raw = git(work, ["hash-object", "--no-filters", "--", target], check=False)
+    if raw.returncode == 0 and raw.stdout.strip() == blob:
+        return True
+    attr = git(work, ["check-attr", "filter", "--", key], check=False)
+    if attr.returncode != 0 or not attr.stdout.strip().endswith(b": unspecified"):
+        return False
+    read = git(work, ["hash-object", "--", target], check=False)
+    return read.returncode == 0 and read.stdout.strip() == blob
 
 
 def write_files(work, received, keep):

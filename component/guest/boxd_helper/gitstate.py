@@ -135,13 +135,17 @@ def staged_apart(work, index):
         if len(rec) < 4:
             continue
         x, y, path = chr(rec[0]), chr(rec[1]), rec[3:].decode("utf-8", "replace")
-        if x in "RC":
-            i += 1  # the rename's old name follows
+        if x in "RC" or y in "RC":
+            i += 1  # the rename's old name follows (in either column: `git add -N` marks one in the tree's)
         if x in " ?!" or y in " ?!" or is_boxd_path(path):
             continue
-        staged = git(work, ["rev-parse", "-q", "--verify", ":" + path], check=False, index=index)
-        here = git(work, ["hash-object", "--", path], check=False)
-        if staged.returncode == 0 and here.returncode == 0 and staged.stdout.strip() == here.stdout.strip():
+        try:
+            # `:0:` names stage 0 whatever the path looks like (a file named `1:t`).
+            staged = git(work, ["rev-parse", "-q", "--verify", ":0:" + path], check=False, index=index)
+            here = git(work, ["hash-object", "--", path], check=False)
+        except Fail:  # a clean filter that hangs: named, not a failed inventory
+            staged = here = None
+        if staged and here and staged.returncode == 0 and here.returncode == 0 and staged.stdout.strip() == here.stdout.strip():
             continue
         apart.append(path)
     return apart
