@@ -21,6 +21,15 @@ def sha256_hex(data):
     return hashlib.sha256(data).hexdigest()
 
 
+def file_sha256(path):
+    """The sha256 of the file at `path`, read in 1 MiB chunks (OSError as open and read raise it)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
 def fsync_dir(path):
     try:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)

@@ -4,12 +4,11 @@ limits; a submit's files are all checked and received before any is written. The
 bytes travel as frames (frames.py), never in the JSON."""
 
 import errno
-import hashlib
 import os
 import tempfile
 import time
 
-from .disk import read_json, write_json
+from .disk import file_sha256, read_json, write_json
 from .frames import copy_frame, send_frame
 from .gitstate import git
 from .protocol import CALL_MAX, FILE_MAX, Fail, mib, workspace_failure
@@ -242,14 +241,11 @@ def unheld(work, received, keep):
                 # not read through (an agent's 10 GB file would outlast the helper's bound).
                 out.append(key)
                 continue
-            with open(target, "rb") as fh:
-                sha = hashlib.sha256()
-                for chunk in iter(lambda: fh.read(1 << 20), b""):
-                    sha.update(chunk)
+            sha = file_sha256(target)
         except OSError:
             out.append(key)  # unreadable: not known to be held
             continue
-        if sha.hexdigest() in keep.get(key, ()) or committed(work, key, target):
+        if sha in keep.get(key, ()) or committed(work, key, target):
             continue
         out.append(key)
     return out

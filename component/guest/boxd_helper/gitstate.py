@@ -3,13 +3,12 @@ against HEAD, every untracked and ignored file with its digest, and a verified b
 every commit. .boxd/ never appears in any of it."""
 
 import base64
-import hashlib
 import shutil
 import os
 import subprocess
 import tempfile
 
-from .disk import sha256_hex
+from .disk import file_sha256, sha256_hex
 from .protocol import CALL_MAX, LIST_MAX, Fail, mib
 
 GIT_IDENTITY = ("opencode-boxd", "opencode-boxd@localhost")
@@ -63,15 +62,12 @@ def digest_entry(work, rel_bytes):
     if not os.path.isfile(full):
         entry.update({"special": True, "sha256": None, "size": None})
         return entry
-    h = hashlib.sha256()
     try:
-        with open(full, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                h.update(chunk)
+        sha = file_sha256(full)
     except OSError as e:
         entry.update({"unreadable": e.strerror or str(e), "sha256": None, "size": st.st_size})
         return entry
-    entry.update({"size": st.st_size, "sha256": h.hexdigest()})
+    entry.update({"size": st.st_size, "sha256": sha})
     return entry
 
 

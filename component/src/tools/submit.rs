@@ -272,36 +272,33 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
     let mut stdin = serde_json::to_vec(&payload).expect("serialises");
     stdin.push(b'\n');
     let streams = Streams { stdin_files: files.iter().map(|f| f.from.clone()).collect(), ..Default::default() };
+    // The prompt this call recorded leaves the record, in one locked update, while this
+    // call still carries it and nothing has said it arrived (a retry that took it over may
+    // be delivering it). True when it left.
+    let mut take_back = || {
+        let mut taken = false;
+        if recorded {
+            let _ = ledger.update(&work, |w| {
+                if w.prompts.iter().any(|p| p.id == id && !p.admitted && p.attempt == attempt) {
+                    w.remove_prompts(core::slice::from_ref(&id));
+                    taken = true;
+                }
+            });
+        }
+        taken
+    };
     let mut guest = Guest::new(&mut boxd, &machine, &work);
     let (answer, sent_files) = match guest.call_streaming("submit", &[], Some(stdin), &streams) {
         Ok(v) => v,
-        // The guest refused before admitting it (it says so): the prompt this call
-        // recorded leaves the record, as below, instead of holding the drop for ten
-        // minutes as a prompt whose fate is unknown.
+        // The guest refused before admitting it (it says so): the prompt leaves the record
+        // instead of holding the drop for ten minutes as a prompt whose fate is unknown.
         Err(e) if guest.refused.as_ref().is_some_and(|r| r.get("admitted") == Some(&Value::Bool(false))) => {
-            if recorded {
-                let _ = ledger.update(&work, |w| {
-                    if w.prompts.iter().any(|p| p.id == id && !p.admitted && p.attempt == attempt) {
-                        w.remove_prompts(core::slice::from_ref(&id));
-                    }
-                });
-            }
+            take_back();
             return Err(guest_refused(e, &work));
         }
+        // Nothing reached the guest whole.
         Err(e) if e.message.starts_with(crate::boxd::UNSENT) => {
-            // Nothing reached the guest whole: the prompt this call recorded leaves the
-            // record, in one locked update, while this call still carries it and nothing
-            // has said it arrived (a retry that took it over may be delivering it).
-            let mut taken = false;
-            if recorded {
-                let _ = ledger.update(&work, |w| {
-                    if w.prompts.iter().any(|p| p.id == id && !p.admitted && p.attempt == attempt) {
-                        w.remove_prompts(core::slice::from_ref(&id));
-                        taken = true;
-                    }
-                });
-            }
-            let fate = if taken {
+            let fate = if take_back() {
                 String::from(" (nothing of it is recorded)")
             } else {
                 format!(" (prompt {id} stays recorded until the machine says whether an earlier or later submit of it arrived)")
