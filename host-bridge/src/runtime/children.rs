@@ -1,7 +1,7 @@
 //! The spawn import: every request checked against the policy (program, arguments, folder,
 //! environment, streamed files), run by the one process runner, and recorded for the
 //! audit. `run-all` does the same for each of its requests and runs the children side by
-//! side: the first on the calling thread, each other one on a thread of its own.
+//! side, all watched from the calling thread (spawn::run_all).
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -48,27 +48,24 @@ impl wit_spawn::Host for HostState {
             checked.push((self.check(r, &mut record), started));
             records.push(record);
         }
-        // Each answer with its request's time from its check to its end.
-        let run = |(c, started): (Result<Checked<'_>, wit_spawn::Error>, Instant)| (c.and_then(Checked::run), started.elapsed());
-        // The first child runs on this thread and each other one on a thread of its own, so a
-        // batch of n children starts n - 1 threads (none for one child, the common case).
-        let mut checked = checked.into_iter();
-        let first_child = checked.next().expect("a batch is not empty");
-        let answers: Vec<(Answer, Duration)> = std::thread::scope(|scope| {
-            let running: Vec<_> = checked
-                .map(|c| {
-                    let started = c.1;
-                    // A thread the system will not give is that request's failure, not a panic.
-                    std::thread::Builder::new().spawn_scoped(scope, move || run(c)).map_err(|e| (e, started))
-                })
-                .collect();
-            let mut answers = vec![run(first_child)];
-            answers.extend(running.into_iter().map(|h| match h {
-                Ok(h) => h.join().unwrap_or_else(|_| (Err(wit_spawn::Error::Failed("the host's runner for this child panicked".into())), Duration::ZERO)),
-                Err((e, started)) => (Err(wit_spawn::Error::Failed(format!("the host could not start a thread for this child: {e}"))), started.elapsed()),
-            }));
-            answers
-        });
+        // The allowed requests run side by side (spawn::run_all); a refused one answers at once.
+        let mut spawns = Vec::with_capacity(checked.len());
+        for (c, _) in checked.iter_mut() {
+            if let Ok(c) = c {
+                spawns.push(c.spawn());
+            }
+        }
+        let mut ran = spawn::run_all(spawns).into_iter();
+        let answers: Vec<(Answer, Duration)> = checked
+            .into_iter()
+            .map(|(c, started)| match c {
+                Ok(c) => {
+                    let (out, ended) = ran.next().expect("one result a spawn");
+                    (c.answer(out), ended.duration_since(started))
+                }
+                Err(refused) => (Err(refused), started.elapsed()),
+            })
+            .collect();
         let mut out = Vec::with_capacity(answers.len());
         for ((n, mut record), (answer, took)) in (first..).zip(records).zip(answers) {
             self.kill_point(false, true, n);
@@ -129,23 +126,27 @@ impl HostState {
     }
 }
 
-impl Checked<'_> {
-    fn run(self) -> Answer {
+impl<'r> Checked<'r> {
+    /// The spawn to run (its files to send move into it).
+    fn spawn(&mut self) -> (spawn::Spawn<'_>, spawn::Streams<'_>) {
         let r = self.r;
-        let streams = spawn::Streams { stdin_files: self.stdin_files, stdout_files: &r.stdout_files, stdout_modes_from: &r.stdout_modes_from, roots: &self.roots };
-        let out = spawn::run_streaming(
-            spawn::Spawn {
-                name: &r.program,
-                binary: &self.binary,
-                args: &r.args,
-                env: &self.env,
-                cwd: self.cwd.as_deref(),
-                stdin: r.stdin.as_deref(),
-                timeout: Duration::from_millis(r.timeout_ms.max(1).into()),
-                bounds: spawn::Bounds::default(),
-            },
-            streams,
-        );
+        let streams = spawn::Streams { stdin_files: std::mem::take(&mut self.stdin_files), stdout_files: &r.stdout_files, stdout_modes_from: &r.stdout_modes_from, roots: &self.roots };
+        let s = spawn::Spawn {
+            name: &r.program,
+            binary: &self.binary,
+            args: &r.args,
+            env: &self.env,
+            cwd: self.cwd.as_deref(),
+            stdin: r.stdin.as_deref(),
+            timeout: Duration::from_millis(r.timeout_ms.max(1).into()),
+            bounds: spawn::Bounds::default(),
+        };
+        (s, streams)
+    }
+
+    /// The component's answer for what the run gave.
+    fn answer(&self, out: Result<spawn::Output, SpawnFailure>) -> Answer {
+        let r = self.r;
         match out {
             Ok(o) => Ok(wit_spawn::Output {
                 exit_code: o.exit_code,

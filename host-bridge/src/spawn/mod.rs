@@ -1,8 +1,9 @@
 //! Running one granted program: argument list (no shell), a clean environment, its own
 //! process group, stdin written by a thread (when there is any), stdout into a file and
 //! stderr read by the calling thread, up to the caps of host-bridge/policy.json. The
-//! calling thread polls the child's stderr and a pidfd for its exit (child.rs): no
-//! polling of the child itself, no thread per child. Files can be streamed in (framed
+//! calling thread polls the child's stderr and a pidfd for its exit (child.rs), for every
+//! child of a batch at once (watch.rs): no polling of the child itself, no thread per
+//! child. Files can be streamed in (framed
 //! onto stdin after its bytes) and out (framed on stdout after the first line,
 //! demultiplexed into files once the child exited); see runtime/frames.rs. One place
 //! decides how the run ends, from the first of these events:
@@ -24,16 +25,12 @@
 mod child;
 mod outputs;
 mod running;
+mod watch;
 
 pub use running::{kill_group, kill_running, kill_self};
+use watch::StartChild;
 
-use std::fs::File;
-use std::io::{Read, Write};
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::process::ExitStatus;
-use std::sync::mpsc;
-use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::runtime::frames::{self, Outgoing, Streamed};
@@ -112,13 +109,6 @@ pub struct Spawn<'a> {
     pub bounds: Bounds,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Stream {
-    Stdout,
-    Stderr,
-}
-
-
 /// "64 MiB", "1 MiB", "1536 bytes".
 pub fn human(bytes: usize) -> String {
     if bytes >= 1 << 20 && bytes % (1 << 20) == 0 {
@@ -130,39 +120,8 @@ pub fn human(bytes: usize) -> String {
     }
 }
 
-/// How often the stdout file's size is checked against its cap while the child runs.
-const CAP_WATCH: Duration = Duration::from_millis(50);
-
-/// Once the child exited, stderr is read until a grace passes with nothing new, and for
-/// this many graces at the most in all: a daemon it left logging a line every 100 ms
-/// held every call until its deadline (each boxd call of a tool, minutes in all).
-const AFTER_EXIT_READS: u32 = 4;
-
 pub fn run(s: Spawn<'_>) -> Result<Output, SpawnFailure> {
     run_streaming(s, Streams::default())
-}
-
-/// What one wait in the run loop saw.
-struct Ready {
-    stderr: bool,
-    exited: bool,
-}
-
-/// Wait until the child's stderr has something (or its end), the child exits, or `wait`
-/// passes. Readiness is level-triggered: what is not handled now shows again.
-fn wait_ready(stderr: Option<&File>, exit: Option<i32>, wait: Duration) -> std::io::Result<Ready> {
-    let mut fds = [stderr.map_or(-1, |f| f.as_raw_fd()), exit.unwrap_or(-1)]
-        .map(|fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 });
-    // Rounded up: a wait cut to 0 ms would spin until the deadline.
-    let ms = wait.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
-    // SAFETY: poll over a local array of two pollfds (a negative fd is skipped).
-    let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) };
-    if r < 0 {
-        let e = std::io::Error::last_os_error();
-        return if e.kind() == std::io::ErrorKind::Interrupted { Ok(Ready { stderr: false, exited: false }) } else { Err(e) };
-    }
-    let seen = |p: &libc::pollfd| p.fd >= 0 && p.revents != 0;
-    Ok(Ready { stderr: seen(&fds[0]), exited: seen(&fds[1]) })
 }
 
 /// As `run`, with files streamed in and out.
@@ -170,186 +129,22 @@ pub fn run_streaming(s: Spawn<'_>, streams: Streams<'_>) -> Result<Output, Spawn
     run_started_by(s, streams, child::start)
 }
 
-/// How a child is started (child.rs): the clone, or std's `Command` (tests run both).
-type StartChild = fn(&child::Start<'_>) -> std::io::Result<child::Child>;
-
-fn run_started_by(s: Spawn<'_>, streams: Streams<'_>, start_child: StartChild) -> Result<Output, SpawnFailure> {
-    let failed = |e: std::io::Error| SpawnFailure::Failed(format!("{}: {e}", s.name));
-    // A host stopping (crate::interrupt) starts nothing more.
-    if let Some(sig) = crate::interrupt::received() {
-        return Err(SpawnFailure::Interrupted(sig));
-    }
-    // A missing working folder would otherwise read as a missing program (both are ENOENT
-    // from the exec's side).
-    if let Some(cwd) = s.cwd.filter(|c| !c.is_dir()) {
-        return Err(SpawnFailure::Failed(format!("{}: its working folder {} does not exist", s.name, cwd.display())));
-    }
-    let out_file = outputs::StdoutFile::new(s.bounds.stderr_cap).map_err(failed)?;
-    let has_stdin = s.stdin.is_some() || !streams.stdin_files.is_empty();
-    let start = child::Start { binary: s.binary, args: s.args, env: s.env, cwd: s.cwd, stdin_piped: has_stdin, stdout: out_file.file() };
-    let mut child = start_child(&start).map_err(|e| match e.kind() {
-        std::io::ErrorKind::NotFound => SpawnFailure::NotFound(s.binary.display().to_string()),
-        _ => SpawnFailure::Failed(format!("{}: {e}", s.binary.display())),
-    })?;
-    let started = Instant::now();
-    let pgid = child.pid;
-    // The files sent, when every byte of stdin was (the writer's word, after the exit).
-    let (sent_tx, sent_rx) = mpsc::channel();
-    if let Some(mut pipe) = child.stdin.take() {
-        let bytes = s.stdin.unwrap_or_default().to_vec();
-        let files = streams.stdin_files;
-        // A child that exits without reading gives EPIPE; that is not our failure (it
-        // answered without the files, and none is reported sent). A writer blocked by a
-        // child that never reads ends when the group is killed. A file that changed while
-        // it was sent cuts the stream short before its digest, which the child sees and
-        // refuses; the spawn then fails saying which file changed.
-        thread::spawn(move || {
-            let sent = pipe.write_all(&bytes).and_then(|()| frames::send(&mut pipe, files));
-            drop(pipe);
-            let _ = sent_tx.send(match sent {
-                Ok(files) => Ok(files),
-                Err(e) if frames::is_changed(&e) => Err(e.to_string()),
-                Err(_) => Ok(Vec::new()),
-            });
-        });
-    }
-    let stdout_cap = s.bounds.stdout_cap as u64 + frames::stdout_allowance(streams.stdout_files.len());
-    let over_cap = |which: Stream| {
-        let (stream, cap) = match which {
-            Stream::Stdout => ("stdout", s.bounds.stdout_cap),
-            Stream::Stderr => ("stderr", s.bounds.stderr_cap),
-        };
-        SpawnFailure::Failed(format!(
-            "{} printed more than {} on {stream}; the cap is {} (host-bridge/policy.json outputCaps.{stream}), so the host killed it",
-            s.name,
-            human(cap),
-            human(cap)
-        ))
-    };
-    // Every early end kills the group first, then reaps the leader (once: it may have
-    // exited already, unreaped): until then its pid cannot name anyone else's process.
-    let end = |child: &mut child::Child, why: SpawnFailure| {
-        kill_group(pgid);
-        let _ = child.reap();
-        Err(why)
-    };
-    let stdout_len = || out_file.len();
-    let deadline = started + s.timeout;
-    let mut stderr = Vec::new();
-    let mut chunk = [0u8; 16 * 1024];
-    let mut status: Option<ExitStatus> = None;
-    let mut grace_until = None;
-    let mut exited_at: Option<Instant> = None;
-    let mut stderr_open = true;
-    loop {
-        // Checked first: a child killed by kill_running has exited by now, and a child
-        // started just as the signal came was not listed yet when the groups were killed.
-        if let Some(sig) = crate::interrupt::received() {
-            return end(&mut child, SpawnFailure::Interrupted(sig));
-        }
-        if status.is_some() && !stderr_open {
-            break;
-        }
-        if stdout_len() > stdout_cap {
-            return end(&mut child, over_cap(Stream::Stdout));
-        }
-        // The deadline holds after the exit too (as does AFTER_EXIT_READS): stderr that
-        // keeps trickling from a process the child left behind never holds the answer.
-        let until = grace_until.map_or(deadline, |g: Instant| g.min(deadline));
-        let now = Instant::now();
-        if now >= until {
-            if status.is_none() {
-                return end(&mut child, SpawnFailure::TimedOut);
-            }
-            // The child exited and the grace is over: something it started still holds
-            // stderr. Answer with what was written, and leave that process alone: a CLI's
-            // own daemon is not ours to kill. A thread drains what it still writes, up
-            // to a bound (outputs.rs), so it does not block on a full pipe at once.
-            outputs::drain_left_stderr(&child.stderr, s.bounds.stderr_cap);
-            break;
-        }
-        let ready = match wait_ready(stderr_open.then_some(&child.stderr), status.is_none().then(|| child.exit_fd()), (until - now).min(CAP_WATCH)) {
-            Ok(r) => r,
-            Err(e) => return end(&mut child, SpawnFailure::Failed(format!("{}: waiting for it failed: {e}", s.name))),
-        };
-        if ready.stderr {
-            match child.stderr.read(&mut chunk) {
-                Ok(0) => stderr_open = false,
-                Ok(n) if stderr.len() + n > s.bounds.stderr_cap => return end(&mut child, over_cap(Stream::Stderr)),
-                Ok(n) => {
-                    stderr.extend_from_slice(&chunk[..n]);
-                    // Still arriving (a loaded machine may schedule us late): the grace is
-                    // for silence, up to AFTER_EXIT_READS graces after the exit.
-                    if let Some(exited) = exited_at {
-                        grace_until = Some((Instant::now() + s.bounds.after_exit).min(exited + s.bounds.after_exit * AFTER_EXIT_READS));
-                    }
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(_) => stderr_open = false,
-            }
-        }
-        if ready.exited {
-            match child.exit_status() {
-                Ok(st) => {
-                    status = Some(st);
-                    exited_at = Some(Instant::now());
-                    grace_until = Some(Instant::now() + s.bounds.after_exit);
-                }
-                Err(e) => return end(&mut child, SpawnFailure::Failed(format!("{}: waiting for it failed: {e}", s.name))),
-            }
-        }
-    }
-    let status = status.expect("the loop ends with a status");
-    // The writer has finished once the child read all of stdin; a child that stopped
-    // reading (or a process it left holding the pipe) leaves it short, and nothing sent.
-    let mut files = match has_stdin.then(|| sent_rx.recv_timeout(STDIN_SETTLE)) {
-        Some(Ok(Ok(files))) => files,
-        Some(Ok(Err(changed))) => {
-            // The child saw the frame cut short; its answer is not the call's.
-            let _ = child.reap();
-            return Err(SpawnFailure::Failed(format!("{}: {changed}", s.name)));
-        }
-        _ => Vec::new(),
-    };
-    // Everything the child wrote is in the file; read at most the cap (a process it left
-    // running may still be writing). Past a cap only now, that process is killed with the
-    // group, as for any child past a cap.
-    let mut capped = false;
-    let stdout = (|| {
-        let f = out_file.reader();
-        if streams.stdout_files.is_empty() {
-            let mut stdout = Vec::new();
-            f.take(s.bounds.stdout_cap as u64 + 1).read_to_end(&mut stdout).map_err(failed)?;
-            capped = stdout.len() > s.bounds.stdout_cap;
-            return if capped { Err(over_cap(Stream::Stdout)) } else { Ok(stdout) };
-        }
-        let mut r = std::io::BufReader::with_capacity(64 * 1024, f.take(stdout_cap + 1));
-        let line = frames::first_line(&mut r, s.bounds.stdout_cap).map_err(|_| {
-            capped = true;
-            over_cap(Stream::Stdout)
-        })?;
-        match frames::receive(&mut r, streams.stdout_files, streams.stdout_modes_from, streams.roots) {
-            Ok(received) => files.extend(received),
-            // A child that failed says so in its answer; its files did not come.
-            Err(_) if status.code() != Some(0) => {}
-            Err(why) => return Err(SpawnFailure::Failed(format!("{}: the files framed on its stdout: {why}", s.name))),
-        }
-        Ok(line)
-    })();
-    if capped {
-        kill_group(pgid);
-    }
-    // Reaped only now: until here its pid and group were certainly still ours.
-    let _ = child.reap();
-    Ok(Output { exit_code: status.code(), stdout: stdout?, stderr, files })
+/// Run every spawn side by side, watched from the calling thread (watch.rs); each one's
+/// result, with when it ended.
+pub fn run_all(spawns: Vec<(Spawn<'_>, Streams<'_>)>) -> Vec<(Result<Output, SpawnFailure>, Instant)> {
+    watch::run_all(spawns, child::start)
 }
 
-/// How long the stdin writer may take to report once the child exited.
-const STDIN_SETTLE: Duration = Duration::from_secs(1);
+fn run_started_by(s: Spawn<'_>, streams: Streams<'_>, start_child: StartChild) -> Result<Output, SpawnFailure> {
+    watch::run_all(vec![(s, streams)], start_child).pop().expect("one result a spawn").0
+}
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs::File;
+    use std::os::fd::AsRawFd;
+    use std::thread;
 
     /// Both ways a child starts: the clone (Linux) and std's `Command` (the fallback).
     const STARTS: [(&str, StartChild); 2] = [("clone", child::start), ("command", child::start_with_command)];
