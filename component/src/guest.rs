@@ -28,7 +28,7 @@ pub fn helper_path() -> String {
 /// component/guest/protocol.json (a unit test keeps the two equal).
 pub const GUEST_CODES: &[Code] = &[
     Code::ArgsInvalid, Code::ExportInvalid, Code::FileConflict, Code::FileTooLarge, Code::GuestFailed, Code::GuestServerDown,
-    Code::GuestStateLost, Code::GuestUnresponsive, Code::GuestVersion, Code::GuestWorkspace, Code::NameInvalid, Code::PathRefused,
+    Code::GuestStateLost, Code::GuestUnresponsive, Code::GuestVersion, Code::GuestWorkspace, Code::NameInvalid, Code::NotOurs, Code::PathRefused,
     Code::RunInterrupted, Code::SessionBusy, Code::WorkUnknown,
 ];
 

@@ -42,3 +42,4 @@ mod mcp_lines;
 mod mcp_retry;
 mod changed_world;
 mod laptop_config;
+mod other_ledger;

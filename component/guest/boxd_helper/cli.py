@@ -37,8 +37,14 @@ def cmd_prepare(args):
     raw = read_stdin()
     password = raw.split(b"\n", 1)[0].rstrip(b"\r").decode("utf-8", "replace")
     lost = not work.exists() and os.path.isdir(work.tree)  # a tree whose state was removed
+    old = read_text(work.p("password")) if work.exists() else None
+    if args.claim and password and old and old != password:
+        # The laptop took this machine up by its name alone (its create never answered with
+        # an id): a server this work already runs with another password is another ledger's
+        # (another install of the plugin on the same account names its machines the same).
+        raise Fail("NOT_OURS", "work %s on this machine was prepared by another ledger (its OpenCode server runs with "
+                   "another password): this is not the machine this ledger's create made" % work.id)
     work.create()
-    old = read_text(work.p("password"))
     if not password:
         password = old or secrets.token_urlsafe(32)
     changed = old is not None and old != password
@@ -545,6 +551,7 @@ def main(argv):
     parser.add_argument("--opencode-version")
     parser.add_argument("--files-stdin", action="store_true")
     parser.add_argument("--resolve")
+    parser.add_argument("--claim", action="store_true")
     try:
         args = parser.parse_args(argv)
         if not args.work:

@@ -44,6 +44,13 @@ pub struct Work {
     /// sha256 of the guest helper uploaded for this work.
     #[serde(default)]
     pub helper_sha256: Option<String>,
+    /// Its machine was taken up by its name alone (a create or fork whose answer never
+    /// came): until a prepare proves no other ledger's server runs this work there (the
+    /// guest's `--claim`), nothing of the work goes to it. Another install of the plugin on
+    /// the same account makes its machines the same way, under the same name for the same
+    /// work id.
+    #[serde(default, skip_serializing_if = "core::ops::Not::not")]
+    pub taken_by_name: bool,
     /// boxd_sleep put the machine down and nothing has seen it awake since: boxd_job
     /// then says `asleepBy: boxd_sleep` (else the idle bound or the CLI did).
     #[serde(default)]

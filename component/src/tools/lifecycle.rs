@@ -12,7 +12,7 @@ use super::{work_arg, Env};
 use crate::boxd::{Boxd, Failure, MachineInfo, State};
 use crate::caps::{Files, Kind};
 use crate::errors::{Code, ToolError, ToolResult};
-use crate::ledger::{Ledger, Sleep, Work, WorkState};
+use crate::ledger::{iso8601, Ledger, Sleep, Work, WorkState};
 use crate::opencode::Opencode;
 use crate::options::Context;
 
@@ -53,13 +53,16 @@ pub fn ensure(env: &mut Env, args: &Value) -> ToolResult<Value> {
     let version = Opencode::new(&mut env.programs).version(ctx);
     let mut ledger = Ledger::for_call(&mut env.files, ctx);
     let mut record = ledger.read(&work)?;
+    // A closed work whose own machine is still there (its recorded id under its name): a
+    // drop that took it for gone (boxd showed another id there, twice) is reopened on it.
+    let mut closed = None;
     if let Some(w) = &record {
         if w.is_closed() {
             // A dropped work's id may be used again; keep the old record beside the new one.
             let old = serde_json::to_vec_pretty(w).expect("serialises");
             let stamp: String = w.created_at.chars().map(|c| if c.is_ascii_alphanumeric() || c == '.' { c } else { '-' }).collect();
             ledger.put_blob(&work, &format!("closed-{stamp}.json"), &old)?;
-            record = None;
+            closed = record.take();
         }
     }
     if let Some(w) = &record {
@@ -71,6 +74,9 @@ pub fn ensure(env: &mut Env, args: &Value) -> ToolResult<Value> {
     let mut boxd = Boxd::new(&mut env.programs, ctx.options.boxd_timeout_seconds);
     // One read that carries the id: the machine is ours, or it is refused untouched.
     if let Some(info) = boxd.get(&machine).map_err(Failure::into_error)? {
+        if let Some(c) = closed.filter(|c| !info.id.is_empty() && c.machine_id.as_deref() == Some(info.id.as_str())) {
+            record = Some(reopen(&mut ledger, ctx, c, args, &directory)?);
+        }
         let Some(w) = record else {
             return Err(ToolError::with_next(
                 Code::NotOurs,
@@ -117,6 +123,31 @@ pub fn ensure(env: &mut Env, args: &Value) -> ToolResult<Value> {
     Ok(ensured(&w, "running", guest, (false, true), format!("Call boxd_submit for work '{work}' with the task.")))
 }
 
+/// Reopen a closed work on its own machine, found under its name with the id it recorded:
+/// the drop that closed it took it for gone (boxd showed another id there), and whatever
+/// it held, the prompts named unrecovered too, can be harvested again.
+fn reopen<F: Files>(ledger: &mut Ledger<F>, ctx: &Context, closed: Work, args: &Value, directory: &str) -> ToolResult<Work> {
+    refuse_other_spec(&closed, args, directory, &ctx.options.snapshot)?;
+    super::harvest::work_folder_granted(ctx, &closed)?;
+    let machine = closed.machine.clone();
+    let w = ledger.update(&closed.work, |w| {
+        if w.is_closed() && w.machine_id == closed.machine_id {
+            w.state = WorkState::Open;
+            w.settled = None;
+            w.name_taken_by = None;
+            w.dropping_ms = 0;
+            if !w.unrecovered.is_empty() {
+                let lost = core::mem::take(&mut w.unrecovered);
+                w.warnings.push(format!("{}: reopened on {machine}, its own machine (the id it recorded), which a drop had taken for gone; prompt(s) {} it named unrecovered may be harvested again", iso8601(ctx.now_ms), lost.join(", ")));
+            }
+        }
+    })?;
+    if w.is_closed() {
+        return Err(ToolError::new(Code::SessionBusy, format!("work '{}' changed while this call reopened it; nothing was done", w.work)));
+    }
+    Ok(w)
+}
+
 /// Take up the machine under the work's name, which exists: the ledger's own (its id
 /// matches), or the one a create whose answer never came made (the ledger recorded the
 /// create first). Returns the record, the machine's state, and whether it was adopted.
@@ -154,12 +185,15 @@ fn adopt<F: Files>(ledger: &mut Ledger<F>, w: Work, info: &MachineInfo, ctx: &Co
             format!("Leave {machine} alone; use another work id for this task (boxd_ensure)."),
         ));
     }
+    let by_name = w.machine_id.is_none();
     let mut owned = w.clone();
     owned.machine_id.get_or_insert_with(|| info.id.clone());
     check_owned(ledger, ctx, &owned, info)?;
     let st = crate::boxd::known_state(info)?;
     let w = ledger.update(work, |w| {
         w.machine_id = owned.machine_id;
+        // Its guest's first prepare proves it is no other ledger's (machine.rs `--claim`).
+        w.taken_by_name |= by_name;
         if st != State::Starting {
             w.state = WorkState::Open;
         }
@@ -425,6 +459,9 @@ pub fn resume(env: &mut Env, args: &Value) -> ToolResult<Value> {
 
 #[cfg(test)]
 mod spend_tests;
+
+#[cfg(test)]
+mod claim_tests;
 
 #[cfg(test)]
 mod tests {

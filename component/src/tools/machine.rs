@@ -397,9 +397,40 @@ pub fn prepare_guest<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Led
         // rather than learn it from a refused call and retry, one exec fewer.
         guest.upload()?;
     }
-    let answer = guest.call("prepare", &flags, Some(stdin))?;
-    ledger.update(&w.work, |w| w.helper_sha256 = Some(sha))?;
+    if w.taken_by_name {
+        flags.push("--claim");
+    }
+    let answer = match guest.call("prepare", &flags, Some(stdin)) {
+        Err(e) if e.code == Code::NotOurs && w.taken_by_name => return Err(withdraw_claim(ledger, w, e)?),
+        answer => answer?,
+    };
+    ledger.update(&w.work, |w| {
+        w.helper_sha256 = Some(sha);
+        w.taken_by_name = false;
+    })?;
     Ok(answer)
+}
+
+/// A machine taken up by its name alone that another ledger's server runs this work on
+/// (the guest refused the claim): the id is forgotten and the create's intent withdrawn,
+/// as for a machine not made like ours, so no later call takes it up again.
+fn withdraw_claim<F: Files>(ledger: &mut Ledger<F>, w: &Work, refused: ToolError) -> ToolResult<ToolError> {
+    ledger.update(&w.work, |r| {
+        if r.taken_by_name && r.machine_id == w.machine_id {
+            r.machine_id = None;
+            r.taken_by_name = false;
+            r.helper_sha256 = None;
+            if r.state == WorkState::Creating {
+                r.state = WorkState::Open;
+            }
+        }
+    })?;
+    let machine = &w.machine;
+    Ok(ToolError::with_next(
+        Code::NotOurs,
+        format!("{}; {machine} was taken up by its name only (this ledger's create never answered with an id), so it is left alone and work '{}' holds no machine", refused.message, w.work),
+        format!("Leave {machine} alone: it is another ledger's (another install of this plugin on the same account). Use another work id for this task (boxd_ensure); boxd_drop for work '{}' closes this one.", w.work),
+    ))
 }
 
 /// `prepare_guest`, except that a rebuilt machine whose OpenCode differs from the laptop's

@@ -228,7 +228,7 @@ pub fn run(env: &mut Env, _args: &Value) -> ToolResult<Value> {
     if !closed_listed.is_empty() {
         answer["closedWorksMachines"] = json!({
             "machines": closed_listed,
-            "note": "machines listed under the name of a work this ledger has closed: a create or fork that landed after the work was dropped (it bills), or one someone made under the name since. No tool touches them; check each with 'boxd machine get NAME', and remove one that is no one's to keep with 'boxd machine remove NAME -y'",
+            "note": "machines listed under the name of a work this ledger has closed: a create or fork that landed after the work was dropped (it bills), one someone made under the name since, or the work's own machine, which a drop took for gone when boxd showed another id under its name. No tool touches them; boxd_ensure for the work takes one up again when its id is the one the work recorded (then harvest it); check each with 'boxd machine get NAME', and remove one that is no one's to keep with 'boxd machine remove NAME -y'",
         });
     }
     // What only the OpenCode bridge knows appears only there (its rules, its skill copy).
