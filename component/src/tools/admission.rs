@@ -309,19 +309,37 @@ pub fn refused(f: Failure) -> ToolError {
     }
 }
 
-/// A work past `maxLifetimeHours` takes no more prompts (boxd's auto-destroy is never
-/// used: it would lose unharvested work).
+/// A work past `maxLifetimeHours` takes no more prompts and forks nothing (a fork's
+/// lifetime starts at its own create; boxd's auto-destroy is never used: it would lose
+/// unharvested work).
 pub fn check_lifetime(w: &Work, ctx: &Context) -> ToolResult<()> {
     let Some(hours) = ctx.options.max_lifetime_hours else { return Ok(()) };
     let age = w.lifetime_ms(ctx.now_ms);
     if w.created_ms != 0 && age >= hours as u64 * 3_600_000 {
         return Err(ToolError::with_next(
             Code::LifetimeReached,
-            format!("work '{}' is {} h old, past maxLifetimeHours {hours}", w.work, age / 3_600_000),
+            format!("work '{}' is {} h old, past maxLifetimeHours {hours}, so it takes no more prompts and forks nothing", w.work, age / 3_600_000),
             format!("Harvest work '{}' (boxd_harvest), then drop it (boxd_drop); start a new work for more prompts.", w.work),
         ));
     }
     Ok(())
+}
+
+/// A work that has spent its `workSpendCeiling` takes no more prompts and forks nothing (a
+/// fork is a new work carrying its transcript, and would start spending from nothing):
+/// what its machine made can still be harvested and the work dropped. The spend is the
+/// ledger's, which a machine boxd hibernated on its own over-counts until a tool sees it.
+pub fn check_spend(w: &Work, ctx: &Context) -> ToolResult<()> {
+    let Some(ceiling) = ctx.options.work_spend_ceiling else { return Ok(()) };
+    let spent = w.spend_micros(&ctx.options.prices, ctx.now_ms);
+    if spent < ceiling {
+        return Ok(());
+    }
+    Err(ToolError::with_next(
+        Code::CeilingReached,
+        format!("work '{}' has spent {:.4} of its workSpendCeiling {:.4}, so it takes no more prompts and forks nothing", w.work, amount(spent), amount(ceiling)),
+        format!("Harvest work '{}' (boxd_harvest), then drop it (boxd_drop); or raise workSpendCeiling in the plugin options (or set it to null) and call again.", w.work),
+    ))
 }
 
 /// Lifetime as boxd_status shows it: None without a limit; "past" or "near" (the last

@@ -40,6 +40,9 @@ fn admit(env: &mut Env, args: &Value) -> ToolResult<(Work, Vec<Work>, Vec<String
     if parent.state != WorkState::Open {
         return Err(ToolError::new(Code::WorkConflict, format!("work '{parent_id}' is {}; only an open work can be forked", parent.state.as_str())));
     }
+    // Each fork would start its spend and its age from nothing with the parent's transcript.
+    super::admission::check_lifetime(&parent, env.ctx)?;
+    super::admission::check_spend(&parent, env.ctx)?;
     let forks = forks_of(&mut ledger, &parent)?;
     let new: Vec<String> = ids.into_iter().filter(|id| !forks.iter().any(|w| &w.work == id)).collect();
     if !new.is_empty() {
@@ -294,6 +297,7 @@ fn adopt_fork<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F>,
     let mut took = false;
     let w = ledger.update(&w.work, |w| {
         if matches!(w.state, WorkState::Queued | WorkState::Creating) && w.dropping_ms == 0 && w.machine_id.as_ref().is_none_or(|id| *id == info.id) {
+            w.taken_by_name |= w.machine_id.is_none();
             w.machine_id = Some(info.id.clone());
             w.state = WorkState::Creating;
             w.open_run(ctx.now_ms);

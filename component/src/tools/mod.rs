@@ -293,7 +293,7 @@ pub fn require_open(w: &crate::ledger::Work) -> ToolResult<()> {
         return Err(ToolError::with_next(
             Code::CapReached,
             format!("work '{}' is a fork still queued for a free slot: it has no machine yet", w.work),
-            format!("Sleep or drop a running work, then call boxd_fork for work '{parent}' to admit its queued forks (or boxd_drop for work '{}' to give it up).", w.work),
+            format!("Sleep or drop a running work, then call boxd_fork for work '{parent}' to admit its queued forks; or call boxd_drop for work '{}' to give it up (the only way once '{parent}' was dropped).", w.work),
         ));
     }
     Ok(())

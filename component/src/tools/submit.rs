@@ -166,6 +166,7 @@ fn admit(env: &mut Env, args: &Value) -> ToolResult<Admitted> {
     super::harvest::work_folder_granted(ctx, &w)?;
     super::image::require_not_saving(&w)?;
     super::admission::check_lifetime(&w, ctx)?;
+    super::admission::check_spend(&w, ctx)?;
     running_state(&mut Boxd::new(&mut env.programs, ctx.options.boxd_timeout_seconds), &mut ledger, ctx, &w)?;
     Ok(Admitted { work, machine, prompt, files })
 }

@@ -497,3 +497,31 @@ fn a_fork_that_timed_out_is_not_left_claimed() {
         assert_eq!(p.commands().iter().filter(|c| c.starts_with("machine fork")).count(), usize::from(late.is_none()), "{:?}", p.commands());
     }
 }
+
+/// A parent over its workSpendCeiling or past maxLifetimeHours forks nothing, and takes no
+/// prompt: each fork would start spending and ageing from nothing with its transcript.
+#[test]
+fn a_parent_past_its_ceiling_or_lifetime_forks_nothing_and_takes_no_prompt() {
+    const H: u64 = 3_600_000;
+    let (now, created) = (10 * H, 1_000);
+    for (options, code) in [(r#"{"workSpendCeiling":1}"#, Code::CeilingReached), (r#"{"maxLifetimeHours":2}"#, Code::LifetimeReached)] {
+        let mut fs = open_work(None);
+        // Running since `created`: 10 h at 0.218/h is 2.18, past a ceiling of 1.
+        Ledger::new(&mut fs, "/l").update("w1", |w| {
+            w.created_ms = created;
+            w.open_run(created);
+        }).unwrap();
+        let ctx = || crate::tools::RawContext { now_ms: now, ..raw_context(options, "{}") };
+        let mut p = Scripted::default();
+        let e = call(&mut p, &mut fs, "boxd_fork", r#"{"work":"w1","forks":["fa"]}"#, ctx()).unwrap_err();
+        assert!(e.code == code && e.message.contains("forks nothing") && e.next.contains("boxd_harvest"), "{options}: {e:?}");
+        assert!(Ledger::new(&mut fs, "/l").read("fa").unwrap().is_none(), "{options}: no fork recorded");
+        let e = call(&mut p, &mut fs, "boxd_submit", r#"{"work":"w1","prompt":"x"}"#, ctx()).unwrap_err();
+        assert_eq!(e.code, code, "{options}: {e:?}");
+        assert!(p.commands().is_empty(), "{options}: {:?}", p.commands());
+        // Within both, the fork is made as ever.
+        let (r, _) = fork_call(&mut open_work(None), &["oc-w1"], &["fa"], options, r#"{"work":"w1","forks":["fa"]}"#);
+        let v = r.unwrap();
+        assert!(v["queued"] == json!([]) && v["forks"].to_string().contains("\"fa\""), "{options}: {v}");
+    }
+}
