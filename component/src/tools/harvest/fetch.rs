@@ -89,8 +89,11 @@ fn spawn_failed(e: SpawnError) -> Value {
 pub(super) fn granted_repository<F: crate::caps::Files + ?Sized>(files: &mut F, ctx: &crate::options::Context, dir: &str) -> bool {
     let mut at = dir.to_string();
     while super::super::granted_root(ctx, &at).is_some() {
-        if matches!(files.stat(&format!("{}/.git", at.trim_end_matches('/'))), Ok(Some(m)) if matches!(m.kind, crate::caps::Kind::Dir | crate::caps::Kind::File)) {
-            return true;
+        match files.kind(&format!("{}/.git", at.trim_end_matches('/'))) {
+            Ok(Some(crate::caps::Kind::Dir)) => return true,
+            // git stops at this file: what it names is the repository.
+            Ok(Some(crate::caps::Kind::File)) => return git_file_granted(files, ctx, at.trim_end_matches('/')),
+            _ => {}
         }
         if at == "/" {
             break;
@@ -98,6 +101,43 @@ pub(super) fn granted_repository<F: crate::caps::Files + ?Sized>(files: &mut F, 
         at = paths::parent(&at).to_string();
     }
     false
+}
+
+/// A `.git` file (a linked work tree's or a submodule's `gitdir: PATH`): the folder it names
+/// and, for a work tree, the common folder that folder names (`commondir`), where git
+/// writes refs and objects, must both be inside the granted folders. Both are read through
+/// the confined filesystem, so one a symlink takes out of them reads as nothing.
+fn git_file_granted<F: crate::caps::Files + ?Sized>(files: &mut F, ctx: &crate::options::Context, at: &str) -> bool {
+    let first_line = |bytes: Vec<u8>| String::from_utf8(bytes).ok().and_then(|t| t.lines().next().map(|l| l.trim().to_string()));
+    let named = |files: &mut F, path: &str| files.read_at_most(path, 4096).ok().flatten().and_then(first_line);
+    let inside = |files: &mut F, d: &str| super::super::granted_root(ctx, d).is_some() && matches!(files.kind(&format!("{d}/HEAD")), Ok(Some(_)));
+    let Some(gitdir) = named(files, &format!("{at}/.git")).and_then(|l| l.strip_prefix("gitdir:").map(|p| resolve(at, p.trim()))).flatten() else {
+        return false;
+    };
+    if !inside(files, &gitdir) {
+        return false;
+    }
+    match files.kind(&format!("{gitdir}/commondir")) {
+        Ok(None) => true,
+        Ok(Some(_)) => named(files, &format!("{gitdir}/commondir")).and_then(|c| resolve(&gitdir, &c)).is_some_and(|common| inside(files, &common)),
+        Err(_) => false,
+    }
+}
+
+/// `path` (absolute, or relative to the folder `base`) with `.` and `..` taken lexically.
+fn resolve(base: &str, path: &str) -> Option<String> {
+    let full = if path.starts_with('/') { path.to_string() } else { paths::join(base, path) };
+    let mut parts: Vec<&str> = Vec::new();
+    for seg in full.split('/') {
+        match seg {
+            "" | "." => {}
+            ".." => {
+                parts.pop()?;
+            }
+            s => parts.push(s),
+        }
+    }
+    Some(format!("/{}", parts.join("/")))
 }
 
 #[cfg(test)]
@@ -121,6 +161,29 @@ mod tests {
         ]);
         let c_locale = [("LC_ALL".to_string(), "C".to_string())];
         assert!(git.requests.iter().all(|r| r.program == "git" && r.cwd.as_deref() == Some("/p") && r.env == c_locale));
+    }
+
+    /// A `.git` file (a linked work tree, a submodule) counts only when the folder it
+    /// names, and a work tree's common folder, are inside the granted folders too.
+    #[test]
+    fn a_git_file_naming_a_repository_outside_the_granted_folders_is_not_one() {
+        use crate::testing::MemFiles;
+        let ctx = crate::tools::context(crate::testing::raw_context("{}", "{}")).unwrap();
+        let cases: [(&str, &[(&str, &str)], bool); 5] = [
+            ("gitdir: /elsewhere/.git/worktrees/p\n", &[], false),
+            ("gitdir: ../p/.modules/m\n", &[("/p/.modules/m/HEAD", "ref: refs/heads/main\n")], true),
+            ("gitdir: /p/.wt/x\n", &[("/p/.wt/x/HEAD", "x"), ("/p/.wt/x/commondir", "../../../elsewhere/.git\n")], false),
+            ("gitdir: /p/.wt/x\n", &[("/p/.wt/x/HEAD", "x"), ("/p/.wt/x/commondir", "../../.main-git\n"), ("/p/.main-git/HEAD", "x")], true),
+            ("not a gitdir line\n", &[], false),
+        ];
+        for (git_file, more, granted) in cases {
+            let mut fs = MemFiles::new(&["/p", "/l"]);
+            fs.files.insert("/p/.git".into(), git_file.as_bytes().to_vec());
+            for (path, text) in more {
+                fs.files.insert(path.to_string(), text.as_bytes().to_vec());
+            }
+            assert_eq!(granted_repository(&mut fs, &ctx, "/p"), granted, "{git_file} {more:?}");
+        }
     }
 
     #[test]
