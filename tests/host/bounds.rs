@@ -519,3 +519,28 @@ fn a_huge_record_is_its_own_works_error_and_status_shows_the_others() {
     assert!(huge["message"].as_str().unwrap().contains("holds more than 64 MiB"), "{v:#}");
     assert!(rows.iter().any(|r| r["work"] == "w1" && r.get("error").is_none()), "{v:#}");
 }
+
+/// Under a file-size limit (`ulimit -f`) below the size the host gives a child's stdout file
+/// once it lets it go, a call still answers: the host ignores SIGXFSZ, so such a write fails
+/// and is said, where it killed the host with nothing said (exit 153). Its children get the
+/// signal back at its default (spawn tests).
+#[test]
+fn a_file_size_limit_leaves_a_call_answering() {
+    use std::os::unix::process::CommandExt;
+    let laptop = Laptop::new("fsize");
+    let plain = laptop.host(&["call", "boxd_status", "{}"]);
+    let mut cmd = Command::new(boxd_host());
+    cmd.arg("--project").arg(&laptop.project).arg("--ledger").arg(&laptop.ledger).arg("--boxd").arg(boxd_local());
+    cmd.args(["call", "boxd_status", "{}"]).env("BOXD_LOCAL_HOME", &laptop.boxd_home).env("BOXD_HOST_CACHE", cache_dir());
+    // SAFETY: setrlimit(2) between fork and exec, on a local struct.
+    unsafe {
+        cmd.pre_exec(|| {
+            let limit = libc::rlimit { rlim_cur: 64 << 10, rlim_max: libc::RLIM_INFINITY };
+            libc::setrlimit(libc::RLIMIT_FSIZE, &limit);
+            Ok(())
+        });
+    }
+    let out = cmd.output().unwrap();
+    assert_eq!((out.status.signal(), out.status.code()), (None, Some(0)), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(stdout_json(&out)["boxd"], stdout_json(&plain)["boxd"]);
+}

@@ -17,6 +17,10 @@ use crate::cli::{Cli, Command};
 
 pub fn run(cli: Cli) -> Result<u8> {
     let grants = &cli.grants;
+    // A file-size limit (ulimit -f) is a write that fails (EFBIG), said in the answer,
+    // not a host killed by SIGXFSZ with nothing said (the stdout file is sized ahead).
+    // SAFETY: signal(2) sets this signal's disposition; no handler runs.
+    unsafe { libc::signal(libc::SIGXFSZ, libc::SIG_IGN) };
     // The commands that make tool calls: a signal kills their children and writes the
     // call's audit line before the host ends (crate::interrupt). live-check handles the
     // signals its own way (it cleans up what it made).

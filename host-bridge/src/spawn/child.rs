@@ -225,9 +225,10 @@ pub(super) fn pipe() -> io::Result<(File, File)> {
 fn die_with_host(cmd: &mut Command) {
     let parent = std::process::id() as i32;
     // SAFETY: the closure runs between fork and exec and calls only async-signal-safe
-    // functions (prctl, getppid); it allocates only on its error paths.
+    // functions (signal, prctl, getppid); it allocates only on its error paths.
     unsafe {
         cmd.pre_exec(move || {
+            libc::signal(libc::SIGXFSZ, libc::SIG_DFL);
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
                 return Err(io::Error::last_os_error());
             }
@@ -404,13 +405,14 @@ mod linux {
                 fail(s)
             }
             // The host's handlers (wasmtime's, signal-hook's) must not run here; SIGPIPE,
-            // which Rust ignores, is the default again for the child, as std does.
+            // which Rust ignores, is the default again for the child, as std does, and so is
+            // SIGXFSZ, which the host ignores (commands::run).
             for sig in 1..=libc::SIGRTMAX() {
                 let mut old: libc::sigaction = std::mem::zeroed();
                 if libc::sigaction(sig, ptr::null(), &mut old) != 0 {
                     continue;
                 }
-                if (old.sa_sigaction != libc::SIG_DFL && old.sa_sigaction != libc::SIG_IGN) || sig == libc::SIGPIPE {
+                if (old.sa_sigaction != libc::SIG_DFL && old.sa_sigaction != libc::SIG_IGN) || sig == libc::SIGPIPE || sig == libc::SIGXFSZ {
                     let mut dfl: libc::sigaction = std::mem::zeroed();
                     dfl.sa_sigaction = libc::SIG_DFL;
                     libc::sigaction(sig, &dfl, ptr::null_mut());

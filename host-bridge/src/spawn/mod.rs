@@ -336,6 +336,9 @@ mod tests {
                       echo cwd=$(pwd); test -e /proc/self/fd/$HOST_FD && echo leaked";
         // A file the host holds open (close-on-exec, as everything the host opens).
         let held = File::open("/dev/null").unwrap();
+        // As the host ignores it (commands::run).
+        // SAFETY: signal(2) sets a disposition; no handler runs.
+        unsafe { libc::signal(libc::SIGXFSZ, libc::SIG_IGN) };
         for (how, start) in STARTS {
             let args = vec!["-c".to_string(), script.replace("$HOST_FD", &held.as_raw_fd().to_string())];
             let env = [("ONLY".to_string(), "this".to_string())];
@@ -351,6 +354,7 @@ mod tests {
             assert!(out.contains("SigBlk:\t0000000000000000\n"), "{how}: {out}");
             let ign = out.lines().find_map(|l| l.strip_prefix("SigIgn:\t")).unwrap();
             assert_eq!(u64::from_str_radix(ign, 16).unwrap() & (1 << (libc::SIGPIPE - 1)), 0, "{how}: SIGPIPE ignored: {out}");
+            assert_eq!(u64::from_str_radix(ign, 16).unwrap() & (1 << (libc::SIGXFSZ - 1)), 0, "{how}: SIGXFSZ ignored: {out}");
             assert!(out.contains(&format!("cwd={}\n", dir.display())), "{how}: {out}");
             assert!(!out.contains("leaked"), "{how}: the host's fd {} reached the child", held.as_raw_fd());
         }
