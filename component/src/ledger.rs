@@ -53,6 +53,14 @@ fn ledger_error(what: &str, e: FsError) -> ToolError {
         FsError::Refused(p) => format!("{p} was refused: it is outside the ledger folder the host granted, a symlink, not a regular file, or not permitted"),
         FsError::Io(m) => m,
     };
+    // A full disk (WASI's `insufficient-space`, `quota`): restarting changes nothing.
+    if detail.contains("insufficient-space") || detail.contains("quota") {
+        return ToolError::with_next(
+            Code::LedgerFailed,
+            format!("could not {what}: {detail} (the disk holding the ledger folder is full)"),
+            "Free space on the disk that holds the ledger folder, then call again: a write that failed recorded nothing.",
+        );
+    }
     ToolError::new(Code::LedgerFailed, format!("could not {what}: {detail}"))
 }
 

@@ -162,3 +162,16 @@ fn a_version_staged_apart_from_its_file_keeps_the_machine() {
     world.ok_call("boxd_harvest", W1);
     assert_eq!(world.ok_call("boxd_drop", W1)["dropped"], true);
 }
+
+/// A harvest naming a file the work tree does not hold is NAME_INVALID, and the path is
+/// not owed: the drop refused over it, naming a harvest that could never bring it home.
+#[test]
+fn a_file_the_work_tree_does_not_hold_is_not_owed() {
+    let world = World::new("changed-missing-file");
+    world.ok_call("boxd_ensure", W1);
+    let e = world.err_call("boxd_harvest", r#"{"work":"w1","files":["nope.txt"]}"#, "NAME_INVALID");
+    assert!(e["message"].as_str().unwrap().contains("nope.txt does not exist"), "{e:#}");
+    assert_eq!(record(&world)["owed"], serde_json::json!([]), "{:#}", record(&world));
+    world.ok_call("boxd_harvest", W1);
+    assert_eq!(world.ok_call("boxd_drop", W1)["dropped"], true);
+}

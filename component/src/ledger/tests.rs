@@ -350,3 +350,12 @@ fn a_record_past_the_bound_is_never_written_and_the_old_one_stays() {
     assert!(w.warnings.is_empty());
     Ledger::new(&mut fs, "/l").update("w1", |w| w.warnings.push("small".into())).unwrap();
 }
+
+/// A full disk under the ledger says so, with a next step that helps (restarting did not).
+#[test]
+fn a_full_disk_under_the_ledger_names_freeing_space() {
+    let e = ledger_error("write work.json", FsError::Io("insufficient-space".into()));
+    assert!(e.code == Code::LedgerFailed && e.message.contains("is full") && e.next.starts_with("Free space"), "{e:?}");
+    let e = ledger_error("write work.json", FsError::Io("io".into()));
+    assert!(!e.next.starts_with("Free space"), "{e:?}");
+}

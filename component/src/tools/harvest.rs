@@ -519,7 +519,20 @@ fn record_git(env: &mut Env, w: Work, wanted: &[String], landing: &[Landing]) ->
         stdout_files: landing.iter().map(|l| l.temp.clone()).collect(),
         stdout_modes_from: landing.iter().map(|l| l.dest.clone()).collect(),
     };
-    let (git, arrived) = Guest::new(&mut boxd, &w.machine, &w.work).call_streaming("git", &["--files-stdin"], Some(stdin), &streams)?;
+    let mut guest = Guest::new(&mut boxd, &w.machine, &w.work);
+    let (git, arrived) = match guest.call_streaming("git", &["--files-stdin"], Some(stdin), &streams) {
+        Err(e) if e.code == Code::NameInvalid && e.message.ends_with(" does not exist in the work tree") => {
+            // Asked for but not in the work tree: nothing of it can come home, so it is not
+            // owed (the drop refused over it, naming a harvest that could never bring it).
+            // A file the agent writes there later is the drop's to see (UNTRACKED).
+            let missing = guest.refused.as_ref().and_then(|r| r["path"].as_str()).filter(|p| wanted.iter().any(|f| f == p)).map(str::to_string);
+            if let Some(missing) = missing {
+                Ledger::for_call(&mut env.files, ctx).update(&w.work, |w| w.owed.retain(|o| *o != missing))?;
+            }
+            return Err(e);
+        }
+        answer => answer?,
+    };
     let mut ledger = Ledger::for_call(&mut env.files, ctx);
     let record = super::account::record(&mut ledger, &w, &git, &now)?;
     let w = ledger.update(&w.work, |w| w.git = record.clone())?;
