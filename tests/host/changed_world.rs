@@ -175,3 +175,21 @@ fn a_file_the_work_tree_does_not_hold_is_not_owed() {
     world.ok_call("boxd_harvest", W1);
     assert_eq!(world.ok_call("boxd_drop", W1)["dropped"], true);
 }
+
+/// A submit killed before its exec reached the guest leaves its prompt recorded and unheard
+/// for 10 minutes: a harvest meanwhile is not proven, and its next step says which prompt
+/// and why (it said the transcript was proven, while boxd_drop refused as NOT_PROVEN).
+#[test]
+fn a_harvest_that_proves_not_every_prompt_says_which_and_why() {
+    let world = World::new("changed-unheard");
+    world.ok_call("boxd_ensure", W1);
+    // The submit's spawns: the machine's state, then the guest's exec.
+    assert!(world.killed_at("before-spawn:2", "boxd_submit", r#"{"work":"w1","prompt":"never sent"}"#));
+    let h = world.ok_call("boxd_harvest", W1);
+    assert_eq!(h["proven"], false, "{h:#}");
+    let next = h["next"].as_str().unwrap();
+    assert!(next.contains("not in this proof yet") && !next.contains("The transcript is proven"), "{h:#}");
+    let id = record(&world)["prompts"][0]["id"].as_str().unwrap().to_string();
+    assert!(next.contains(&id), "{h:#}");
+    world.err_call("boxd_drop", W1, "NOT_PROVEN");
+}

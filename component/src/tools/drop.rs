@@ -14,7 +14,7 @@ use crate::boxd::{Boxd, Failure, State};
 use crate::caps::Files;
 use crate::errors::{Code, ToolError, ToolResult};
 use crate::options::Context;
-use crate::ledger::{amount, Ledger, Work, WorkState};
+use crate::ledger::{amount, iso8601, Ledger, Work, WorkState};
 
 /// The cost and lifetime a drop fixed in the closed record.
 fn settled_json(w: &Work) -> Value {
@@ -235,10 +235,14 @@ fn plan_of(env: &mut Env, work: &str, machine: &str) -> ToolResult<Plan> {
         State::Running | State::Standby => {}
         State::Starting => return Err(ToolError::new(Code::MachineStarting, format!("{machine} is still starting"))),
         state => {
+            // A drop interrupted less than IN_FLIGHT_MS ago keeps boxd_resume off the work
+            // until then (it would reopen it under that drop): the step says when.
+            let young = w.state == WorkState::Dropping && ctx.now_ms.saturating_sub(w.dropping_ms) < crate::ledger::IN_FLIGHT_MS;
+            let when = if young { format!(" at {} (a drop of this work was interrupted at {}; resume waits 10 minutes after it)", iso8601(w.dropping_ms + crate::ledger::IN_FLIGHT_MS), iso8601(w.dropping_ms)) } else { String::new() };
             return Err(ToolError::with_next(
                 Code::MachineAsleep,
                 format!("{machine} is {}: drop checks the live machine before destroying it, which needs it awake", super::status::job_state(state)),
-                format!("Call boxd_resume for work '{work}', then boxd_drop again."),
+                format!("Call boxd_resume for work '{work}'{when}, then boxd_drop again."),
             ));
         }
     }

@@ -342,6 +342,14 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
         "owed": w.owed,
         "next": "The transcript is proven on this laptop (a session already proven is not read again here; boxd_drop reads the laptop's copy again before it destroys anything). boxd_sleep keeps the machine; boxd_drop destroys it once everything is accounted for.",
     });
+    if !w.proven() {
+        let covered = w.proofs.last().map_or(0, |p| p.prompts as usize);
+        let open: Vec<&str> = w.prompts.iter().skip(covered).map(|p| p.id.as_str()).collect();
+        answer["next"] = json!(format!(
+            "Prompt(s) {} are not in this proof yet: a run still going (boxd_job until it is idle), or a submit whose answer never came (taken as not run 10 minutes after it was sent). Call boxd_harvest again then; boxd_drop refuses until every prompt is proven, and boxd_sleep keeps the machine meanwhile.",
+            open.join(", ")
+        ));
+    }
     // A fork's sessions are its own; this links them to where it came from: the parent
     // work, the prompt it forked at and the parent's sessions as proven then.
     if let Some(f) = &w.fork {

@@ -35,13 +35,13 @@ pub(super) fn work_directory(env: &mut Env, args: &Value) -> ToolResult<String> 
 /// A drop of this work may be under way (marked `dropping` less than IN_FLIGHT_MS ago):
 /// reopening it would let a prompt run on the machine the drop is about to remove, so it
 /// is left to finish. An older mark is a drop that was interrupted: it may be reopened.
-fn refuse_under_a_drop(w: &Work, ctx: &crate::options::Context) -> ToolResult<()> {
+fn refuse_under_a_drop(w: &Work, ctx: &crate::options::Context, done: &str) -> ToolResult<()> {
     if w.state != WorkState::Dropping || ctx.now_ms.saturating_sub(w.dropping_ms) >= crate::ledger::IN_FLIGHT_MS {
         return Ok(());
     }
     Err(ToolError::with_next(
         Code::SessionBusy,
-        format!("work '{}' is being dropped (a drop marked it {} s ago); it is not reopened under that drop", w.work, ctx.now_ms.saturating_sub(w.dropping_ms) / 1000),
+        format!("work '{}' is being dropped (a drop marked it {} s ago); it is not {done} under that drop", w.work, ctx.now_ms.saturating_sub(w.dropping_ms) / 1000),
         format!("Wait for that boxd_drop to answer. If it was interrupted, call boxd_drop for work '{}' to finish it; to keep the work instead, call this again once the drop is 10 minutes old.", w.work),
     ))
 }
@@ -84,7 +84,7 @@ pub fn ensure(env: &mut Env, args: &Value) -> ToolResult<Value> {
                 format!("Pick another work id. If {machine} is a work of yours kept in another ledger (the ledgerDir option, or boxd-host --ledger), use that ledger: it holds what is not harvested yet. Remove it yourself ('boxd machine remove {machine} -y') only if it is yours and holds nothing you need."),
             ));
         };
-        refuse_under_a_drop(&w, ctx)?;
+        refuse_under_a_drop(&w, ctx, "reopened")?;
         let (w, st, adopted) = adopt(&mut ledger, w, &info, ctx)?;
         // A create whose answer never came, taken up by its machine: the account it is in.
         let w = if adopted && w.account.is_none() { super::machine::keep_account(&mut boxd, &mut ledger, w)? } else { w };
@@ -245,6 +245,9 @@ pub fn sleep(env: &mut Env, args: &Value) -> ToolResult<Value> {
     let mut ledger = Ledger::for_call(&mut env.files, ctx);
     let w = ledger.require(&work)?;
     super::require_open(&w)?;
+    // A drop under way (or interrupted) needs the machine awake to finish: put to sleep, the
+    // drop asked for a resume, which waits for the drop (stuck both ways for 10 minutes).
+    refuse_under_a_drop(&w, ctx, "put to sleep")?;
     let mut boxd = Boxd::new(&mut env.programs, ctx.options.boxd_timeout_seconds);
     // Hibernated, or stopped by hand (boxd hibernates only a running or standby machine):
     // either way it is down and bills disk only, so the sleep is done; its run is closed.
@@ -383,7 +386,7 @@ pub fn resume(env: &mut Env, args: &Value) -> ToolResult<Value> {
     if w.is_closed() {
         return Err(ToolError::with_next(Code::MachineGone, format!("work '{work}' was dropped"), format!("Call boxd_ensure for work '{work}' to start it again.")));
     }
-    refuse_under_a_drop(&w, ctx)?;
+    refuse_under_a_drop(&w, ctx, "reopened")?;
     let mut boxd = Boxd::new(&mut env.programs, ctx.options.boxd_timeout_seconds);
     let state = owned_state(&mut boxd, &mut ledger, ctx, &w)?;
     // The wake's claim on a slot, released once its run is recorded (admission.rs).

@@ -28,11 +28,13 @@ pub fn check_machine(w: &Work, info: &MachineInfo) -> ToolResult<()> {
                 format!("Leave {} alone (no tool acts on another's machine); call boxd_drop for work '{}' to close its record: it names what was not recovered, and what the work harvested stays on this laptop.", info.name, w.work),
             ));
         }
+        // Likely the work's own (a create, or a rebuild, whose answer never came): only
+        // boxd_ensure takes such a machine up, once it is shown to be this create's.
         None if w.state == WorkState::Creating => {
             return Err(ToolError::with_next(
-                Code::NotOurs,
+                Code::CreateUncertain,
                 format!("{} exists, but the ledger has no machine id for work '{}' (its create never answered)", info.name, w.work),
-                format!("Call boxd_ensure for work '{}': it adopts the machine its own create made.", w.work),
+                format!("Call boxd_ensure for work '{}': it takes up the machine its own create made, once it shows it is that one.", w.work),
             ));
         }
         None => {

@@ -238,3 +238,24 @@ fn a_gone_works_drop_puts_a_deleted_proven_session_back_on_the_laptop() {
         }
     }
 }
+
+/// A drop killed after its mark: boxd_sleep is refused under it (a drop cannot finish on a
+/// machine asleep, and boxd_resume waits for the drop), and a drop that finds the machine
+/// asleep all the same (boxd's idle bound) says when boxd_resume will take it.
+#[test]
+fn an_interrupted_drop_is_not_put_to_sleep_and_an_asleep_one_says_when_it_wakes() {
+    let mut fs = work_with(None);
+    let now = 5_000_000;
+    Ledger::new(&mut fs, "/l").update("w1", |w| {
+        w.state = WorkState::Dropping;
+        w.dropping_ms = now - 60_000;
+    }).unwrap();
+    let at = || RawContext { now_ms: now, ..raw() };
+    let mut p = Scripted::default();
+    let e = call(&mut p, &mut fs, "boxd_sleep", r#"{"work":"w1"}"#, at()).unwrap_err();
+    assert!(e.code == Code::SessionBusy && e.message.contains("not put to sleep") && e.next.contains("boxd_drop"), "{e:?}");
+    assert!(p.commands().is_empty(), "{:?}", p.commands());
+    p.push_exit(0, &OURS.replace("running", "hibernated"), "");
+    let e = call(&mut p, &mut fs, "boxd_drop", r#"{"work":"w1"}"#, at()).unwrap_err();
+    assert!(e.code == Code::MachineAsleep && e.next.contains(&format!("at {}", iso8601(now - 60_000 + crate::ledger::IN_FLIGHT_MS))), "{e:?}");
+}

@@ -101,3 +101,18 @@ fn a_closed_work_whose_own_machine_is_found_again_is_reopened_on_it() {
         }
     }
 }
+
+/// A tool other than boxd_ensure that finds a machine under the name of a work whose create
+/// (or rebuild) never answered: it may be the work's own, so CREATE_UNCERTAIN naming
+/// boxd_ensure, which takes it up once the guest agrees (it said NOT_OURS of it).
+#[test]
+fn a_machine_a_create_may_have_made_is_uncertain_outside_ensure() {
+    for tool in ["boxd_job", "boxd_submit", "boxd_resume"] {
+        let mut fs = creating();
+        let mut p = Scripted::default();
+        p.push_exit(0, LIKE_OURS, "");
+        let args = if tool == "boxd_submit" { r#"{"work":"w1","prompt":"x"}"# } else { r#"{"work":"w1"}"# };
+        let e = call(&mut p, &mut fs, tool, args, raw_context("{}", FACTS)).unwrap_err();
+        assert!(e.code == Code::CreateUncertain && e.next.contains("boxd_ensure for work 'w1'"), "{tool}: {e:?}");
+    }
+}
