@@ -145,7 +145,10 @@ pub fn list(ctx: &Ctx) -> Res<i32> {
         let meta = latest_ready(ctx.home, name).map(|v| v.meta).unwrap_or_else(|| Meta {
             name: name.clone(),
             version: format!("v{newest}"),
-            status: read_meta(ctx.home, name, newest).map(|m| m.status).unwrap_or_else(|| "pending".to_string()),
+            // Saves hold the lock this listing holds: a version with no meta.json now is a
+            // save that was killed, not one under way (listed `pending`, it held a plugin's
+            // image and drop of that work until the name was removed by hand).
+            status: read_meta(ctx.home, name, newest).map(|m| m.status).unwrap_or_else(|| "failed".to_string()),
             size_bytes: 0,
             created_ms: 0,
             source_vm: String::new(),

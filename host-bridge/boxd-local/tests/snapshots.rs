@@ -44,6 +44,20 @@ fn versions_are_immutable_and_restore() {
     assert!(h.fails(&["machine", "new", "x", "--from-snapshot", "golden", "--vcpu", "4"]).contains("--vcpu"));
 }
 
+/// A save killed mid-copy leaves a version with no meta.json: listed `failed`, never
+/// `pending` (no save is under way while the listing holds the lock), and the next save
+/// takes the next number.
+#[test]
+fn a_killed_save_is_listed_failed() {
+    let h = Home::new("snap-killed");
+    h.ok(&["machine", "new", "m"]);
+    std::fs::create_dir_all(h.dir.join("snapshots/img/v1/home")).unwrap();
+    let row = &h.json(&["snapshots", "list"])[0];
+    assert_eq!((row["name"].as_str(), row["version"].as_str(), row["status"].as_str()), (Some("img"), Some("v1"), Some("failed")));
+    assert_eq!(h.json(&["snapshots", "save", "m", "img"])["version"], "v2");
+    assert_eq!(h.json(&["snapshots", "list"])[0]["status"], "ready");
+}
+
 #[test]
 fn save_needs_a_running_machine() {
     let h = Home::new("snap-state");
