@@ -110,6 +110,11 @@ impl<R> Lines<R> {
                 None => (part, false),
             };
             if self.over > 0 || self.line.len() + body.len() > MAX_LINE {
+                // The bytes kept before the line went over count too (the size said was
+                // only what came after them).
+                if self.over == 0 {
+                    self.over = self.line.len();
+                }
                 let room = HEAD.saturating_sub(self.line.len());
                 self.line.extend_from_slice(&body[..body.len().min(room)]);
                 self.over += body.len();
@@ -192,7 +197,7 @@ fn call_of_refuse(id: &Value, arguments: Value) -> Vec<u8> {
 /// request -32600; without a readable id it is dropped.
 fn too_long(head: &[u8], len: usize) -> Option<Vec<u8>> {
     let (id, method) = top_level(head);
-    let what = format!("the message is {len} bytes or more; one MCP message may hold at most {} MiB here", MAX_LINE >> 20);
+    let what = format!("the message is {len} bytes or more; one MCP message may hold at most {MAX_LINE} bytes here ({} MiB less 4 KiB)", (MAX_LINE + 4096) >> 20);
     let Some(id) = id else {
         eprintln!("boxd-host: mcp: dropped a line without a readable id: {what}");
         return None;
@@ -490,5 +495,25 @@ mod tests {
         assert_eq!(v["params"]["arguments"]["code"], -32600, "{v}");
         let v = out(r#"{"jsonrpc":"2.0","id":4,"method":"tools/list"}"#);
         assert_eq!(v["method"], "tools/list");
+    }
+
+    /// A call past the cap, read in chunks, is refused naming its whole size (it named only
+    /// what came after the line went over: a 20 MiB line read as 4 MB, under the cap).
+    #[test]
+    fn a_line_past_the_cap_is_refused_naming_its_whole_size() {
+        let mut lines = Lines::new((), InFlight::default());
+        let head = br#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"boxd_job","arguments":{"x":""#;
+        let total = MAX_LINE + 5000;
+        lines.take(head);
+        let chunk = vec![b'a'; 1 << 20];
+        let mut sent = head.len();
+        while sent < total {
+            let n = (total - sent).min(chunk.len());
+            lines.take(&chunk[..n]);
+            sent += n;
+        }
+        lines.take(b"\n");
+        let v: Value = serde_json::from_slice(lines.ready.strip_suffix(b"\n").unwrap()).unwrap();
+        assert!(v.to_string().contains(&format!("the message is {total} bytes or more")), "{v}");
     }
 }
