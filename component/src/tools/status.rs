@@ -158,8 +158,13 @@ pub fn run(env: &mut Env, _args: &Value) -> ToolResult<Value> {
         if let Some(f) = w.fork.as_ref().filter(|_| state == "queued") {
             warnings.push(format!("a fork of '{}' waiting for a free slot", f.parent));
         }
+        let dropping = w.state == WorkState::Dropping;
+        if dropping {
+            warnings.push("a boxd_drop of this work is under way or was interrupted: no prompt reaches it, and boxd_sleep and boxd_resume wait for it".into());
+        }
         if !warnings.is_empty() {
             next.get_or_insert_with(|| match state.as_str() {
+                _ if dropping => format!("Call boxd_drop for work '{}' to finish its drop (or, to keep the work, boxd_ensure once the drop is 10 minutes old).", w.work),
                 "queued" => queued_next(&mut env.files, ctx, listing.as_ref().ok().map(|_| &states), w),
                 "asleep" | "stopped" => format!("Call boxd_resume for work '{}', then boxd_harvest to bring its transcript home.", w.work),
                 "gone" => format!("Call boxd_resume for work '{}' to rebuild it, or boxd_drop to close it and see what could not be recovered.", w.work),

@@ -258,4 +258,11 @@ fn an_interrupted_drop_is_not_put_to_sleep_and_an_asleep_one_says_when_it_wakes(
     p.push_exit(0, &OURS.replace("running", "hibernated"), "");
     let e = call(&mut p, &mut fs, "boxd_drop", r#"{"work":"w1"}"#, at()).unwrap_err();
     assert!(e.code == Code::MachineAsleep && e.next.contains(&format!("at {}", iso8601(now - 60_000 + crate::ledger::IN_FLIGHT_MS))), "{e:?}");
+    // boxd_status says so (it showed the work running, no word of the drop).
+    p.push_exit(0, r#"[{"name":"oc-w1","status":"hibernated"}]"#, "");
+    p.push_exit(0, r#"[{"name":"opencode-golden","version":"v1","status":"ready"}]"#, "");
+    let v = call(&mut p, &mut fs, "boxd_status", "{}", at()).unwrap();
+    let row = &v["works"][0];
+    assert!(row["warnings"].to_string().contains("boxd_drop of this work is under way or was interrupted"), "{v:#}");
+    assert!(v["next"].as_str().unwrap().contains("boxd_drop for work 'w1' to finish"), "{v:#}");
 }
