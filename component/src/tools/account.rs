@@ -266,10 +266,18 @@ pub fn check_live(w: &Work, live: &Value, discard: &[String]) -> ToolResult<()> 
         .map(|e| e.path)
         .collect();
     if !unaccounted.is_empty() {
-        return Err(ToolError::new(
-            Code::Untracked,
-            format!("work '{work}' has paths on the machine that the laptop does not hold: {}", unaccounted.join(", ")),
-        ));
+        let message = format!("work '{work}' has paths on the machine that the laptop does not hold: {}", unaccounted.join(", "));
+        // A name no tool call can give back (bytes that are not UTF-8, shown as U+FFFD, or a
+        // control character): neither a harvest nor a discard can name it.
+        let unnamable: Vec<&str> = unaccounted.iter().map(String::as_str).filter(|p| p.chars().any(|c| c == '\u{FFFD}' || c.is_control())).collect();
+        if !unnamable.is_empty() {
+            return Err(ToolError::with_next(
+                Code::Untracked,
+                message,
+                format!("No tool call can name {} (not UTF-8 on the machine, or a control character in it): have the agent rename it there (boxd_submit for work '{work}'), then harvest it under its new name, or have it removed if it is not wanted; then call boxd_drop again.", unnamable.join(", ")),
+            ));
+        }
+        return Err(ToolError::new(Code::Untracked, message));
     }
     Ok(())
 }
@@ -441,6 +449,19 @@ mod tests {
         assert!(e.message.contains("p2"), "{}", e.message);
         let live = json!({ "repo": true, "refs": { "HEAD": SHA }, "newestPrompt": "p1" });
         assert!(check_live(&w, &live, &[]).is_ok());
+    }
+
+    /// A new file whose name no tool call can give (not UTF-8 on the machine, a control
+    /// character) names the way out that works: have the agent rename or remove it.
+    #[test]
+    fn a_name_no_call_can_give_names_renaming_it_on_the_machine() {
+        let w = proven_work();
+        for (name, unnamable) in [("x\u{FFFD}y.bin", true), ("a\tb.txt", true), ("plain.txt", false)] {
+            let live = json!({ "repo": true, "refs": { "HEAD": SHA }, "untracked": [{ "path": name, "sha256": "ab" }], "ignored": [] });
+            let e = check_live(&w, &live, &[]).unwrap_err();
+            assert_eq!(e.code, Code::Untracked);
+            assert_eq!(e.next.contains("have the agent rename it there"), unnamable, "{name}: {e:?}");
+        }
     }
 
     #[test]
