@@ -241,7 +241,8 @@ fn a_rebuilt_machine_names_the_prompts_that_went_with_the_old_one_and_the_work_g
 /// A rebuild whose `machine new` answers too late (CREATE_UNCERTAIN; the machine lands
 /// anyway): the machine is adopted by the next call, and must still get the proven
 /// transcript, or every harvest after would find an empty guest (found by the full faults
-/// matrix). Until then a submit is refused (the machine is not yet known to be ours).
+/// matrix). Until then a submit is refused (the machine is not yet known to be ours:
+/// CREATE_UNCERTAIN, naming the ensure that takes it up).
 #[test]
 fn a_rebuild_that_answered_late_gets_the_transcript_when_it_is_adopted() {
     let world = World::new("late-rebuild");
@@ -260,7 +261,7 @@ fn a_rebuild_that_answered_late_gets_the_transcript_when_it_is_adopted() {
     // Landed, adopted by ensure: the proven transcript goes onto it in the same call.
     let record = || -> serde_json::Value { serde_json::from_slice(&std::fs::read(world.laptop.ledger.join("works/w1/work.json")).unwrap()).unwrap() };
     assert_eq!(record()["restorePending"], true);
-    let e = world.err_call("boxd_submit", r#"{"work":"w1","prompt":"too early"}"#, "NOT_OURS");
+    let e = world.err_call("boxd_submit", r#"{"work":"w1","prompt":"too early"}"#, "CREATE_UNCERTAIN");
     assert!(e["next"].as_str().unwrap().contains("boxd_ensure"), "{e:#}");
     let v = world.ok_call("boxd_ensure", W1);
     assert_eq!(v["adopted"], true, "{v:#}");
