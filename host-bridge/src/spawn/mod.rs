@@ -165,6 +165,34 @@ mod tests {
 
     pub(super) const SMALL: Bounds = Bounds { stdout_cap: 1 << 20, stderr_cap: 64 << 10, after_exit: Duration::from_millis(150) };
 
+    fn sh_spawn(args: &[String], timeout: Duration) -> Spawn<'_> {
+        Spawn { name: "sh", binary: Path::new("/bin/sh"), args, env: &[], cwd: None, stdin: None, timeout, bounds: SMALL }
+    }
+
+    /// A batch is watched as one: a flood in one child is cut at its cap and another ends at
+    /// its own deadline while a third runs on to its answer.
+    #[test]
+    fn a_batch_watches_each_child_by_its_own_bounds() {
+        for (how, start) in STARTS {
+            let sh = |s: &str| vec!["-c".to_string(), s.to_string()];
+            let (slow, flood, late) = (sh("sleep 1; echo slow"), sh("yes flood"), sh("sleep 30"));
+            let started = Instant::now();
+            let out = watch::run_all(
+                vec![
+                    (sh_spawn(&slow, Duration::from_secs(20)), Streams::default()),
+                    (sh_spawn(&flood, Duration::from_secs(20)), Streams::default()),
+                    (sh_spawn(&late, Duration::from_millis(300)), Streams::default()),
+                ],
+                start,
+            );
+            assert_eq!(out[0].0.as_ref().map(|o| o.stdout.as_slice()).ok(), Some(&b"slow\n"[..]), "{how}");
+            assert!(matches!(&out[1].0, Err(SpawnFailure::Failed(m)) if m.contains("more than 1 MiB on stdout")), "{how}");
+            assert!(matches!(out[2].0, Err(SpawnFailure::TimedOut)), "{how}");
+            assert!(out[1].1 < out[0].1 && out[2].1 < out[0].1, "{how}: the flood and the deadline ended before the slow answer");
+            assert!(started.elapsed() < Duration::from_secs(10), "{how}: {:?}", started.elapsed());
+        }
+    }
+
     #[test]
     fn output_and_exit_code() {
         each_start(|how, sh| {
