@@ -54,7 +54,8 @@ fn ledger_error(what: &str, e: FsError) -> ToolError {
         FsError::Io(m) => m,
     };
     // A full disk (WASI's `insufficient-space`, `quota`): restarting changes nothing.
-    if detail.contains("insufficient-space") || detail.contains("quota") {
+    // (The adapter's text starts with WASI's code name: wasm.rs `io`.)
+    if detail.starts_with("insufficient-space:") || detail.starts_with("quota:") {
         return ToolError::with_next(
             Code::LedgerFailed,
             format!("could not {what}: {detail} (the disk holding the ledger folder is full)"),

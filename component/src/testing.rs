@@ -42,6 +42,9 @@ pub fn open_work(git: Option<GitRecord>) -> MemFiles {
     fs
 }
 
+/// The guest's answer to a claim it agrees to (a machine taken up by its name: machine.rs).
+pub const CLAIMED: &str = r#"{"ok":true,"claimed":true}"#;
+
 /// `boxd machine get oc-w1 --json` for the machine the ledger of `open_work` created.
 pub const OURS: &str = r#"{"name":"oc-w1","id":"vm_1","status":"running","sharing":"private","isolated":"no"}"#;
 

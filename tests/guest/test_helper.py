@@ -736,15 +736,18 @@ class T2Lifecycle(OneWork):
         self.assertEqual(again.json["port"], j["port"])
         self.assertEqual(g.server(self.W)["pid"], server["pid"])
         self.assertLess(again.seconds, 15)
-        # a claim (the laptop took the machine up by its name alone) with another password:
-        # another ledger's, refused with nothing changed; with this password it is ours
-        other = g.run("prepare", self.W, "another-ledger\n", "--opencode-version", OPENCODE_VERSION, "--claim")
+        # a claim (the laptop took the machine up by its name alone) by another password's
+        # digest: another ledger's, refused with nothing changed; this password's is ours
+        sha = lambda p: hashlib.sha256(p.encode()).hexdigest()
+        other = g.run("claim", self.W, b"", "--sha256", sha("another-ledger"))
         self.assertEqual((other.rc, other.json["error"]), (3, "NOT_OURS"), other)
         self.assertEqual(pw.read_text(), "test-password")
         self.assertEqual(g.server(self.W)["pid"], server["pid"])
-        ours = g.run("prepare", self.W, "test-password\n", "--opencode-version", OPENCODE_VERSION, "--claim")
-        self.assertEqual(ours.rc, 0, ours)
-        self.assertEqual(g.server(self.W)["pid"], server["pid"])
+        ours = g.run("claim", self.W, b"", "--sha256", sha("test-password"))
+        self.assertEqual((ours.rc, ours.json["claimed"]), (0, True), ours)
+        fresh = g.run("claim", "never-prepared", b"", "--sha256", sha("x"))
+        self.assertEqual(fresh.rc, 0, fresh)
+        self.assertFalse((g.home / ".boxd-helper" / "works" / "never-prepared").exists(), "a claim writes nothing")
         # exactly one pump
         self.assertEqual(len(pumps_of(g.home, self.W)), 1)
         # the tree becomes a repository later: .boxd is excluded on the next command

@@ -1,4 +1,4 @@
-"""The RPC commands the laptop calls, one exec each: prepare, submit, status, export, git,
+"""The RPC commands the laptop calls, one exec each: prepare, claim, submit, status, export, git,
 seal, import (and pump, the daemon prepare and status start). Payloads arrive on stdin,
 never in argv; every command answers with exactly one JSON object on stdout."""
 
@@ -37,14 +37,8 @@ def cmd_prepare(args):
     raw = read_stdin()
     password = raw.split(b"\n", 1)[0].rstrip(b"\r").decode("utf-8", "replace")
     lost = not work.exists() and os.path.isdir(work.tree)  # a tree whose state was removed
-    old = read_text(work.p("password")) if work.exists() else None
-    if args.claim and password and old and old != password:
-        # The laptop took this machine up by its name alone (its create never answered with
-        # an id): a server this work already runs with another password is another ledger's
-        # (another install of the plugin on the same account names its machines the same).
-        raise Fail("NOT_OURS", "work %s on this machine was prepared by another ledger (its OpenCode server runs with "
-                   "another password): this is not the machine this ledger's create made" % work.id)
     work.create()
+    old = read_text(work.p("password"))
     if not password:
         password = old or secrets.token_urlsafe(32)
     changed = old is not None and old != password
@@ -100,6 +94,19 @@ def cmd_prepare(args):
                                  "that were waiting to start were lost with it and will not run"}
     ensure_pump(work)
     return out
+
+
+def cmd_claim(args):
+    """The laptop took this machine up by its name alone (its create never answered with an
+    id): a work here that already runs with another password is another ledger's (another
+    install of the plugin on the same account names its machines the same way). Only the
+    password's sha256 comes, so a machine that is not ours never sees it; nothing is written."""
+    work = Work(args.work)
+    old = read_text(work.p("password")) if work.exists() else None
+    if old and sha256_hex(old.encode("utf-8")) != args.sha256:
+        raise Fail("NOT_OURS", "work %s on this machine was prepared by another ledger (its OpenCode server runs with "
+                   "another password): this is not the machine this ledger's create made" % work.id)
+    return {"ok": True, "work": work.id, "claimed": True}
 
 
 def cmd_submit(args):
@@ -540,7 +547,7 @@ class Parser(argparse.ArgumentParser):
         raise Usage(message)
 
 
-COMMANDS = {"prepare": cmd_prepare, "submit": cmd_submit, "status": cmd_status, "export": cmd_export,
+COMMANDS = {"prepare": cmd_prepare, "claim": cmd_claim, "submit": cmd_submit, "status": cmd_status, "export": cmd_export,
             "git": cmd_git, "seal": cmd_seal, "import": cmd_import}
 
 
@@ -551,7 +558,7 @@ def main(argv):
     parser.add_argument("--opencode-version")
     parser.add_argument("--files-stdin", action="store_true")
     parser.add_argument("--resolve")
-    parser.add_argument("--claim", action="store_true")
+    parser.add_argument("--sha256", default="")
     try:
         args = parser.parse_args(argv)
         if not args.work:

@@ -46,7 +46,8 @@ pub struct Work {
     pub helper_sha256: Option<String>,
     /// Its machine was taken up by its name alone (a create or fork whose answer never
     /// came): until a prepare proves no other ledger's server runs this work there (the
-    /// guest's `--claim`), nothing of the work goes to it. Another install of the plugin on
+    /// guest's `claim`, before its first prepare), nothing of the work goes to it, and no
+    /// tool but boxd_ensure and boxd_resume acts on it. Another install of the plugin on
     /// the same account makes its machines the same way, under the same name for the same
     /// work id.
     #[serde(default, skip_serializing_if = "core::ops::Not::not")]

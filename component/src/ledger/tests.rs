@@ -354,8 +354,8 @@ fn a_record_past_the_bound_is_never_written_and_the_old_one_stays() {
 /// A full disk under the ledger says so, with a next step that helps (restarting did not).
 #[test]
 fn a_full_disk_under_the_ledger_names_freeing_space() {
-    let e = ledger_error("write work.json", FsError::Io("insufficient-space".into()));
+    let e = ledger_error("write work.json", FsError::Io("insufficient-space: No space left on device".into()));
     assert!(e.code == Code::LedgerFailed && e.message.contains("is full") && e.next.starts_with("Free space"), "{e:?}");
-    let e = ledger_error("write work.json", FsError::Io("io".into()));
+    let e = ledger_error("write work.json", FsError::Io("io: /l/quota/works/w1/work.json".into()));
     assert!(!e.next.starts_with("Free space"), "{e:?}");
 }

@@ -226,6 +226,8 @@ fn plan_of(env: &mut Env, work: &str, machine: &str) -> ToolResult<Plan> {
     if w.holds_no_machine() {
         return Ok(Plan::Gone(None, Some(info.id), false));
     }
+    // Taken up by its name and not claimed yet: it may be another install's machine.
+    super::machine::refuse_unclaimed(&w)?;
     check_machine(&w, &info)?;
     // Another project's work (or a folder since moved): its transcript and files are
     // checked where they are, so its live machine is dropped only from there (a drop from
@@ -298,6 +300,7 @@ fn unready_fork(env: &mut Env, w: &Work, parent: &str) -> ToolResult<Plan> {
             format!("Call boxd_fork for work '{parent}' to adopt it, then boxd_drop. If '{parent}' was dropped, remove {machine} yourself if it is yours ('boxd machine remove {machine} -y'), then boxd_drop."),
         ));
     }
+    super::machine::refuse_unclaimed(w)?;
     check_machine(w, &info)?;
     Ok(Plan::Unready { recorded: w.machine_id.clone(), claimed: w.created_ms, remove: true })
 }

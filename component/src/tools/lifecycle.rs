@@ -7,7 +7,7 @@ use alloc::string::String;
 use alloc::vec::Vec;
 use serde_json::{json, Value};
 
-use super::machine::{check_owned, create_machine, owned_state, prepare_fresh_guest, work_json, Build};
+use super::machine::{check_owned, create_machine, owned_state, owned_state_claiming, prepare_fresh_guest, work_json, Build};
 use super::{work_arg, Env};
 use crate::boxd::{Boxd, Failure, MachineInfo, State};
 use crate::caps::{Files, Kind};
@@ -74,7 +74,11 @@ pub fn ensure(env: &mut Env, args: &Value) -> ToolResult<Value> {
     let mut boxd = Boxd::new(&mut env.programs, ctx.options.boxd_timeout_seconds);
     // One read that carries the id: the machine is ours, or it is refused untouched.
     if let Some(info) = boxd.get(&machine).map_err(Failure::into_error)? {
-        if let Some(c) = closed.filter(|c| !info.id.is_empty() && c.machine_id.as_deref() == Some(info.id.as_str())) {
+        // Only a work a drop closed because another id answered under its name (a normal
+        // drop removed its machine), not a fork (boxd_fork owns those), on a live machine.
+        let live = !matches!(crate::boxd::known_state(&info), Ok(State::Gone) | Err(_));
+        let own = |c: &Work| !info.id.is_empty() && c.machine_id.as_deref() == Some(info.id.as_str()) && c.name_taken_by.is_some() && c.fork.is_none();
+        if let Some(c) = closed.filter(|c| live && own(c)) {
             record = Some(reopen(&mut ledger, ctx, c, args, &directory)?);
         }
         let Some(w) = record else {
@@ -130,19 +134,21 @@ fn reopen<F: Files>(ledger: &mut Ledger<F>, ctx: &Context, closed: Work, args: &
     refuse_other_spec(&closed, args, directory, &ctx.options.snapshot)?;
     super::harvest::work_folder_granted(ctx, &closed)?;
     let machine = closed.machine.clone();
+    let mut reopened = false;
     let w = ledger.update(&closed.work, |w| {
         if w.is_closed() && w.machine_id == closed.machine_id {
+            reopened = true;
             w.state = WorkState::Open;
             w.settled = None;
             w.name_taken_by = None;
             w.dropping_ms = 0;
             if !w.unrecovered.is_empty() {
                 let lost = core::mem::take(&mut w.unrecovered);
-                w.warnings.push(format!("{}: reopened on {machine}, its own machine (the id it recorded), which a drop had taken for gone; prompt(s) {} it named unrecovered may be harvested again", iso8601(ctx.now_ms), lost.join(", ")));
+                w.warnings.push(format!("{}: reopened on {machine}, its own machine (the id it recorded), which a drop had taken for gone; what it named unrecovered (prompts, files) may be harvested again: {}", iso8601(ctx.now_ms), lost.join(", ")));
             }
         }
     })?;
-    if w.is_closed() {
+    if !reopened {
         return Err(ToolError::new(Code::SessionBusy, format!("work '{}' changed while this call reopened it; nothing was done", w.work)));
     }
     Ok(w)
@@ -192,7 +198,7 @@ fn adopt<F: Files>(ledger: &mut Ledger<F>, w: Work, info: &MachineInfo, ctx: &Co
     let st = crate::boxd::known_state(info)?;
     let w = ledger.update(work, |w| {
         w.machine_id = owned.machine_id;
-        // Its guest's first prepare proves it is no other ledger's (machine.rs `--claim`).
+        // Its guest's claim, before the first prepare, proves it is no other ledger's (machine.rs).
         w.taken_by_name |= by_name;
         if st != State::Starting {
             w.state = WorkState::Open;
@@ -388,7 +394,8 @@ pub fn resume(env: &mut Env, args: &Value) -> ToolResult<Value> {
     }
     refuse_under_a_drop(&w, ctx, "reopened")?;
     let mut boxd = Boxd::new(&mut env.programs, ctx.options.boxd_timeout_seconds);
-    let state = owned_state(&mut boxd, &mut ledger, ctx, &w)?;
+    // A machine taken up by its name is claimed by the prepare after the wake.
+    let state = owned_state_claiming(&mut boxd, &mut ledger, ctx, &w)?;
     // The wake's claim on a slot, released once its run is recorded (admission.rs).
     let mut held = None;
     if matches!(state, State::Asleep | State::Standby | State::Stopped | State::Failed) {
@@ -567,6 +574,7 @@ mod tests {
             p.push_exit(0, found.unwrap_or(OURS), "");
             p.push_exit(0, r#"{"user_id":"usr_1","active_org":null}"#, ""); // the account it is in
             p.push_exit(0, "", "");
+            p.push_exit(0, crate::testing::CLAIMED, "");
             p.push_exit(0, r#"{"ok":true}"#, "");
             let r = call(&mut p, &mut fs, "boxd_ensure", r#"{"work":"w1"}"#, crate::testing::raw_context("{}", facts));
             if ours {
@@ -606,6 +614,7 @@ mod tests {
         p.push_exit(0, OURS, "");
         p.push_exit(0, r#"{"user_id":"usr_1","active_org":null}"#, ""); // the account it is in
         p.push_exit(0, "", "");
+        p.push_exit(0, crate::testing::CLAIMED, "");
         p.push_exit(0, r#"{"ok":true}"#, "");
         let v = call(&mut p, &mut fs, "boxd_ensure", r#"{"work":"w1"}"#, crate::testing::raw_context("{}", facts)).unwrap();
         assert_eq!((v["adopted"].as_bool(), v["machineId"].as_str()), (Some(true), Some("vm_1")));

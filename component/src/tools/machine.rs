@@ -94,6 +94,26 @@ pub fn check_owned<F: Files>(ledger: &mut Ledger<F>, ctx: &Context, w: &Work, in
 /// checked to be the one the ledger created before anything touches it (`check_owned`).
 /// Gone when boxd does not know the name.
 pub fn owned_state<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F>, ctx: &Context, w: &Work) -> ToolResult<State> {
+    refuse_unclaimed(w)?;
+    owned_state_claiming(boxd, ledger, ctx, w)
+}
+
+/// A machine taken up by its name alone whose guest has not agreed yet (`Work::taken_by_name`):
+/// nothing of the work goes to it, and nothing is done to it, before a prepare claims it.
+pub fn refuse_unclaimed(w: &Work) -> ToolResult<()> {
+    if !w.taken_by_name {
+        return Ok(());
+    }
+    Err(ToolError::with_next(
+        Code::CreateUncertain,
+        format!("{} was taken up by its name only (work '{}''s create never answered) and its guest has not yet shown it is this create's", w.machine, w.work),
+        format!("Call boxd_ensure for work '{}' (boxd_resume if its machine is asleep): it finishes taking the machine up, or says whose it is.", w.work),
+    ))
+}
+
+/// `owned_state` for the calls that claim a machine taken up by its name (resume: it
+/// prepares the guest it wakes).
+pub fn owned_state_claiming<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F>, ctx: &Context, w: &Work) -> ToolResult<State> {
     match boxd.get(&w.machine).map_err(Failure::into_error)? {
         None => Ok(State::Gone),
         Some(info) => {
@@ -386,6 +406,7 @@ pub fn prepare_guest<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Led
         return Err(ToolError::new(Code::StatusUnavailable, "the host gave no random bytes for the server password"));
     }
     let password = ledger.password_or_create(&w.work, &crate::encode::hex(entropy))?;
+    let claim = crate::encode::sha256_hex(password.as_bytes());
     let mut flags: Vec<&str> = Vec::new();
     if let Some(v) = version {
         flags.extend(["--opencode-version", v]);
@@ -400,12 +421,13 @@ pub fn prepare_guest<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Led
         guest.upload()?;
     }
     if w.taken_by_name {
-        flags.push("--claim");
+        // One exec more, only here: the password goes to no machine before it is ours.
+        match guest.call("claim", &["--sha256", &claim], None) {
+            Err(e) if e.code == Code::NotOurs => return Err(withdraw_claim(ledger, w, e)?),
+            claimed => claimed?,
+        };
     }
-    let answer = match guest.call("prepare", &flags, Some(stdin)) {
-        Err(e) if e.code == Code::NotOurs && w.taken_by_name => return Err(withdraw_claim(ledger, w, e)?),
-        answer => answer?,
-    };
+    let answer = guest.call("prepare", &flags, Some(stdin))?;
     ledger.update(&w.work, |w| {
         w.helper_sha256 = Some(sha);
         w.taken_by_name = false;
@@ -418,12 +440,16 @@ pub fn prepare_guest<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Led
 /// as for a machine not made like ours, so no later call takes it up again.
 fn withdraw_claim<F: Files>(ledger: &mut Ledger<F>, w: &Work, refused: ToolError) -> ToolResult<ToolError> {
     ledger.update(&w.work, |r| {
-        if r.taken_by_name && r.machine_id == w.machine_id {
+        // Only a claim still open: a drop that marked or closed the work since keeps its id.
+        if r.taken_by_name && r.machine_id == w.machine_id && matches!(r.state, WorkState::Open | WorkState::Creating) {
             r.machine_id = None;
             r.taken_by_name = false;
             r.helper_sha256 = None;
-            if r.state == WorkState::Creating {
-                r.state = WorkState::Open;
+            r.state = WorkState::Open;
+            // The run the adoption opened (the only open one: a create opens none before its
+            // id) was someone else's machine's, never this work's: it bills nothing here.
+            if r.runs.last().is_some_and(|run| run.to_ms.is_none()) {
+                r.runs.pop();
             }
         }
     })?;

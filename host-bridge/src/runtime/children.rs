@@ -55,6 +55,8 @@ impl wit_spawn::Host for HostState {
                 spawns.push(c.spawn());
             }
         }
+        // A refused request's time is its check's, not the batch's.
+        let refused_at = Instant::now();
         let mut ran = spawn::run_all(spawns).into_iter();
         let answers: Vec<(Answer, Duration)> = checked
             .into_iter()
@@ -63,7 +65,7 @@ impl wit_spawn::Host for HostState {
                     let (out, ended) = ran.next().expect("one result a spawn");
                     (c.answer(out), ended.duration_since(started))
                 }
-                Err(refused) => (Err(refused), started.elapsed()),
+                Err(refused) => (Err(refused), refused_at.duration_since(started)),
             })
             .collect();
         let mut out = Vec::with_capacity(answers.len());

@@ -356,6 +356,7 @@ fn a_machine_under_a_forks_name_not_forked_from_its_parent_is_never_adopted() {
         p.push_exit(0, OURS, "");
         p.push_exit(0, &format!(r#"{{"name":"oc-fa","id":"vm_fa","status":"running","source":"{source}"}}"#), "");
         p.push_exit(0, "", "");
+        p.push_exit(0, crate::testing::CLAIMED, "");
         p.push_exit(0, r#"{"ok":true,"work":"fa"}"#, "");
         let r = call(&mut p, &mut fs, "boxd_fork", r#"{"work":"w1"}"#, raw_at(2 * FORK_CLAIM_MS));
         let fa = Ledger::new(&mut fs, "/l").require("fa").unwrap();
@@ -489,6 +490,10 @@ fn a_fork_that_timed_out_is_not_left_claimed() {
             }
         }
         p.push_exit(0, "", "");
+        if late.is_some() {
+            // Taken up by its name: the guest's claim first.
+            p.push_exit(0, crate::testing::CLAIMED, "");
+        }
         p.push_exit(0, r#"{"ok":true,"work":"fa"}"#, "");
         let v = call(&mut p, &mut fs, "boxd_fork", r#"{"work":"w1"}"#, at()).unwrap();
         assert!(!v["next"].as_str().unwrap().contains("another boxd_fork call"), "{v:#}");

@@ -149,14 +149,15 @@ fn a_rebuild_without_an_id_stays_creating_until_ensure_adopts_it() {
     p.push_exit(0, OURS, "");
     p.push_exit(0, r#"{"user_id":"usr_1","active_org":null}"#, ""); // the account it is in
     p.push_exit(0, "", "");
+    p.push_exit(0, crate::testing::CLAIMED, "");
     p.push_exit(0, r#"{"ok":true}"#, "");
     let v = call(&mut p, &mut fs, "boxd_ensure", r#"{"work":"w1"}"#, raw_context("{}", r#"{"opencodeVersion":"1.18.33"}"#)).unwrap();
     assert_eq!((v["adopted"].as_bool(), v["created"].as_bool(), v["machineId"].as_str()), (Some(true), Some(false), Some("vm_1")));
     // The account it is in is kept; the adopted machine is not known to hold the helper:
-    // uploaded first, then one prepare.
+    // uploaded first, then claimed (taken up by its name), then one prepare.
     let c = p.commands();
-    let last = &c[c.len() - 4..];
-    assert!(last[0] == "machine get oc-w1 --json" && last[1] == "auth --json" && last[2].contains("upload.tmp") && last[3].contains("prepare --work w1"), "{last:?}");
+    let last = &c[c.len() - 5..];
+    assert!(last[0] == "machine get oc-w1 --json" && last[1] == "auth --json" && last[2].contains("upload.tmp") && last[3].contains("claim --work w1") && last[4].contains("prepare --work w1"), "{last:?}");
     assert_eq!(Ledger::new(&mut fs, "/l").require("w1").unwrap().account.as_deref(), Some("usr_1/-"));
 }
 
@@ -267,7 +268,7 @@ fn an_uncertain_create_adopts_only_a_machine_made_like_ours() {
     let ours = r#"{"name":"oc-w1","id":"vm_1","status":"running","sharing":"private","isolated":"no","source":"snapshot/opencode-golden:v1","auto_hibernate":"1800s"}"#;
     let mut fs = uncertain();
     let mut p = Scripted::default();
-    for a in [ours, r#"{"user_id":"usr_1","active_org":null}"#, "", r#"{"ok":true}"#] {
+    for a in [ours, r#"{"user_id":"usr_1","active_org":null}"#, "", crate::testing::CLAIMED, r#"{"ok":true}"#] {
         p.push_exit(0, a, "");
     }
     let v = call(&mut p, &mut fs, "boxd_ensure", r#"{"work":"w1"}"#, raw_context("{}", facts)).unwrap();
