@@ -469,7 +469,9 @@ fn withdraw_claim<F: Files>(ledger: &mut Ledger<F>, w: &Work, refused: ToolError
 /// and every tool answered GUEST_VERSION or sent the user back and forth.
 pub fn prepare_rebuilt_guest<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F>, w: &Work, entropy: &[u8], version: Option<&str>) -> ToolResult<Value> {
     let e = match prepare_guest(boxd, ledger, w, entropy, version) {
-        Err(e) if w.restore_pending && cannot_serve(&e) => e,
+        // Not one taken up by its name: two installs' creates that crossed may have left it
+        // another's (the claim cannot tell before either prepares), and it is not removed.
+        Err(e) if w.restore_pending && cannot_serve(&e) && !w.taken_by_name => e,
         other => return other,
     };
     let (machine, work) = (&w.machine, &w.work);
@@ -503,7 +505,7 @@ pub fn prepare_fresh_guest<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &m
     let e = match prepare_rebuilt_guest(boxd, ledger, w, &ctx.entropy, version) {
         // (A rebuild pending its transcript was handled by prepare_rebuilt_guest, which keeps
         // the work open.)
-        Err(e) if e.code == Code::GuestVersion && w.prompts.is_empty() && !w.restore_pending => e,
+        Err(e) if e.code == Code::GuestVersion && w.prompts.is_empty() && !w.restore_pending && !w.taken_by_name => e,
         other => return other,
     };
     let (machine, work) = (&w.machine, &w.work);

@@ -303,16 +303,23 @@ fn a_machine_owing_the_transcript_is_neither_used_nor_copied() {
 #[test]
 fn a_guest_version_mismatch_removes_only_a_machine_no_prompt_reached() {
     const MISMATCH: &str = r#"{"ok":false,"error":"GUEST_VERSION","message":"the machine has OpenCode 1.18.33 but the laptop runs 1.19.0"}"#;
-    for prompted in [false, true] {
+    // (prompted, taken up by its name): one taken up by its name may be another install's
+    // (two creates that crossed), so it is not removed either.
+    for (prompted, by_name) in [(false, false), (true, false), (false, true)] {
         let mut fs = open_work(Some(GitRecord::default()));
+        let mut w = Ledger::new(&mut fs, "/l").require("w1").unwrap();
         if prompted {
-            let mut w = Ledger::new(&mut fs, "/l").require("w1").unwrap();
             w.prompts.push(crate::ledger::Prompt { id: "p1".into(), admitted: true, ..Default::default() });
-            Ledger::new(&mut fs, "/l").write(&w).unwrap();
         }
+        w.taken_by_name = by_name;
+        Ledger::new(&mut fs, "/l").write(&w).unwrap();
+        let prompted = prompted || by_name;
         let mut p = Scripted::default();
         p.push_exit(0, OURS, "");
         p.push_exit(0, "", "");
+        if by_name {
+            p.push_exit(0, crate::testing::CLAIMED, "");
+        }
         p.push_exit(3, MISMATCH, "");
         p.push_exit(0, r#"{"name":"oc-w1","status":"destroyed"}"#, "");
         let e = call(&mut p, &mut fs, "boxd_ensure", r#"{"work":"w1"}"#, raw_context("{}", r#"{"opencodeVersion":"1.19.0"}"#)).unwrap_err();
