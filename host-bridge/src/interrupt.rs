@@ -20,7 +20,7 @@
 //!    does not end by then.
 //!
 //! The handler makes only async-signal-safe calls: atomics, kill(2), alarm(2), write(2),
-//! sigaction(2) and raise(3).
+//! sigaction(2), raise(3) and _exit(2).
 //! A second signal during these steps changes nothing (they take milliseconds); SIGKILL,
 //! which no process can catch, still ends the host at once (docs/architecture.md says
 //! what stays then).

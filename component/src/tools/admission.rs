@@ -167,10 +167,10 @@ impl Headroom {
         if self.account.len() as u64 >= o.max_running.account as u64 {
             return Err(full("of the account's oc- machines", self.account.len(), o.max_running.account, self.account.join(", ")));
         }
-        if let Some(ceiling) = o.work_spend_ceiling.filter(|c| spent >= *c) {
+        if let Some(spent) = past_ceiling(work, spent, ctx) {
             return Err(ToolError::with_next(
                 Code::CeilingReached,
-                format!("work '{work}' has spent {:.4} of its workSpendCeiling {:.4}", amount(spent), amount(ceiling)),
+                spent,
                 // A create, wake or fork checks it: the machine is not running, so it cannot
                 // be harvested or dropped until the ceiling lets it wake.
                 format!("Raise workSpendCeiling in the plugin options (or set it to null) and call again; an asleep work wakes only then (boxd_resume), for its harvest (boxd_harvest) and drop (boxd_drop)."),
@@ -330,16 +330,19 @@ pub fn check_lifetime(w: &Work, ctx: &Context) -> ToolResult<()> {
 /// what its machine made can still be harvested and the work dropped. The spend is the
 /// ledger's, which a machine boxd hibernated on its own over-counts until a tool sees it.
 pub fn check_spend(w: &Work, ctx: &Context) -> ToolResult<()> {
-    let Some(ceiling) = ctx.options.work_spend_ceiling else { return Ok(()) };
-    let spent = w.spend_micros(&ctx.options.prices, ctx.now_ms);
-    if spent < ceiling {
-        return Ok(());
-    }
+    let Some(spent) = past_ceiling(&w.work, w.spend_micros(&ctx.options.prices, ctx.now_ms), ctx) else { return Ok(()) };
     Err(ToolError::with_next(
         Code::CeilingReached,
-        format!("work '{}' has spent {:.4} of its workSpendCeiling {:.4}, so it takes no more prompts and forks nothing", w.work, amount(spent), amount(ceiling)),
+        format!("{spent}, so it takes no more prompts and forks nothing"),
         format!("Harvest work '{}' (boxd_harvest), then drop it (boxd_drop); or raise workSpendCeiling in the plugin options (or set it to null) and call again.", w.work),
     ))
+}
+
+/// The one `workSpendCeiling` rule, for a start (`Headroom::check`) and for a prompt or a
+/// fork (`check_spend`): what `work` has spent against it, once it has reached it.
+fn past_ceiling(work: &str, spent: u64, ctx: &Context) -> Option<String> {
+    let ceiling = ctx.options.work_spend_ceiling.filter(|c| spent >= *c)?;
+    Some(format!("work '{work}' has spent {:.4} of its workSpendCeiling {:.4}", amount(spent), amount(ceiling)))
 }
 
 /// Lifetime as boxd_status shows it: None without a limit; "past" or "near" (the last

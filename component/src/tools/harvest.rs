@@ -340,16 +340,8 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
         "git": git_json,
         "files": written,
         "owed": w.owed,
-        "next": "The transcript is proven on this laptop (a session already proven is not read again here; boxd_drop reads the laptop's copy again before it destroys anything). boxd_sleep keeps the machine; boxd_drop destroys it once everything is accounted for.",
+        "next": harvested_next(&w),
     });
-    if !w.proven() {
-        let covered = w.proofs.last().map_or(0, |p| p.prompts as usize);
-        let open: Vec<&str> = w.prompts.iter().skip(covered).map(|p| p.id.as_str()).collect();
-        answer["next"] = json!(format!(
-            "Prompt(s) {} are not in this proof yet: a run still going (boxd_job until it is idle), or a submit whose answer never came (taken as not run 10 minutes after it was sent). Call boxd_harvest again then; boxd_drop refuses until every prompt is proven, and boxd_sleep keeps the machine meanwhile.",
-            open.join(", ")
-        ));
-    }
     // A fork's sessions are its own; this links them to where it came from: the parent
     // work, the prompt it forked at and the parent's sessions as proven then.
     if let Some(f) = &w.fork {
@@ -383,6 +375,19 @@ pub(super) fn work_folder_granted(ctx: &crate::options::Context, w: &Work) -> To
         format!("work '{}' was started in {}, outside this project ({}) and the allowed roots: its transcript and files belong there", w.work, w.directory, ctx.project),
         format!("Open OpenCode in {} and call the tool there. If that folder was moved or renamed, move it back (or add its old path to allowedRoots if it still exists); the ledger keeps the work's proven transcripts and commits either way.", w.directory),
     ))
+}
+
+/// The harvest's next step: the transcript proven, or the prompts this proof left out.
+fn harvested_next(w: &Work) -> String {
+    if w.proven() {
+        return "The transcript is proven on this laptop (a session already proven is not read again here; boxd_drop reads the laptop's copy again before it destroys anything). boxd_sleep keeps the machine; boxd_drop destroys it once everything is accounted for.".to_string();
+    }
+    let covered = w.proofs.last().map_or(0, |p| p.prompts as usize);
+    let open: Vec<&str> = w.prompts.iter().skip(covered).map(|p| p.id.as_str()).collect();
+    format!(
+        "Prompt(s) {} are not in this proof yet: a run still going (boxd_job until it is idle), or a submit whose answer never came (taken as not run 10 minutes after it was sent). Call boxd_harvest again then; boxd_drop refuses until every prompt is proven, and boxd_sleep keeps the machine meanwhile.",
+        open.join(", ")
+    )
 }
 
 /// Phase 1: the machine is ours and up; the wanted files are owed from now; the guest

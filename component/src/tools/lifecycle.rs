@@ -66,10 +66,7 @@ pub fn ensure(env: &mut Env, args: &Value) -> ToolResult<Value> {
         }
     }
     if let Some(w) = &record {
-        refuse_other_spec(w, args, &directory, &ctx.options.snapshot)?;
-        // Another project's work (or one whose folder moved): taken up from here, its
-        // prompts and files came from here and nothing it made could be harvested here.
-        super::harvest::work_folder_granted(ctx, w)?;
+        same_work(ctx, w, args, &directory)?;
     }
     let mut boxd = Boxd::new(&mut env.programs, ctx.options.boxd_timeout_seconds);
     // One read that carries the id: the machine is ours, or it is refused untouched.
@@ -131,8 +128,7 @@ pub fn ensure(env: &mut Env, args: &Value) -> ToolResult<Value> {
 /// the drop that closed it took it for gone (boxd showed another id there), and whatever
 /// it held, the prompts named unrecovered too, can be harvested again.
 fn reopen<F: Files>(ledger: &mut Ledger<F>, ctx: &Context, closed: Work, args: &Value, directory: &str) -> ToolResult<Work> {
-    refuse_other_spec(&closed, args, directory, &ctx.options.snapshot)?;
-    super::harvest::work_folder_granted(ctx, &closed)?;
+    same_work(ctx, &closed, args, directory)?;
     let machine = closed.machine.clone();
     let mut reopened = false;
     let w = ledger.update(&closed.work, |w| {
@@ -214,6 +210,14 @@ fn adopt<F: Files>(ledger: &mut Ledger<F>, w: Work, info: &MachineInfo, ctx: &Co
         return Err(ToolError::new(Code::MachineStarting, format!("{machine} is still starting")));
     }
     Ok((w, st, adopted))
+}
+
+/// The work the ledger holds is the one this ensure asks for, and this project's: another
+/// project's work (or one whose folder moved), taken up from here, had its prompts and
+/// files come from here, and nothing it made could be harvested here.
+fn same_work(ctx: &Context, w: &Work, args: &Value, directory: &str) -> ToolResult<()> {
+    refuse_other_spec(w, args, directory, &ctx.options.snapshot)?;
+    super::harvest::work_folder_granted(ctx, w)
 }
 
 /// An ensure must ask for the work the ledger holds: the same folder (when one is named)

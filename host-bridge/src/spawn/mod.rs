@@ -121,12 +121,7 @@ pub fn human(bytes: usize) -> String {
 }
 
 pub fn run(s: Spawn<'_>) -> Result<Output, SpawnFailure> {
-    run_streaming(s, Streams::default())
-}
-
-/// As `run`, with files streamed in and out.
-pub fn run_streaming(s: Spawn<'_>, streams: Streams<'_>) -> Result<Output, SpawnFailure> {
-    run_started_by(s, streams, child::start)
+    run_started_by(s, Streams::default(), child::start)
 }
 
 /// Run every spawn side by side, watched from the calling thread (watch.rs); each one's
@@ -191,6 +186,29 @@ mod tests {
             assert!(out[1].1 < out[0].1 && out[2].1 < out[0].1, "{how}: the flood and the deadline ended before the slow answer");
             assert!(started.elapsed() < Duration::from_secs(10), "{how}: {:?}", started.elapsed());
         }
+    }
+
+    /// A child of a batch that answered is let go at once: a process it left writing into its
+    /// stdout is cut off (outputs.rs) while another child of the batch still runs, not left
+    /// to fill the file until the batch ends.
+    #[test]
+    fn a_batch_lets_go_of_an_answered_child_while_another_runs() {
+        let dir = std::env::temp_dir().join(format!("spawn-batch-left-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for (how, start) in STARTS {
+            let pid = dir.join(how);
+            let sh = |s: String| vec!["-c".to_string(), s];
+            let (answers, waits) = (
+                // 8 KiB every 10 ms: under the cap until the answer, then cut off within 64 KiB.
+                sh(format!("echo answer; (while head -c 8192 /dev/zero; do sleep 0.01; done) 2>/dev/null & echo $! > {}", pid.display())),
+                // (A zombie nobody reaped counts as ended.)
+                sh(format!("sleep 1.5; s=$(cut -d' ' -f3 /proc/$(cat {})/stat 2>/dev/null); if [ -n \"$s\" ] && [ \"$s\" != Z ]; then echo alive; else echo cut; fi", pid.display())),
+            );
+            let out = watch::run_all(vec![(sh_spawn(&answers, Duration::from_secs(20)), Streams::default()), (sh_spawn(&waits, Duration::from_secs(20)), Streams::default())], start);
+            assert!(out[0].0.as_ref().is_ok_and(|o| o.stdout.starts_with(b"answer\n")), "{how}: {:?}", out[0].0.as_ref().map(|o| String::from_utf8_lossy(&o.stdout[..o.stdout.len().min(200)]).into_owned()));
+            assert_eq!(out[1].0.as_ref().map(|o| o.stdout.as_slice()).ok(), Some(&b"cut\n"[..]), "{how}: the process left writing ran on while the batch did");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

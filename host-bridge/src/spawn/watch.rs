@@ -3,8 +3,11 @@
 //! no thread: a fresh process's first thread cost ~0.06 ms to start and more to end).
 //!
 //! Each child goes its own way through the same steps (module spawn says which end a run).
-//! One that answered is finished (its stdout file read, its files received, its stdin
-//! writer heard) only once every child has ended, so no finish holds the others' watch.
+//! One that answered is finished at once (its stdout file read, its files received, its
+//! stdin writer heard, at most STDIN_SETTLE), and its stdout file let go: what it left
+//! running is bounded from then on (outputs.rs). Left to the end of the batch, such a
+//! process could fill that file unwatched for as long as another child ran. The others
+//! wait in the kernel meanwhile; their caps and deadlines are looked at right after.
 
 use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
@@ -48,7 +51,6 @@ pub(super) fn run_all(spawns: Vec<(Spawn<'_>, Streams<'_>)>, start_child: StartC
     }
     let mut fds = Vec::with_capacity(2 * running.len());
     let mut watched = Vec::with_capacity(running.len());
-    let mut answered = Vec::new();
     loop {
         fds.clear();
         watched.clear();
@@ -61,10 +63,9 @@ pub(super) fn run_all(spawns: Vec<(Spawn<'_>, Streams<'_>)>, start_child: StartC
                     fds.extend(run.fds().map(|fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }));
                     watched.push(i);
                 }
-                Next::Over(Ok(())) => answered.push((i, slot.take().expect("a run is watched until it is over"), Instant::now())),
-                Next::Over(Err(why)) => {
-                    *slot = None;
-                    ended[i] = Some((Err(why), Instant::now()));
+                Next::Over(how) => {
+                    let run = slot.take().expect("a run is watched until it is over");
+                    ended[i] = Some((how.and_then(|()| run.finish()), Instant::now()));
                 }
             }
         }
@@ -82,9 +83,6 @@ pub(super) fn run_all(spawns: Vec<(Spawn<'_>, Streams<'_>)>, start_child: StartC
                 ended[i] = Some((Err(why), Instant::now()));
             }
         }
-    }
-    for (i, run, at) in answered {
-        ended[i] = Some((run.finish(), at));
     }
     ended.into_iter().map(|e| e.expect("every run ended")).collect()
 }
