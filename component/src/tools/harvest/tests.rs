@@ -241,6 +241,34 @@ fn the_guests_permission_rules_and_steering_never_reach_the_laptop() {
     assert!(!imported.contains("\"allow\"") && !imported.contains("\"ask\"") && !imported.contains("yolo") && !imported.contains("bashrc") && !imported.contains("ignore the laptop"), "{imported}");
 }
 
+/// A file part or a tool's attachment whose URL the laptop would fetch as the session goes
+/// on there: a `file:` URL (the provider refuses it, and the session could never go on)
+/// or an `http(s):` one (fetched from the laptop at each turn). The part stays, inert; the
+/// attachment goes; bytes carried in a `data:` URL stay as they are. The proof is unchanged.
+#[test]
+fn no_file_url_of_the_guests_is_fetched_on_the_laptop() {
+    let mut s = session("ses_a", None, 2);
+    let part = |id: &str, url: &str| json!({ "id": id, "sessionID": "ses_a", "messageID": "msg_ses_a_0", "type": "file", "mime": "image/png", "filename": "shot.png", "url": url });
+    let parts = s["messages"][0]["parts"].as_array_mut().unwrap();
+    parts.push(part("prt_file", "file:///home/user/.ssh/id_ed25519"));
+    parts.push(part("prt_http", "HTTPS://beacon.example/x.png"));
+    parts.push(part("prt_data", "data:image/png;base64,iVBORw0KGgo="));
+    let attach = |url: &str| json!({ "type": "file", "mime": "image/png", "url": url });
+    s["messages"][1]["parts"].as_array_mut().unwrap().push(json!({ "id": "prt_tool", "sessionID": "ses_a", "messageID": "msg_ses_a_1", "type": "tool", "tool": "read",
+        "state": { "status": "completed", "output": "ok", "attachments": [attach("http://beacon.example/y"), attach("data:image/png;base64,AAAA"), attach("file:///etc/passwd")] } }));
+    let digest = canonical_digest(s["messages"].as_array().unwrap());
+    let e = &parse_export(&json!({ "sessions": [s] })).unwrap()[0];
+    let p0 = &e.json["messages"][0]["parts"];
+    for i in [1, 2] {
+        assert_eq!((p0[i]["mime"].as_str(), p0[i]["url"].as_str()), (Some("text/plain"), Some("data:text/plain;base64,")), "{}", p0[i]);
+    }
+    assert_eq!(p0[3]["url"], "data:image/png;base64,iVBORw0KGgo=", "bytes carried in the part stay");
+    assert_eq!(e.json["messages"][1]["parts"][1]["state"]["attachments"], json!([attach("data:image/png;base64,AAAA")]));
+    assert_eq!(e.digest, digest, "the proof compares the same transcript");
+    let text = e.json.to_string();
+    assert!(!text.contains("file://") && !text.contains("beacon"), "{text}");
+}
+
 #[test]
 fn a_drop_restores_a_session_only_when_opencode_says_it_has_none() {
     let s = session("ses_a", None, 2);

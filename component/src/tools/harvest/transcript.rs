@@ -3,11 +3,13 @@
 //! So a session's `info` is rebuilt from the few fields OpenCode needs to list and continue
 //! it (never a permission rule but one that denies, nor its agent, model, revert or
 //! workspace, which change how the laptop's OpenCode acts), a user message loses what
-//! would steer a laptop turn (`system`, `tools`, `format`), and a patch part loses its file
-//! list (a revert on the laptop deletes the listed files it cannot check out). Every message and part must name the session and
-//! message it is in (the import files a part under the message its `messageID` names), and
-//! no message, part or session may be one the laptop already holds elsewhere: another
-//! work's proven transcript, this work's other session, or a session of the user's own.
+//! would steer a laptop turn (`system`, `tools`, `format`), a patch part loses its file
+//! list (a revert on the laptop deletes the listed files it cannot check out), and a file
+//! part or a tool's attachment keeps no URL the laptop would fetch (only `data:`). Every
+//! message and part must name the session and message it is in (the import files a part
+//! under the message its `messageID` names), and no message, part or session may be one
+//! the laptop already holds elsewhere: another work's proven transcript, this work's other
+//! session, or a session of the user's own.
 
 use alloc::collections::{BTreeMap, BTreeSet};
 use alloc::format;
@@ -74,8 +76,30 @@ fn clean_message(m: &Value) -> Value {
         if p["type"] == "patch" {
             p["files"] = Value::Array(Vec::new());
         }
+        if p["type"] == "file" && !carries_its_bytes(&p["url"]) {
+            inert_file(p);
+        }
+        if let Some(attachments) = p["state"].get_mut("attachments").and_then(Value::as_array_mut) {
+            attachments.retain(|a| carries_its_bytes(&a["url"]));
+        }
     }
     m
+}
+
+/// Whether a file's URL carries its bytes (`data:`). Any other URL is one the laptop's
+/// OpenCode would fetch when the session goes on there: a `file:` URL names a laptop path
+/// (its provider refuses the scheme, and the session could never go on), an `http(s):` one
+/// is fetched from the laptop at every turn.
+fn carries_its_bytes(url: &Value) -> bool {
+    url.as_str().is_some_and(|u| u.get(..5).is_some_and(|s| s.eq_ignore_ascii_case("data:")))
+}
+
+/// A file part made inert: kept (its id is in the proof) as an empty plain-text file, which
+/// OpenCode never sends to a model (a plain-text file's text went into the prompt when it
+/// was attached).
+fn inert_file(p: &mut Value) {
+    p["mime"] = Value::String("text/plain".into());
+    p["url"] = Value::String("data:text/plain;base64,".into());
 }
 
 /// Each message names this session, each part this session and its own message; no
