@@ -33,6 +33,7 @@ mod boxd_local_remove;
 mod warm;
 mod laptop_lookup;
 mod world_lies;
+mod guest_lies;
 mod acted_then_failed;
 mod side_by_side;
 mod audit_log;

@@ -21,6 +21,8 @@ use crate::errors::{Code, ToolError, ToolResult};
 use crate::guest::Guest;
 use crate::ledger::{Ledger, Proof, SessionProof, Work};
 use crate::opencode::{Held, Opencode};
+pub use proof::canonical_digest;
+use proof::{import_checked, message_ids};
 
 /// One session as the guest exported it: `{info, messages}`.
 struct Exported {
@@ -33,38 +35,6 @@ struct Exported {
 
 pub(super) fn invalid(why: String) -> ToolError {
     ToolError::new(Code::ExportInvalid, format!("the guest's export is not a whole transcript: {why}"))
-}
-
-/// The digest both copies are compared by: message and part ids, roles, part types,
-/// texts and tool states, in id order. Not the project or directory, which import rewrites.
-pub fn canonical_digest(messages: &[Value]) -> String {
-    let mut canon: Vec<Value> = messages
-        .iter()
-        .map(|m| {
-            let info = &m["info"];
-            let mut parts: Vec<Value> = m["parts"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .map(|p| {
-                    json!({
-                        "id": p["id"], "type": p["type"], "text": p.get("text").cloned().unwrap_or(Value::Null),
-                        "tool": p.get("tool").cloned().unwrap_or(Value::Null),
-                        "status": p.get("state").and_then(|s| s.get("status")).cloned().unwrap_or(Value::Null),
-                    })
-                })
-                .collect();
-            parts.sort_by(|a, b| a["id"].as_str().cmp(&b["id"].as_str()));
-            json!({ "id": info["id"], "role": info["role"], "parts": parts })
-        })
-        .collect();
-    canon.sort_by(|a, b| a["id"].as_str().cmp(&b["id"].as_str()));
-    sha256_hex(&serde_json::to_vec(&canon).expect("serialises"))
-}
-
-/// The message ids of one exported session.
-fn message_ids(session: &Value) -> alloc::collections::BTreeSet<&str> {
-    session["messages"].as_array().into_iter().flatten().filter_map(|m| m["info"]["id"].as_str()).collect()
 }
 
 /// Check the export's shape and order it parents first.
@@ -153,52 +123,28 @@ fn import_and_prove(env: &mut Env, w: &Work, sessions: &[Exported]) -> ToolResul
     let fresh: Vec<&Exported> = sessions.iter().filter(|s| new.contains(&s.id.as_str())).collect();
     transcript::refuse_held_sessions(env, w, &fresh)?;
     for (s, reused) in sessions.iter().zip(reused) {
-        let (name, imported) = match reused {
-            Some(f) => (f, false),
+        let (name, imported, changed) = match reused {
+            Some(f) => (f, false, Vec::new()),
             None => {
                 let bytes = serde_json::to_vec(&s.json).expect("serialises");
                 let name = format!("export-{}.json", &sha256_hex(&bytes)[..16]);
                 let mut ledger = Ledger::for_call(&mut env.files, env.ctx);
                 ledger.put_blob(&w.work, &name, &bytes)?;
                 let file = format!("{}/{name}", ledger.work_dir(&w.work));
-                import_checked(env, &file, s, &w.directory)?;
-                (name, true)
+                let proven = last.get(&s.id).and_then(|(d, f)| Some((format!("{}/{}", ledger.work_dir(&w.work), f.as_ref()?), d.as_str())));
+                let changed = import_checked(env, &file, s, &w.directory, proven.as_ref().map(|(f, d)| (f.as_str(), *d)))?;
+                (name, true, changed)
             }
         };
         proofs.push(SessionProof { id: s.id.clone(), parent_id: s.parent.clone(), messages: s.messages, digest: s.digest.clone(), file: Some(name), ..Default::default() });
-        report.push(json!({ "id": s.id, "parentId": s.parent, "messages": s.messages, "digest": s.digest, "imported": imported }));
+        let mut entry = json!({ "id": s.id, "parentId": s.parent, "messages": s.messages, "digest": s.digest, "imported": imported });
+        if !changed.is_empty() {
+            entry["changedOnGuest"] = json!(changed);
+            entry["warning"] = json!(format!("message(s) {} changed on the machine after they were proven; the laptop keeps the copies it proved", changed.join(", ")));
+        }
+        report.push(entry);
     }
     Ok((proofs, report))
-}
-
-/// Whether the laptop's copy of a session holds every message of the guest's, identical.
-/// Only the guest's messages are compared: messages the user added on the laptop after an
-/// earlier harvest (continuing the session there) are theirs, and stay.
-fn holds(back: &Value, s: &Exported) -> Result<(), String> {
-    let theirs = message_ids(&s.json);
-    let msgs: Vec<Value> = back["messages"].as_array().into_iter().flatten().filter(|m| m["info"]["id"].as_str().is_some_and(|id| theirs.contains(&id))).cloned().collect();
-    let digest = canonical_digest(&msgs);
-    if msgs.len() as u64 != s.messages || digest != s.digest {
-        return Err(format!("session {}: the guest has {} messages, the laptop's copy {} of them (digests {} vs {})", s.id, s.messages, msgs.len(), &s.digest[..12], &digest[..12]));
-    }
-    if s.parent.is_some() && back["info"]["parentID"].as_str() != s.parent.as_deref() {
-        return Err(format!("session {} lost its parent on import", s.id));
-    }
-    Ok(())
-}
-
-/// `opencode import` of a stored export, then the proof: the laptop's own copy, read back,
-/// holds the guest's. A failed import is forgiven only when the copy holds it anyway
-/// (another harvest of this work, at once, imported the same messages: the transcript is
-/// home either way).
-fn import_checked(env: &mut Env, file: &str, s: &Exported, directory: &str) -> ToolResult<()> {
-    let mut opencode = Opencode::new(&mut env.programs);
-    let imported = opencode.import(file, &s.id, directory);
-    let back = match opencode.export(&s.id, directory) {
-        Ok(back) => back,
-        Err(e) => return Err(imported.err().unwrap_or(e)),
-    };
-    holds(&back, s).map_err(|why| imported.err().unwrap_or_else(|| ToolError::new(Code::ProofFailed, why)))
 }
 
 /// Before a drop destroys the machine: each session of the last proof must still be in the
@@ -264,7 +210,7 @@ pub(super) fn restore_for_drop(env: &mut Env, w: &Work) -> ToolResult<(Vec<Strin
                 w.laptop_restoring.push(id.clone());
             }
         })?;
-        import_checked(env, &path, &s, &w.directory).map_err(drop_next)?;
+        import_checked(env, &path, &s, &w.directory, None).map_err(drop_next)?;
         Ledger::for_call(&mut env.files, env.ctx).update(&w.work, |w| w.laptop_restoring.retain(|i| *i != id))?;
         restored.push(p.id.clone());
     }
@@ -563,6 +509,7 @@ fn record_git(env: &mut Env, w: Work, wanted: &[String], landing: &[Landing]) ->
 }
 
 mod fetch;
+mod proof;
 mod transcript;
 
 #[cfg(test)]

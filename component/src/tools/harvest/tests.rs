@@ -339,6 +339,44 @@ fn a_restore_cut_short_is_imported_again_even_where_the_laptop_holds_a_copy() {
     assert!(programs.answers.is_empty());
 }
 
+/// The guest's agent edited a message after it was proven (its OpenCode data is its own).
+/// The laptop's import keeps the message it has, so every later harvest failed the proof
+/// and its files never came home. The laptop's copy passes where it is the proven one, and
+/// the answer names the changed message; a copy that is neither the guest's nor the proven
+/// one still fails, as does one checked against a damaged stored export.
+#[test]
+fn a_message_changed_on_the_guest_after_its_proof_keeps_the_laptops_proven_copy() {
+    let s = session("ses_a", None, 2);
+    let mut guest = s.clone();
+    guest["messages"][1]["parts"][0]["text"] = json!("rewritten on the machine");
+    guest["messages"].as_array_mut().unwrap().push(message("ses_a", "msg_new", "assistant", "a new turn"));
+    let sessions = parse_export(&json!({ "sessions": [guest.clone()] })).unwrap();
+    let run = |laptop_first: &Value, damage: bool| {
+        let (ctx, mut files) = ledger_with(&[]);
+        let w = proven(&mut files, "w1", &s);
+        if damage {
+            let f = w.proofs[0].sessions[0].file.clone().unwrap();
+            files.put(&format!("/l/works/w1/{f}"), laptop_first.to_string().as_bytes());
+        }
+        // The laptop's copy after the import: what it held, and the new message added.
+        let mut back = laptop_first.clone();
+        back["messages"].as_array_mut().unwrap().push(guest["messages"][2].clone());
+        let mut programs = crate::testing::Scripted::default();
+        programs.push_exit(0, "", "");
+        programs.push_exit(0, &back.to_string(), "");
+        let mut env = Env { programs: &mut programs, files: &mut files, ctx: &ctx };
+        import_and_prove(&mut env, &w, &sessions).map(|(_, report)| report[0].clone()).map_err(|e| e.code)
+    };
+    let report = run(&s, false).unwrap();
+    assert_eq!(report["changedOnGuest"], json!(["msg_ses_a_1"]), "{report:#}");
+    assert!(report["warning"].as_str().unwrap().contains("the laptop keeps the copies it proved"), "{report:#}");
+    assert_eq!(report["digest"], json!(sessions[0].digest), "the next harvest of the same guest has nothing new");
+    let mut other = s.clone();
+    other["messages"][1]["parts"][0]["text"] = json!("neither copy");
+    assert_eq!(run(&other, false), Err(Code::ProofFailed));
+    assert_eq!(run(&other, true), Err(Code::ProofFailed), "a stored export that is not the proof's proves nothing");
+}
+
 #[test]
 fn every_message_and_part_names_its_own_session_and_message() {
     let bad = |edit: &dyn Fn(&mut Value)| {
