@@ -267,6 +267,9 @@ fn no_file_url_of_the_guests_is_fetched_on_the_laptop() {
     assert_eq!(e.digest, digest, "the proof compares the same transcript");
     let text = e.json.to_string();
     assert!(!text.contains("file://") && !text.contains("beacon"), "{text}");
+    // A transcript with no such URL is imported as it came (no field added to a part).
+    let plain = session("ses_b", None, 2);
+    assert_eq!(parse_export(&json!({ "sessions": [plain.clone()] })).unwrap()[0].json["messages"], plain["messages"]);
 }
 
 #[test]

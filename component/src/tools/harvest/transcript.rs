@@ -79,7 +79,7 @@ fn clean_message(m: &Value) -> Value {
         if p["type"] == "file" && !carries_its_bytes(&p["url"]) {
             inert_file(p);
         }
-        if let Some(attachments) = p["state"].get_mut("attachments").and_then(Value::as_array_mut) {
+        if let Some(attachments) = p.get_mut("state").and_then(|s| s.get_mut("attachments")).and_then(Value::as_array_mut) {
             attachments.retain(|a| carries_its_bytes(&a["url"]));
         }
     }
