@@ -170,17 +170,20 @@ fn discarded(path: &str, discard: &[String]) -> bool {
 /// names the paths and the one next step.
 pub fn check_live(w: &Work, live: &Value, discard: &[String]) -> ToolResult<()> {
     let work = &w.work;
-    // Prompts: the guest's newest must be one the laptop sent, and the one the last proof
-    // was exported at (a prompt admitted after the export has a run the laptop lacks).
+    // Prompts: the guest's newest must be the one the last proof was exported at (a prompt
+    // admitted after the export has a run the laptop lacks), and one the laptop sent unless
+    // that proof covers it: a record put back from an older copy no longer lists the
+    // prompts sent since, though their runs are in the proven transcript.
     if let Some(newest) = live["newestPrompt"].as_str() {
-        if !w.prompts.iter().any(|p| p.id == newest) {
+        let proven_at = w.proofs.last().and_then(|p| p.newest_prompt.as_deref());
+        if !w.prompts.iter().any(|p| p.id == newest) && proven_at != Some(newest) {
             return Err(ToolError::with_next(
                 Code::NotProven,
                 format!("work '{work}': the machine holds prompt {newest}, which this laptop's ledger never sent"),
                 format!("Call boxd_harvest for work '{work}' to bring its transcript home, then drop; or boxd_sleep, which keeps the disk."),
             ));
         }
-        if w.proofs.last().and_then(|p| p.newest_prompt.as_deref()) != Some(newest) {
+        if proven_at != Some(newest) {
             return Err(ToolError::with_next(
                 Code::NotProven,
                 format!("work '{work}': prompt {newest} was admitted on the machine after the last harvest's export"),
@@ -449,6 +452,14 @@ mod tests {
         assert!(e.message.contains("p2"), "{}", e.message);
         let live = json!({ "repo": true, "refs": { "HEAD": SHA }, "newestPrompt": "p1" });
         assert!(check_live(&w, &live, &[]).is_ok());
+        // The record put back from an older copy that lists neither: refused until a
+        // harvest's proof covers the guest's newest, then it passes.
+        w.prompts.truncate(0);
+        let live = json!({ "repo": true, "refs": { "HEAD": SHA }, "newestPrompt": "p2" });
+        let e = check_live(&w, &live, &[]).unwrap_err();
+        assert!(e.code == Code::NotProven && e.message.contains("never sent") && e.next.contains("boxd_harvest"), "{e:?}");
+        w.proofs.push(crate::ledger::Proof { prompts: 0, newest_prompt: Some("p2".into()), ..Default::default() });
+        assert!(check_live(&w, &live, &[]).is_ok(), "the proof was exported at p2: its run is home");
     }
 
     /// A new file whose name no tool call can give (not UTF-8 on the machine, a control

@@ -448,8 +448,10 @@ fn prove(env: &mut Env, w: Work, export: &Value, sessions: &[Exported], admitted
         if let (Some(at), false) = (forgot, never_ran.is_empty()) {
             w.warnings.push(format!("{now}: prompt(s) {} were waiting on the machine when the guest's state of this work was lost (made again {at}) and never ran; submit again if still wanted", never_ran.join(", ")));
         }
-        // The guest's word on its newest prompt is kept only when it names one of ours.
-        let newest = newest.filter(|n| w.prompts.iter().any(|p| &p.id == n));
+        // The guest's word on its newest prompt is kept when it names one of ours, or one
+        // this ledger lost (a record put back from an older copy): a prompt id, short, not
+        // whatever the guest sends (a 20 MiB one made the record unwritable).
+        let newest = newest.filter(|n| w.prompts.iter().any(|p| &p.id == n) || super::submit::prompt_id_ok(n));
         w.record_proof(Proof { at: now.clone(), prompts, sessions: proofs, newest_prompt: newest, ..Default::default() });
         if w.proven() {
             w.warnings.retain(|t| !t.contains(UNHARVESTED_SLEEP));

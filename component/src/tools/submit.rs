@@ -124,7 +124,7 @@ fn guest_refused(e: ToolError, work: &str) -> ToolError {
 }
 
 /// A prompt id as the guest helper takes one (`PROMPT_ID_RE` in state.py).
-fn prompt_id_ok(id: &str) -> bool {
+pub(super) fn prompt_id_ok(id: &str) -> bool {
     let b = id.as_bytes();
     (1..=80).contains(&b.len()) && b[0].is_ascii_alphanumeric() && b.iter().all(|c| c.is_ascii_alphanumeric() || b"._-".contains(c))
 }
