@@ -62,6 +62,35 @@ describe("the bridge's audit log", { skip: built && PROBE ? false : "needs dist/
     assert.deepEqual(ls[0].spawns.map((s) => [s.grant, s.outcome]), [["boxd machine-list", "exited"], ["boxd env-list", "exited"]]);
   });
 
+  // Aborted while its child ran (OpenCode's Esc): the call ends as aborted, its line
+  // says so, and the child it ran was killed. The component's own answer about a child
+  // that died under it (a guest "killed by a signal") was given instead, and the user
+  // told to rebuild a machine that was fine.
+  test("a call aborted while its child runs ends as aborted, and its line says so", { timeout: 120000 }, async () => {
+    const slow = path.join(dir, "slow-boxd");
+    const pidFile = path.join(dir, "slow.pid");
+    fs.writeFileSync(slow, `#!/bin/sh\necho $$ > ${pidFile}\nexec sleep 30\n`, { mode: 0o755 });
+    const own = fs.realpathSync(fs.mkdtempSync(path.join(os.tmpdir(), "boxd-audit-abort-")));
+    const ownLog = path.join(own, "audit.jsonl");
+    const h = await probePluginHooks(own, PROBE, { auditLog: ownLog, boxd: slow });
+    try {
+      const abort = new AbortController();
+      const ctx = { sessionID: "ses_probe", abort: abort.signal, metadata() {}, async ask() {} };
+      const call = h.tool.spawn.execute({ argv: ["boxd", "machine", "list", "--json"] }, ctx);
+      const started = Date.now();
+      while (!fs.existsSync(pidFile) && Date.now() - started < 30000) await new Promise((r) => setTimeout(r, 20));
+      const pid = Number(fs.readFileSync(pidFile, "utf8"));
+      abort.abort();
+      await assert.rejects(call, /spawn was aborted/);
+      const [line] = fs.readFileSync(ownLog, "utf8").trim().split("\n").map((l) => JSON.parse(l));
+      assert.deepEqual(line.result, { thrown: "spawn was aborted" }, JSON.stringify(line));
+      assert.throws(() => process.kill(pid, 0), /ESRCH/, "the child was killed");
+    } finally {
+      await h.dispose();
+      fs.rmSync(own, { recursive: true, force: true });
+    }
+  });
+
   test("a credential in a granted request's arguments is masked", { timeout: 120000 }, async () => {
     const before = lines().length;
     const argv = ["boxd", "machine", "exec", "oc-w1", "--timeout", "60", "--", "env", "BOXD_TOKEN=bxd_s3cret", "true"];

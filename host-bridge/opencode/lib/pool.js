@@ -222,7 +222,10 @@ export class Pool {
         slot.job = null;
         worker.unref();
         const { type, id, ...result } = m;
-        job.resolve(result);
+        // An abort that killed the call's children ends the call as aborted, whatever the
+        // component then made of children that died under it (a "guest killed by a
+        // signal" would send the user to rebuild a machine that is fine).
+        job.resolve(job.aborted ? { aborted: true, spawns: result.spawns } : result);
         this.#pump();
       }
     });
