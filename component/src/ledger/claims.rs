@@ -70,7 +70,7 @@ impl<F: Files> Ledger<'_, F> {
         for name in names.iter().filter(|n| n.ends_with(".claim")) {
             let path = format!("{dir}/{name}");
             let Some(c) = self.files.read(&path).ok().flatten().and_then(|b| serde_json::from_slice::<Claim>(&b).ok()) else { continue };
-            if now_ms.abs_diff(c.at_ms) >= CLAIM_MS {
+            if super::waited(c.at_ms, CLAIM_MS, now_ms) {
                 let _ = self.files.remove_file(&path);
                 continue;
             }

@@ -251,6 +251,15 @@ pub struct Prompt {
 /// margin, with room to spare).
 pub const IN_FLIGHT_MS: u64 = 10 * 60 * 1000;
 
+/// Whether a wait of `wait_ms` from `at_ms` (a time a call recorded, by its clock) is over
+/// at `now_ms`. A time further ahead of now than the wait itself was recorded by a clock
+/// that was ahead then (or is behind now) by more than any wait: how long ago it was cannot
+/// be told, so the wait counts as over, where it would otherwise last as long as the clock
+/// was off (a submit's prompt or a drop's mark held a work for a day).
+pub fn waited(at_ms: u64, wait_ms: u64, now_ms: u64) -> bool {
+    at_ms.saturating_add(wait_ms) <= now_ms || at_ms > now_ms.saturating_add(wait_ms)
+}
+
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct FileRecord {
@@ -437,7 +446,7 @@ impl Work {
             match known.get(&p.id) {
                 Some(true) => p.admitted = true,
                 // Another call's exec may still be carrying it: only an old prompt is lost.
-                Some(false) if p.at_ms.saturating_add(IN_FLIGHT_MS) <= now_ms => lost.push(p.id.clone()),
+                Some(false) if waited(p.at_ms, IN_FLIGHT_MS, now_ms) => lost.push(p.id.clone()),
                 _ => {}
             }
         }

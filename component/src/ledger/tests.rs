@@ -112,6 +112,19 @@ fn a_lost_prompt_moves_the_proof_counts_down_with_it() {
     assert!(!w.proven(), "p3 is not proven");
 }
 
+/// A prompt the guest never saw leaves the record once no exec can still carry it; one
+/// recorded by a clock a day ahead (set right since) did not leave for that day.
+#[test]
+fn a_prompt_recorded_by_a_clock_far_ahead_is_not_waited_on_for_as_long() {
+    let now = 5 * IN_FLIGHT_MS;
+    for (at, stays) in [(now - 60_000, true), (now - IN_FLIGHT_MS, false), (now + 60_000, true), (now + 86_400_000, false)] {
+        let mut w = Work::new("w1", "/p", "t");
+        w.prompts.push(Prompt { id: "p1".into(), at_ms: at, ..Default::default() });
+        w.resolve_prompts(&[("p1".to_string(), false)].into_iter().collect(), "t", now);
+        assert_eq!(w.prompts.len() == 1, stays, "recorded at {at}, now {now}");
+    }
+}
+
 /// A harvest that proves what the newest proof proved moves its time; any difference (a
 /// session grown, a prompt more, another newest prompt, a field a newer host wrote) is a
 /// proof of its own, and an older proof equal to the new one is not the newest.

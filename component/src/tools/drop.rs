@@ -239,7 +239,7 @@ fn plan_of(env: &mut Env, work: &str, machine: &str) -> ToolResult<Plan> {
         state => {
             // A drop interrupted less than IN_FLIGHT_MS ago keeps boxd_resume off the work
             // until then (it would reopen it under that drop): the step says when.
-            let young = w.state == WorkState::Dropping && ctx.now_ms.saturating_sub(w.dropping_ms) < crate::ledger::IN_FLIGHT_MS;
+            let young = w.state == WorkState::Dropping && !crate::ledger::waited(w.dropping_ms, crate::ledger::IN_FLIGHT_MS, ctx.now_ms);
             let when = if young { format!(" at {} (a drop of this work was interrupted at {}; resume waits 10 minutes after it)", iso8601(w.dropping_ms + crate::ledger::IN_FLIGHT_MS), iso8601(w.dropping_ms)) } else { String::new() };
             return Err(ToolError::with_next(
                 Code::MachineAsleep,
@@ -277,7 +277,7 @@ fn seen_taken_before(env: &mut Env, w: &Work, info: &crate::boxd::MachineInfo) -
 fn unready_fork(env: &mut Env, w: &Work, parent: &str) -> ToolResult<Plan> {
     let (work, machine, ctx) = (&w.work, &w.machine, env.ctx);
     let again = format!("Call boxd_fork for work '{parent}' (it adopts the fork or makes it), or boxd_drop for work '{work}' again in a later turn.");
-    if w.machine_id.is_none() && w.created_ms != 0 && ctx.now_ms.saturating_sub(w.created_ms) < super::fork::FORK_CLAIM_MS {
+    if w.machine_id.is_none() && w.created_ms != 0 && !crate::ledger::waited(w.created_ms, super::fork::FORK_CLAIM_MS, ctx.now_ms) {
         return Err(ToolError::with_next(Code::CreateUncertain, format!("work '{work}': a boxd_fork call may still be making {machine}"), again));
     }
     let mut boxd = Boxd::new(&mut env.programs, ctx.options.boxd_timeout_seconds);

@@ -274,7 +274,7 @@ pub const FORK_CLAIM_MS: u64 = crate::ledger::IN_FLIGHT_MS;
 /// and no other call may still be making it (it is forked again).
 fn adopt_fork<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F>, ctx: &Context, parent_machine: &str, w: &Work) -> ToolResult<Option<Step>> {
     let Some(info) = boxd.get(&w.machine).map_err(Failure::into_error)? else {
-        let held = w.state == WorkState::Creating && w.machine_id.is_none() && ctx.now_ms.saturating_sub(w.created_ms) < FORK_CLAIM_MS;
+        let held = w.state == WorkState::Creating && w.machine_id.is_none() && !crate::ledger::waited(w.created_ms, FORK_CLAIM_MS, ctx.now_ms);
         return Ok(held.then_some(Step::Elsewhere));
     };
     if info.id.is_empty() {
@@ -318,7 +318,7 @@ fn fork_machine<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F
     let machine = &w.machine;
     let (mut claimed, mut from_queue) = (false, false);
     ledger.update(&w.work, |w| {
-        let stale = w.state == WorkState::Creating && ctx.now_ms.saturating_sub(w.created_ms) >= FORK_CLAIM_MS;
+        let stale = w.state == WorkState::Creating && crate::ledger::waited(w.created_ms, FORK_CLAIM_MS, ctx.now_ms);
         // A fork a drop marked is the drop's to close: never claimed again.
         if w.machine_id.is_none() && w.dropping_ms == 0 && (w.state == WorkState::Queued || stale) {
             from_queue = w.state == WorkState::Queued;

@@ -121,7 +121,7 @@ pub(super) fn sweep_temps(env: &mut Env, w: Work) -> ToolResult<Work> {
     let dead: Vec<String> = w
         .temps
         .iter()
-        .filter(|t| w.owed.is_empty() || now.saturating_sub(t.at_ms) > TEMP_LIVE_MS)
+        .filter(|t| w.owed.is_empty() || crate::ledger::waited(t.at_ms, TEMP_LIVE_MS, now))
         .map(|t| t.path.clone())
         .collect();
     if dead.is_empty() {

@@ -36,7 +36,7 @@ pub(super) fn work_directory(env: &mut Env, args: &Value) -> ToolResult<String> 
 /// reopening it would let a prompt run on the machine the drop is about to remove, so it
 /// is left to finish. An older mark is a drop that was interrupted: it may be reopened.
 fn refuse_under_a_drop(w: &Work, ctx: &crate::options::Context, done: &str) -> ToolResult<()> {
-    if w.state != WorkState::Dropping || ctx.now_ms.saturating_sub(w.dropping_ms) >= crate::ledger::IN_FLIGHT_MS {
+    if w.state != WorkState::Dropping || crate::ledger::waited(w.dropping_ms, crate::ledger::IN_FLIGHT_MS, ctx.now_ms) {
         return Ok(());
     }
     Err(ToolError::with_next(
@@ -485,14 +485,16 @@ mod tests {
 
     /// A work a drop marked moments ago is not reopened under it, and its sealed guest is
     /// not prepared again (a prompt would run on the machine the drop is removing); one
-    /// marked long ago (an interrupted drop) is.
+    /// marked long ago (an interrupted drop) is. A mark further ahead of the clock than the
+    /// wait (a clock a day ahead when the drop marked it) held the work for that day.
     #[test]
     fn ensure_and_resume_leave_a_young_drop_to_finish() {
         let now = 3 * crate::ledger::IN_FLIGHT_MS;
-        for (age, refused) in [(30_000, true), (crate::ledger::IN_FLIGHT_MS, false)] {
+        let marks = [(now - 30_000, true), (now - crate::ledger::IN_FLIGHT_MS, false), (now + 60_000, true), (now + 86_400_000, false)];
+        for (mark, refused) in marks {
             for tool in ["boxd_ensure", "boxd_resume"] {
                 let mut fs = open_work(None);
-                Ledger::new(&mut fs, "/l").update("w1", |w| (w.state, w.dropping_ms) = (WorkState::Dropping, now - age)).unwrap();
+                Ledger::new(&mut fs, "/l").update("w1", |w| (w.state, w.dropping_ms) = (WorkState::Dropping, mark)).unwrap();
                 let raw = raw_at(now);
                 let mut p = Scripted::default();
                 p.push_exit(0, "1.18.33", "");
