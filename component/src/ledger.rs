@@ -49,8 +49,23 @@ pub use record::*;
 
 
 fn ledger_error(what: &str, e: FsError) -> ToolError {
+    // A refusal (the path is a symlink, not a regular file or folder, or not ours to read
+    // and write) and a file too large to be a record are the ledger's contents, changed
+    // from outside: a writable folder and a restarted host change nothing there.
+    let refused = "Look at the path named: in the ledger folder, a symbolic link, a FIFO or other special file, a folder where a record belongs, or a file you may not read and write is refused. Put the work's own file back there (or fix its permissions), then call again.";
     let detail = match e {
-        FsError::Refused(p) => format!("{p} was refused: it is outside the ledger folder the host granted, a symlink, not a regular file, or not permitted"),
+        FsError::Refused(p) if p.starts_with('/') => {
+            return ToolError::with_next(Code::LedgerFailed, format!("could not {what}: {p} was refused: it is outside the ledger folder the host granted, a symlink, not a regular file, or not permitted"), refused);
+        }
+        // The filesystem's own refusal ("not-permitted: …"), which names no path.
+        FsError::Refused(why) => return ToolError::with_next(Code::LedgerFailed, format!("could not {what}: the laptop refused it ({why})"), refused),
+        FsError::Io(m) if m.contains(" MiB, more than it may") => {
+            return ToolError::with_next(
+                Code::LedgerFailed,
+                format!("could not {what}: {m} (a record the plugin writes stays under {} MiB)", RECORD_MAX >> 20),
+                "Move that file out of the ledger folder and put the work's record back from a backup; boxd_status lists the other works meanwhile.",
+            );
+        }
         FsError::Io(m) => m,
     };
     // A full disk (WASI's `insufficient-space`, `quota`): restarting changes nothing.

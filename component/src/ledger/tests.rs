@@ -372,3 +372,19 @@ fn a_full_disk_under_the_ledger_names_freeing_space() {
     let e = ledger_error("write work.json", FsError::Io("io: /l/quota/works/w1/work.json".into()));
     assert!(!e.next.starts_with("Free space"), "{e:?}");
 }
+
+/// What the ledger's own contents refuse (a symlink, a FIFO, a permission, a file too large
+/// to be a record) says so and what to put back: "check that the folder is writable, then
+/// restart the host" changed nothing there. The filesystem's own refusal, which names no
+/// path, reads as one (it read "not-permitted: … was refused: it is outside …").
+#[test]
+fn a_ledger_file_changed_from_outside_says_what_to_put_back() {
+    let e = ledger_error("write the ledger", FsError::Refused("not-permitted: Operation not permitted".into()));
+    assert!(e.message == "could not write the ledger: the laptop refused it (not-permitted: Operation not permitted)" && e.next.contains("Put the work's own file back"), "{e:?}");
+    let e = ledger_error("read the ledger", FsError::Refused("/l/works/w1/work.json".into()));
+    assert!(e.message.contains("/l/works/w1/work.json was refused") && e.next.contains("symbolic link"), "{e:?}");
+    let e = ledger_error("read the ledger", crate::caps::too_large("/l/works/w1/work.json", RECORD_MAX));
+    assert!(e.message.contains("holds more than 64 MiB") && e.next.starts_with("Move that file out of the ledger folder"), "{e:?}");
+    let e = ledger_error("read the ledger", FsError::Io("io: Input/output error".into()));
+    assert_eq!(e.next, Code::LedgerFailed.next(), "{e:?}");
+}
