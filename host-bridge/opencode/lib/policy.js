@@ -205,11 +205,17 @@ export function resolveGrants({ options, directory, env = process.env, insideOpe
   };
   const programs = {};
   const grant = (name, file, field) => {
+    let st;
     try {
       programs[name] = fs.realpathSync(file);
+      st = fs.statSync(file);
     } catch {
       throw invalid(field, `names ${file}, which does not exist`);
     }
+    // As policy/grants.rs `program_file`: a folder or a file without an execute bit failed
+    // at every call as the boxd CLI's own failure, with a next step that led back to it.
+    if (!st.isFile()) throw invalid(field, `names ${file}, which is not a program (a folder or a special file)`);
+    if ((st.mode & 0o111) === 0) throw invalid(field, `names ${file}, which is not executable`);
   };
   for (const name of HOST_ONLY_OPTIONS) {
     const explicit = optionPath(name, "must be an absolute path to the program");

@@ -108,7 +108,10 @@ pub fn resolve(req: &GrantRequest) -> Result<Grants, HostProblem> {
             None => option_path(name, "must be an absolute path to the program")?,
         };
         match explicit {
-            Some(p) => policy.program(name, &p).map_err(|_| HostProblem::options(name, format!("names {}, which does not exist", p.display())))?,
+            Some(p) => {
+                program_file(&p, name)?;
+                policy.program(name, &p).map_err(|_| HostProblem::options(name, format!("names {}, which does not exist", p.display())))?
+            }
             None => policy.program_from_path(name, name, path_var).map_err(|e| HostProblem::options(name, e))?,
         };
     }
@@ -167,6 +170,21 @@ fn data_home(xdg: Option<&str>, home: Option<&str>) -> Option<PathBuf> {
         (None, Some(h)) => Some(PathBuf::from(h).join(".local/share")),
         (None, None) => None,
     }
+}
+
+/// A program the options name is an executable regular file: a folder or a file without
+/// an execute bit failed at every call as the boxd CLI's own failure, whose next step
+/// (read the CLI's message, run boxd_status) led back to the same failure.
+fn program_file(p: &Path, field: &str) -> Result<(), HostProblem> {
+    use std::os::unix::fs::PermissionsExt;
+    let meta = std::fs::metadata(p).map_err(|_| HostProblem::options(field, format!("names {}, which does not exist", p.display())))?;
+    if !meta.is_file() {
+        return Err(HostProblem::options(field, format!("names {}, which is not a program (a folder or a special file)", p.display())));
+    }
+    if meta.permissions().mode() & 0o111 == 0 {
+        return Err(HostProblem::options(field, format!("names {}, which is not executable", p.display())));
+    }
+    Ok(())
 }
 
 fn canonical_dir(p: &Path, field: &str) -> Result<PathBuf, HostProblem> {
