@@ -16,6 +16,7 @@ import { checkSkill } from "./lib/skill.js";
 import { opencodeVersion } from "./lib/version.js";
 import { idle as watchdogIdle } from "./lib/watchdog.js";
 import { checkWorld } from "./lib/wit.js";
+import { answerText } from "./lib/answer.js";
 
 const SKILLS = fileURLToPath(new URL("./dist/skills", import.meta.url));
 
@@ -36,7 +37,7 @@ const STATUS_COMMAND = {
     "Call no other tool. $ARGUMENTS",
 };
 
-const pretty = (v) => JSON.stringify(v, null, 2);
+const pretty = answerText;
 
 async function server(input, options) {
   options = options ?? {};

@@ -350,3 +350,19 @@ describe("world version", () => {
     }
   });
 });
+
+// OpenCode cuts a long tool output and keeps its head (2000 lines or 50 KB, whichever
+// first): a harvest of 400 files lost its next step, proof and git state, which came after
+// its "files" list. The answer's next step leads, the short fields follow, the longest last.
+test("a long answer keeps its next step and short fields at the head OpenCode keeps", async () => {
+  const { answerText } = await import(path.join(PLUGIN, "lib/answer.js"));
+  const files = Array.from({ length: 400 }, (_, i) => ({ path: `src/f${i}.txt`, sha256: "ab".repeat(32), to: `/p/src/f${i}.txt`, replaced: false }));
+  const value = { files, git: { head: "abc", dirty: false }, machine: "oc-w1", next: "The transcript is proven.", owed: [], proven: true, sessions: [{ id: "ses_1" }], work: "w1" };
+  const text = answerText(value);
+  assert.deepEqual(JSON.parse(text), value, "the same answer");
+  const kept = text.split("\n").slice(0, 2000).join("\n").slice(0, 50 * 1024);
+  for (const k of ["next", "proven", "git", "owed", "sessions", "work", "machine"]) assert.ok(kept.includes(`"${k}":`), `${k} is in the head: ${kept.slice(0, 300)}`);
+  assert.ok(text.indexOf('"next"') < text.indexOf('"proven"') && text.indexOf('"files"') > text.indexOf('"sessions"'), text.slice(0, 400));
+  const err = answerText({ next: "n", error: "E", message: "m" });
+  assert.deepEqual(Object.keys(JSON.parse(err)), ["error", "message", "next"]);
+});

@@ -41,7 +41,7 @@ pub fn run(grants: &Grants, tool: &str, mut args: String) -> Result<u8> {
         Ok(v) => (v, 0),
         Err(e) => (e, 1),
     };
-    crate::outln!("{}", serde_json::to_string_pretty(&answer)?);
+    crate::outln!("{}", crate::out::answer_text(&answer));
     // The call ran and its answer stands, but the record of it asked for is missing
     // (stderr said why): a host failure, not a success.
     let code = if session.audit.failed().is_some() { 2 } else { code };

@@ -203,7 +203,7 @@ pub fn to_result(answer: std::result::Result<Value, Value>) -> CallToolResult {
         Ok(v) => (v, false),
         Err(e) => (e, true),
     };
-    let text = serde_json::to_string_pretty(&value).unwrap_or_else(|_| value.to_string());
+    let text = crate::out::answer_text(&value);
     let mut result = if is_error { CallToolResult::error(vec![ContentBlock::text(text)]) } else { CallToolResult::success(vec![ContentBlock::text(text)]) };
     // Only objects go in structuredContent: older protocol versions allow nothing else.
     if value.is_object() {
