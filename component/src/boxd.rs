@@ -37,6 +37,20 @@ pub enum Failure {
     /// frames arrived (a folder changed after the tool checked it, or the laptop's disk is
     /// full: `full`). The host's words; a frame the guest damaged is not one (`Other`).
     Unreceived { full: bool, said: String },
+    /// The files framed on the exec's stdout were not what the guest declared (a digest, a
+    /// size, a frame too many or cut short): nothing of them was placed. The host's words.
+    Misframed(String),
+}
+
+/// Files from the machine that are not what its helper declared: the helper, or what runs
+/// before it there (PATH, ~/.local/bin), is not the one the plugin put there, or the bytes
+/// were damaged on the way. Not the boxd CLI's failure, and boxd_status cannot tell.
+pub fn misframed(why: &str) -> ToolError {
+    ToolError::with_next(
+        Code::GuestFailed,
+        format!("the machine's answer did not carry the files as its helper declared them ({why}); nothing of them was placed on the laptop"),
+        "Call the tool again once. If it fails the same way, the guest helper on the machine, or what runs before it there (its PATH, ~/.local/bin), was changed: look at the machine before you harvest or drop; nothing on the laptop changed.",
+    )
 }
 
 /// What both hosts say of a file to stream that they refused before starting the child
@@ -216,6 +230,7 @@ impl Failure {
             },
             Failure::Unreceived { full: true, said } => ToolError::new(Code::PathRefused, format!("{LAPTOP_FULL}{said}")),
             Failure::Unreceived { full: false, said } => ToolError::new(Code::PathRefused, format!("{UNRECEIVED}{said}")),
+            Failure::Misframed(m) => misframed(&m),
         }
     }
 }
@@ -588,7 +603,10 @@ impl<'a, P: Programs> Boxd<'a, P> {
         let out = self.programs.run(&request).map_err(|e| match (unsent(&request, &e), unreceived(&request, &e)) {
             (Some(m), _) => Failure::Unsent(m),
             (None, Some((full, said))) => Failure::Unreceived { full, said },
-            (None, None) => spawn_failure(e, request_what, &bound),
+            (None, None) => match e {
+                SpawnError::Failed(m) if !request.stdout_files.is_empty() && m.contains(FRAMED_OUT) => Failure::Misframed(m),
+                e => spawn_failure(e, request_what, &bound),
+            },
         })?;
         // Exit 1 with an `error:` line is the CLI failing, not the remote command.
         let err = String::from_utf8_lossy(&out.stderr);

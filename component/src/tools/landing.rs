@@ -9,7 +9,6 @@ use alloc::string::{String, ToString};
 use alloc::vec::Vec;
 use serde_json::{json, Value};
 
-use super::harvest::invalid;
 use super::Env;
 use crate::caps::{Files, Kind, Streamed};
 use crate::encode::sha256_hex;
@@ -245,13 +244,13 @@ struct Incoming<'l> {
 pub(super) fn bring_files(env: &mut Env, w: Work, git: &Value, landing: &[Landing], arrived: Vec<Streamed>) -> ToolResult<(Work, Vec<Value>)> {
     let listed: Vec<&Value> = git["files"].as_array().into_iter().flatten().collect();
     if listed.len() != landing.len() || arrived.len() != landing.len() {
-        return Err(invalid(format!("{} files were asked for; the guest listed {} and {} arrived", landing.len(), listed.len(), arrived.len())));
+        return Err(crate::boxd::misframed(&format!("{} files were asked for; the guest listed {} and {} arrived", landing.len(), listed.len(), arrived.len())));
     }
     let mut incoming = Vec::new();
     for ((f, l), got) in listed.iter().zip(landing).zip(arrived) {
         let rel = paths::guest_relative(f["path"].as_str().unwrap_or_default())?;
         if rel != l.rel || got.path != l.temp {
-            return Err(invalid(format!("the guest sent {rel} where {} was asked for", l.rel)));
+            return Err(crate::boxd::misframed(&format!("the guest sent {rel} where {} was asked for", l.rel)));
         }
         incoming.push(Incoming { landing: l, size: got.size, sha256: got.sha256 });
     }

@@ -44,7 +44,7 @@ pub fn run(env: &mut Env, _args: &Value) -> ToolResult<Value> {
         Err(Failure::SignedOut(m)) => ("not signed in", m.clone(), "ok", Some("Run 'boxd auth login' on this laptop, then boxd_status again.".into())),
         Err(Failure::Unreachable(m)) => ("not reachable", m.clone(), "unreachable", Some("Check this laptop's network (a network failure looks like a sign-in failure from here), then 'boxd auth login' if it persists.".into())),
         Err(Failure::Timeout(m)) => ("not reachable", m.clone(), "timed out", Some(Code::Timeout.next().into())),
-        Err(Failure::NotFound(m)) | Err(Failure::Other(m)) | Err(Failure::Unsent(m)) | Err(Failure::Unreceived { said: m, .. }) => ("not reachable", m.clone(), "error", Some(Code::BoxdFailed.next().into())),
+        Err(Failure::NotFound(m)) | Err(Failure::Other(m)) | Err(Failure::Unsent(m)) | Err(Failure::Unreceived { said: m, .. }) | Err(Failure::Misframed(m)) => ("not reachable", m.clone(), "error", Some(Code::BoxdFailed.next().into())),
         Err(Failure::Refused(m)) => ("refused by the host's policy", m.clone(), "refused", Some(Code::HostFailed.next().into())),
     };
     let states: BTreeMap<String, String> = listing
