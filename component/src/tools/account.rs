@@ -270,14 +270,23 @@ pub fn check_live(w: &Work, live: &Value, discard: &[String]) -> ToolResult<()> 
         .collect();
     if !unaccounted.is_empty() {
         let message = format!("work '{work}' has paths on the machine that the laptop does not hold: {}", unaccounted.join(", "));
-        // A name no tool call can give back (bytes that are not UTF-8, shown as U+FFFD, or a
-        // control character): neither a harvest nor a discard can name it.
-        let unnamable: Vec<&str> = unaccounted.iter().map(String::as_str).filter(|p| p.chars().any(|c| c == '\u{FFFD}' || c.is_control())).collect();
+        // A name no tool call can give back (bytes that are not UTF-8, shown as U+FFFD):
+        // neither a harvest nor a discard can name it. One with a control character can be
+        // discarded by name, but the helper brings no such name home.
+        let unnamable: Vec<&str> = unaccounted.iter().map(String::as_str).filter(|p| p.contains('\u{FFFD}')).collect();
         if !unnamable.is_empty() {
             return Err(ToolError::with_next(
                 Code::Untracked,
                 message,
-                format!("No tool call can name {} (not UTF-8 on the machine, or a control character in it): have the agent rename it there (boxd_submit for work '{work}'), then harvest it under its new name, or have it removed if it is not wanted; then call boxd_drop again.", unnamable.join(", ")),
+                format!("No tool call can name {} (not UTF-8 on the machine): have the agent rename it there (boxd_submit for work '{work}'), then harvest it under its new name, or have it removed if it is not wanted; then call boxd_drop again.", unnamable.join(", ")),
+            ));
+        }
+        let unharvestable: Vec<&str> = unaccounted.iter().map(String::as_str).filter(|p| p.chars().any(char::is_control)).collect();
+        if !unharvestable.is_empty() {
+            return Err(ToolError::with_next(
+                Code::Untracked,
+                message,
+                format!("No harvest brings home {} (a control character in its name): have the agent rename it there (boxd_submit for work '{work}'), then harvest it under its new name; or call boxd_drop with \"discard\" naming it if it is not wanted.", unharvestable.join(", ")),
             ));
         }
         return Err(ToolError::new(Code::Untracked, message));
@@ -462,16 +471,18 @@ mod tests {
         assert!(check_live(&w, &live, &[]).is_ok(), "the proof was exported at p2: its run is home");
     }
 
-    /// A new file whose name no tool call can give (not UTF-8 on the machine, a control
-    /// character) names the way out that works: have the agent rename or remove it.
+    /// A new file whose name no tool call can give (not UTF-8 on the machine) names the way
+    /// out that works: have the agent rename or remove it. One with a control character can
+    /// be discarded by name (JSON carries it), though no harvest brings it home.
     #[test]
     fn a_name_no_call_can_give_names_renaming_it_on_the_machine() {
         let w = proven_work();
-        for (name, unnamable) in [("x\u{FFFD}y.bin", true), ("a\tb.txt", true), ("plain.txt", false)] {
+        for (name, rename, discard) in [("x\u{FFFD}y.bin", true, false), ("a\tb.txt", true, true), ("plain.txt", false, false)] {
             let live = json!({ "repo": true, "refs": { "HEAD": SHA }, "untracked": [{ "path": name, "sha256": "ab" }], "ignored": [] });
             let e = check_live(&w, &live, &[]).unwrap_err();
             assert_eq!(e.code, Code::Untracked);
-            assert_eq!(e.next.contains("have the agent rename it there"), unnamable, "{name}: {e:?}");
+            assert_eq!((e.next.contains("have the agent rename it there"), e.next.contains("\"discard\" naming it")), (rename, discard), "{name}: {e:?}");
+            assert!(check_live(&w, &live, &[name.to_string()]).is_ok() || name.contains('\u{FFFD}'), "{name}: discarded by name");
         }
     }
 
