@@ -490,7 +490,15 @@ fn record_git(env: &mut Env, w: Work, wanted: &[String], landing: &[Landing]) ->
             if let Some(missing) = missing {
                 Ledger::for_call(&mut env.files, ctx).update(&w.work, |w| w.owed.retain(|o| *o != missing))?;
             }
-            return Err(e);
+            let next = format!("Harvest the name as the machine's work tree has it (names are case-sensitive; boxd_drop lists the new files it finds there) for work '{}'.", w.work);
+            return Err(ToolError::with_next(e.code, e.message, next));
+        }
+        // A path the helper refuses on the machine (a symbolic link, a FIFO or another
+        // special file, under .boxd/): mended there, not in the laptop's allowedRoots.
+        Err(e) if e.code == Code::PathRefused && guest.refused.is_some() => {
+            let path = guest.refused.as_ref().and_then(|r| r["path"].as_str()).unwrap_or("that path").to_string();
+            let next = format!("Leave {path} out of files, or have the agent make it a plain file there (boxd_submit for work '{}'), then harvest it; if it is not wanted, boxd_drop with \"discard\" naming it.", w.work);
+            return Err(ToolError::with_next(e.code, e.message, next));
         }
         answer => answer?,
     };
