@@ -263,8 +263,25 @@ impl<'a, F: Files> Ledger<'a, F> {
 
     /// A work the tool needs to exist.
     pub fn require(&mut self, work: &str) -> ToolResult<Work> {
-        let w = self.read(work)?;
-        w.ok_or_else(|| self.unknown(work))
+        match self.read(work)? {
+            Some(w) => Ok(w),
+            None => Err(self.unknown_here(work)),
+        }
+    }
+
+    /// WORK_UNKNOWN, or, where the work's folder still holds its machine's password, the
+    /// record removed from it: boxd_ensure would refuse that machine as not this ledger's
+    /// (its next step sent the user there), so the step is to put the record back.
+    fn unknown_here(&mut self, work: &str) -> ToolError {
+        let dir = self.work_dir(work);
+        if !matches!(self.files.stat(&format!("{dir}/password")), Ok(Some(_))) {
+            return self.unknown(work);
+        }
+        ToolError::with_next(
+            Code::WorkUnknown,
+            format!("the ledger at {} has no record of work '{work}', but {dir} still holds its machine's password: the record (work.json) was removed or moved", self.root),
+            format!("Put {dir}/work.json back from a backup, then call again; boxd_status lists the work's machine meanwhile."),
+        )
     }
 
     /// WORK_UNKNOWN for `work`, naming this ledger (another ledger may hold it).

@@ -388,3 +388,16 @@ fn a_ledger_file_changed_from_outside_says_what_to_put_back() {
     let e = ledger_error("read the ledger", FsError::Io("io: Input/output error".into()));
     assert_eq!(e.next, Code::LedgerFailed.next(), "{e:?}");
 }
+
+/// A work folder that still holds its machine's password but no record: the record was
+/// removed from outside. boxd_ensure would call that machine not this ledger's, so the
+/// step is to put the record back (it was "call boxd_ensure", which answered NOT_OURS).
+#[test]
+fn a_record_removed_beside_its_password_says_to_put_it_back() {
+    let mut fs = MemFiles::new(&["/l"]);
+    let e = Ledger::new(&mut fs, "/l").require("w1").unwrap_err();
+    assert_eq!((e.code, e.next.as_str()), (Code::WorkUnknown, Code::WorkUnknown.next()));
+    fs.put("/l/works/w1/password", b"secret");
+    let e = Ledger::new(&mut fs, "/l").require("w1").unwrap_err();
+    assert!(e.code == Code::WorkUnknown && e.next.starts_with("Put /l/works/w1/work.json back"), "{e:?}");
+}
