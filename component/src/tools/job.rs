@@ -105,6 +105,9 @@ pub fn run(env: &mut Env, args: &Value) -> ToolResult<Value> {
         "spend": spend,
         "next": if busy {
             format!("Call boxd_job for work '{work}' again in a later turn.")
+        } else if w.prompts.is_empty() {
+            // Nothing ran yet: there is nothing to bring home.
+            format!("Call boxd_submit for work '{work}' with a prompt to start its first run.")
         } else {
             format!("Call boxd_harvest for work '{work}' to bring the transcript and files home.")
         },
@@ -165,6 +168,8 @@ mod tests {
         p.push_exit(0, r#"{"state":"idle","outcome":"aborted","lastText":"stopped","pending":0}"#, "");
         let v = call(&mut p, &mut fs, "boxd_job", r#"{"work":"w1"}"#, raw_context("{}", "{}")).unwrap();
         assert_eq!((v["state"].as_str(), v["outcome"].as_str(), v["taskState"].as_str()), (Some("idle"), Some("aborted"), Some("cancelled")));
+        // No prompt sent yet: nothing to bring home, so the step is the first prompt.
+        assert!(v["next"].as_str().unwrap().starts_with("Call boxd_submit for work 'w1'"), "{v:#}");
     }
 
     /// The answer names the prompt its state is about: the run in flight's while busy, the

@@ -200,6 +200,8 @@ pub fn run(env: &mut Env, _args: &Value) -> ToolResult<Value> {
     }
     let next = next.unwrap_or_else(|| match works.first() {
         None => "Call boxd_ensure with a short work id to start a work.".into(),
+        // An asleep work has no run going: waking it is the step (a job answered that too).
+        Some(w) if matches!(w["state"].as_str(), Some("asleep" | "stopped")) => format!("Work '{0}' is asleep: call boxd_resume for work '{0}' to go on with it.", w["work"].as_str().unwrap_or("")),
         Some(w) => format!("Call boxd_job for work '{}' to see how its run is going.", w["work"].as_str().unwrap_or("")),
     });
 
@@ -451,6 +453,17 @@ mod tests {
         assert!(v["closedWorksMachines"]["note"].as_str().unwrap().contains("'boxd machine remove NAME -y'"), "{v:#}");
         assert_eq!(p.requests.len(), 2, "the two listings only");
         assert!(status("{}", "").get("closedWorksMachines").is_none());
+    }
+
+    /// An asleep work has no run going: the step is to wake it, not to ask its job.
+    #[test]
+    fn an_asleep_work_is_woken_not_asked_about_its_run() {
+        let (mut p, mut f) = (Scripted::default(), crate::testing::open_work(None));
+        p.push_exit(0, r#"[{"name":"oc-w1","status":"hibernated"}]"#, "");
+        p.push_exit(0, r#"[{"name":"opencode-golden","version":"1","status":"ready"}]"#, "");
+        let v = call(&mut p, &mut f, "boxd_status", "{}", raw("{}", "")).unwrap();
+        assert_eq!(v["works"][0]["state"], "asleep", "{v:#}");
+        assert!(v["next"].as_str().unwrap().contains("call boxd_resume for work 'w1'"), "{v:#}");
     }
 
     /// A work whose record grew (every run and sleep kept for the spend, many prompts and
