@@ -123,8 +123,9 @@ fn import_and_prove(env: &mut Env, w: &Work, sessions: &[Exported]) -> ToolResul
     let fresh: Vec<&Exported> = sessions.iter().filter(|s| new.contains(&s.id.as_str())).collect();
     transcript::refuse_held_sessions(env, w, &fresh)?;
     for (s, reused) in sessions.iter().zip(reused) {
-        let (name, imported, changed) = match reused {
-            Some(f) => (f, false, Vec::new()),
+        let held;
+        let (s, name, imported, changed) = match reused {
+            Some(f) => (s, f, false, Vec::new()),
             None => {
                 let bytes = serde_json::to_vec(&s.json).expect("serialises");
                 let name = format!("export-{}.json", &sha256_hex(&bytes)[..16]);
@@ -132,8 +133,18 @@ fn import_and_prove(env: &mut Env, w: &Work, sessions: &[Exported]) -> ToolResul
                 ledger.put_blob(&w.work, &name, &bytes)?;
                 let file = format!("{}/{name}", ledger.work_dir(&w.work));
                 let proven = last.get(&s.id).and_then(|(d, f)| Some((format!("{}/{}", ledger.work_dir(&w.work), f.as_ref()?), d.as_str())));
-                let changed = import_checked(env, &file, s, &w.directory, proven.as_ref().map(|(f, d)| (f.as_str(), *d)))?;
-                (name, true, changed)
+                let kept = import_checked(env, &file, s, &w.directory, proven.as_ref().map(|(f, d)| (f.as_str(), *d)))?;
+                if kept.is_empty() {
+                    (s, name, true, Vec::new())
+                } else {
+                    // What the laptop holds is what is proven: stored and digested as such.
+                    held = proof::as_held(s, &kept);
+                    let bytes = serde_json::to_vec(&held.json).expect("serialises");
+                    let name = format!("export-{}.json", &sha256_hex(&bytes)[..16]);
+                    Ledger::for_call(&mut env.files, env.ctx).put_blob(&w.work, &name, &bytes)?;
+                    let changed: Vec<String> = kept.iter().filter_map(|m| m["info"]["id"].as_str().map(String::from)).collect();
+                    (&held, name, true, changed)
+                }
             }
         };
         proofs.push(SessionProof { id: s.id.clone(), parent_id: s.parent.clone(), messages: s.messages, digest: s.digest.clone(), file: Some(name), ..Default::default() });

@@ -345,8 +345,10 @@ fn a_restore_cut_short_is_imported_again_even_where_the_laptop_holds_a_copy() {
 /// The guest's agent edited a message after it was proven (its OpenCode data is its own).
 /// The laptop's import keeps the message it has, so every later harvest failed the proof
 /// and its files never came home. The laptop's copy passes where it is the proven one, and
-/// the answer names the changed message; a copy that is neither the guest's nor the proven
-/// one still fails, as does one checked against a damaged stored export.
+/// the answer names the changed message, and the proof is of what the laptop holds, so the
+/// next harvest of a guest that keeps its rewrite and goes on passes too (a proof of the
+/// guest's copy failed there); a copy that is neither the guest's nor the proven one still
+/// fails, as does one checked against a damaged stored export.
 #[test]
 fn a_message_changed_on_the_guest_after_its_proof_keeps_the_laptops_proven_copy() {
     let s = session("ses_a", None, 2);
@@ -373,7 +375,24 @@ fn a_message_changed_on_the_guest_after_its_proof_keeps_the_laptops_proven_copy(
     let report = run(&s, false).unwrap();
     assert_eq!(report["changedOnGuest"], json!(["msg_ses_a_1"]), "{report:#}");
     assert!(report["warning"].as_str().unwrap().contains("the laptop keeps the copies it proved"), "{report:#}");
-    assert_eq!(report["digest"], json!(sessions[0].digest), "the next harvest of the same guest has nothing new");
+    let mut held = s.clone();
+    held["messages"].as_array_mut().unwrap().push(guest["messages"][2].clone());
+    assert_eq!(report["digest"], json!(canonical_digest(held["messages"].as_array().unwrap())), "the proof is of what the laptop holds");
+
+    // Proven as the laptop holds it; the guest keeps its rewrite and takes another turn.
+    let (ctx, mut files) = ledger_with(&[]);
+    let w = proven(&mut files, "w1", &held);
+    let mut guest2 = guest.clone();
+    guest2["messages"].as_array_mut().unwrap().push(message("ses_a", "msg_newer", "assistant", "another turn"));
+    let mut back = held.clone();
+    back["messages"].as_array_mut().unwrap().push(guest2["messages"][3].clone());
+    let mut programs = crate::testing::Scripted::default();
+    programs.push_exit(0, "", "");
+    programs.push_exit(0, &back.to_string(), "");
+    let mut env = Env { programs: &mut programs, files: &mut files, ctx: &ctx };
+    let (_, report) = import_and_prove(&mut env, &w, &parse_export(&json!({ "sessions": [guest2] })).unwrap()).unwrap();
+    assert_eq!(report[0]["changedOnGuest"], json!(["msg_ses_a_1"]), "{report:#?}");
+    assert_eq!(report[0]["digest"], json!(canonical_digest(back["messages"].as_array().unwrap())));
     let mut other = s.clone();
     other["messages"][1]["parts"][0]["text"] = json!("neither copy");
     assert_eq!(run(&other, false), Err(Code::ProofFailed));
