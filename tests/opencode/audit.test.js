@@ -62,10 +62,11 @@ describe("the bridge's audit log", { skip: built && PROBE ? false : "needs dist/
     assert.deepEqual(ls[0].spawns.map((s) => [s.grant, s.outcome]), [["boxd machine-list", "exited"], ["boxd env-list", "exited"]]);
   });
 
-  // Aborted while its child ran (OpenCode's Esc): the call ends as aborted, its line
-  // says so, and the child it ran was killed. The component's own answer about a child
-  // that died under it (a guest "killed by a signal") was given instead, and the user
-  // told to rebuild a machine that was fine.
+  // Aborted while its child ran (OpenCode's Esc): the child is killed, and an answer that
+  // took its death for the guest's or the CLI's failure ends the call as aborted, its line
+  // saying so (a guest "killed by a signal" told the user to rebuild a machine that was
+  // fine). Any other answer stands: a success, or an error whose own next step says what
+  // is uncertain.
   test("a call aborted while its child runs ends as aborted, and its line says so", { timeout: 120000 }, async () => {
     const slow = path.join(dir, "slow-boxd");
     const pidFile = path.join(dir, "slow.pid");
@@ -73,18 +74,26 @@ describe("the bridge's audit log", { skip: built && PROBE ? false : "needs dist/
     const own = fs.realpathSync(fs.mkdtempSync(path.join(os.tmpdir(), "boxd-audit-abort-")));
     const ownLog = path.join(own, "audit.jsonl");
     const h = await probePluginHooks(own, PROBE, { auditLog: ownLog, boxd: slow });
-    try {
+    /** The probe's spawn of the slow boxd, aborted once the child runs; its outcome. */
+    const aborted = async (extra) => {
+      fs.rmSync(pidFile, { force: true });
       const abort = new AbortController();
       const ctx = { sessionID: "ses_probe", abort: abort.signal, metadata() {}, async ask() {} };
-      const call = h.tool.spawn.execute({ argv: ["boxd", "machine", "list", "--json"] }, ctx);
+      const call = h.tool.spawn.execute({ argv: ["boxd", "machine", "list", "--json"], ...extra }, ctx);
       const started = Date.now();
       while (!fs.existsSync(pidFile) && Date.now() - started < 30000) await new Promise((r) => setTimeout(r, 20));
       const pid = Number(fs.readFileSync(pidFile, "utf8"));
       abort.abort();
-      await assert.rejects(call, /spawn was aborted/);
+      const out = await call.then((r) => r.output, (e) => ({ thrown: e.message }));
+      assert.throws(() => process.kill(pid, 0), /ESRCH/, "the child was killed");
+      return out;
+    };
+    try {
+      assert.deepEqual(await aborted({ failWith: "GUEST_FAILED" }), { thrown: "spawn was aborted" });
       const [line] = fs.readFileSync(ownLog, "utf8").trim().split("\n").map((l) => JSON.parse(l));
       assert.deepEqual(line.result, { thrown: "spawn was aborted" }, JSON.stringify(line));
-      assert.throws(() => process.kill(pid, 0), /ESRCH/, "the child was killed");
+      assert.match(await aborted({ failWith: "CREATE_UNCERTAIN" }), /"error": "CREATE_UNCERTAIN"/, "an uncertain outcome's own answer stands");
+      assert.equal(await aborted({}), "ok exit=None", "a success stands");
     } finally {
       await h.dispose();
       fs.rmSync(own, { recursive: true, force: true });

@@ -14,6 +14,9 @@ import { keepOutputs } from "./outputs.js";
 import { runChild } from "./policy.js";
 import { mark } from "./watchdog.js";
 
+// The codes a call's children dying under an abort come back as (see #start's "done").
+const DIED_UNDER_ABORT = new Set(["GUEST_FAILED", "BOXD_FAILED"]);
+
 // The worker threads that run children, so none outlives this process (as policy.js does
 // for the children started here).
 const childThreads = new Set();
@@ -222,10 +225,13 @@ export class Pool {
         slot.job = null;
         worker.unref();
         const { type, id, ...result } = m;
-        // An abort that killed the call's children ends the call as aborted, whatever the
-        // component then made of children that died under it (a "guest killed by a
-        // signal" would send the user to rebuild a machine that is fine).
-        job.resolve(job.aborted ? { aborted: true, spawns: result.spawns } : result);
+        // An abort that killed the call's children ends the call as aborted where the
+        // component took their deaths for a failure of the guest or the CLI (a "guest
+        // killed by a signal" sent the user to rebuild a machine that is fine). An answer
+        // stands: one that succeeded (a drop that removed the machine, a submit admitted)
+        // and one whose own next step says what is uncertain (CREATE_UNCERTAIN, …).
+        const diedUnder = job.aborted && DIED_UNDER_ABORT.has(result.toolError?.code);
+        job.resolve(diedUnder ? { aborted: true, spawns: result.spawns } : result);
         this.#pump();
       }
     });

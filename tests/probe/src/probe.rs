@@ -68,14 +68,19 @@ impl Guest for Probe {
             "spawn" => {
                 // {"argv":[…]} from a test; any other text (the conformance scenario's `{}`)
                 // is one program name without arguments, as the probe always took it.
-                let argv = serde_json::from_str::<serde_json::Value>(&arg).ok().and_then(|v| {
-                    v.get("argv")?.as_array()?.iter().map(|a| a.as_str().map(String::from)).collect::<Option<Vec<String>>>()
-                });
+                let parsed = serde_json::from_str::<serde_json::Value>(&arg).ok();
+                let argv = parsed.as_ref().and_then(|v| v.get("argv")?.as_array()?.iter().map(|a| a.as_str().map(String::from)).collect::<Option<Vec<String>>>());
+                // {"failWith": CODE}: a child killed by a signal is that tool error, as the
+                // real component answers a guest or boxd CLI that died under it.
+                let fail_with = parsed.as_ref().and_then(|v| v.get("failWith")?.as_str().map(String::from));
                 let (program, args) = match argv {
                     Some(mut argv) if !argv.is_empty() => (argv.remove(0), argv),
                     _ => (arg, Vec::new()),
                 };
-                Ok(said(spawn::run(&request(program, args))))
+                match (spawn::run(&request(program, args)), fail_with) {
+                    (Ok(o), Some(code)) if o.exit_code.is_none() => Err(ToolError { code, message: "the child was killed by a signal".into(), next: "probe".into() }),
+                    (r, _) => Ok(said(r)),
+                }
             }
             "spawn-all" => {
                 let argvs = serde_json::from_str::<serde_json::Value>(&arg).ok().and_then(|v| {
