@@ -75,6 +75,10 @@ pub const LAPTOP_FULL: &str = "the laptop's disk is full: ";
 const FRAMED_OUT: &str = "the files framed on its stdout: ";
 const NOT_CREATED: &str = "cannot create ";
 const NOT_RECEIVED: &str = "cannot be received";
+/// What both hosts say of frames the guest sent other than it declared them (a digest, a
+/// size, a frame too many or cut short): its doing, not the laptop's (`cannot write`,
+/// `cannot sync`, a full disk) nor the CLI's.
+const MISFRAMED: [&str; 5] = ["files asked for", "has no size header", "ended after", "has no digest", "arrived damaged"];
 
 /// A spawn failure that is the host's failure to land a file it writes from stdout:
 /// `Some(full, said)`. A full disk is its own (what to free differs from what to mend).
@@ -604,7 +608,7 @@ impl<'a, P: Programs> Boxd<'a, P> {
             (Some(m), _) => Failure::Unsent(m),
             (None, Some((full, said))) => Failure::Unreceived { full, said },
             (None, None) => match e {
-                SpawnError::Failed(m) if !request.stdout_files.is_empty() && m.contains(FRAMED_OUT) => Failure::Misframed(m),
+                SpawnError::Failed(m) if !request.stdout_files.is_empty() && m.contains(FRAMED_OUT) && MISFRAMED.iter().any(|w| m.contains(w)) => Failure::Misframed(m),
                 e => spawn_failure(e, request_what, &bound),
             },
         })?;

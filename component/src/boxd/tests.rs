@@ -182,6 +182,13 @@ fn a_landing_the_host_could_not_make_is_the_laptops_not_boxds() {
     assert!(refused.code == Code::PathRefused && refused.message.starts_with(UNRECEIVED), "{refused:?}");
     let damaged = said(&landing, "boxd: the files framed on its stdout: /p/a.txt.x-0.boxd-tmp arrived damaged: its digest is 00, the sender's 11");
     assert!(damaged.code == Code::GuestFailed && damaged.message.contains("arrived damaged") && damaged.next.contains("~/.local/bin"), "the helper's, not the CLI's: {damaged:?}");
+    // The laptop's own failures as the frames land stay its own, not the machine's.
+    for laptops in ["cannot write /p/a.txt.x-0.boxd-tmp: Input/output error (os error 5)", "cannot sync /p/a.txt.x-0.boxd-tmp: Read-only file system (os error 30)"] {
+        let e = said(&landing, &format!("boxd: the files framed on its stdout: {laptops}"));
+        assert_ne!(e.code, Code::GuestFailed, "{e:?}");
+    }
+    let short = said(&landing, "boxd: the files framed on its stdout: the frame for /p/a.txt.x-0.boxd-tmp ended after 3 of 9 bytes");
+    assert_eq!(short.code, Code::GuestFailed, "{short:?}");
     let nothing_landed = said(&Streams::default(), "boxd: the files framed on its stdout: cannot create /p/a: Permission denied (os error 13)");
     assert!(nothing_landed.code == Code::BoxdFailed && nothing_landed.message.starts_with("could not run boxd machine exec"), "{nothing_landed:?}");
 }
