@@ -171,7 +171,7 @@ fn a_file_the_work_tree_does_not_hold_is_not_owed() {
     world.ok_call("boxd_ensure", W1);
     let e = world.err_call("boxd_harvest", r#"{"work":"w1","files":["nope.txt"]}"#, "NAME_INVALID");
     assert!(e["message"].as_str().unwrap().contains("nope.txt does not exist"), "{e:#}");
-    assert!(e["next"].as_str().unwrap().contains("as the machine's work tree has it"), "not about work ids: {e:#}");
+    assert!(e["next"].as_str().unwrap().contains("git.untracked lists the new ones"), "not about work ids: {e:#}");
     assert_eq!(record(&world)["owed"], serde_json::json!([]), "{:#}", record(&world));
     // A symbolic link on the machine is refused there: mended there, not in allowedRoots.
     assert!(world.on_machine("oc-w1", "cd work/w1 && ln -s /etc/passwd link").status.success());

@@ -501,7 +501,7 @@ fn record_git(env: &mut Env, w: Work, wanted: &[String], landing: &[Landing]) ->
             if let Some(missing) = missing {
                 Ledger::for_call(&mut env.files, ctx).update(&w.work, |w| w.owed.retain(|o| *o != missing))?;
             }
-            let next = format!("Harvest the name as the machine's work tree has it (names are case-sensitive; boxd_drop lists the new files it finds there) for work '{}'.", w.work);
+            let next = format!("Leave it out of files; to see the names the machine's work tree has (they are case-sensitive), call boxd_harvest for work '{}' without files: its git.untracked lists the new ones.", w.work);
             return Err(ToolError::with_next(e.code, e.message, next));
         }
         // A path the helper refuses on the machine (a symbolic link, a FIFO or another
