@@ -252,13 +252,17 @@ pub struct Prompt {
 pub const IN_FLIGHT_MS: u64 = 10 * 60 * 1000;
 
 /// Whether a wait of `wait_ms` from `at_ms` (a time a call recorded, by its clock) is over
-/// at `now_ms`. A time further ahead of now than the wait itself was recorded by a clock
-/// that was ahead then (or is behind now) by more than any wait: how long ago it was cannot
-/// be told, so the wait counts as over, where it would otherwise last as long as the clock
-/// was off (a submit's prompt or a drop's mark held a work for a day).
+/// at `now_ms`. A time more than CLOCK_STEP_MS ahead of now was recorded by a clock that
+/// was that far ahead then (a dead CMOS battery, a VM resumed) and set right since: how
+/// long ago it was cannot be told, so the wait counts as over, where it would otherwise
+/// last as long as the clock was off (a submit's prompt or a drop's mark held a work for a
+/// day). A smaller step back (NTP's, while a call is live) still waits it out.
 pub fn waited(at_ms: u64, wait_ms: u64, now_ms: u64) -> bool {
-    at_ms.saturating_add(wait_ms) <= now_ms || at_ms > now_ms.saturating_add(wait_ms)
+    at_ms.saturating_add(wait_ms) <= now_ms || at_ms > now_ms.saturating_add(wait_ms.max(CLOCK_STEP_MS))
 }
+
+/// How far a recorded time may be ahead of the clock and still be waited on (`waited`).
+pub const CLOCK_STEP_MS: u64 = 60 * 60 * 1000;
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
