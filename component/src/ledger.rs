@@ -280,7 +280,7 @@ impl<'a, F: Files> Ledger<'a, F> {
         ToolError::with_next(
             Code::WorkUnknown,
             format!("the ledger at {} has no record of work '{work}', but {dir} still holds its machine's password: the record (work.json) was removed or moved", self.root),
-            format!("Put {dir}/work.json back from a backup, then call again; boxd_status lists the work's machine meanwhile."),
+            format!("Put {dir}/work.json back from a backup, then call again. With no backup, boxd_status names the work's machine: remove it yourself ('boxd machine remove {} -y') once nothing on it is wanted, then move {dir} out of the ledger.", crate::paths::machine_name(work)),
         )
     }
 

@@ -198,11 +198,12 @@ pub fn run(env: &mut Env, _args: &Value) -> ToolResult<Value> {
     if bridge.skills_invalid.is_some() {
         next = Some(Code::SkillsInvalid.next().into());
     }
-    let next = next.unwrap_or_else(|| match works.first() {
-        None => "Call boxd_ensure with a short work id to start a work.".into(),
-        // An asleep work has no run going: waking it is the step (a job answered that too).
-        Some(w) if matches!(w["state"].as_str(), Some("asleep" | "stopped")) => format!("Work '{0}' is asleep: call boxd_resume for work '{0}' to go on with it.", w["work"].as_str().unwrap_or("")),
-        Some(w) => format!("Call boxd_job for work '{}' to see how its run is going.", w["work"].as_str().unwrap_or("")),
+    // A running work's job first; an asleep work has no run going, so waking it is the step.
+    let asleep = |w: &&Value| matches!(w["state"].as_str(), Some("asleep" | "stopped"));
+    let next = next.unwrap_or_else(|| match (works.iter().find(|w| !asleep(w)), works.first()) {
+        (None, None) => "Call boxd_ensure with a short work id to start a work.".into(),
+        (Some(w), _) => format!("Call boxd_job for work '{}' to see how its run is going.", w["work"].as_str().unwrap_or("")),
+        (None, Some(w)) => format!("Work '{0}' is asleep: call boxd_resume for work '{0}' to go on with it.", w["work"].as_str().unwrap_or("")),
     });
 
     // Build machines a killed `boxd-host golden` left behind (it records each before asking

@@ -11,7 +11,8 @@ export function answerText(value) {
   const head = HEAD.filter((k) => k in value);
   const rest = Object.keys(value)
     .filter((k) => !head.includes(k))
-    .map((k) => [k, JSON.stringify(value[k])?.length ?? 0])
+    // UTF-8 bytes, as boxd-host's out.rs measures them, so both hosts order alike.
+    .map((k) => [k, Buffer.byteLength(JSON.stringify(value[k]) ?? "")])
     .sort((a, b) => a[1] - b[1]) // stable: keys of one length keep their order
     .map(([k]) => k);
   const ordered = {};
