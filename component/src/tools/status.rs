@@ -80,6 +80,9 @@ pub fn run(env: &mut Env, _args: &Value) -> ToolResult<Value> {
     };
 
     let ids = Ledger::new(&mut env.files, &ctx.ledger).ids().map_err(|e| ToolError::new(Code::StatusUnavailable, format!("the ledger could not be read: {}", e.message)))?;
+    // Machines under this plugin's names that no record here names (below, unrecorded).
+    let named: alloc::collections::BTreeSet<String> = ids.iter().map(|id| crate::paths::machine_name(id)).collect();
+    let unrecorded: Vec<Value> = states.iter().filter(|(m, _)| m.starts_with("oc-") && !named.contains(*m)).map(|(m, st)| json!({ "machine": m, "status": st })).collect();
     let mut works = Vec::new();
     let mut closed_listed = Vec::new();
     let (mut total, mut burn) = (0u64, 0u64);
@@ -237,6 +240,12 @@ pub fn run(env: &mut Env, _args: &Value) -> ToolResult<Value> {
         answer["closedWorksMachines"] = json!({
             "machines": closed_listed,
             "note": "machines listed under the name of a work this ledger has closed: a create or fork that landed after the work was dropped (it bills), one someone made under the name since, or the work's own machine, which a drop took for gone when boxd showed another id under its name. No tool touches them; boxd_ensure for the work takes one up again when its id is the one the work recorded (then harvest it); check each with 'boxd machine get NAME', and remove one that is no one's to keep with 'boxd machine remove NAME -y'",
+        });
+    }
+    if !unrecorded.is_empty() {
+        answer["unrecordedMachines"] = json!({
+            "machines": unrecorded,
+            "note": "machines boxd lists under this plugin's names (oc-WORK) that no record in this ledger names: another ledger's (another laptop or user of this boxd account, or this laptop's ledger folder moved: point ledgerDir at it), or a work whose folder was removed from this ledger. They bill while running, and no tool here touches them; check each with 'boxd machine get NAME', and remove one that is no one's to keep with 'boxd machine remove NAME -y'",
         });
     }
     // What only the OpenCode bridge knows appears only there (its rules, its skill copy).
@@ -454,6 +463,19 @@ mod tests {
         assert!(v["closedWorksMachines"]["note"].as_str().unwrap().contains("'boxd machine remove NAME -y'"), "{v:#}");
         assert_eq!(p.requests.len(), 2, "the two listings only");
         assert!(status("{}", "").get("closedWorksMachines").is_none());
+    }
+
+    /// A machine under the plugin's names that no record of this ledger names (a work folder
+    /// removed, a ledger moved, another ledger's) is listed, so a billing machine is not
+    /// left unseen; the ledger's own works' machines and other names are not.
+    #[test]
+    fn a_machine_under_our_names_that_no_record_names_is_listed() {
+        let (mut p, mut f) = (Scripted::default(), crate::testing::open_work(None));
+        p.push_exit(0, r#"[{"name":"oc-w1","status":"running"},{"name":"oc-w9","status":"running"},{"name":"golden-build","status":"running"},{"name":"mine","status":"running"}]"#, "");
+        p.push_exit(0, "[]", "");
+        let v = call(&mut p, &mut f, "boxd_status", "{}", raw("{}", "")).unwrap();
+        assert_eq!(v["unrecordedMachines"]["machines"], json!([{ "machine": "oc-w9", "status": "running" }]), "{v:#}");
+        assert!(status("{}", "").get("unrecordedMachines").is_none());
     }
 
     /// An asleep work has no run going: the step is to wake it, not to ask its job.
