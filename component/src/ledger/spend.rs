@@ -99,9 +99,11 @@ fn priced(rate_per_hour: u64, ms: u64) -> u64 {
 
 impl RunInterval {
     /// Its length up to `now_ms` while open; a hand-edited one that ends before it began
-    /// is empty (never a wrapped subtraction).
+    /// is empty (never a wrapped subtraction). An end after now was written by a clock that
+    /// was ahead then (a sleep with the clock a year ahead charged that year for good once
+    /// the clock was set right): it counts only up to now.
     fn ms(&self, now_ms: u64) -> u64 {
-        self.to_ms.unwrap_or(now_ms).saturating_sub(self.from_ms)
+        self.to_ms.unwrap_or(now_ms).min(now_ms).saturating_sub(self.from_ms)
     }
 }
 
@@ -246,6 +248,19 @@ mod tests {
         assert_eq!(w.spend_micros(&p, 1_000 + 99 * H), 769_500, "settled: the cost no longer grows");
     }
 
+    /// A run closed by a clock a year ahead (then set right) counts only up to now: it
+    /// charged the year, and a resume answered CEILING_REACHED, for good.
+    #[test]
+    fn a_run_closed_by_a_clock_far_ahead_counts_only_up_to_now() {
+        let p = Prices::default();
+        let mut w = Work::new("w1", "/p", "t");
+        w.created_ms = 1_000;
+        w.open_run(1_000);
+        w.close_run(1_000 + 8760 * H, "boxd_sleep");
+        assert_eq!(w.running_ms(1_000 + 2 * H), 2 * H);
+        assert_eq!(w.spend_micros(&p, 1_000 + 2 * H), 436_000, "two hours at the running rate");
+    }
+
     /// Its last recorded use ends a run seen hibernated an idle bound later, when that is
     /// after the newest prompt's bound: t=0 created and a prompt · used at 3h · seen at 9h,
     /// bound 30 min → ran until 3.5h (before: until the prompt's 0.5h). Never past the call
@@ -280,7 +295,8 @@ mod tests {
         assert_eq!(w.spend_micros(&p, 1 + 10 * H), 218_000 + 9_000);
         let dear = Prices { running_per_hour: [("2x8".to_string(), u64::MAX / 2)].into_iter().collect(), ..Prices::default() };
         w.runs.push(RunInterval { from_ms: 0, to_ms: Some(u64::MAX), size: MACHINE_SIZE.into(), ..Default::default() });
-        assert_eq!(w.running_ms(10 * H), u64::MAX);
+        assert_eq!(w.running_ms(10 * H), 11 * H, "an end past now counts up to now");
+        assert_eq!(w.running_ms(u64::MAX), u64::MAX, "and a sum past u64 stays at the largest");
         assert_eq!(w.spend_micros(&dear, 10 * H), u64::MAX);
     }
 

@@ -388,7 +388,12 @@ mod tests {
     }
 
     fn try_admit(fs: &mut MemFiles, list: &str, options: &str, dir: &str) -> ToolResult<()> {
-        let ctx = context(raw_context(options, "{}")).unwrap();
+        try_admit_at(fs, list, options, dir, 0)
+    }
+
+    /// As `try_admit`, on a call whose clock reads `now_ms`.
+    fn try_admit_at(fs: &mut MemFiles, list: &str, options: &str, dir: &str, now_ms: u64) -> ToolResult<()> {
+        let ctx = context(crate::tools::RawContext { now_ms, ..raw_context(options, "{}") }).unwrap();
         let mut p = Scripted::default();
         p.push_exit(0, list, "");
         let mut boxd = Boxd::new(&mut p, 10);
@@ -424,13 +429,13 @@ mod tests {
         assert_eq!(e.code, Code::CeilingReached);
         assert!(e.message.contains("0.4360") && e.next.contains(": a."), "{e:?}");
         assert!(try_admit(&mut fs, &up, r#"{"burnRateCeiling":0.436}"#, "/p").is_ok());
-        // A work that ran 10 hours has spent 2.18.
+        // A work that ran 10 hours, seen once they are over, has spent 2.18.
         let mut w = Work::new("new", "/p", "t");
         (w.state, w.created_ms) = (WorkState::Open, 1);
         w.open_run(1);
         w.close_run(1 + 36_000_000, "boxd_sleep");
         Ledger::new(&mut fs, "/l").write(&w).unwrap();
-        let e = try_admit(&mut fs, &up, r#"{"workSpendCeiling":2}"#, "/p").unwrap_err();
+        let e = try_admit_at(&mut fs, &up, r#"{"workSpendCeiling":2}"#, "/p", 1 + 36_000_000).unwrap_err();
         assert!(e.code == Code::CeilingReached && e.message.contains("2.1800 of its workSpendCeiling 2.0000"), "{e:?}");
     }
 
