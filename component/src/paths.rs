@@ -37,8 +37,16 @@ pub fn work_id(id: &str) -> ToolResult<String> {
     }
 }
 
+/// How every machine this plugin makes is named: `oc-` and the work id.
+const MACHINE_PREFIX: &str = "oc-";
+
 pub fn machine_name(work: &str) -> String {
-    format!("oc-{work}")
+    format!("{MACHINE_PREFIX}{work}")
+}
+
+/// Whether a machine's name is one this plugin gives (any ledger's, on this account).
+pub fn plugin_machine(name: &str) -> bool {
+    name.starts_with(MACHINE_PREFIX)
 }
 
 /// Normalise an absolute path: collapse `//` and `.`, refuse `..` and relative paths.

@@ -81,7 +81,7 @@ pub fn headroom<P: Programs, F: Files>(boxd: &mut Boxd<P>, ledger: &mut Ledger<F
     let claims = ledger.claims(ctx.now_ms)?;
     let own = paths::machine_name(work);
     let listing = boxd.list().map_err(Failure::into_error)?;
-    let account: Vec<String> = listing.iter().filter(|m| m.name.starts_with("oc-") && m.name != own && machine_is_up(&m.status)).map(|m| m.name.clone()).collect();
+    let account: Vec<String> = listing.iter().filter(|m| paths::plugin_machine(&m.name) && m.name != own && machine_is_up(&m.status)).map(|m| m.name.clone()).collect();
     let listed: Vec<String> = listing.iter().map(|m| m.name.clone()).collect();
     let own = listing.iter().find(|m| m.name == own).map(|m| m.status.clone());
     let (mut running, mut started) = (Vec::new(), Vec::new());

@@ -82,7 +82,7 @@ pub fn run(env: &mut Env, _args: &Value) -> ToolResult<Value> {
     let ids = Ledger::new(&mut env.files, &ctx.ledger).ids().map_err(|e| ToolError::new(Code::StatusUnavailable, format!("the ledger could not be read: {}", e.message)))?;
     // Machines under this plugin's names that no record here names (below, unrecorded).
     let named: alloc::collections::BTreeSet<String> = ids.iter().map(|id| crate::paths::machine_name(id)).collect();
-    let unrecorded: Vec<Value> = states.iter().filter(|(m, _)| m.starts_with("oc-") && !named.contains(*m)).map(|(m, st)| json!({ "machine": m, "status": st })).collect();
+    let unrecorded: Vec<Value> = states.iter().filter(|(m, _)| crate::paths::plugin_machine(m) && !named.contains(*m)).map(|(m, st)| json!({ "machine": m, "status": st })).collect();
     let mut works = Vec::new();
     let mut closed_listed = Vec::new();
     let (mut total, mut burn) = (0u64, 0u64);
