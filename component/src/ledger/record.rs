@@ -386,6 +386,12 @@ impl Work {
         self.state == WorkState::Closed
     }
 
+    /// A drop of this work may still be under way: it marked the work `dropping` less than
+    /// IN_FLIGHT_MS ago (`waited`). An older mark is a drop that was interrupted.
+    pub fn drop_under_way(&self, now_ms: u64) -> bool {
+        self.state == WorkState::Dropping && !waited(self.dropping_ms, IN_FLIGHT_MS, now_ms)
+    }
+
     /// Record a harvest's proof. One that proves exactly what the newest proof proved (a
     /// harvest that found nothing new) only moves that proof's time: a record polled by
     /// harvests would otherwise grow by a copy each call, and every tool reads it whole.

@@ -239,7 +239,7 @@ fn plan_of(env: &mut Env, work: &str, machine: &str) -> ToolResult<Plan> {
         state => {
             // A drop interrupted less than IN_FLIGHT_MS ago keeps boxd_resume off the work
             // until then (it would reopen it under that drop): the step says when.
-            let young = w.state == WorkState::Dropping && !crate::ledger::waited(w.dropping_ms, crate::ledger::IN_FLIGHT_MS, ctx.now_ms);
+            let young = w.drop_under_way(ctx.now_ms);
             let when = if young { format!(" at {} (a drop of this work was interrupted at {}; resume waits 10 minutes after it)", iso8601(w.dropping_ms + crate::ledger::IN_FLIGHT_MS), iso8601(w.dropping_ms)) } else { String::new() };
             return Err(ToolError::with_next(
                 Code::MachineAsleep,

@@ -36,7 +36,7 @@ pub(super) fn work_directory(env: &mut Env, args: &Value) -> ToolResult<String> 
 /// reopening it would let a prompt run on the machine the drop is about to remove, so it
 /// is left to finish. An older mark is a drop that was interrupted: it may be reopened.
 fn refuse_under_a_drop(w: &Work, ctx: &crate::options::Context, done: &str) -> ToolResult<()> {
-    if w.state != WorkState::Dropping || crate::ledger::waited(w.dropping_ms, crate::ledger::IN_FLIGHT_MS, ctx.now_ms) {
+    if !w.drop_under_way(ctx.now_ms) {
         return Ok(());
     }
     Err(ToolError::with_next(
