@@ -273,15 +273,28 @@ impl<'a, F: Files> Ledger<'a, F> {
     /// record removed from it: boxd_ensure would refuse that machine as not this ledger's
     /// (its next step sent the user there), so the step is to put the record back.
     fn unknown_here(&mut self, work: &str) -> ToolError {
-        let dir = self.work_dir(work);
-        if !matches!(self.files.stat(&format!("{dir}/password")), Ok(Some(_))) {
+        if !self.record_removed(work) {
             return self.unknown(work);
         }
+        let dir = self.work_dir(work);
         ToolError::with_next(
             Code::WorkUnknown,
             format!("the ledger at {} has no record of work '{work}', but {dir} still holds its machine's password: the record (work.json) was removed or moved", self.root),
-            format!("Put {dir}/work.json back from a backup, then call again. With no backup, boxd_status names the work's machine: remove it yourself ('boxd machine remove {} -y') once nothing on it is wanted, then move {dir} out of the ledger.", crate::paths::machine_name(work)),
+            self.put_record_back(work),
         )
+    }
+
+    /// Whether the work's folder holds its machine's password but no record: this ledger
+    /// prepared that machine, and its record was removed from outside (callers have found
+    /// no record).
+    pub fn record_removed(&mut self, work: &str) -> bool {
+        matches!(self.files.stat(&format!("{}/password", self.work_dir(work))), Ok(Some(_)))
+    }
+
+    /// The step for a record removed beside its machine's password (`record_removed`).
+    pub fn put_record_back(&self, work: &str) -> String {
+        let (dir, machine) = (self.work_dir(work), crate::paths::machine_name(work));
+        format!("Put {dir}/work.json back from a backup, then call again. With no backup, remove {machine} yourself ('boxd machine remove {machine} -y') once nothing on it is wanted, then move {dir} out of the ledger.")
     }
 
     /// WORK_UNKNOWN for `work`, naming this ledger (another ledger may hold it).

@@ -20,12 +20,16 @@ use super::registry::{ToolAccess, ToolSpec, TOOLS};
 fn record_missing(files: &mut dyn crate::caps::Files, root: &str, id: &str, states: &BTreeMap<String, String>) -> Option<Value> {
     let machine = crate::paths::machine_name(id);
     let status = states.get(&machine)?;
-    let dir = Ledger::new(&mut &mut *files, root).work_dir(id);
-    files.stat(&format!("{dir}/password")).ok().flatten()?;
+    let mut files = files;
+    let mut ledger = Ledger::new(&mut files, root);
+    if !ledger.record_removed(id) {
+        return None;
+    }
+    let dir = ledger.work_dir(id);
     let e = ToolError::with_next(
         Code::LedgerFailed,
         format!("{dir} holds work '{id}' (its machine's password) but no record (work.json), and boxd lists {machine} ({status}): no tool can reach that machine or what it holds until the record is back"),
-        format!("Put {dir}/work.json back from a backup, then call boxd_status again; remove {machine} yourself ('boxd machine remove {machine} -y') only if nothing on it is still wanted."),
+        ledger.put_record_back(id),
     );
     Some(json!({ "work": id, "machine": machine, "state": "unknown", "error": e.code.as_str(), "message": e.message, "next": e.next }))
 }
